@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Builds a CPU-only Horovod 0.28.1 wheel (Gloo + PyTorch; no MPI, TensorFlow, MXNet, CUDA)
+# against the torch installed in the given Python, and caches it under
+# $ES_CACHE/wheels/horovod-<ver>-torch<torch>-<pytag>/. Prints the wheel path on the last line.
+#
+# 0.28.1 needs two fixes for torch >= 2.1 (see shared notes, horovod PR #3998):
+#   - CMAKE_CXX_STANDARD 14 -> 17 (torch headers: "#error C++17 or later");
+#   - PyPI's torch is a CUDA build; without a CUDA toolkit horovod/torch/CMakeLists.txt would
+#     call add_cuda() and fail, so that branch is disabled for this CPU-only build.
+# Usage: build-horovod.sh PYTHON
+set -euo pipefail
+py=${1:?usage: build-horovod.sh PYTHON}
+HOROVOD_VERSION=0.28.1
+cache=${ES_CACHE:-$HOME/.cache/elastic-supervisor}
+
+for tool in g++ cmake make; do
+  command -v $tool >/dev/null || { echo "build-horovod: $tool not found (needed to build Horovod)" >&2; exit 1; }
+done
+key=$("$py" -c 'import sys, torch; v = torch.__version__.split("+")[0]; print("torch%s-cp%d%d" % (v, *sys.version_info[:2]))')
+dest="$cache/wheels/horovod-$HOROVOD_VERSION-$key"
+existing=$(ls "$dest"/horovod-*.whl 2>/dev/null | head -1 || true)
+if [ -n "$existing" ]; then
+  echo "horovod wheel cached: $existing" >&2
+  echo "$existing"
+  exit 0
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$py" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work" >&2
+tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
+src="$work/horovod-$HOROVOD_VERSION"
+
+patch_line() {  # file, exact old line, new line: fail loudly if the sdist changed
+  grep -qF -- "$2" "$1" || { echo "build-horovod: expected '$2' in $1, sdist differs" >&2; exit 1; }
+  OLD="$2" NEW="$3" "$py" - "$1" <<'PY'
+import os, sys
+path = sys.argv[1]
+text = open(path).read().replace(os.environ["OLD"], os.environ["NEW"])
+open(path, "w").write(text)
+PY
+}
+patch_line "$src/CMakeLists.txt" "set(CMAKE_CXX_STANDARD 14)" "set(CMAKE_CXX_STANDARD 17)"
+patch_line "$src/horovod/torch/CMakeLists.txt" "set(CMAKE_CXX_STANDARD 14)" "set(CMAKE_CXX_STANDARD 17)"
+patch_line "$src/horovod/torch/CMakeLists.txt" "elseif (Pytorch_CUDA AND NOT HAVE_CUDA)" \
+  "elseif (Pytorch_CUDA AND NOT HAVE_CUDA AND HOROVOD_BUILD_TORCH_CUDA_OPS)"  # never set here
+
+echo "building horovod $HOROVOD_VERSION ($key), CPU-only, Gloo + PyTorch (4-10 min on 2 cores)" >&2
+mkdir -p "$dest.partial"
+env -u CUDA_HOME -u CUDA_PATH \
+  HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+  HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO \
+  CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)" \
+  "$py" -m pip wheel --no-build-isolation --no-deps --no-cache-dir -w "$dest.partial" "$src" >&2
+rm -rf "$dest"; mv "$dest.partial" "$dest"
+ls "$dest"/horovod-*.whl

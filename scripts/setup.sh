@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# make setup: everything the tests and the demo need, idempotent and re-runnable.
+#   1. Debian packages (openssh, openssl, compilers) when missing;  2. uv (from PyPI) in the cache;
+#   3. .venv with the project (editable), torch and the test tools;  4. Horovod built from its
+#   sdist (cached wheel);  5. the pinned Kubernetes control plane + etcd built with Go (cached).
+# Heavy artefacts live in $ES_CACHE (default ~/.cache/elastic-supervisor), so a warm machine
+# finishes in about a minute and a fresh clone reuses them.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+export ES_CACHE=${ES_CACHE:-$HOME/.cache/elastic-supervisor}
+export UV_CACHE_DIR=$ES_CACHE/uv
+VENV=${VENV:-$root/.venv}
+UV_VERSION=0.13.9
+GO_MIN=1.24
+t_all=$EPOCHREALTIME
+since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1fs", b - a }'; }
+
+step() {  # step "title" command...: run it, print how long it took
+  local title=$1; shift
+  local t0=$EPOCHREALTIME
+  echo "==> $title"
+  "$@"
+  echo "<== $title: $(since "$t0")"
+}
+die() { echo "setup: $*" >&2; exit 1; }
+
+debian_packages() {
+  local need=() pkg
+  for pkg in openssh-server openssh-client openssl g++ cmake make procps iproute2; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || need+=("$pkg")
+  done
+  if [ ${#need[@]} -eq 0 ]; then echo "all present"; return; fi
+  [ "$(id -u)" = 0 ] || die "missing Debian packages ${need[*]} and not root: install them first"
+  echo "installing ${need[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+}
+
+toolchains() {
+  command -v python3 >/dev/null || die "python3 not found (need Python >= 3.11)"
+  python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "python3 is $(python3 -V 2>&1), need >= 3.11"
+  command -v go >/dev/null || die "Go not found on PATH (need go >= $GO_MIN to build the Kubernetes control plane)"
+  local gv; gv=$(go env GOVERSION | sed 's/^go//')
+  printf '%s\n%s\n' "$GO_MIN" "$gv" | sort -V -C || die "Go $gv is too old (need >= $GO_MIN)"
+  command -v g++ >/dev/null || die "no C++ compiler (g++) found (needed to build Horovod)"
+  command -v openssl >/dev/null || die "openssl not found (needed for the local cluster's certificates)"
+  echo "python $(python3 -V 2>&1 | cut -d' ' -f2), go $gv, $(g++ --version | head -1), $(openssl version)"
+}
+
+uv_bootstrap() {
+  UV=$ES_CACHE/bootstrap/bin/uv
+  if [ -x "$UV" ] && "$UV" --version | grep -q " $UV_VERSION"; then echo "uv $UV_VERSION cached"; return; fi
+  python3 -m venv "$ES_CACHE/bootstrap"
+  "$ES_CACHE/bootstrap/bin/pip" install --quiet --disable-pip-version-check "uv==$UV_VERSION"
+  "$UV" --version
+}
+
+python_env() {
+  [ -x "$VENV/bin/python" ] || "$UV" venv --quiet --seed --python "$(command -v python3)" "$VENV"
+  # torch and its nvidia-* wheels come hard-linked from the uv cache after the first download.
+  "$UV" pip install --quiet -p "$VENV/bin/python" -e ".[train,test]" setuptools wheel
+  "$VENV/bin/python" -c 'import torch, kubernetes; print("torch", torch.__version__, "| kubernetes client", kubernetes.__version__)'
+}
+
+horovod() {
+  if "$VENV/bin/python" -c 'import horovod.torch' 2>/dev/null; then
+    echo "horovod $("$VENV/bin/python" -c 'import horovod; print(horovod.__version__)') installed"
+  else
+    local wheel; wheel=$(scripts/build-horovod.sh "$VENV/bin/python" | tail -1)
+    "$UV" pip install --quiet -p "$VENV/bin/python" "$wheel"
+  fi
+  local check; check=$("$VENV/bin/horovodrun" --check-build)
+  echo "$check" | grep -q '\[X\] PyTorch' || die "horovodrun --check-build does not show PyTorch:\n$check"
+  echo "$check" | grep -q '\[X\] Gloo' || die "horovodrun --check-build does not show Gloo:\n$check"
+  echo "horovodrun --check-build: [X] PyTorch, [X] Gloo"
+}
+
+step "Debian packages" debian_packages
+step "toolchains" toolchains
+step "uv" uv_bootstrap
+step "python env ($VENV)" python_env
+step "horovod (CPU, Gloo + PyTorch)" horovod
+step "kubernetes control plane binaries" localcluster/build-binaries.sh
+echo "setup done in $(since "$t_all")"
