@@ -1,0 +1,65 @@
+"""Shared fixtures: the real local control plane (session-scoped) and per-test namespaces.
+
+Tests marked `integration` or `e2e` get a real etcd + kube-apiserver + kube-controller-manager +
+kube-scheduler. There is no fallback: if the binaries are missing the tests error, they are
+never skipped silently.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+from localcluster.controlplane import ControlPlane, Settings
+from tests.helpers import NODE_GRACE_S, wait_for
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Each test lives in tests/<kind>/: mark it accordingly so `-m unit` etc. select it.
+    for item in items:
+        kind = Path(str(item.fspath)).parent.name
+        if kind in ("unit", "integration", "e2e"):
+            item.add_marker(getattr(pytest.mark, kind))
+
+
+@pytest.fixture(scope="session")
+def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    cp = ControlPlane(Settings(node_monitor_grace_period_s=NODE_GRACE_S))
+    cp.start()
+    yield cp
+    if request.session.testsfailed:
+        cp.failed = True  # keep logs and etcd data for the post-mortem
+    cp.stop()
+
+
+@pytest.fixture(scope="session")
+def api_client(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
+    api = config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+    yield api
+    api.close()
+
+
+@pytest.fixture(scope="session")
+def core(api_client: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api_client)
+
+
+@pytest.fixture
+def namespace(core: client.CoreV1Api) -> Iterator[str]:
+    """A fresh namespace whose `default` ServiceAccount exists (pods can be created in it)."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+
+    def default_sa_exists() -> bool:
+        return any(
+            sa.metadata.name == "default"
+            for sa in core.list_namespaced_service_account(name).items
+        )
+
+    wait_for(default_sa_exists, 30, what=f"ServiceAccount {name}/default")
+    yield name
+    core.delete_namespace(name)
