@@ -1,0 +1,386 @@
+"""Configuration: environment variables -> one typed, frozen `Config`, parsed once at start.
+
+Owns the list of `SUPERVISOR_*` variables (name, default, meaning), their parsing and the
+precise one-line errors for bad values. Every problem is collected and reported at once; the CLI
+exits 2 on any. It also records where each effective value came from, for `explain`.
+Never reads anything but the mapping it is given (plus the in-cluster namespace file and the
+kubeconfig's namespace, passed in by the caller), never talks to the cluster.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from importlib import resources
+from pathlib import Path
+
+PREFIX = "SUPERVISOR_"
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# A label selector of key=value / key!=value / key / !key terms, comma separated.
+SELECTOR_TERM = re.compile(r"^!?[A-Za-z0-9./_-]+((=|==|!=)[A-Za-z0-9._-]*)?$")
+
+
+class LogFormat(StrEnum):
+    JSON = "json"
+    CONSOLE = "console"
+
+
+class LogLevel(StrEnum):
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class HostMode(StrEnum):
+    """What a worker is called in the discovery file (and so by Horovod, ssh and its blacklist)."""
+
+    POD_IP = "ip"  # the pod IP: resolvable at once, no DNS needed
+    POD_DNS = "dns"  # <hostname>.<subdomain>.<namespace>.svc: needs a headless Service
+
+
+def packaged_discovery_script() -> Path:
+    """Return the path of the discover_hosts.sh shipped inside the package."""
+    return Path(str(resources.files("supervisor").joinpath("data/discover_hosts.sh")))
+
+
+@dataclass(frozen=True)
+class Config:
+    """Effective settings. Durations are seconds; `None` means "not passed to horovodrun"."""
+
+    job_name: str
+    namespace: str
+    worker_selector: str
+    slots_per_worker: int
+    np: int
+    min_np: int
+    max_np: int
+    discovery_file: Path
+    discovery_script: Path
+    host_mode: HostMode
+    staleness_s: float
+    start_timeout_s: float
+    shutdown_grace_s: float
+    horovodrun: str
+    ssh_port: int | None
+    ssh_identity_file: Path | None
+    network_interface: str | None
+    gloo_timeout_s: int | None
+    extra_args: tuple[str, ...]
+    watch_read_timeout_s: float
+    resync_s: float
+    log_format: LogFormat
+    log_level: LogLevel
+    metrics_port: int
+    pod_name: str | None
+    # variable name -> "env" | "default" | "derived: ..." (for `explain`)
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+
+class ConfigError(Exception):
+    """One or more bad variables; `problems` holds one line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+# ---- parsers: (raw string) -> value, raising ValueError("accepted: ...") ------------------------
+
+def _int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    accepted = f"an integer >= {lo}" if hi is None else f"an integer {lo}..{hi}"
+
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw.strip(), 10)
+        except ValueError:
+            raise ValueError(accepted) from None
+        if value < lo or (hi is not None and value > hi):
+            raise ValueError(accepted)
+        return value
+
+    return parse
+
+
+def _seconds(lo: float, *, allow_zero: bool = False) -> Callable[[str], float]:
+    accepted = f"a number of seconds > {lo}" if not allow_zero else "a number of seconds >= 0"
+
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise ValueError(accepted) from None
+        if math.isnan(value) or math.isinf(value):
+            raise ValueError(accepted)
+        if (value < 0) if allow_zero else (value <= lo):
+            raise ValueError(accepted)
+        return value
+
+    return parse
+
+
+def _enum(kind: type[StrEnum]) -> Callable[[str], StrEnum]:
+    def parse(raw: str) -> StrEnum:
+        try:
+            return kind(raw.strip().lower())
+        except ValueError:
+            raise ValueError("one of " + "|".join(m.value for m in kind)) from None
+
+    return parse
+
+
+def _dns_label(raw: str) -> str:
+    if not DNS_LABEL.match(raw):
+        raise ValueError("a DNS label: lower-case letters, digits and '-', at most 63 characters")
+    return raw
+
+
+def _selector(raw: str) -> str:
+    terms = [t.strip() for t in raw.split(",")]
+    if not raw.strip() or not all(SELECTOR_TERM.match(t) for t in terms):
+        raise ValueError("a label selector like 'key=value,other!=x' (no set-based terms)")
+    return ",".join(terms)
+
+
+def _abs_path(raw: str) -> Path:
+    p = Path(raw)
+    if not p.is_absolute():
+        raise ValueError("an absolute path")
+    return p
+
+
+def _nonempty(raw: str) -> str:
+    if not raw.strip() or any(c.isspace() for c in raw.strip()):
+        raise ValueError("a non-empty word without spaces")
+    return raw.strip()
+
+
+def _args(raw: str) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(raw))
+    except ValueError as e:
+        raise ValueError(f"shell-style words with balanced quotes ({e})") from None
+
+
+# ---- the variables ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Var:
+    name: str  # without the prefix
+    default: str | None  # raw default; None = unset / derived
+    meaning: str
+
+
+VARIABLES: tuple[Var, ...] = (
+    Var("JOB_NAME", None, "Name of the training job (required). Used in the default worker "
+        "selector, Events and logs."),
+    Var("NAMESPACE", None, "Namespace of the worker pods. Default: the pod's own namespace "
+        "(in-cluster service account), else the kubeconfig context's namespace."),
+    Var("WORKER_SELECTOR", None, "Label selector of the worker pods. Default: "
+        "`elastic-supervisor/job=<JOB_NAME>,elastic-supervisor/role=worker`."),
+    Var("SLOTS_PER_WORKER", "1", "Horovod slots (processes) per worker pod."),
+    Var("NP", None, "Slots to start with (horovodrun -np). Or give WORKERS (np = workers x "
+        "slots). Default: MIN_NP if set, else required."),
+    Var("MIN_NP", None, "Fewest slots to keep training with (--min-np). Default: NP."),
+    Var("MAX_NP", None, "Most slots to scale to (--max-np; always passed). Default: NP."),
+    Var("WORKERS", None, "Arena form of NP, in worker pods. Not together with NP."),
+    Var("MIN_WORKERS", None, "Arena form of MIN_NP, in worker pods. Not together with MIN_NP."),
+    Var("MAX_WORKERS", None, "Arena form of MAX_NP, in worker pods. Not together with MAX_NP."),
+    Var("DISCOVERY_FILE", "/etc/edl/hostfile", "Host list written atomically by the supervisor "
+        "(one `host:slots` per line); put it in an emptyDir."),
+    Var("DISCOVERY_SCRIPT", None, "Script horovodrun polls (--host-discovery-script); it only "
+        "`cat`s DISCOVERY_FILE. Default: the discover_hosts.sh shipped in the package."),
+    Var("HOST_MODE", "ip", "How workers are named to Horovod: `ip` (pod IP) or `dns` "
+        "(<hostname>.<subdomain>.<namespace>.svc, needs a headless Service)."),
+    Var("STALENESS_SECONDS", "60", "If the watch is broken longer than this, the discovery file "
+        "is withdrawn so the script fails instead of printing stale hosts."),
+    Var("START_TIMEOUT_SECONDS", "600", "How long to wait for MIN_NP usable slots before "
+        "giving up (exit 3)."),
+    Var("SHUTDOWN_GRACE_SECONDS", "30", "After forwarding SIGTERM/SIGINT to horovodrun, how "
+        "long to wait before killing its whole process tree."),
+    Var("HOROVODRUN", "horovodrun", "The horovodrun executable (name on PATH or path)."),
+    Var("SSH_PORT", None, "ssh port of the workers (horovodrun -p)."),
+    Var("SSH_IDENTITY_FILE", None, "Private key for ssh to the workers (horovodrun -i)."),
+    Var("NETWORK_INTERFACE", None, "NIC for Horovod traffic (--network-interface), e.g. eth0. "
+        "Recommended: without it horovodrun probes NICs over ssh."),
+    Var("GLOO_TIMEOUT_SECONDS", None, "Gloo timeout (--gloo-timeout-seconds); Horovod's default "
+        "is 30. A new worker must finish hvd.init() within it."),
+    Var("HOROVODRUN_EXTRA_ARGS", "", "More horovodrun arguments, split like a shell would "
+        "(quotes) but never run through one; placed before the training command."),
+    Var("WATCH_READ_TIMEOUT_SECONDS", "90", "Client read timeout of a watch connection: a "
+        "silently dead connection is noticed after this long (> 60: bookmarks come each ~60 s)."),
+    Var("RESYNC_SECONDS", "1", "Period of the reconcile tick (staleness checks, reaping) even "
+        "without events."),
+    Var("LOG_FORMAT", "json", "Log format: json or console."),
+    Var("LOG_LEVEL", "info", "Log level: debug, info, warning or error."),
+    Var("METRICS_PORT", "9400", "Port of the Prometheus /metrics endpoint; 0 disables it."),
+    Var("POD_NAME", None, "The launcher pod's name (downward API), the object Events refer to. "
+        "Default: HOSTNAME when running in a pod."),
+)
+KNOWN = {PREFIX + v.name for v in VARIABLES}
+DEFAULT_SELECTOR = "elastic-supervisor/job={job},elastic-supervisor/role=worker"
+
+
+def parse_config(
+    env: Mapping[str, str],
+    *,
+    pod_namespace: str | None = None,
+    kubeconfig_namespace: str | None = None,
+) -> Config:
+    """Return the Config for `env`, or raise ConfigError listing every problem (one line each).
+
+    `pod_namespace` is the in-cluster service account's namespace (if any) and
+    `kubeconfig_namespace` the current kubeconfig context's; they only feed the NAMESPACE default.
+    """
+    problems: list[str] = []
+    sources: dict[str, str] = {}
+
+    for name in sorted(k for k in env if k.startswith(PREFIX) and k not in KNOWN):
+        guess = difflib.get_close_matches(name, sorted(KNOWN), n=1)
+        hint = f" (did you mean {guess[0]}?)" if guess else ""
+        problems.append(f"{name}: unknown variable{hint}; see `elastic-supervisor explain`")
+
+    def get(var: str, parse: Callable[[str], object]) -> object | None:
+        full = PREFIX + var
+        spec = next(v for v in VARIABLES if v.name == var)
+        raw = env.get(full)
+        if raw is None or raw == "":
+            if spec.default is None:
+                return None
+            sources[full] = "default"
+            raw = spec.default
+        else:
+            sources[full] = "env"
+        try:
+            return parse(raw)
+        except ValueError as e:
+            problems.append(f"{full}={raw!r}: expected {e}")
+            return None
+
+    job = get("JOB_NAME", _dns_label)
+    if job is None and f"{PREFIX}JOB_NAME" not in sources:
+        problems.append(f"{PREFIX}JOB_NAME: required (a DNS label naming the training job)")
+
+    namespace = get("NAMESPACE", _dns_label)
+    if namespace is None and f"{PREFIX}NAMESPACE" not in sources:
+        for origin, candidate in (("service account", pod_namespace),
+                                  ("kubeconfig", kubeconfig_namespace)):
+            if candidate:
+                namespace = candidate
+                sources[f"{PREFIX}NAMESPACE"] = f"derived: {origin}"
+                break
+        else:
+            problems.append(f"{PREFIX}NAMESPACE: not set and no in-cluster or kubeconfig "
+                            "namespace found; set it")
+
+    selector = get("WORKER_SELECTOR", _selector)
+    if selector is None and f"{PREFIX}WORKER_SELECTOR" not in sources and job:
+        selector = DEFAULT_SELECTOR.format(job=job)
+        sources[f"{PREFIX}WORKER_SELECTOR"] = "derived: JOB_NAME"
+
+    slots = get("SLOTS_PER_WORKER", _int_in(1, 1024))
+    counts: dict[str, int | None] = {}
+    for np_name, w_name in (("NP", "WORKERS"), ("MIN_NP", "MIN_WORKERS"),
+                            ("MAX_NP", "MAX_WORKERS")):
+        np_val = get(np_name, _int_in(1))
+        w_val = get(w_name, _int_in(1))
+        if env.get(PREFIX + np_name) and env.get(PREFIX + w_name):
+            problems.append(f"{PREFIX}{np_name} and {PREFIX}{w_name}: give one of them, not both")
+            np_val = None
+        elif w_val is not None and slots is not None:
+            np_val = w_val * slots
+            sources[PREFIX + np_name] = f"derived: {w_name} x SLOTS_PER_WORKER"
+        counts[np_name] = np_val
+    np_, min_np, max_np = counts["NP"], counts["MIN_NP"], counts["MAX_NP"]
+    if np_ is None and f"{PREFIX}NP" not in sources and f"{PREFIX}WORKERS" not in sources:
+        if min_np is not None:
+            np_ = min_np
+            sources[f"{PREFIX}NP"] = "derived: MIN_NP"
+        else:
+            problems.append(f"{PREFIX}NP: required (or {PREFIX}WORKERS, or {PREFIX}MIN_NP)")
+    if np_ is not None:
+        if min_np is None and f"{PREFIX}MIN_NP" not in sources:
+            min_np = np_
+            sources[f"{PREFIX}MIN_NP"] = "derived: NP"
+        if max_np is None and f"{PREFIX}MAX_NP" not in sources:
+            max_np = np_
+            sources[f"{PREFIX}MAX_NP"] = "derived: NP"
+    if None not in (np_, min_np, max_np) and not (min_np <= np_ <= max_np):
+        problems.append(f"{PREFIX}MIN_NP={min_np}, {PREFIX}NP={np_}, {PREFIX}MAX_NP={max_np}: "
+                        "expected MIN_NP <= NP <= MAX_NP")
+
+    discovery_file = get("DISCOVERY_FILE", _abs_path)
+    discovery_script = get("DISCOVERY_SCRIPT", _abs_path)
+    if discovery_script is None and f"{PREFIX}DISCOVERY_SCRIPT" not in sources:
+        discovery_script = packaged_discovery_script()
+        sources[f"{PREFIX}DISCOVERY_SCRIPT"] = "derived: packaged script"
+    host_mode = get("HOST_MODE", _enum(HostMode))
+    staleness = get("STALENESS_SECONDS", _seconds(0))
+    start_timeout = get("START_TIMEOUT_SECONDS", _seconds(0))
+    grace = get("SHUTDOWN_GRACE_SECONDS", _seconds(0, allow_zero=True))
+    horovodrun = get("HOROVODRUN", _nonempty)
+    ssh_port = get("SSH_PORT", _int_in(1, 65535))
+    ssh_identity = get("SSH_IDENTITY_FILE", _abs_path)
+    nic = get("NETWORK_INTERFACE", _nonempty)
+    gloo = get("GLOO_TIMEOUT_SECONDS", _int_in(1))
+    extra = get("HOROVODRUN_EXTRA_ARGS", _args)
+    read_timeout = get("WATCH_READ_TIMEOUT_SECONDS", _seconds(0))
+    if isinstance(read_timeout, float) and read_timeout <= 60:
+        raw = env.get(PREFIX + "WATCH_READ_TIMEOUT_SECONDS")
+        problems.append(f"{PREFIX}WATCH_READ_TIMEOUT_SECONDS={raw!r}: expected more than 60 "
+                        "seconds (watch bookmarks come about once a minute)")
+    resync = get("RESYNC_SECONDS", _seconds(0))
+    log_format = get("LOG_FORMAT", _enum(LogFormat))
+    log_level = get("LOG_LEVEL", _enum(LogLevel))
+    metrics_port = get("METRICS_PORT", _int_in(0, 65535))
+    pod_name = get("POD_NAME", _nonempty)
+    if pod_name is None and f"{PREFIX}POD_NAME" not in sources and pod_namespace and env.get(
+            "HOSTNAME"):
+        pod_name = env["HOSTNAME"]
+        sources[f"{PREFIX}POD_NAME"] = "derived: HOSTNAME"
+
+    if problems:
+        raise ConfigError(problems)
+    return Config(
+        job_name=job, namespace=namespace, worker_selector=selector, slots_per_worker=slots,
+        np=np_, min_np=min_np, max_np=max_np, discovery_file=discovery_file,
+        discovery_script=discovery_script, host_mode=host_mode, staleness_s=staleness,
+        start_timeout_s=start_timeout, shutdown_grace_s=grace, horovodrun=horovodrun,
+        ssh_port=ssh_port, ssh_identity_file=ssh_identity, network_interface=nic,
+        gloo_timeout_s=gloo, extra_args=extra, watch_read_timeout_s=read_timeout,
+        resync_s=resync, log_format=log_format, log_level=log_level,
+        metrics_port=metrics_port, pod_name=pod_name, sources=dict(sources),
+    )  # type: ignore[arg-type]
+
+
+def effective_values(cfg: Config) -> list[tuple[str, str, str]]:
+    """Return (variable, effective value, source) rows for `explain`."""
+    by_var = {
+        "JOB_NAME": cfg.job_name, "NAMESPACE": cfg.namespace,
+        "WORKER_SELECTOR": cfg.worker_selector, "SLOTS_PER_WORKER": cfg.slots_per_worker,
+        "NP": cfg.np, "MIN_NP": cfg.min_np, "MAX_NP": cfg.max_np,
+        "DISCOVERY_FILE": cfg.discovery_file, "DISCOVERY_SCRIPT": cfg.discovery_script,
+        "HOST_MODE": cfg.host_mode.value, "STALENESS_SECONDS": cfg.staleness_s,
+        "START_TIMEOUT_SECONDS": cfg.start_timeout_s,
+        "SHUTDOWN_GRACE_SECONDS": cfg.shutdown_grace_s, "HOROVODRUN": cfg.horovodrun,
+        "SSH_PORT": cfg.ssh_port, "SSH_IDENTITY_FILE": cfg.ssh_identity_file,
+        "NETWORK_INTERFACE": cfg.network_interface, "GLOO_TIMEOUT_SECONDS": cfg.gloo_timeout_s,
+        "HOROVODRUN_EXTRA_ARGS": shlex.join(cfg.extra_args),
+        "WATCH_READ_TIMEOUT_SECONDS": cfg.watch_read_timeout_s,
+        "RESYNC_SECONDS": cfg.resync_s, "LOG_FORMAT": cfg.log_format.value,
+        "LOG_LEVEL": cfg.log_level.value, "METRICS_PORT": cfg.metrics_port,
+        "POD_NAME": cfg.pod_name,
+    }
+    rows = []
+    for v in VARIABLES:
+        if v.name in ("WORKERS", "MIN_WORKERS", "MAX_WORKERS"):
+            continue
+        full = PREFIX + v.name
+        value = by_var[v.name]
+        rows.append((full, "" if value is None else str(value), cfg.sources.get(full, "unset")))
+    return rows

@@ -1,0 +1,71 @@
+"""PURE: frozen value types shared by the loop and the adapters (no I/O, no client imports).
+
+Triggers are what the reconcile loop consumes from its queue: watch events and reflector news
+(put there by the reflector threads), the child's exit (child-waiter thread), signals (main
+thread's handlers). EventSpec is a Kubernetes Event to post; ExitCode lists the supervisor's own,
+documented exit codes (horovodrun's own code is passed through otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from supervisor.observe import EventType, Kind
+
+
+class ExitCode(IntEnum):
+    """Exit codes of `elastic-supervisor` itself (see README). Others are horovodrun's."""
+
+    OK = 0
+    CONFIG = 2  # bad configuration (also horovodrun's own argument errors)
+    START_TIMEOUT = 3  # MIN_NP usable slots never showed up within START_TIMEOUT_SECONDS
+    KUBE_FATAL = 4  # the Kubernetes API refused us for good (403, no credentials)
+    INTERNAL = 70  # a bug: an unexpected exception in the supervisor
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    kind: Kind
+    type: EventType
+    obj: Mapping[str, Any]
+    at: float  # monotonic time of receipt
+    relist: bool = False  # synthesised by a relist diff, not seen on a watch
+
+
+@dataclass(frozen=True)
+class SourceState:
+    """A reflector's own news: synced (a list completed) / connected / broken (and why)."""
+
+    kind: Kind
+    at: float
+    synced: bool | None = None
+    broken: bool | None = None
+    reason: str = ""
+    relisted: bool = False
+    fatal: bool = False
+
+
+@dataclass(frozen=True)
+class ChildExited:
+    code: int
+
+
+@dataclass(frozen=True)
+class SignalReceived:
+    signum: int
+
+
+Trigger = WatchEvent | SourceState | ChildExited | SignalReceived
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """One Kubernetes Event to post: type Normal|Warning, reason, action, note (<= 1 kB)."""
+
+    type: str
+    reason: str
+    action: str
+    note: str

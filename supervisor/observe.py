@@ -1,0 +1,124 @@
+"""PURE: the supervisor's view of the cluster, built from API-shaped dicts and watch events.
+
+Owns `ClusterView` (worker pods and nodes as the API returned them, plus what the reflectors
+report about their own health) and the rules that say whether a worker is usable by Horovod.
+No I/O, no clock reads, no Kubernetes client imports: times are passed in.
+The view is mutated only by the reconcile thread that owns it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+Obj = Mapping[str, Any]
+
+NODE_DOWN_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
+
+
+class EventType(StrEnum):
+    ADDED = "ADDED"
+    MODIFIED = "MODIFIED"
+    DELETED = "DELETED"
+
+
+class Kind(StrEnum):
+    POD = "pod"
+    NODE = "node"
+
+
+class Unusable(StrEnum):
+    """Why a worker pod is not in the discovery file."""
+
+    NOT_RUNNING = "PodNotRunning"
+    NOT_READY = "PodNotReady"
+    DELETING = "PodDeleting"
+    NO_ADDRESS = "PodHasNoAddress"
+    NODE_UNKNOWN = "NodeNotObserved"
+    NODE_NOT_READY = "NodeNotReady"
+    NODE_TAINTED = "NodeTaintedDown"
+    HOST_REUSED = "HostNameReused"
+
+
+@dataclass
+class SourceHealth:
+    """What a reflector reports about itself; times are monotonic seconds."""
+
+    synced: bool = False
+    # When the watch stopped delivering (disconnect, error, relist); None while connected.
+    broken_since: float | None = None
+    last_event_at: float | None = None
+
+    def broken_for(self, now: float) -> float:
+        return 0.0 if self.broken_since is None else max(0.0, now - self.broken_since)
+
+
+@dataclass
+class ClusterView:
+    """Worker pods and nodes by name, as API-shaped dicts, with the health of their sources."""
+
+    pods: dict[str, Obj] = field(default_factory=dict)
+    nodes: dict[str, Obj] = field(default_factory=dict)
+    health: dict[Kind, SourceHealth] = field(
+        default_factory=lambda: {Kind.POD: SourceHealth(), Kind.NODE: SourceHealth()})
+
+    def apply(self, kind: Kind, etype: EventType, obj: Obj) -> bool:
+        """Apply one watch event; return whether the view changed."""
+        store = self.pods if kind is Kind.POD else self.nodes
+        name = obj["metadata"]["name"]
+        if etype is EventType.DELETED:
+            return store.pop(name, None) is not None
+        old = store.get(name)
+        if old is not None and _rv(old) == _rv(obj):
+            return False
+        store[name] = obj
+        return True
+
+    @property
+    def synced(self) -> bool:
+        return all(h.synced for h in self.health.values())
+
+    def broken_for(self, now: float) -> float:
+        """Seconds the longest-broken watch has been broken (0 when all are connected)."""
+        return max(h.broken_for(now) for h in self.health.values())
+
+
+def _rv(obj: Obj) -> str | None:
+    return obj.get("metadata", {}).get("resourceVersion")
+
+
+def condition(obj: Obj, ctype: str) -> Obj | None:
+    """Return the status condition of type `ctype`, or None."""
+    for c in obj.get("status", {}).get("conditions") or ():
+        if c.get("type") == ctype:
+            return c
+    return None
+
+
+def node_problem(node: Obj | None) -> Unusable | None:
+    """Return why a node cannot host a usable worker, or None if it can."""
+    if node is None:
+        return Unusable.NODE_UNKNOWN
+    ready = condition(node, "Ready")
+    if ready is None or ready.get("status") != "True":
+        return Unusable.NODE_NOT_READY
+    if any(t.get("key") in NODE_DOWN_TAINTS for t in node.get("spec", {}).get("taints") or ()):
+        return Unusable.NODE_TAINTED
+    return None
+
+
+def pod_problem(pod: Obj, nodes: Mapping[str, Obj]) -> Unusable | None:
+    """Return why a worker pod is not usable by Horovod, or None if it is."""
+    meta, status = pod.get("metadata", {}), pod.get("status", {})
+    if meta.get("deletionTimestamp"):
+        return Unusable.DELETING
+    if status.get("phase") != "Running":
+        return Unusable.NOT_RUNNING
+    ready = condition(pod, "Ready")
+    if ready is None or ready.get("status") != "True":
+        return Unusable.NOT_READY
+    if not status.get("podIP"):
+        return Unusable.NO_ADDRESS
+    return node_problem(nodes.get(pod.get("spec", {}).get("nodeName") or ""))

@@ -1,0 +1,201 @@
+"""Rendering the discovery file from real pod/node shapes, the publish decision, atomic writes."""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from supervisor import discovery
+from supervisor.config import HostMode
+from supervisor.discovery import Publish, Withdraw
+from supervisor.observe import ClusterView, EventType, Kind, Unusable
+from tests.unit.shapes import load, node, pod, with_condition
+
+
+def view_of(*objs: dict) -> ClusterView:
+    v = ClusterView()
+    for o in objs:
+        v.apply(Kind.POD if o["kind"] == "Pod" else Kind.NODE, EventType.ADDED, o)
+    return v
+
+
+def deleting(p: dict) -> dict:
+    d = load("pod_deleting_graceful")
+    out = copy.deepcopy(p)
+    out["metadata"]["deletionTimestamp"] = d["metadata"]["deletionTimestamp"]
+    out["metadata"]["deletionGracePeriodSeconds"] = d["metadata"]["deletionGracePeriodSeconds"]
+    return out
+
+
+def tainted(n: dict, key: str, effect: str = "NoExecute") -> dict:
+    out = copy.deepcopy(n)
+    out.setdefault("spec", {}).setdefault("taints", []).append({"key": key, "effect": effect})
+    return out
+
+
+READY_NODE = node("node-a")
+CASES = [
+    ("a running ready pod on a ready node is usable", [pod(), READY_NODE], None),
+    ("the captured graceful delete shape is left out",
+     [load("pod_deleting_graceful"), node("node-a")], Unusable.DELETING),
+    ("a pod with a deletionTimestamp is left out", [deleting(pod()), READY_NODE],
+     Unusable.DELETING),
+    ("a pending pod is left out", [pod(phase="Pending"), READY_NODE], Unusable.NOT_RUNNING),
+    ("a failed pod is left out", [pod(phase="Failed"), READY_NODE], Unusable.NOT_RUNNING),
+    ("a pod whose Ready condition is False is left out",
+     [with_condition(pod(), "Ready", "False"), READY_NODE], Unusable.NOT_READY),
+    ("a pod without conditions is left out", [pod(conditions=[]), READY_NODE],
+     Unusable.NOT_READY),
+    ("a running pod without an IP is left out", [pod(ip=None), READY_NODE],
+     Unusable.NO_ADDRESS),
+    ("a pod whose node was never observed is left out", [pod(node="elsewhere"), READY_NODE],
+     Unusable.NODE_UNKNOWN),
+    ("a pod on the captured unreachable node is left out",
+     [pod(), node("node-a", "node_unreachable")], Unusable.NODE_NOT_READY),
+    ("a pod on a node whose Ready is False is left out",
+     [pod(), with_condition(READY_NODE, "Ready", "False")], Unusable.NODE_NOT_READY),
+    ("a Ready node with the not-ready taint is left out",
+     [pod(), tainted(READY_NODE, "node.kubernetes.io/not-ready")], Unusable.NODE_TAINTED),
+    ("a Ready node with the unreachable NoSchedule taint is left out",
+     [pod(), tainted(READY_NODE, "node.kubernetes.io/unreachable", "NoSchedule")],
+     Unusable.NODE_TAINTED),
+    ("other taints (cordon) do not matter",
+     [pod(), tainted(READY_NODE, "node.kubernetes.io/unschedulable", "NoSchedule")], None),
+    ("an IPv6 pod IP cannot be expressed to horovodrun", [pod(ip="fd00::1"), READY_NODE],
+     Unusable.NO_ADDRESS),
+]
+
+
+@pytest.mark.parametrize(("objs", "problem"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_usability_rules(objs: list[dict], problem: Unusable | None) -> None:
+    r = discovery.render(view_of(*objs), 2, HostMode.POD_IP, {})
+    name = objs[0]["metadata"]["name"]
+    if problem is None:
+        assert r.lines == (f"{objs[0]['status']['podIP']}:2",)
+        assert r.left_out == {}
+    else:
+        assert r.lines == ()
+        assert r.left_out == {name: problem}
+
+
+def test_lines_are_sorted_and_carry_slots() -> None:
+    v = view_of(pod("w-2", "10.1.0.9"), pod("w-0", "10.1.0.10"), pod("w-1", "10.1.0.11", "b"),
+                READY_NODE, node("b"))
+    r = discovery.render(v, 4, HostMode.POD_IP, {})
+    assert r.lines == ("10.1.0.10:4", "10.1.0.11:4", "10.1.0.9:4")
+    assert r.content == "10.1.0.10:4\n10.1.0.11:4\n10.1.0.9:4\n"
+    assert r.slots(4) == 12
+    assert dict(r.hosts) == {"10.1.0.10": "w-0", "10.1.0.11": "w-1", "10.1.0.9": "w-2"}
+
+
+def test_a_host_string_is_never_reused_by_a_later_pod() -> None:
+    v = view_of(pod("w-3", "10.1.0.10", uid="new-uid"), READY_NODE)
+    r = discovery.render(v, 1, HostMode.POD_IP, {"10.1.0.10": "old-uid"})
+    assert r.lines == ()
+    assert r.left_out == {"w-3": Unusable.HOST_REUSED}
+    same = discovery.render(v, 1, HostMode.POD_IP, {"10.1.0.10": "new-uid"})
+    assert same.lines == ("10.1.0.10:1",)
+
+
+def test_dns_mode_names_pods_by_hostname_and_subdomain() -> None:
+    p = pod("w-0")
+    p["spec"]["subdomain"] = "job1-workers"
+    plain = pod("w-1", "10.1.0.11")  # no subdomain: no resolvable name
+    r = discovery.render(view_of(p, plain, READY_NODE), 1, HostMode.POD_DNS, {})
+    assert r.lines == ("w-0.job1-workers.default.svc:1",)
+    assert r.left_out == {"w-1": Unusable.NO_ADDRESS}
+    p["spec"]["hostname"] = "worker-zero"
+    r = discovery.render(view_of(p, READY_NODE), 1, HostMode.POD_DNS, {})
+    assert r.lines == ("worker-zero.job1-workers.default.svc:1",)
+
+
+def test_view_ignores_replayed_resource_versions_and_applies_deletes() -> None:
+    v = ClusterView()
+    p = pod()
+    assert v.apply(Kind.POD, EventType.ADDED, p) is True
+    assert v.apply(Kind.POD, EventType.MODIFIED, copy.deepcopy(p)) is False
+    p2 = copy.deepcopy(p)
+    p2["metadata"]["resourceVersion"] = "999"
+    assert v.apply(Kind.POD, EventType.MODIFIED, p2) is True
+    assert v.apply(Kind.POD, EventType.DELETED, p2) is True
+    assert v.apply(Kind.POD, EventType.DELETED, p2) is False
+    assert v.pods == {}
+
+
+RENDERED = discovery.render(view_of(pod(), READY_NODE), 1, HostMode.POD_IP, {})
+EMPTY = discovery.render(ClusterView(), 1, HostMode.POD_IP, {})
+
+
+@pytest.mark.parametrize(("synced", "broken_for", "rendered", "expected"), [
+    pytest.param(True, 0.0, RENDERED, Publish("10.1.0.10:1\n"), id="synced and fresh: publish"),
+    pytest.param(False, 0.0, RENDERED, Withdraw("view not synced"), id="not synced: withdraw"),
+    pytest.param(True, 30.0, RENDERED, Publish("10.1.0.10:1\n"),
+                 id="broken within the staleness bound: still publish"),
+    pytest.param(True, 60.5, RENDERED, Withdraw("watch broken for 60s (> 60s)"),
+                 id="broken beyond the staleness bound: withdraw"),
+    pytest.param(True, 0.0, EMPTY, Withdraw("no usable worker"),
+                 id="never an empty list: withdraw instead"),
+])
+def test_publish_or_withdraw(synced: bool, broken_for: float, rendered, expected) -> None:
+    assert discovery.decide(synced, broken_for, 60.0, rendered) == expected
+
+
+def test_view_staleness_is_the_longest_broken_source() -> None:
+    v = ClusterView()
+    assert v.broken_for(100.0) == 0.0
+    v.health[Kind.NODE].broken_since = 90.0
+    v.health[Kind.POD].broken_since = 95.0
+    assert v.broken_for(100.0) == 10.0
+    assert not v.synced
+    for h in v.health.values():
+        h.synced = True
+    assert v.synced
+
+
+def test_atomic_write_replaces_and_leaves_no_temp_files(tmp_path: Path) -> None:
+    f = tmp_path / "hostfile"
+    discovery.write_atomic(f, "a:1\n")
+    inode = f.stat().st_ino
+    discovery.write_atomic(f, "a:1\nb:1\n")
+    assert f.read_text() == "a:1\nb:1\n"
+    assert f.stat().st_ino != inode  # a rename, not an in-place rewrite
+    assert oct(f.stat().st_mode & 0o777) == "0o644"
+    assert os.listdir(tmp_path) == ["hostfile"]
+    assert discovery.withdraw(f) is True
+    assert discovery.withdraw(f) is False
+    assert discovery.read_current(f) is None
+
+
+def test_readers_never_see_a_partial_file(tmp_path: Path) -> None:
+    f = tmp_path / "hostfile"
+    small, big = "a:1\n", "".join(f"10.0.{i // 250}.{i % 250}:1\n" for i in range(2000))
+    discovery.write_atomic(f, small)
+    stop = threading.Event()
+    seen: set[str] = set()
+
+    def reader() -> None:
+        while not stop.is_set():
+            seen.add(f.read_text())
+
+    t = threading.Thread(target=reader)
+    t.start()
+    for i in range(300):
+        discovery.write_atomic(f, big if i % 2 else small)
+    stop.set()
+    t.join()
+    assert seen <= {small, big}
+    assert len(seen) == 2
+
+
+def test_a_failed_write_keeps_the_old_file(tmp_path: Path) -> None:
+    f = tmp_path / "hostfile"
+    discovery.write_atomic(f, "a:1\n")
+
+    with pytest.raises(TypeError):
+        discovery.write_atomic(f, 42)  # type: ignore[arg-type]
+    assert f.read_text() == "a:1\n"
+    assert os.listdir(tmp_path) == ["hostfile"]

@@ -1,0 +1,62 @@
+"""The horovodrun argv: always the elastic flags, optional ones only when set, no shell ever."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.config import packaged_discovery_script, parse_config
+from supervisor.launch import horovodrun_argv, horovodrun_env
+
+BASE = {"SUPERVISOR_JOB_NAME": "j", "SUPERVISOR_NAMESPACE": "n", "SUPERVISOR_NP": "4",
+        "SUPERVISOR_MIN_NP": "2", "SUPERVISOR_MAX_NP": "8"}
+SCRIPT = str(packaged_discovery_script())
+
+
+def argv(cmd: list[str], **env: str) -> list[str]:
+    return horovodrun_argv(parse_config({**BASE, **env}), cmd)
+
+
+def test_minimal_argv_always_has_the_elastic_flags() -> None:
+    assert argv(["python", "train.py"]) == [
+        "horovodrun", "-np", "4", "--min-np", "2", "--max-np", "8", "--slots-per-host", "1",
+        "--host-discovery-script", SCRIPT, "python", "train.py"]
+
+
+def test_optional_flags_then_extra_args_then_the_command() -> None:
+    got = argv(["python", "train.py", "--epochs", "3"],
+               SUPERVISOR_SSH_PORT="2222", SUPERVISOR_SSH_IDENTITY_FILE="/keys/id",
+               SUPERVISOR_NETWORK_INTERFACE="eth0", SUPERVISOR_GLOO_TIMEOUT_SECONDS="120",
+               SUPERVISOR_HOROVODRUN_EXTRA_ARGS="--verbose --reset-limit 50",
+               SUPERVISOR_HOROVODRUN="/opt/hvd/bin/horovodrun",
+               SUPERVISOR_SLOTS_PER_WORKER="2")
+    assert got == [
+        "/opt/hvd/bin/horovodrun", "-np", "4", "--min-np", "2", "--max-np", "8",
+        "--slots-per-host", "2", "--host-discovery-script", SCRIPT,
+        "--ssh-port", "2222", "--ssh-identity-file", "/keys/id",
+        "--network-interface", "eth0", "--gloo-timeout-seconds", "120",
+        "--verbose", "--reset-limit", "50", "python", "train.py", "--epochs", "3"]
+
+
+@pytest.mark.parametrize("hostile", [
+    "$(touch /tmp/pwned)", "`id`", "a; rm -rf /", "x' \"y", "*", "--lr=0.1 && reboot", "",
+])
+def test_values_are_single_argv_elements_never_shell_text(hostile: str) -> None:
+    got = argv(["python", "train.py", hostile])
+    assert got[-1] == hostile
+    assert got[-3:-1] == ["python", "train.py"]
+
+
+def test_extra_args_are_split_like_words_but_not_expanded() -> None:
+    got = argv(["t"], SUPERVISOR_HOROVODRUN_EXTRA_ARGS="--x '$HOME and `id`' *")
+    assert got[-4:] == ["--x", "$HOME and `id`", "*", "t"]
+
+
+def test_an_empty_command_is_refused() -> None:
+    with pytest.raises(ValueError, match="no training command"):
+        argv([])
+
+
+def test_env_tells_the_script_where_the_file_is() -> None:
+    cfg = parse_config({**BASE, "SUPERVISOR_DISCOVERY_FILE": "/run/edl/h"})
+    env = horovodrun_env(cfg, {"PATH": "/bin"})
+    assert env == {"PATH": "/bin", "SUPERVISOR_DISCOVERY_FILE": "/run/edl/h"}
