@@ -71,7 +71,8 @@ class Settings:
     # node-lifecycle: how often the controller checks node health.
     node_monitor_period_s: int = 1
     start_timeout_s: float = 90.0
-    stop_grace_s: float = 10.0
+    # kube-apiserver drains open watches on SIGTERM for longer than tests want to wait.
+    stop_grace_s: float = 5.0
 
 
 def free_ports(n: int) -> list[int]:
@@ -192,9 +193,14 @@ class ControlPlane:
         else:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def restart_apiserver(self, down_s: float = 0.0) -> None:
-        """Stop kube-apiserver, stay down `down_s` seconds, start it again on the same port."""
+    def restart_apiserver(self, down_s: float = 0.0, crash: bool = False) -> None:
+        """Stop kube-apiserver (SIGTERM, or SIGKILL with `crash`), stay down `down_s` seconds,
+        start it again on the same port and wait until it is ready."""
         comp = self._components["apiserver"]
+        if crash and comp.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(comp.proc.pid, signal.SIGKILL)
+            comp.proc.wait()
         self._terminate(comp)
         time.sleep(down_s)
         self._launch(comp)

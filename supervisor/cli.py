@@ -1,24 +1,178 @@
 """Command line: parses arguments, builds the pieces, maps outcomes to exit codes.
 
-Subcommands arrive with the issues that implement them (run, explain, status, scale).
+`run -- CMD...`  supervise horovodrun running CMD (the launcher container's entrypoint);
+`explain [-- CMD...]`  print the effective configuration and the exact horovodrun argv.
+Both exit 2 with one line per problem when the configuration is bad. Exit codes: see
+supervisor.model.ExitCode and the README.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import signal
+import socket
+import sys
+from collections.abc import Mapping, Sequence
 
-from supervisor import __version__
+from supervisor import __version__, kube, proc
+from supervisor.config import Config, ConfigError, effective_values, parse_config
+from supervisor.launch import horovodrun_argv
+from supervisor.logs import make_logger
+from supervisor.metrics import make_metrics, serve
+from supervisor.model import EventSpec, ExitCode
+from supervisor.observe import Kind
+from supervisor.reconcile import Supervisor
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="elastic-supervisor",
-        description="Fault-tolerance supervisor for elastic Horovod training on Kubernetes.",
+        description="Fault-tolerance supervisor for elastic Horovod training on Kubernetes. "
+                    "Configured by SUPERVISOR_* environment variables (see `explain`).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run horovodrun with CMD and supervise it")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the training command")
+    explain = sub.add_parser("explain", help="print the effective configuration and argv")
+    explain.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the training command")
     return parser
 
 
+def _command(raw: list[str]) -> list[str]:
+    return raw[1:] if raw[:1] == ["--"] else raw
+
+
+def load_config(env: Mapping[str, str]) -> Config:
+    """Parse the config, deriving the namespace default from the pod or the kubeconfig."""
+    pod_ns = kube.in_cluster_namespace()
+    kc_ns = None if pod_ns or env.get("SUPERVISOR_NAMESPACE") else kube.kubeconfig_namespace()
+    return parse_config(env, pod_namespace=pod_ns, kubeconfig_namespace=kc_ns)
+
+
+def explain(cfg: Config, command: Sequence[str]) -> str:
+    """Return the `explain` text: variables (value, source) and the horovodrun argv."""
+    rows = effective_values(cfg)
+    width = max(len(r[0]) for r in rows)
+    lines = ["effective configuration (variable, value, source):"]
+    lines += [f"  {name:<{width}}  {value or '-'}  [{source}]" for name, value, source in rows]
+    cmd = list(command) or ["<training command>"]
+    argv = horovodrun_argv(cfg, cmd)
+    lines += ["", "horovodrun argv (executed directly, never through a shell):",
+              "  " + shlex.join(argv)]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
-    build_parser().parse_args(argv)
-    return 0
+    args = build_parser().parse_args(argv)
+    env = dict(os.environ)
+    try:
+        cfg = load_config(env)
+    except ConfigError as e:
+        for problem in e.problems:
+            print(f"elastic-supervisor: {problem}", file=sys.stderr)
+        return ExitCode.CONFIG
+    command = _command(args.cmd)
+    if args.command == "explain":
+        print(explain(cfg, command))
+        return ExitCode.OK
+    if not command:
+        print("elastic-supervisor: run needs the training command: "
+              "elastic-supervisor run -- python train.py ...", file=sys.stderr)
+        return ExitCode.CONFIG
+    return run(cfg, command, env)
+
+
+def _preflight(cfg: Config) -> list[str]:
+    """Return problems with the files `run` relies on (one line each)."""
+    problems = []
+    script = cfg.discovery_script
+    if not (script.is_file() and os.access(script, os.X_OK)):
+        problems.append(f"SUPERVISOR_DISCOVERY_SCRIPT={str(script)!r}: expected an executable "
+                        "file (the shipped discover_hosts.sh)")
+    try:
+        cfg.discovery_file.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(cfg.discovery_file.parent, os.W_OK):
+            raise PermissionError("not writable")
+    except OSError as e:
+        problems.append(f"SUPERVISOR_DISCOVERY_FILE={str(cfg.discovery_file)!r}: its directory "
+                        f"cannot be written ({e})")
+    return problems
+
+
+def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
+    """Build the adapters and the loop, run it, and return the process exit code."""
+    log = make_logger(cfg.log_format, cfg.log_level, job=cfg.job_name)
+    if problems := _preflight(cfg):
+        for p in problems:
+            print(f"elastic-supervisor: {p}", file=sys.stderr)
+        return ExitCode.CONFIG
+    metrics = make_metrics()
+    if cfg.metrics_port:
+        try:
+            serve(metrics, cfg.metrics_port)
+        except OSError as e:
+            print(f"elastic-supervisor: SUPERVISOR_METRICS_PORT={cfg.metrics_port}: cannot "
+                  f"listen ({e}); set another port or 0 to disable", file=sys.stderr)
+            return ExitCode.CONFIG
+    try:
+        api = kube.make_api_client()
+    except kube.KubeError as e:
+        log.error("kube.fatal", reason=str(e))
+        return ExitCode.KUBE_FATAL
+
+    def event_failed(err: kube.KubeError) -> None:
+        log.warning("event.failed", reason=str(err), retryable=err.retryable)
+
+    # Events regard the launcher pod; without one (a local run), the job's launcher Job.
+    regarding = {"apiVersion": "batch/v1", "kind": "Job", "namespace": cfg.namespace,
+                 "name": cfg.job_name}
+    if cfg.pod_name:
+        try:
+            regarding = kube.pod_reference(api, cfg.namespace, cfg.pod_name)
+        except kube.KubeError as e:
+            log.warning("event.no_regarding", pod=cfg.pod_name, reason=str(e))
+    instance = cfg.pod_name or f"{cfg.job_name}-{socket.gethostname()}"
+    recorder = kube.EventRecorder(api, cfg.namespace, regarding=regarding, instance=instance,
+                                  on_error=event_failed)
+
+    def record(spec: EventSpec) -> None:
+        recorder.record(spec)
+
+    proc.become_subreaper()
+    sup = Supervisor(cfg, log=log, metrics=metrics, events=record,
+                     start_child=proc.Child.start, base_env=env)
+    settings = kube.WatchSettings(read_timeout_s=cfg.watch_read_timeout_s)
+    reflectors = [
+        kube.Reflector(kind, kube.lister(api, kind, cfg.namespace, cfg.worker_selector),
+                       sup.submit, settings)
+        for kind in (Kind.POD, Kind.NODE)
+    ]
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, sup.handle_signal)
+    log.info("supervisor.started", version=__version__, namespace=cfg.namespace,
+             selector=cfg.worker_selector, np=cfg.np, min_np=cfg.min_np, max_np=cfg.max_np)
+    for r in reflectors:
+        r.start()
+    try:
+        outcome = sup.run(command)
+    except Exception as e:  # a bug: report it once, clean up, exit distinctly
+        log.exception("supervisor.crashed", error=str(e))
+        if sup.state.child is not None:
+            sup.state.child.kill_tree()
+        outcome_code = ExitCode.INTERNAL
+    else:
+        log.info("supervisor.exited", code=outcome.code, reason=outcome.reason)
+        outcome_code = outcome.code
+    finally:
+        for r in reflectors:
+            r.stop()
+        recorder.close()
+        api.close()
+    return int(outcome_code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -219,8 +219,8 @@ VARIABLES: tuple[Var, ...] = (
     Var("LOG_FORMAT", "json", "Log format: json or console."),
     Var("LOG_LEVEL", "info", "Log level: debug, info, warning or error."),
     Var("METRICS_PORT", "9400", "Port of the Prometheus /metrics endpoint; 0 disables it."),
-    Var("POD_NAME", None, "The launcher pod's name (downward API), the object Events refer to. "
-        "Default: HOSTNAME when running in a pod."),
+    Var("POD_NAME", None, "The launcher pod's name (downward API), the object Events refer to "
+        "(without it: the batch Job named JOB_NAME). Default: HOSTNAME when running in a pod."),
 )
 KNOWN = {PREFIX + v.name for v in VARIABLES}
 DEFAULT_SELECTOR = "elastic-supervisor/job={job},elastic-supervisor/role=worker"

@@ -45,7 +45,8 @@ class SourceState:
     broken: bool | None = None
     reason: str = ""
     relisted: bool = False
-    fatal: bool = False
+    fatal: bool = False  # the reflector gave up (permanent API error, or crashed)
+    crashed: bool = False  # ... because of a bug (unexpected exception)
 
 
 @dataclass(frozen=True)

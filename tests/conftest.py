@@ -36,6 +36,22 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
     cp.stop()
 
 
+@pytest.fixture(scope="module")
+def restartable_control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    """A private control plane for tests that crash or restart kube-apiserver.
+
+    After an API outage the controller-manager's informers back off; with the session plane's
+    short node grace it would then mark every node NotReady and delay ServiceAccounts for the
+    tests that follow. This one uses the production node grace (40 s) and is not shared.
+    """
+    cp = ControlPlane(Settings(node_monitor_grace_period_s=40))
+    cp.start()
+    yield cp
+    if request.session.testsfailed:
+        cp.failed = True
+    cp.stop()
+
+
 @pytest.fixture(scope="session")
 def api_client(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
     api = config.new_client_from_config(config_file=str(control_plane.kubeconfig))
@@ -48,9 +64,8 @@ def core(api_client: client.ApiClient) -> client.CoreV1Api:
     return client.CoreV1Api(api_client)
 
 
-@pytest.fixture
-def namespace(core: client.CoreV1Api) -> Iterator[str]:
-    """A fresh namespace whose `default` ServiceAccount exists (pods can be created in it)."""
+def make_namespace(core: client.CoreV1Api) -> str:
+    """Create a fresh namespace and wait for its `default` ServiceAccount (pods need it)."""
     name = f"t-{uuid.uuid4().hex[:8]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
 
@@ -61,5 +76,12 @@ def namespace(core: client.CoreV1Api) -> Iterator[str]:
         )
 
     wait_for(default_sa_exists, 30, what=f"ServiceAccount {name}/default")
+    return name
+
+
+@pytest.fixture
+def namespace(core: client.CoreV1Api) -> Iterator[str]:
+    """A fresh namespace on the session control plane."""
+    name = make_namespace(core)
     yield name
     core.delete_namespace(name)

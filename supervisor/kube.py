@@ -1,0 +1,454 @@
+"""ADAPTER: the only module importing the Kubernetes client.
+
+Owns: building an API client (in-cluster or kubeconfig), the `Reflector` (list + watch with
+paging, bookmarks, resume from the last resourceVersion, relist-and-diff on 410 Gone, jittered
+exponential backoff, a client read timeout), the `EventRecorder` (events.k8s.io/v1 Events posted
+from a background thread) and the mapping of client errors to our own `KubeError`s.
+
+Objects cross this boundary as API-shaped dicts (camelCase JSON), never client model classes:
+lists and watches are read with `_preload_content=False` and parsed with `json`, which is also
+much cheaper than the client's model deserialisation at 1000 pods. Reflector threads never
+block on their consumer: they hand every item to a non-blocking `sink` (a queue put).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import queue
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from supervisor.model import EventSpec, SourceState, WatchEvent
+from supervisor.observe import EventType, Kind
+
+REPORTING_CONTROLLER = "elastic-supervisor.io/supervisor"
+SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+# ---- errors -------------------------------------------------------------------------------------
+
+class KubeError(Exception):
+    """An API call failed. `retryable` says whether trying again later can help."""
+
+    retryable = True
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Forbidden(KubeError):
+    retryable = False
+
+
+class Gone(KubeError):
+    """410: the resourceVersion is too old; relist."""
+
+
+class NotFound(KubeError):
+    retryable = False
+
+
+class Conflict(KubeError):
+    """409: someone else wrote first (optimistic concurrency) or the object exists."""
+
+
+def map_error(e: Exception, what: str) -> KubeError:
+    """Return our error for a client exception raised while doing `what`."""
+    if isinstance(e, ApiException):
+        status = e.status
+        reason = _status_message(e)
+        if status == 403:
+            return Forbidden(f"{what}: forbidden: {reason}", 403)
+        if status == 410:
+            return Gone(f"{what}: resourceVersion expired (410 Gone)", 410)
+        if status == 404:
+            return NotFound(f"{what}: not found: {reason}", 404)
+        if status == 409:
+            return Conflict(f"{what}: conflict: {reason}", 409)
+        err = KubeError(f"{what}: HTTP {status}: {reason}", status)
+        err.retryable = status in (429,) or (status or 0) >= 500 or status == 0
+        return err
+    return KubeError(f"{what}: {type(e).__name__}: {e}")
+
+
+def _status_message(e: ApiException) -> str:
+    try:
+        return json.loads(e.body or "{}").get("message") or e.reason or ""
+    except (ValueError, AttributeError):
+        return str(e.reason)
+
+
+# ---- client -------------------------------------------------------------------------------------
+
+def in_cluster_namespace() -> str | None:
+    """Return the pod's namespace from the service account mount, if running in a pod."""
+    try:
+        return SA_NAMESPACE_FILE.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def kubeconfig_namespace() -> str | None:
+    """Return the current kubeconfig context's namespace, if a kubeconfig is readable."""
+    try:
+        _, current = config.list_kube_config_contexts()
+    except (ConfigException, OSError, TypeError, ValueError):
+        return None
+    return (current or {}).get("context", {}).get("namespace")
+
+
+def make_api_client(config_file: str | None = None) -> client.ApiClient:
+    """Return an ApiClient: in-cluster service account if in a pod, else the kubeconfig.
+
+    urllib3's own retries are switched off: they retry at once, without backoff, underneath
+    ours; every retry here is the reflector's or the caller's, jittered and bounded.
+    """
+    cfg = client.Configuration()
+    try:
+        if (config_file is None and os.environ.get("KUBERNETES_SERVICE_HOST")
+                and SA_NAMESPACE_FILE.exists()):
+            config.load_incluster_config(client_configuration=cfg)
+        else:
+            config.load_kube_config(config_file=config_file, client_configuration=cfg)
+    except (ConfigException, OSError, TypeError, ValueError) as e:
+        raise KubeError(f"no usable Kubernetes credentials (in-cluster or KUBECONFIG): {e}") from e
+    cfg.retries = False
+    return client.ApiClient(cfg)
+
+
+def lister(api: client.ApiClient, kind: Kind, namespace: str, selector: str) -> Callable[..., Any]:
+    """Return the list function for `kind` (pods: namespaced + selector; nodes: all)."""
+    core = client.CoreV1Api(api)
+    if kind is Kind.POD:
+        def list_pods(**kw: Any) -> Any:
+            return core.list_namespaced_pod(namespace, label_selector=selector, **kw)
+        return list_pods
+    return core.list_node
+
+
+# ---- reflector ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WatchSettings:
+    """Timings of one reflector. Seconds."""
+
+    read_timeout_s: float = 90.0  # > the ~60 s bookmark gap: a dead socket is noticed after this
+    connect_timeout_s: float = 5.0
+    server_timeout_s: float = 300.0  # the server ends each watch after ~this (jittered -20%)
+    page_size: int = 500
+    backoff_initial_s: float = 0.2
+    backoff_max_s: float = 30.0
+
+
+class Backoff:
+    """Jittered exponential backoff ("full jitter" over a doubling cap)."""
+
+    def __init__(self, initial: float, maximum: float, rng: Callable[[], float]) -> None:
+        self.initial, self.maximum, self.rng = initial, maximum, rng
+        self.attempt = 0
+
+    def next(self) -> float:
+        cap = min(self.maximum, self.initial * 2 ** self.attempt)
+        self.attempt += 1
+        return cap / 2 + self.rng() * cap / 2
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class Reflector:
+    """List + watch one kind of object in a thread, handing WatchEvents / SourceStates to `sink`."""
+
+    def __init__(
+        self,
+        kind: Kind,
+        list_fn: Callable[..., Any],
+        sink: Callable[[WatchEvent | SourceState], None],
+        settings: WatchSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: Callable[[], float] = random.random,
+        on_stats: Callable[[str], None] | None = None,
+    ) -> None:
+        self.kind, self.list_fn, self.sink = kind, list_fn, sink
+        self.settings = settings or WatchSettings()
+        self.clock, self.rng = clock, rng
+        self.on_stats = on_stats or (lambda _what: None)
+        self.backoff = Backoff(self.settings.backoff_initial_s, self.settings.backoff_max_s, rng)
+        self.resource_version: str | None = None
+        self.known: dict[str, str] = {}  # name -> resourceVersion, for relist diffs
+        self.fatal: KubeError | None = None
+        self._stop = threading.Event()
+        self._resp: Any = None
+        self._thread = threading.Thread(target=self._run, name=f"reflector-{kind}", daemon=True)
+        self._broken = False
+        self.connects = 0
+        self.relists = 0
+
+    def start(self) -> Reflector:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        resp = self._resp
+        if resp is not None:
+            with contextlib.suppress(Exception):
+                # urllib3 >= 2.3 can interrupt a blocking read from another thread.
+                (getattr(resp, "shutdown", None) or resp.close)()
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # -- thread body --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as e:  # a bug: never die silently, the loop must stop the run
+            self.sink(SourceState(self.kind, self.clock(), broken=True, fatal=True,
+                                  crashed=True, reason=f"reflector crashed: {e!r}"))
+            raise
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.resource_version is None:
+                    self._relist()
+                started = self.clock()
+                delivered = self._watch_once()
+                if not delivered and self.clock() - started < 1.0:
+                    # The server ended a watch at once without a word: never spin on that.
+                    self._stop.wait(self.backoff.next())
+            except KubeError as e:
+                if isinstance(e, Gone):
+                    self.resource_version = None
+                if not e.retryable:
+                    self.fatal = e
+                    self.sink(SourceState(self.kind, self.clock(), broken=True, reason=str(e),
+                                          fatal=True))
+                    return
+                if not self._broken:
+                    self.sink(SourceState(self.kind, self.clock(), broken=True, reason=str(e)))
+                    self._broken = True
+                if isinstance(e, Gone):
+                    continue  # relist at once: the server is there, our RV is just too old
+                self._stop.wait(self.backoff.next())
+
+    def _relist(self) -> None:
+        items: list[Mapping[str, Any]] = []
+        token: str | None = None
+        rv = ""
+        while True:
+            kw: dict[str, Any] = {
+                "limit": self.settings.page_size, "_preload_content": False,
+                "_request_timeout": (self.settings.connect_timeout_s,
+                                     self.settings.read_timeout_s),
+            }
+            if token:
+                kw["_continue"] = token
+            body = self._call(lambda kw=kw: self.list_fn(**kw), "list")
+            items.extend(body.get("items") or ())
+            meta = body.get("metadata") or {}
+            rv = meta.get("resourceVersion") or rv
+            token = meta.get("continue")
+            if not token:
+                break
+        now = self.clock()
+        fresh = {it["metadata"]["name"]: it for it in items}
+        kind_name = "Pod" if self.kind is Kind.POD else "Node"
+        for name in [n for n in self.known if n not in fresh]:
+            self.known.pop(name)
+            self.sink(WatchEvent(self.kind, EventType.DELETED, {
+                "kind": kind_name, "metadata": {"name": name}}, now, relist=True))
+        for name, obj in fresh.items():
+            prev = self.known.get(name)
+            rv_obj = obj["metadata"].get("resourceVersion", "")
+            if prev == rv_obj:
+                continue
+            obj.setdefault("kind", kind_name)
+            etype = EventType.ADDED if prev is None else EventType.MODIFIED
+            self.known[name] = rv_obj
+            self.sink(WatchEvent(self.kind, etype, obj, now, relist=True))
+        self.resource_version = rv
+        self.relists += 1
+        self.on_stats("relist")
+        self.sink(SourceState(self.kind, now, synced=True, broken=False, relisted=True))
+
+    def _call(self, fn: Callable[[], Any], what: str) -> Any:
+        try:
+            resp = fn()
+            try:
+                return json.loads(resp.data)
+            finally:
+                resp.release_conn()
+        except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+            raise map_error(e, f"{what} {self.kind}s") from e
+
+    def _watch_once(self) -> bool:
+        """Run one watch connection to its end; return whether it delivered anything."""
+        s = self.settings
+        server_timeout = int(s.server_timeout_s * (0.8 + 0.2 * self.rng()))
+        try:
+            resp = self.list_fn(
+                watch=True, resource_version=self.resource_version,
+                allow_watch_bookmarks=True, timeout_seconds=max(1, server_timeout),
+                _preload_content=False, _request_timeout=(s.connect_timeout_s, s.read_timeout_s),
+            )
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            raise map_error(e, f"watch {self.kind}s") from e
+        self._resp = resp
+        self.connects += 1
+        self._broken = False
+        self.on_stats("connect")
+        self.sink(SourceState(self.kind, self.clock(), broken=False))
+        got_any = False
+        try:
+            for line in _lines(resp):
+                if self._stop.is_set():
+                    return got_any
+                ev = json.loads(line)
+                etype, obj = ev.get("type"), ev.get("object") or {}
+                if etype == "ERROR":
+                    code = obj.get("code")
+                    if code == 410:
+                        raise Gone(f"watch {self.kind}s: 410 Gone: {obj.get('message')}", 410)
+                    raise KubeError(f"watch {self.kind}s: error event {obj}", code)
+                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                if etype == "BOOKMARK":
+                    self.resource_version = rv or self.resource_version
+                    got_any = True
+                    self.sink(SourceState(self.kind, self.clock()))
+                    continue
+                if etype not in ("ADDED", "MODIFIED", "DELETED"):
+                    continue
+                name = obj["metadata"]["name"]
+                if etype == "DELETED":
+                    self.known.pop(name, None)
+                else:
+                    self.known[name] = rv or ""
+                self.resource_version = rv or self.resource_version
+                got_any = True
+                self.sink(WatchEvent(self.kind, EventType(etype), obj, self.clock()))
+            if got_any:
+                self.backoff.reset()
+            return got_any
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+            if self._stop.is_set():
+                return got_any
+            raise map_error(e, f"watch {self.kind}s") from e
+        finally:
+            self._resp = None
+            with contextlib.suppress(Exception):
+                resp.release_conn()
+
+
+def _lines(resp: Any) -> Iterator[bytes]:
+    """Yield complete newline-terminated lines from a streaming HTTP response."""
+    buf = b""
+    for chunk in resp.stream(amt=None, decode_content=False):
+        buf += chunk
+        while True:
+            nl = buf.find(b"\n")
+            if nl < 0:
+                break
+            line, buf = buf[:nl], buf[nl + 1:]
+            if line.strip():
+                yield line
+    if buf.strip():
+        yield buf
+
+
+# ---- events -------------------------------------------------------------------------------------
+
+def micro_time(t: dt.datetime) -> str:
+    """Format a MicroTime: exactly six fractional digits, UTC, 'Z'."""
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class EventRecorder:
+    """Posts events.k8s.io/v1 Events about the launcher pod from a background thread.
+
+    `record` never blocks the caller; if the API is slow, up to `capacity` events queue up and
+    further ones are dropped (counted). Failures are reported through `on_error`.
+    """
+
+    def __init__(self, api: client.ApiClient, namespace: str, *,
+                 regarding: Mapping[str, str], instance: str,
+                 on_error: Callable[[KubeError], None], capacity: int = 1000) -> None:
+        self.events = client.EventsV1Api(api)
+        self.namespace, self.regarding, self.instance = namespace, regarding, instance
+        self.on_error = on_error
+        self.queue: queue.Queue[EventSpec | None] = queue.Queue(capacity)
+        self.dropped = 0
+        self.posted = 0
+        self._thread = threading.Thread(target=self._run, name="event-recorder", daemon=True)
+        self._thread.start()
+
+    def record(self, spec: EventSpec) -> None:
+        try:
+            self.queue.put_nowait(spec)
+        except queue.Full:
+            self.dropped += 1
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Flush what is queued (up to `timeout` seconds) and stop the thread."""
+        with contextlib.suppress(queue.Full):
+            self.queue.put(None, timeout=timeout)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while (spec := self.queue.get()) is not None:
+            body: dict[str, Any] = {
+                "apiVersion": "events.k8s.io/v1", "kind": "Event",
+                "metadata": {"name": f"{self.instance}.{uuid.uuid4().hex[:12]}",
+                             "namespace": self.namespace},
+                "eventTime": micro_time(dt.datetime.now(dt.UTC)),
+                "type": spec.type, "reason": spec.reason, "action": spec.action,
+                "note": spec.note[:1024],
+                "reportingController": REPORTING_CONTROLLER,
+                "reportingInstance": self.instance[:128],
+                "regarding": dict(self.regarding),
+            }
+            try:
+                self.events.create_namespaced_event(self.namespace, body)
+                self.posted += 1
+            except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+                self.on_error(map_error(e, "create events.k8s.io/v1 Event"))
+
+
+def pod_reference(api: client.ApiClient, namespace: str, name: str) -> dict[str, str]:
+    """Return an ObjectReference to the pod `name` (with its UID); raise KubeError."""
+    try:
+        resp = client.CoreV1Api(api).read_namespaced_pod(name, namespace, _preload_content=False)
+        pod = json.loads(resp.data)
+    except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+        raise map_error(e, f"get pod {namespace}/{name}") from e
+    return {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name,
+            "uid": pod["metadata"]["uid"]}
+
+
+def list_events(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
+    """Return the events.k8s.io/v1 Events of `namespace` as dicts (for status and tests)."""
+    try:
+        resp = client.EventsV1Api(api).list_namespaced_event(namespace, _preload_content=False)
+        return json.loads(resp.data).get("items") or []
+    except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+        raise map_error(e, f"list events in {namespace}") from e

@@ -1,0 +1,53 @@
+"""Prometheus metrics on an injected registry (never the global one), and the HTTP endpoint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+# Event -> discovery-file latency buckets, seconds: the target is p99 <= 0.1 s at 1000 workers.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+@dataclass(frozen=True)
+class Metrics:
+    registry: CollectorRegistry
+    discovery_writes: Counter
+    discovery_withdrawals: Counter
+    discovery_latency: Histogram
+    watch_connects: Counter
+    watch_relists: Counter
+    workers_listed: Gauge
+    workers_usable: Gauge
+    horovodrun_up: Gauge
+
+
+def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
+    """Return the supervisor's metrics registered on `registry` (a new one by default)."""
+    r = registry or CollectorRegistry()
+    p = "elastic_supervisor_"
+    return Metrics(
+        registry=r,
+        discovery_writes=Counter(f"{p}discovery_writes", "Discovery file rewrites", registry=r),
+        discovery_withdrawals=Counter(f"{p}discovery_withdrawals",
+                                      "Discovery file withdrawals (script fails)", registry=r),
+        discovery_latency=Histogram(
+            f"{p}discovery_latency_seconds",
+            "Watch event received -> discovery file renamed", buckets=LATENCY_BUCKETS,
+            registry=r),
+        watch_connects=Counter(f"{p}watch_connects", "Watch connections opened", ["kind"],
+                               registry=r),
+        watch_relists=Counter(f"{p}watch_relists", "Full lists (start, 410 Gone)", ["kind"],
+                              registry=r),
+        workers_listed=Gauge(f"{p}workers_listed", "Worker pods in the view", registry=r),
+        workers_usable=Gauge(f"{p}workers_usable", "Worker pods in the discovery file",
+                             registry=r),
+        horovodrun_up=Gauge(f"{p}horovodrun_up", "1 while horovodrun runs", registry=r),
+    )
+
+
+def serve(metrics: Metrics, port: int, addr: str = "0.0.0.0") -> object:
+    """Serve /metrics on `port` from a daemon thread; return the server."""
+    server, _thread = start_http_server(port, addr=addr, registry=metrics.registry)
+    return server

@@ -1,0 +1,124 @@
+"""Supervisor and reflector through real kube-apiserver crashes and restarts, on a private
+control plane (see conftest.restartable_control_plane): 410 Gone after etcd compaction, bounded
+reconnects, and the discovery file withdrawn after the staleness bound, then restored."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from localcluster.controlplane import ControlPlane
+from supervisor import kube
+from supervisor.model import SourceState, WatchEvent
+from supervisor.observe import EventType
+from tests.conftest import make_namespace
+from tests.helpers import wait_for
+from tests.integration.harness import Job, Reflectors, SupervisorProcess
+from tests.integration.test_reflector import pod_body
+
+
+@pytest.fixture(scope="module")
+def api(restartable_control_plane: ControlPlane) -> Iterator[client.ApiClient]:
+    a = kube.make_api_client(str(restartable_control_plane.kubeconfig))
+    yield a
+    a.close()
+
+
+@pytest.fixture
+def ns(api: client.ApiClient) -> str:
+    return make_namespace(client.CoreV1Api(api))
+
+
+@pytest.fixture
+def reflect(api: client.ApiClient, ns: str) -> Iterator[Reflectors]:
+    factory = Reflectors(api, ns)
+    yield factory
+    factory.close()
+
+
+def test_410_gone_relists_and_diffs(
+    restartable_control_plane: ControlPlane, reflect, api: client.ApiClient, ns: str
+) -> None:
+    core = client.CoreV1Api(api)
+    old_rv = core.list_namespaced_pod(ns).metadata.resource_version
+    for i in range(3):
+        core.create_namespaced_pod(ns, pod_body(f"p{i}"))
+    # The restarted API server's watch cache starts after old_rv, and etcd compaction removes
+    # the history below it: resuming from old_rv must get 410 Gone.
+    restartable_control_plane.restart_apiserver(crash=True)
+    restartable_control_plane.compact_etcd()
+    # As if we had been away: an old resourceVersion and a pod that vanished meanwhile.
+    r, sink = reflect(rv=old_rv)
+    r.known = {"ghost": "5", "p0": "stale"}
+    r.start()
+    sink.wait(lambda i: isinstance(i, SourceState) and i.synced, what="relist after 410")
+    broken = [i for i in sink.items if isinstance(i, SourceState) and i.broken]
+    assert broken and "410 Gone" in broken[0].reason
+    assert sink.names(EventType.DELETED) == {"ghost"}
+    assert sink.names(EventType.ADDED) == {"p1", "p2"}
+    assert sink.names(EventType.MODIFIED) == {"p0"}
+    assert r.relists == 1
+
+
+def test_survives_an_api_server_restart_with_bounded_reconnects(
+    restartable_control_plane: ControlPlane, reflect, api: client.ApiClient, ns: str
+) -> None:
+    attempts: list[float] = []
+
+    def counting(list_fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(**kw: Any) -> Any:
+            if kw.get("watch"):
+                attempts.append(time.monotonic())
+            return list_fn(**kw)
+        return wrapped
+
+    r, sink = reflect(kube.WatchSettings(backoff_initial_s=0.2, backoff_max_s=2), wrap=counting)
+    r.start()
+    sink.wait(lambda i: isinstance(i, SourceState) and i.synced, what="synced")
+    down_at = time.monotonic()
+    restartable_control_plane.restart_apiserver(down_s=4)
+    up_at = time.monotonic()
+    broken = sink.wait(lambda i: isinstance(i, SourceState) and i.broken, what="broken")
+    sink.wait(lambda i: isinstance(i, SourceState) and i.broken is False and i.at > broken.at,
+              timeout=15, what="reconnected")
+    client.CoreV1Api(api).create_namespaced_pod(ns, pod_body("after-restart"))
+    sink.wait(lambda i: isinstance(i, WatchEvent)
+              and i.obj["metadata"]["name"] == "after-restart", what="event after restart")
+    during = [a for a in attempts if down_at < a < up_at]
+    # Down for 4 s+ with backoff 0.2 s doubling to 2 s: a handful of tries, never a busy loop.
+    assert 1 <= len(during) <= 10, f"{len(during)} watch attempts while the API was down"
+
+
+def test_supervisor_withdraws_the_file_when_stale_then_recovers(
+    restartable_control_plane: ControlPlane, api: client.ApiClient, ns: str, tmp_path: Path
+) -> None:
+    job = Job(api, ns)
+    sup = SupervisorProcess(restartable_control_plane, ns, tmp_path, SUPERVISOR_NP="2",
+                            SUPERVISOR_STALENESS_SECONDS="2")
+    try:
+        job.worker("w0", job.node("n1"))
+        job.worker("w1", job.node("n2"))
+        # A new node is tainted not-ready until the node-lifecycle controller clears it, and
+        # after an API crash that controller lags: register the third node beforehand.
+        n3 = job.node("n3")
+        sup.start()
+        wait_for(lambda: sup.records("start"), 10, what="horovodrun start")
+        before = sup.content()
+        restartable_control_plane.restart_apiserver(down_s=3, crash=True)
+        sup.wait_log("discovery.withdrawn")
+        failed = wait_for(lambda: [r for r in sup.records("discover") if r["rc"] != 0], 5,
+                          what="a failing discovery call while stale")
+        assert all(r["out"] == "" for r in failed)
+        sup.wait_content(sorted(before.splitlines()), timeout=20)
+        sup.wait_log("watch.connected")
+        job.worker("w2", n3)
+        sup.wait_content([job.line("w0"), job.line("w1"), job.line("w2")])
+        assert all(r["out"].strip() for r in sup.records("discover") if r["rc"] == 0)
+    finally:
+        sup.close()
+        job.close()

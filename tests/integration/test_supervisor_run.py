@@ -1,0 +1,209 @@
+"""`elastic-supervisor run` as a real process on the real control plane, with a stand-in
+horovodrun that polls the real discovery script: the start gate, the discovery file following
+pods and nodes, signal forwarding, exit-code propagation, tree killing, restart adoption."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from localcluster.controlplane import ControlPlane
+from localcluster.kubelet import set_node_ready, set_pod_ready
+from supervisor.model import ExitCode
+from tests.helpers import NODE_GRACE_S, wait_for
+from tests.integration.harness import Job, SupervisorProcess, event_reasons, pid_alive
+
+
+@pytest.fixture
+def job(api_client: client.ApiClient, namespace: str) -> Iterator[Job]:
+    j = Job(api_client, namespace)
+    yield j
+    j.close()
+
+
+@pytest.fixture
+def supervisor(control_plane: ControlPlane, namespace: str, tmp_path: Path):
+    started: list[SupervisorProcess] = []
+
+    def make(**env: str) -> SupervisorProcess:
+        s = SupervisorProcess(control_plane, namespace, tmp_path, **env)
+        started.append(s)
+        return s
+
+    yield make
+    for s in started:
+        s.close()
+
+
+def test_start_gate_then_the_file_follows_pods_and_nodes(
+    job: Job, supervisor, api_client: client.ApiClient, namespace: str
+) -> None:
+    core = job.core
+    n1, n2 = job.node("n1"), job.node("n2")
+    job.worker("w0", n1)
+    sup = supervisor(SUPERVISOR_NP="2", SUPERVISOR_MAX_NP="4").start()
+
+    # Synced with 1 of min 2 slots: the file is there, horovodrun is not started.
+    sup.wait_content([job.line("w0")])
+    sup.wait_log("start.waiting", slots=1)
+    assert sup.records("start") == []
+
+    job.worker("w1", n2)
+    start = wait_for(lambda: sup.records("start"), 10, what="horovodrun start")[0]
+    first = sup.records("discover")[0]
+    assert first["rc"] == 0, "the first discovery call must succeed"
+    assert sorted(first["out"].splitlines()) == sorted([job.line("w0"), job.line("w1")])
+    assert start["argv"][:6] == ["-np", "2", "--min-np", "2", "--max-np", "4"]
+    assert start["argv"][-2:] == ["python", "train.py"]
+    assert start["discovery_file"] == str(sup.discovery_file)
+
+    set_pod_ready(core, namespace, "w1", False)
+    sup.wait_content([job.line("w0")])
+    set_pod_ready(core, namespace, "w1", True)
+    sup.wait_content([job.line("w0"), job.line("w1")])
+
+    job.worker("w2", n1, running=False)  # scheduled, not started yet: not usable
+    time.sleep(0.5)
+    assert sup.content() == "".join(sorted(f"{job.line(w)}\n" for w in ("w0", "w1")))
+    job.start("w2")
+    sup.wait_content([job.line("w0"), job.line("w1"), job.line("w2")])
+
+    set_node_ready(core, n2, "False")
+    sup.wait_content([job.line("w0"), job.line("w2")])
+    job.heartbeats.resume(n2)
+    sup.wait_content([job.line("w0"), job.line("w1"), job.line("w2")])
+
+    # A node that stops heartbeating is marked Unknown + tainted by the real controller-manager.
+    job.heartbeats.silence(n2)
+    sup.wait_content([job.line("w0"), job.line("w2")], timeout=NODE_GRACE_S + 10)
+
+    core.delete_namespaced_pod("w0", namespace, grace_period_seconds=30)  # graceful: Terminating
+    sup.wait_content([job.line("w2")])
+
+    # Whatever happened, the script never printed an empty host list with success.
+    discovers = sup.records("discover")
+    assert all(r["out"].strip() for r in discovers if r["rc"] == 0)
+    assert len(discovers) > 10
+
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit() == 143
+    assert [r["signum"] for r in sup.records("signal")] == [signal.SIGTERM]
+    sup.wait_log("supervisor.exited", code=143)
+    reasons = wait_for(lambda: (r := event_reasons(api_client, namespace))
+                       and "HorovodrunExited" in r and r, 10, what="events")
+    assert reasons[0] == "HorovodrunStarted"
+    assert "WorkersChanged" in reasons and "Stopping" in reasons
+
+
+def test_horovodrun_exit_code_is_propagated_and_leftovers_killed(job: Job, supervisor) -> None:
+    n1 = job.node("n1")
+    job.worker("w0", n1)
+    sup = supervisor(SUPERVISOR_NP="1", FAKE_EXIT_AFTER="1", FAKE_EXIT_CODE="7",
+                     FAKE_GRANDCHILD="1").start()
+    assert sup.wait_exit() == 7
+    grandchild = sup.records("grandchild")[0]["pid"]
+    assert not pid_alive(grandchild), "an orphan of horovodrun's tree survived"
+    exited = sup.wait_log("horovodrun.exited", code=7)
+    assert exited["leftovers_killed"] >= 1
+
+
+def test_grace_expiry_kills_the_whole_tree(job: Job, supervisor) -> None:
+    job.worker("w0", job.node("n1"))
+    sup = supervisor(SUPERVISOR_NP="1", SUPERVISOR_SHUTDOWN_GRACE_SECONDS="1",
+                     FAKE_IGNORE_TERM="1", FAKE_GRANDCHILD="1").start()
+    wait_for(lambda: sup.records("grandchild"), 10, what="stand-in started")
+    t0 = time.monotonic()
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit() == 128 + signal.SIGKILL
+    took = time.monotonic() - t0
+    assert 1.0 <= took < 5, f"killed after {took:.1f}s, grace was 1s"
+    assert sup.records("signal"), "SIGTERM was not forwarded first"
+    assert not pid_alive(sup.records("grandchild")[0]["pid"])
+    sup.wait_log("shutdown.killed_tree", reason="shutdown grace expired")
+
+
+def test_start_timeout_fails_with_its_own_code_and_a_warning_event(
+    supervisor, api_client: client.ApiClient, namespace: str
+) -> None:
+    sup = supervisor(SUPERVISOR_NP="2", SUPERVISOR_START_TIMEOUT_SECONDS="2").start()
+    assert sup.wait_exit() == ExitCode.START_TIMEOUT
+    entry = sup.wait_log("start.timeout")
+    assert entry["slots"] == 0 and entry["min_np"] == 2
+    assert sup.records("start") == []
+    wait_for(lambda: "StartTimeout" in event_reasons(api_client, namespace), 10,
+             what="StartTimeout event")
+
+
+def test_a_restarted_supervisor_adopts_workers_and_writes_the_same_file(
+    job: Job, supervisor
+) -> None:
+    n1, n2 = job.node("n1"), job.node("n2")
+    job.worker("w0", n1)
+    job.worker("w1", n2)
+    pods_before = [p.metadata.uid for p in job.core.list_namespaced_pod(job.namespace).items]
+    first = supervisor(SUPERVISOR_NP="2").start()
+    wait_for(lambda: first.records("start"), 10, what="first horovodrun")
+    content = first.content()
+    assert content is not None and len(content.splitlines()) == 2
+    standin_pid = first.records("start")[0]["pid"]
+
+    first.signal(signal.SIGKILL)
+    assert first.wait_exit() == -signal.SIGKILL
+    # horovodrun does not outlive its supervisor (PDEATHSIG), even on SIGKILL.
+    wait_for(lambda: not pid_alive(standin_pid), 10, what="stand-in gone with its supervisor")
+
+    second = supervisor(SUPERVISOR_NP="2").start()
+    wait_for(lambda: second.records("start"), 10, what="second horovodrun")
+    assert second.content() == content
+    assert second.records("discover")[0]["out"] == content
+    pods_after = [p.metadata.uid for p in job.core.list_namespaced_pod(job.namespace).items]
+    assert pods_after == pods_before, "a restart must not create or delete workers"
+
+
+def test_bad_configuration_exits_2_with_one_line_per_problem(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    sup = SupervisorProcess(control_plane, namespace, tmp_path, SUPERVISOR_NP="many",
+                            SUPERVISOR_HOST_MOD="ip").start()
+    assert sup.wait_exit() == ExitCode.CONFIG
+    lines = sup.output().strip().splitlines()
+    assert lines == [
+        "elastic-supervisor: SUPERVISOR_HOST_MOD: unknown variable (did you mean "
+        "SUPERVISOR_HOST_MODE?); see `elastic-supervisor explain`",
+        "elastic-supervisor: SUPERVISOR_NP='many': expected an integer >= 1",
+    ]
+
+
+def test_missing_permission_is_fatal_and_named(
+    control_plane: ControlPlane, api_client: client.ApiClient, namespace: str, tmp_path: Path,
+    job: Job,
+) -> None:
+    core = client.CoreV1Api(api_client)
+    rbac = client.RbacAuthorizationV1Api(api_client)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "sup"}})
+    rbac.create_namespaced_role(namespace, {
+        "metadata": {"name": "sup"},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+                  {"apiGroups": ["events.k8s.io"], "resources": ["events"],
+                   "verbs": ["create"]}]})
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "sup"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "sup"},
+        "subjects": [{"kind": "ServiceAccount", "name": "sup", "namespace": namespace}]})
+    token = core.create_namespaced_service_account_token(
+        "sup", namespace, {"spec": {"audiences": [], "expirationSeconds": 600}}).status.token
+    kubeconfig = control_plane.write_token_kubeconfig(tmp_path / "sa.kubeconfig", token, namespace)
+    job.worker("w0", job.node("n1"))
+    sup = SupervisorProcess(control_plane, namespace, tmp_path, KUBECONFIG=str(kubeconfig),
+                            SUPERVISOR_NP="1").start()
+    assert sup.wait_exit() == ExitCode.KUBE_FATAL
+    fatal = sup.wait_log("kube.fatal")
+    assert fatal["kind"] == "node"
+    assert 'cannot list resource "nodes"' in fatal["reason"]
+    assert sup.records("start") == []
+
