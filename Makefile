@@ -3,13 +3,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-unit test-integration lint cluster-up clean help
+.PHONY: setup test test-unit test-integration lint cluster-up bench clean help
 
 help:
-	@echo "make setup        install everything (idempotent; first run ~25-35 min, warm ~1 min)"
+	@echo "make setup        install everything (idempotent; first run ~10 min, warm ~35 s)"
 	@echo "make test         lint + the whole test suite (unit, integration, e2e)"
 	@echo "make test-unit    only the fast pure tests"
 	@echo "make cluster-up   run the local control plane until Ctrl-C, print its kubeconfig"
+	@echo "make bench        benchmarks -> bench/results.json (a few minutes)"
 
 setup:
 	bash scripts/setup.sh
@@ -31,6 +32,9 @@ test-integration: $(PY)
 
 cluster-up: $(PY)
 	$(PY) -m localcluster up
+
+bench: $(PY)
+	$(PY) -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

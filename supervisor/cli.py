@@ -22,7 +22,7 @@ from supervisor.launch import horovodrun_argv
 from supervisor.logs import make_logger
 from supervisor.metrics import make_metrics, serve
 from supervisor.model import EventSpec, ExitCode
-from supervisor.observe import Kind
+from supervisor.observe import Kind, slim
 from supervisor.reconcile import Supervisor
 
 
@@ -147,7 +147,7 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
     settings = kube.WatchSettings(read_timeout_s=cfg.watch_read_timeout_s)
     reflectors = [
         kube.Reflector(kind, kube.lister(api, kind, cfg.namespace, cfg.worker_selector),
-                       sup.submit, settings)
+                       sup.submit, settings, transform=slim)
         for kind in (Kind.POD, Kind.NODE)
     ]
     for sig in (signal.SIGTERM, signal.SIGINT):

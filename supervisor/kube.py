@@ -150,7 +150,7 @@ class WatchSettings:
     read_timeout_s: float = 90.0  # > the ~60 s bookmark gap: a dead socket is noticed after this
     connect_timeout_s: float = 5.0
     server_timeout_s: float = 300.0  # the server ends each watch after ~this (jittered -20%)
-    page_size: int = 500
+    page_size: int = 250
     backoff_initial_s: float = 0.2
     backoff_max_s: float = 30.0
 
@@ -184,8 +184,11 @@ class Reflector:
         clock: Callable[[], float] = time.monotonic,
         rng: Callable[[], float] = random.random,
         on_stats: Callable[[str], None] | None = None,
+        transform: Callable[[Kind, Mapping[str, Any]], Mapping[str, Any]] | None = None,
     ) -> None:
         self.kind, self.list_fn, self.sink = kind, list_fn, sink
+        # Applied to every object before it is handed on (e.g. observe.slim: keep less memory).
+        self.transform = transform or (lambda _kind, obj: obj)
         self.settings = settings or WatchSettings()
         self.clock, self.rng = clock, rng
         self.on_stats = on_stats or (lambda _what: None)
@@ -265,7 +268,8 @@ class Reflector:
             if token:
                 kw["_continue"] = token
             body = self._call(lambda kw=kw: self.list_fn(**kw), "list")
-            items.extend(body.get("items") or ())
+            # Transform page by page, so at most one page of full objects is alive at once.
+            items.extend(self.transform(self.kind, it) for it in body.get("items") or ())
             meta = body.get("metadata") or {}
             rv = meta.get("resourceVersion") or rv
             token = meta.get("continue")
@@ -273,6 +277,7 @@ class Reflector:
                 break
         now = self.clock()
         fresh = {it["metadata"]["name"]: it for it in items}
+        del items
         kind_name = "Pod" if self.kind is Kind.POD else "Node"
         for name in [n for n in self.known if n not in fresh]:
             self.known.pop(name)
@@ -346,7 +351,8 @@ class Reflector:
                     self.known[name] = rv or ""
                 self.resource_version = rv or self.resource_version
                 got_any = True
-                self.sink(WatchEvent(self.kind, EventType(etype), obj, self.clock()))
+                self.sink(WatchEvent(self.kind, EventType(etype), self.transform(self.kind, obj),
+                                     self.clock()))
             if got_any:
                 self.backoff.reset()
             return got_any

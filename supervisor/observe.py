@@ -85,6 +85,43 @@ class ClusterView:
         return max(h.broken_for(now) for h in self.health.values())
 
 
+# What the supervisor keeps of each object (like client-go's informer transforms): everything
+# the usability rules and failure classification read, nothing else. managedFields alone is
+# often half a pod; a node's status.images can be tens of kB.
+_POD_KEEP = {
+    "metadata": ("name", "namespace", "uid", "resourceVersion", "labels", "annotations",
+                 "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
+                 "ownerReferences"),
+    "spec": ("nodeName", "hostname", "subdomain", "restartPolicy"),
+    "status": ("phase", "reason", "message", "podIP", "conditions", "containerStatuses",
+               "initContainerStatuses", "startTime"),
+}
+_NODE_KEEP = {
+    "metadata": ("name", "uid", "resourceVersion", "labels", "creationTimestamp",
+                 "deletionTimestamp"),
+    "spec": ("taints", "unschedulable"),
+    "status": ("conditions",),
+}
+_DROP_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
+
+
+def slim(kind: Kind, obj: Obj) -> dict[str, Any]:
+    """Return `obj` reduced to the fields the supervisor reads (a new dict)."""
+    keep = _POD_KEEP if kind is Kind.POD else _NODE_KEEP
+    out: dict[str, Any] = {"kind": obj.get("kind") or ("Pod" if kind is Kind.POD else "Node")}
+    for section, fields in keep.items():
+        src = obj.get(section) or {}
+        out[section] = {f: src[f] for f in fields if f in src}
+    annotations = out["metadata"].get("annotations")
+    if annotations:
+        out["metadata"]["annotations"] = {k: v for k, v in annotations.items()
+                                          if k not in _DROP_ANNOTATIONS}
+    if kind is Kind.POD and "spec" in obj:
+        out["spec"]["containers"] = [{"name": c.get("name")}
+                                     for c in obj["spec"].get("containers") or ()]
+    return out
+
+
 def _rv(obj: Obj) -> str | None:
     return obj.get("metadata", {}).get("resourceVersion")
 

@@ -6,17 +6,30 @@ from __future__ import annotations
 
 import signal
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from kubernetes import client
 
-from localcluster.controlplane import ControlPlane
+from localcluster.controlplane import ControlPlane, free_ports
 from localcluster.kubelet import set_node_ready, set_pod_ready
 from supervisor.model import ExitCode
 from tests.helpers import NODE_GRACE_S, wait_for
 from tests.integration.harness import Job, SupervisorProcess, event_reasons, pid_alive
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Unlabelled samples from the supervisor's /metrics endpoint."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
 
 
 @pytest.fixture
@@ -46,7 +59,9 @@ def test_start_gate_then_the_file_follows_pods_and_nodes(
     core = job.core
     n1, n2 = job.node("n1"), job.node("n2")
     job.worker("w0", n1)
-    sup = supervisor(SUPERVISOR_NP="2", SUPERVISOR_MAX_NP="4").start()
+    metrics_port = free_ports(1)[0]
+    sup = supervisor(SUPERVISOR_NP="2", SUPERVISOR_MAX_NP="4",
+                     SUPERVISOR_METRICS_PORT=str(metrics_port)).start()
 
     # Synced with 1 of min 2 slots: the file is there, horovodrun is not started.
     sup.wait_content([job.line("w0")])
@@ -89,6 +104,13 @@ def test_start_gate_then_the_file_follows_pods_and_nodes(
     discovers = sup.records("discover")
     assert all(r["out"].strip() for r in discovers if r["rc"] == 0)
     assert len(discovers) > 10
+
+    metrics = scrape(metrics_port)
+    assert metrics["elastic_supervisor_horovodrun_up"] == 1
+    assert metrics["elastic_supervisor_workers_usable"] == 1
+    assert metrics["elastic_supervisor_workers_listed"] == 3
+    assert metrics["elastic_supervisor_discovery_writes_total"] >= 7
+    assert metrics["elastic_supervisor_discovery_latency_seconds_count"] >= 7
 
     sup.signal(signal.SIGTERM)
     assert sup.wait_exit() == 143

@@ -9,6 +9,7 @@ JSON line in $FAKE_RECORD, plus its argv and the signals it got. Behaviour knobs
   FAKE_TERM_CODE=N         exit code on SIGTERM (default 143)
   FAKE_GRANDCHILD=1        start a `sleep` grandchild (in its own session, like horovod's
                            middlemen) whose pid is recorded, to test tree killing
+  FAKE_POLL_S=SECONDS      discovery poll period (default 0.2; horovodrun's own is 1.0)
 """
 
 import json
@@ -54,4 +55,4 @@ while True:
     if deadline is not None and time.monotonic() >= deadline:
         rec(event="exit", code=int(os.environ.get("FAKE_EXIT_CODE", "0")))
         sys.exit(int(os.environ.get("FAKE_EXIT_CODE", "0")))
-    time.sleep(0.2)
+    time.sleep(float(os.environ.get("FAKE_POLL_S", "0.2")))

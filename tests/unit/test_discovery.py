@@ -12,7 +12,7 @@ import pytest
 from supervisor import discovery
 from supervisor.config import HostMode
 from supervisor.discovery import Publish, Withdraw
-from supervisor.observe import ClusterView, EventType, Kind, Unusable
+from supervisor.observe import ClusterView, EventType, Kind, Unusable, pod_problem, slim
 from tests.unit.shapes import load, node, pod, with_condition
 
 
@@ -199,3 +199,33 @@ def test_a_failed_write_keeps_the_old_file(tmp_path: Path) -> None:
         discovery.write_atomic(f, 42)  # type: ignore[arg-type]
     assert f.read_text() == "a:1\n"
     assert os.listdir(tmp_path) == ["hostfile"]
+
+
+def test_slim_keeps_what_decisions_read_and_drops_the_rest() -> None:
+    full = load("pod_deleting_graceful")
+    full["metadata"]["managedFields"] = [{"manager": "kubelet", "fieldsV1": {"f:x": {}}}]
+    full["metadata"]["annotations"] = {
+        "kubectl.kubernetes.io/last-applied-configuration": "{...}", "team": "ml"}
+    s = slim(Kind.POD, full)
+    assert "managedFields" not in s["metadata"]
+    assert s["metadata"]["annotations"] == {"team": "ml"}
+    for key in ("name", "uid", "resourceVersion", "labels", "deletionTimestamp",
+                "deletionGracePeriodSeconds"):
+        assert s["metadata"][key] == full["metadata"][key]
+    assert s["status"]["containerStatuses"] == full["status"]["containerStatuses"]
+    assert s["status"]["conditions"] == full["status"]["conditions"]
+    assert s["spec"] == {"nodeName": full["spec"]["nodeName"],
+                         "restartPolicy": full["spec"]["restartPolicy"],
+                         "containers": [{"name": "worker"}]}
+    n = load("node_unreachable")
+    n["status"]["images"] = [{"names": ["big"], "sizeBytes": 1}]
+    sn = slim(Kind.NODE, n)
+    assert sn["spec"]["taints"] == n["spec"]["taints"]
+    assert sn["status"] == {"conditions": n["status"]["conditions"]}
+    # Every usability rule gives the same answer on the slim objects.
+    for pod_shape, node_shape in [("pod_running_ready", "node_ready"),
+                                  ("pod_running_ready", "node_unreachable"),
+                                  ("pod_deleting_graceful", "node_ready")]:
+        p, nd = load(pod_shape), load(node_shape)
+        nodes, slim_nodes = {"node-a": nd}, {"node-a": slim(Kind.NODE, nd)}
+        assert pod_problem(slim(Kind.POD, p), slim_nodes) == pod_problem(p, nodes)

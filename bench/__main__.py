@@ -1,0 +1,67 @@
+"""`make bench`: run the benchmarks and write bench/results.json, then print a table.
+
+Keys not measured by this version stay null (never invented): the poller baseline, the
+replacement latency and the end-to-end Horovod numbers arrive with their issues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+from bench import discovery
+
+RESULTS = Path(__file__).resolve().parent / "results.json"
+
+
+def machine() -> dict[str, object]:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"cpus": os.cpu_count(), "cpu_model": model, "memory_gib": round(mem, 1),
+            "python": platform.python_version(), "kernel": platform.release()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--sizes", default="10,100,1000",
+                        help="worker counts for the discovery benchmark (default 10,100,1000)")
+    args = parser.parse_args(argv)
+    sizes = tuple(int(s) for s in args.sizes.split(","))
+    results: dict[str, object] = {
+        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "discovery_latency_ms": None,
+        "baseline_poll_latency_ms": None,
+        "baseline_poll_api_requests_per_min": None,
+        "speedup_vs_poll_p99": None,
+        "replacement_latency_ms": None,
+        "supervisor_rss_mb_1000": None,
+        "supervisor_cpu_percent_idle_1000": None,
+        "e2e": {"resume_after_kill_s": None, "resume_after_freeze_s": None,
+                "full_size_after_replacement_s": None, "steps_rerun_max": None},
+    }
+    results.update(discovery.main(sizes))
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwrote {RESULTS}\n")
+    print(f"{'workers':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'samples':>8}")
+    for n, r in results["discovery_latency_ms"].items():
+        print(f"{n:>8} {r['p50']:>8} {r['p99']:>8} {r['max']:>8} {r['n']:>8}")
+    print(f"supervisor RSS at 1000 workers: {results['supervisor_rss_mb_1000']} MB; "
+          f"idle CPU: {results['supervisor_cpu_percent_idle_1000']}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
