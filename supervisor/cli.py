@@ -21,7 +21,7 @@ from supervisor.config import Config, ConfigError, effective_values, parse_confi
 from supervisor.launch import horovodrun_argv
 from supervisor.logs import make_logger
 from supervisor.metrics import make_metrics, serve
-from supervisor.model import EventSpec, ExitCode
+from supervisor.model import ExitCode
 from supervisor.observe import Kind, slim
 from supervisor.reconcile import Supervisor
 
@@ -138,11 +138,8 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
     recorder = kube.EventRecorder(api, cfg.namespace, regarding=regarding, instance=instance,
                                   on_error=event_failed)
 
-    def record(spec: EventSpec) -> None:
-        recorder.record(spec)
-
     proc.become_subreaper()
-    sup = Supervisor(cfg, log=log, metrics=metrics, events=record,
+    sup = Supervisor(cfg, log=log, metrics=metrics, events=recorder.record,
                      start_child=proc.Child.start, base_env=env)
     settings = kube.WatchSettings(read_timeout_s=cfg.watch_read_timeout_s)
     reflectors = [

@@ -183,7 +183,6 @@ class Reflector:
         *,
         clock: Callable[[], float] = time.monotonic,
         rng: Callable[[], float] = random.random,
-        on_stats: Callable[[str], None] | None = None,
         transform: Callable[[Kind, Mapping[str, Any]], Mapping[str, Any]] | None = None,
     ) -> None:
         self.kind, self.list_fn, self.sink = kind, list_fn, sink
@@ -191,7 +190,6 @@ class Reflector:
         self.transform = transform or (lambda _kind, obj: obj)
         self.settings = settings or WatchSettings()
         self.clock, self.rng = clock, rng
-        self.on_stats = on_stats or (lambda _what: None)
         self.backoff = Backoff(self.settings.backoff_initial_s, self.settings.backoff_max_s, rng)
         self.resource_version: str | None = None
         self.known: dict[str, str] = {}  # name -> resourceVersion, for relist diffs
@@ -294,7 +292,6 @@ class Reflector:
             self.sink(WatchEvent(self.kind, etype, obj, now, relist=True))
         self.resource_version = rv
         self.relists += 1
-        self.on_stats("relist")
         self.sink(SourceState(self.kind, now, synced=True, broken=False, relisted=True))
 
     def _call(self, fn: Callable[[], Any], what: str) -> Any:
@@ -322,7 +319,6 @@ class Reflector:
         self._resp = resp
         self.connects += 1
         self._broken = False
-        self.on_stats("connect")
         self.sink(SourceState(self.kind, self.clock(), broken=False))
         got_any = False
         try:
