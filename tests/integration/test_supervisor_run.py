@@ -229,3 +229,21 @@ def test_missing_permission_is_fatal_and_named(
     assert 'cannot list resource "nodes"' in fatal["reason"]
     assert sup.records("start") == []
 
+
+
+def test_explain_validates_like_run_and_prints_the_argv(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    base = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SUPERVISOR_JOB_NAME": "job1",
+            "SUPERVISOR_NAMESPACE": "team-a"}
+    bad = subprocess.run([sys.executable, "-m", "supervisor", "explain"], capture_output=True,
+                         text=True, env={**base, "SUPERVISOR_NP": "0"}, check=False)
+    assert bad.returncode == ExitCode.CONFIG
+    assert bad.stderr == "elastic-supervisor: SUPERVISOR_NP='0': expected an integer >= 1\n"
+    good = subprocess.run([sys.executable, "-m", "supervisor", "explain", "--", "python",
+                           "train.py", "a b"], capture_output=True, text=True,
+                          env={**base, "SUPERVISOR_NP": "2"}, check=False)
+    assert good.returncode == 0, good.stderr
+    assert "  SUPERVISOR_NP" in good.stdout and "[env]" in good.stdout
+    assert good.stdout.rstrip().endswith("python train.py 'a b'")
