@@ -1,0 +1,120 @@
+"""PURE: worker pods built from the job's worker pod template.
+
+Owns the labels that identify a worker (job, role, slot, incarnation), the validation of the
+template (checked once at start, precise errors), and `worker_pod`: a new pod for a slot with a
+name unique to its incarnation (Horovod never sees a host name twice), an ownerReference to the
+launcher pod (the cluster deletes workers with their job) and a preferred node anti-affinity
+away from the node that just failed. No I/O: the template arrives as a loaded YAML document.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from supervisor.config import DNS_LABEL
+
+LABEL_JOB = "elastic-supervisor/job"
+LABEL_ROLE = "elastic-supervisor/role"
+LABEL_SLOT = "elastic-supervisor/slot"
+LABEL_INCARNATION = "elastic-supervisor/incarnation"
+HOSTNAME_KEY = "kubernetes.io/hostname"
+RESTART_POLICIES = ("Never", "OnFailure", "Always")
+
+
+class TemplateError(Exception):
+    """The worker pod template is unusable; `problems` holds one line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def validate_template(doc: Any, selector: Mapping[str, str]) -> dict[str, Any]:
+    """Return the template ({metadata, spec}) or raise TemplateError listing every problem.
+
+    Accepts a Pod or a bare {metadata, spec}. `selector` is the worker selector as key=value
+    pairs: pods built from the template must match it, or the supervisor would not see them.
+    """
+    problems: list[str] = []
+    if not isinstance(doc, dict):
+        raise TemplateError(["template: expected a Pod (or {metadata, spec}) mapping"])
+    if doc.get("kind") not in (None, "Pod"):
+        problems.append(f"template.kind: {doc.get('kind')!r}: expected Pod")
+    spec = doc.get("spec")
+    if not isinstance(spec, dict):
+        raise TemplateError([*problems, "template.spec: missing: expected a pod spec"])
+    containers = spec.get("containers")
+    if not isinstance(containers, list) or not containers:
+        problems.append("template.spec.containers: expected at least one container")
+    else:
+        for i, c in enumerate(containers):
+            if not isinstance(c, dict) or not c.get("name") or not c.get("image"):
+                problems.append(f"template.spec.containers[{i}]: expected name and image")
+    policy = spec.get("restartPolicy", "Always")
+    if policy not in RESTART_POLICIES:
+        problems.append(f"template.spec.restartPolicy: {policy!r}: expected one of "
+                        + "|".join(RESTART_POLICIES))
+    if spec.get("nodeName"):
+        problems.append("template.spec.nodeName: must be empty (the scheduler places workers)")
+    meta = doc.get("metadata") or {}
+    if not isinstance(meta, dict):
+        problems.append("template.metadata: expected a mapping")
+        meta = {}
+    labels = {**(meta.get("labels") or {})}
+    for key in (LABEL_SLOT, LABEL_INCARNATION):
+        if key in labels:
+            problems.append(f"template.metadata.labels.{key}: set by the supervisor; remove it")
+    missing = {k: v for k, v in selector.items()
+               if k not in (LABEL_JOB, LABEL_ROLE) and labels.get(k) != v}
+    for k, v in sorted(missing.items()):
+        problems.append(f"template.metadata.labels.{k}: expected {v!r} to match the worker "
+                        "selector")
+    if problems:
+        raise TemplateError(problems)
+    return {"metadata": copy.deepcopy(meta), "spec": copy.deepcopy(spec)}
+
+
+def pod_name(job: str, slot: int, incarnation: int) -> str:
+    """Return the worker pod name: unique per incarnation, a DNS label (<= 63 characters)."""
+    suffix = f"-w{slot}-{incarnation}"
+    name = f"{job[:63 - len(suffix)].rstrip('-')}{suffix}"
+    if not DNS_LABEL.match(name):
+        raise ValueError(f"cannot name a worker of job {job!r}: {name!r} is not a DNS label")
+    return name
+
+
+def worker_pod(
+    template: Mapping[str, Any],
+    *,
+    job: str,
+    slot: int,
+    incarnation: int,
+    owner: Mapping[str, str] | None,
+    avoid_node: str | None = None,
+) -> dict[str, Any]:
+    """Return a new worker pod for `slot` from a validated template.
+
+    `owner` is the launcher pod (apiVersion/kind/name/uid) or None when running locally;
+    `avoid_node` the node the previous incarnation failed on (a preferred anti-affinity).
+    """
+    meta = copy.deepcopy(dict(template["metadata"]))
+    spec = copy.deepcopy(dict(template["spec"]))
+    meta.pop("name", None)
+    meta.pop("generateName", None)
+    meta.pop("namespace", None)
+    meta["name"] = pod_name(job, slot, incarnation)
+    meta["labels"] = {**(meta.get("labels") or {}), LABEL_JOB: job, LABEL_ROLE: "worker",
+                      LABEL_SLOT: str(slot), LABEL_INCARNATION: str(incarnation)}
+    if owner is not None:
+        meta["ownerReferences"] = [{
+            "apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["name"],
+            "uid": owner["uid"], "controller": True, "blockOwnerDeletion": True}]
+    if avoid_node:
+        affinity = spec.setdefault("affinity", {})
+        node_aff = affinity.setdefault("nodeAffinity", {})
+        preferred = node_aff.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
+        preferred.append({"weight": 100, "preference": {"matchExpressions": [
+            {"key": HOSTNAME_KEY, "operator": "NotIn", "values": [avoid_node]}]}})
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}

@@ -1,0 +1,101 @@
+"""Worker pods from the template: validation errors, names, labels, owner, anti-affinity."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from supervisor.workers import (
+    LABEL_INCARNATION,
+    LABEL_SLOT,
+    TemplateError,
+    pod_name,
+    validate_template,
+    worker_pod,
+)
+
+TEMPLATE = yaml.safe_load("""
+apiVersion: v1
+kind: Pod
+metadata:
+  name: ignored
+  labels: {team: ml}
+spec:
+  restartPolicy: Never
+  containers:
+    - name: worker
+      image: worker:1.0
+      command: [/usr/sbin/sshd, -D]
+""")
+SELECTOR = {"elastic-supervisor/job": "bert", "elastic-supervisor/role": "worker"}
+LAUNCHER = {"apiVersion": "v1", "kind": "Pod", "name": "bert-launcher", "uid": "u-1"}
+
+
+def test_a_replacement_pod() -> None:
+    t = validate_template(TEMPLATE, SELECTOR)
+    pod = worker_pod(t, job="bert", slot=2, incarnation=5, owner=LAUNCHER, avoid_node="node-b")
+    assert pod["metadata"] == {
+        "name": "bert-w2-5",
+        "labels": {"team": "ml", "elastic-supervisor/job": "bert",
+                   "elastic-supervisor/role": "worker", LABEL_SLOT: "2", LABEL_INCARNATION: "5"},
+        "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "bert-launcher",
+                             "uid": "u-1", "controller": True, "blockOwnerDeletion": True}],
+    }
+    assert pod["spec"]["affinity"] == {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
+            "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
+                                  "values": ["node-b"]}]}}]}}
+    assert pod["spec"]["containers"] == TEMPLATE["spec"]["containers"]
+
+
+def test_the_template_is_never_mutated_and_affinity_is_merged() -> None:
+    tmpl = copy.deepcopy(TEMPLATE)
+    tmpl["spec"]["affinity"] = {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 10, "preference": {"matchExpressions": [
+                {"key": "gpu", "operator": "In", "values": ["a100"]}]}}]}}
+    t = validate_template(tmpl, SELECTOR)
+    before = copy.deepcopy(t)
+    pod = worker_pod(t, job="bert", slot=0, incarnation=1, owner=None, avoid_node="n1")
+    assert t == before
+    prefs = pod["spec"]["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    assert [p["weight"] for p in prefs] == [10, 100]
+    assert "ownerReferences" not in pod["metadata"]
+
+
+def test_names_are_unique_per_incarnation_and_dns_labels() -> None:
+    assert pod_name("bert", 0, 1) != pod_name("bert", 0, 2)
+    long = pod_name("a" * 70, 12, 345)
+    assert len(long) <= 63 and long.endswith("-w12-345")
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda t: t.update(kind="Deployment"), "template.kind: 'Deployment': expected Pod"),
+    (lambda t: t.pop("spec"), "template.spec: missing: expected a pod spec"),
+    (lambda t: t["spec"].update(containers=[]),
+     "template.spec.containers: expected at least one container"),
+    (lambda t: t["spec"]["containers"][0].pop("image"),
+     "template.spec.containers[0]: expected name and image"),
+    (lambda t: t["spec"].update(restartPolicy="Sometimes"),
+     "template.spec.restartPolicy: 'Sometimes': expected one of Never|OnFailure|Always"),
+    (lambda t: t["spec"].update(nodeName="n1"),
+     "template.spec.nodeName: must be empty (the scheduler places workers)"),
+    (lambda t: t["metadata"]["labels"].update({LABEL_SLOT: "1"}),
+     f"template.metadata.labels.{LABEL_SLOT}: set by the supervisor; remove it"),
+])
+def test_template_problems_are_named(mutate, message: str) -> None:
+    t = copy.deepcopy(TEMPLATE)
+    mutate(t)
+    with pytest.raises(TemplateError) as err:
+        validate_template(t, SELECTOR)
+    assert err.value.problems == [message]
+
+
+def test_the_template_must_match_a_custom_selector() -> None:
+    with pytest.raises(TemplateError) as err:
+        validate_template(TEMPLATE, {"app": "bert", "team": "ml"})
+    assert err.value.problems == [
+        "template.metadata.labels.app: expected 'bert' to match the worker selector"]
