@@ -436,6 +436,66 @@ class EventRecorder:
                 self.on_error(map_error(e, "create events.k8s.io/v1 Event"))
 
 
+class StateStore:
+    """The supervisor's persisted state: ConfigMap `name` (key state.json), owned by the
+    launcher pod so it goes with the job, written with optimistic concurrency.
+
+    `save` with the resourceVersion `load` returned; a Conflict means someone (an earlier or a
+    second supervisor) wrote meanwhile: load again and re-apply, never overwrite blindly.
+    """
+
+    KEY = "state.json"
+
+    def __init__(self, api: client.ApiClient, namespace: str, name: str,
+                 owner: Mapping[str, str] | None) -> None:
+        self.core = client.CoreV1Api(api)
+        self.namespace, self.name, self.owner = namespace, name, owner
+
+    def load(self) -> tuple[dict[str, Any] | None, str | None]:
+        """Return (state, resourceVersion), or (None, None) if nothing is stored yet."""
+        try:
+            resp = self.core.read_namespaced_config_map(self.name, self.namespace,
+                                                        _preload_content=False)
+            cm = json.loads(resp.data)
+        except ApiException as e:
+            if e.status == 404:
+                return None, None
+            raise map_error(e, f"get configmap {self.namespace}/{self.name}") from e
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise map_error(e, f"get configmap {self.namespace}/{self.name}") from e
+        raw = (cm.get("data") or {}).get(self.KEY)
+        try:
+            state = json.loads(raw) if raw is not None else None
+        except ValueError as e:
+            raise KubeError(f"configmap {self.namespace}/{self.name}: {self.KEY} is not JSON "
+                            f"({e}); fix or delete it deliberately") from e
+        return state, cm["metadata"]["resourceVersion"]
+
+    def save(self, state: Mapping[str, Any], resource_version: str | None) -> str:
+        """Store `state` if the ConfigMap is still at `resource_version` (None: create it);
+        return the new resourceVersion; raise Conflict if someone wrote meanwhile."""
+        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace,
+                                "labels": {"app.kubernetes.io/managed-by": "elastic-supervisor"}}
+        if self.owner is not None:
+            ref = {k: self.owner[k] for k in ("apiVersion", "kind", "name", "uid")}
+            meta["ownerReferences"] = [{**ref, "controller": True}]
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
+                "data": {self.KEY: json.dumps(state, sort_keys=True)}}
+        what = f"{'create' if resource_version is None else 'update'} configmap " \
+               f"{self.namespace}/{self.name}"
+        try:
+            if resource_version is None:
+                resp = self.core.create_namespaced_config_map(self.namespace, body,
+                                                              _preload_content=False)
+            else:
+                meta["resourceVersion"] = resource_version
+                resp = self.core.replace_namespaced_config_map(self.name, self.namespace, body,
+                                                               _preload_content=False)
+            return json.loads(resp.data)["metadata"]["resourceVersion"]
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            raise map_error(e, what) from e
+
+
 def pod_reference(api: client.ApiClient, namespace: str, name: str) -> dict[str, str]:
     """Return an ObjectReference to the pod `name` (with its UID); raise KubeError."""
     try:

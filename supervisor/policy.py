@@ -11,7 +11,8 @@ PodDeleted, and on exit codes 128-255; Ignore other exit codes.
 
 Budgets (the `Ledger`, a frozen value the caller persists): a job-wide restart limit, an
 optional per-slot limit, an optional sliding-window rate limit, and exponential backoff between
-replacements of the same slot. Disruptions can be made free of the budget. Time is passed in.
+replacements of the same slot. Disruptions can be made free of the budget. Time is passed in
+(wall-clock seconds, since the ledger is persisted).
 """
 
 from __future__ import annotations
@@ -125,7 +126,10 @@ class Policy:
 
 @dataclass(frozen=True)
 class Ledger:
-    """What has been spent; persisted by the caller so a restarted supervisor continues."""
+    """What has been spent; persisted by the caller so a restarted supervisor continues.
+
+    Times are wall-clock epoch seconds: the ledger outlives the process (and maybe the node).
+    """
 
     total: int = 0
     per_slot: Mapping[str, int] = field(default_factory=dict)
@@ -310,3 +314,44 @@ def policy_from_document(doc: Any) -> Policy:
         raise PolicyError([f"backoff: initialSeconds {budgets.backoff_initial_s:g} > "
                            f"maxSeconds {budgets.backoff_max_s:g}"])
     return Policy(rules=tuple(rules), budgets=budgets)
+
+
+# ---- persistence --------------------------------------------------------------------------------
+
+LEDGER_VERSION = 1
+
+
+def ledger_to_dict(ledger: Ledger) -> dict[str, Any]:
+    """Return the ledger as JSON-ready data (for the state ConfigMap)."""
+    return {"version": LEDGER_VERSION, "total": ledger.total, "perSlot": dict(ledger.per_slot),
+            "recent": list(ledger.recent), "lastReplaced": dict(ledger.last_replaced),
+            "streak": dict(ledger.streak)}
+
+
+def ledger_from_dict(data: Any) -> Ledger:
+    """Return the ledger stored as `data`; raise ValueError saying what is wrong.
+
+    A damaged state is an error, never silently replaced by an empty ledger: that would
+    reset the restart budgets.
+    """
+    if not isinstance(data, dict) or data.get("version") != LEDGER_VERSION:
+        raise ValueError(f"expected a mapping with version {LEDGER_VERSION}")
+
+    def counts(key: str, kinds: tuple[type, ...], what: str) -> dict[str, Any]:
+        v = data.get(key, {})
+        if not isinstance(v, dict) or not all(
+                isinstance(k, str) and isinstance(x, kinds) and not isinstance(x, bool)
+                for k, x in v.items()):
+            raise ValueError(f"{key}: expected a mapping of slot to {what}")
+        return v
+
+    total = data.get("total", 0)
+    recent = data.get("recent", [])
+    if not isinstance(total, int) or isinstance(total, bool) or total < 0:
+        raise ValueError("total: expected an integer >= 0")
+    if not isinstance(recent, list) or not all(isinstance(t, int | float) for t in recent):
+        raise ValueError("recent: expected a list of times")
+    last = {k: float(v) for k, v in counts("lastReplaced", (int, float), "a time").items()}
+    return Ledger(total=total, per_slot=counts("perSlot", (int,), "a count"),
+                  recent=tuple(map(float, recent)), last_replaced=last,
+                  streak=counts("streak", (int,), "a count"))

@@ -14,6 +14,8 @@ from supervisor.policy import (
     Policy,
     PolicyError,
     decide,
+    ledger_from_dict,
+    ledger_to_dict,
     match,
     parse_codes,
     policy_from_document,
@@ -211,3 +213,29 @@ def test_ignore_and_failjob_do_not_touch_the_ledger() -> None:
     assert (d.action, d.rule, d.ledger) == (Action.FAIL_JOB, "faultTolerantPolicy[0]", Ledger())
     d = decide(p, failure(code=1), "s0", Ledger(), 0.0)
     assert (d.action, d.ledger) == (Action.IGNORE, Ledger())
+
+
+def test_the_ledger_survives_a_json_round_trip() -> None:
+    import json
+
+    p = Policy(budgets=Budgets(backoff_initial_s=1))
+    ledger = Ledger()
+    for now, slot in ((1_700_000_000.0, "0"), (1_700_000_000.5, "0"), (1_700_000_010.0, "1")):
+        ledger = decide(p, failure(), slot, ledger, now).ledger
+    stored = json.loads(json.dumps(ledger_to_dict(ledger)))
+    assert ledger_from_dict(stored) == ledger
+    assert stored["total"] == 3 and stored["perSlot"] == {"0": 2, "1": 1}
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (None, "expected a mapping with version 1"),
+    ({"version": 2}, "expected a mapping with version 1"),
+    ({"version": 1, "total": -1}, "total: expected an integer >= 0"),
+    ({"version": 1, "perSlot": {"0": "two"}}, "perSlot: expected a mapping of slot to a count"),
+    ({"version": 1, "recent": "yesterday"}, "recent: expected a list of times"),
+    ({"version": 1, "lastReplaced": {"0": True}},
+     "lastReplaced: expected a mapping of slot to a time"),
+])
+def test_a_damaged_ledger_is_an_error_not_a_reset(data: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ledger_from_dict(data)
