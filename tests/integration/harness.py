@@ -216,6 +216,23 @@ class Reflectors:
             r.stop()
 
 
+def service_account_kubeconfig(cp: ControlPlane, api: client.ApiClient, namespace: str,
+                               rules: list[dict[str, Any]], path: Path, *,
+                               name: str = "sup") -> Path:
+    """Create ServiceAccount `name` bound to a Role with `rules`; write a kubeconfig using a
+    token of that ServiceAccount (so RBAC is enforced for real) and return its path."""
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": name}, "rules": rules})
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]})
+    token = core.create_namespaced_service_account_token(
+        name, namespace, {"spec": {"audiences": [], "expirationSeconds": 600}}).status.token
+    return cp.write_token_kubeconfig(path, token, namespace)
+
+
 def event_reasons(api: client.ApiClient, namespace: str) -> list[str]:
     """Reasons of the supervisor's Events in `namespace`, oldest first."""
     items = [e for e in kube.list_events(api, namespace)

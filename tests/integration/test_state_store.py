@@ -10,6 +10,7 @@ from kubernetes import client
 from localcluster.controlplane import ControlPlane
 from supervisor import kube
 from supervisor.policy import Ledger, ledger_from_dict, ledger_to_dict
+from tests.integration.harness import service_account_kubeconfig
 
 
 @pytest.fixture
@@ -57,17 +58,9 @@ def test_a_damaged_state_is_reported_not_reset(api: client.ApiClient, core: clie
 def test_a_missing_permission_is_named(control_plane: ControlPlane, core: client.CoreV1Api,
                                        api_client: client.ApiClient, namespace: str,
                                        tmp_path: Path) -> None:
-    rbac = client.RbacAuthorizationV1Api(api_client)
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": "sup"}})
-    rbac.create_namespaced_role(namespace, {"metadata": {"name": "sup"}, "rules": [
-        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]})
-    rbac.create_namespaced_role_binding(namespace, {
-        "metadata": {"name": "sup"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "sup"},
-        "subjects": [{"kind": "ServiceAccount", "name": "sup", "namespace": namespace}]})
-    token = core.create_namespaced_service_account_token(
-        "sup", namespace, {"spec": {"audiences": [], "expirationSeconds": 600}}).status.token
-    kc = control_plane.write_token_kubeconfig(tmp_path / "sa.kubeconfig", token, namespace)
+    kc = service_account_kubeconfig(control_plane, api_client, namespace, [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}],
+        tmp_path / "sa.kubeconfig")
     sa_api = kube.make_api_client(str(kc))
     try:
         store = kube.StateStore(sa_api, namespace, "job1-supervisor-state", None)

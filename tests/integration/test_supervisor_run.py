@@ -17,7 +17,13 @@ from localcluster.controlplane import ControlPlane, free_ports
 from localcluster.kubelet import set_node_ready, set_pod_ready
 from supervisor.model import ExitCode
 from tests.helpers import NODE_GRACE_S, wait_for
-from tests.integration.harness import Job, SupervisorProcess, event_reasons, pid_alive
+from tests.integration.harness import (
+    Job,
+    SupervisorProcess,
+    event_reasons,
+    pid_alive,
+    service_account_kubeconfig,
+)
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -205,21 +211,10 @@ def test_missing_permission_is_fatal_and_named(
     control_plane: ControlPlane, api_client: client.ApiClient, namespace: str, tmp_path: Path,
     job: Job,
 ) -> None:
-    core = client.CoreV1Api(api_client)
-    rbac = client.RbacAuthorizationV1Api(api_client)
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": "sup"}})
-    rbac.create_namespaced_role(namespace, {
-        "metadata": {"name": "sup"},
-        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-                  {"apiGroups": ["events.k8s.io"], "resources": ["events"],
-                   "verbs": ["create"]}]})
-    rbac.create_namespaced_role_binding(namespace, {
-        "metadata": {"name": "sup"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "sup"},
-        "subjects": [{"kind": "ServiceAccount", "name": "sup", "namespace": namespace}]})
-    token = core.create_namespaced_service_account_token(
-        "sup", namespace, {"spec": {"audiences": [], "expirationSeconds": 600}}).status.token
-    kubeconfig = control_plane.write_token_kubeconfig(tmp_path / "sa.kubeconfig", token, namespace)
+    kubeconfig = service_account_kubeconfig(control_plane, api_client, namespace, [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]}],
+        tmp_path / "sa.kubeconfig")
     job.worker("w0", job.node("n1"))
     sup = SupervisorProcess(control_plane, namespace, tmp_path, KUBECONFIG=str(kubeconfig),
                             SUPERVISOR_NP="1").start()
