@@ -177,7 +177,18 @@ class Child:
         return out
 
     def reap(self) -> list[int]:
-        """Reap orphans of the tree that were re-parented to us and have exited."""
+        """Reap orphans of the tree that were re-parented to us and have exited.
+
+        Called on every loop tick. Orphans land as our direct children (we are a subreaper);
+        those carrying this tree's marker are remembered while alive (a zombie's environment
+        can no longer be read), and reaped once they have exited.
+        """
+        for p in psutil.Process().children():
+            if p.pid == self.proc.pid or p.pid in self.seen:
+                continue
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, OSError):
+                if p.environ().get(TREE_MARKER) == self.token:
+                    self.seen.add(p.pid)
         reaped = reap_zombies(self.seen)
         self.seen.difference_update(reaped)
         return reaped

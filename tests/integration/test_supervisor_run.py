@@ -140,6 +140,15 @@ def test_horovodrun_exit_code_is_propagated_and_leftovers_killed(job: Job, super
     assert exited["leftovers_killed"] >= 1
 
 
+def test_orphans_of_the_tree_are_reaped_while_it_runs(job: Job, supervisor) -> None:
+    job.worker("w0", job.node("n1"))
+    sup = supervisor(SUPERVISOR_NP="1", FAKE_ORPHAN="1").start()
+    orphan = wait_for(lambda: sup.records("orphan"), 10, what="orphan started")[0]["pid"]
+    # It exits after 1 s as a child of the supervisor (subreaper): no zombie may stay behind.
+    wait_for(lambda: not Path(f"/proc/{orphan}").exists(), 10, what="orphan reaped")
+    assert sup.proc is not None and sup.proc.poll() is None, "the supervisor must keep running"
+
+
 def test_grace_expiry_kills_the_whole_tree(job: Job, supervisor) -> None:
     job.worker("w0", job.node("n1"))
     sup = supervisor(SUPERVISOR_NP="1", SUPERVISOR_SHUTDOWN_GRACE_SECONDS="1",

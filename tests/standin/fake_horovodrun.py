@@ -10,6 +10,8 @@ JSON line in $FAKE_RECORD, plus its argv and the signals it got. Behaviour knobs
   FAKE_GRANDCHILD=1        start a `sleep` grandchild (in its own session, like horovod's
                            middlemen) whose pid is recorded, to test tree killing
   FAKE_POLL_S=SECONDS      discovery poll period (default 0.2; horovodrun's own is 1.0)
+  FAKE_ORPHAN=1            leave an orphan (`sleep 1` whose parent shell exits at once): it is
+                           re-parented to the supervisor, which must reap it when it exits
 """
 
 import json
@@ -45,6 +47,11 @@ signal.signal(signal.SIGINT, on_term)
 if os.environ.get("FAKE_GRANDCHILD") == "1":
     g = subprocess.Popen(["sleep", "600"], start_new_session=True)
     rec(event="grandchild", pid=g.pid)
+
+if os.environ.get("FAKE_ORPHAN") == "1":
+    sh = subprocess.run(["sh", "-c", "sleep 1 & echo $!"], capture_output=True, text=True,
+                        check=True)
+    rec(event="orphan", pid=int(sh.stdout.strip()))
 
 deadline = None
 if "FAKE_EXIT_AFTER" in os.environ:
