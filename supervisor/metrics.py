@@ -18,6 +18,7 @@ class Metrics:
     discovery_latency: Histogram
     watch_connects: Counter
     watch_relists: Counter
+    watch_last_event_age: Gauge
     workers_listed: Gauge
     workers_usable: Gauge
     horovodrun_up: Gauge
@@ -40,6 +41,10 @@ def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
                                registry=r),
         watch_relists=Counter(f"{p}watch_relists", "Full lists (start, 410 Gone)", ["kind"],
                               registry=r),
+        watch_last_event_age=Gauge(
+            f"{p}watch_last_event_age_seconds",
+            "Seconds since the watch delivered anything (event or bookmark)", ["kind"],
+            registry=r),
         workers_listed=Gauge(f"{p}workers_listed", "Worker pods in the view", registry=r),
         workers_usable=Gauge(f"{p}workers_usable", "Worker pods in the discovery file",
                              registry=r),

@@ -120,6 +120,10 @@ class Supervisor:
             if batch:
                 self.log.debug("loop.batch", items=len(batch), pods=len(self.state.view.pods),
                                nodes=len(self.state.view.nodes))
+            for kind, health in self.state.view.health.items():
+                if health.last_event_at is not None:
+                    self.metrics.watch_last_event_age.labels(kind.value).set(
+                        max(0.0, now - health.last_event_at))
             if self.state.fatal:
                 code = ExitCode.INTERNAL if self.state.crashed else ExitCode.KUBE_FATAL
                 return self._finish(code, self.state.fatal)
@@ -174,7 +178,10 @@ class Supervisor:
                 health.last_event_at = item.at
             elif isinstance(item, SourceState):
                 self._source_state(item)
-                earliest = item.at if earliest is None else min(earliest, item.at)
+                # Only news that can change what is published (synced, reconnected) starts a
+                # discovery-latency measurement; a bookmark does not.
+                if item.synced or item.broken is False:
+                    earliest = item.at if earliest is None else min(earliest, item.at)
             elif isinstance(item, ChildExited):
                 exited = item.code
             elif isinstance(item, SignalReceived):

@@ -27,12 +27,12 @@ from tests.integration.harness import (
 
 
 def scrape(port: int) -> dict[str, float]:
-    """Unlabelled samples from the supervisor's /metrics endpoint."""
+    """Samples from the supervisor's /metrics endpoint, keyed by name{labels} as printed."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
     out = {}
     for line in text.splitlines():
-        if line and not line.startswith("#") and "{" not in line:
+        if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
@@ -117,6 +117,8 @@ def test_start_gate_then_the_file_follows_pods_and_nodes(
     assert metrics["elastic_supervisor_workers_listed"] == 3
     assert metrics["elastic_supervisor_discovery_writes_total"] >= 7
     assert metrics["elastic_supervisor_discovery_latency_seconds_count"] >= 7
+    assert 0 <= metrics['elastic_supervisor_watch_last_event_age_seconds{kind="pod"}'] < 30
+    assert 'elastic_supervisor_watch_last_event_age_seconds{kind="node"}' in metrics
 
     sup.signal(signal.SIGTERM)
     assert sup.wait_exit() == 143
