@@ -302,27 +302,28 @@ class ControlPlane:
             "--endpoint-reconciler-type=none",
             "--profiling=false", "--v=1",
         ], logs / "apiserver.log", f"https://127.0.0.1:{p['apiserver']}/readyz")
+
+        def client_and_serving(port: int) -> list[str]:
+            # The admin kubeconfig for API access and delegated authn/z; /healthz on loopback.
+            return [f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
+                    f"--authorization-kubeconfig={kc}", "--bind-address=127.0.0.1",
+                    f"--secure-port={port}", "--leader-elect=false", "--profiling=false",
+                    "--v=1"]
+
         controller_manager = _Component("controller-manager", [
             str(b / "kube-controller-manager"),
-            f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
-            f"--authorization-kubeconfig={kc}",
-            "--bind-address=127.0.0.1", f"--secure-port={p['controller-manager']}",
+            *client_and_serving(p["controller-manager"]),
             f"--cert-dir={w / 'controller-manager'}",
-            "--controllers=*", "--leader-elect=false",
+            "--controllers=*",
             f"--service-account-private-key-file={self.pki.sa_key}",
             f"--root-ca-file={self.pki.ca_cert}",
             f"--cluster-signing-cert-file={self.pki.ca_cert}",
             f"--cluster-signing-key-file={self.pki.ca_key}",
             f"--node-monitor-grace-period={s.node_monitor_grace_period_s}s",
             f"--node-monitor-period={s.node_monitor_period_s}s",
-            "--profiling=false", "--v=1",
         ], logs / "controller-manager.log", f"https://127.0.0.1:{p['controller-manager']}/healthz")
         scheduler = _Component("scheduler", [
-            str(b / "kube-scheduler"),
-            f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
-            f"--authorization-kubeconfig={kc}",
-            "--bind-address=127.0.0.1", f"--secure-port={p['scheduler']}",
-            "--leader-elect=false", "--profiling=false", "--v=1",
+            str(b / "kube-scheduler"), *client_and_serving(p["scheduler"]),
         ], logs / "scheduler.log", f"https://127.0.0.1:{p['scheduler']}/healthz")
         return [etcd, apiserver, controller_manager, scheduler]
 
