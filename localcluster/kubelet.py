@@ -19,6 +19,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 LEASE_NS = "kube-node-lease"
+# What a registered node offers the scheduler (a node without allocatable fits no pod).
+NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}
 
 
 def now_iso() -> str:
@@ -46,11 +48,16 @@ class Heartbeats:
         self._thread = threading.Thread(target=self._run, name="heartbeats", daemon=True)
         self._thread.start()
 
-    def register(self, name: str, labels: dict[str, str] | None = None) -> None:
-        """Create Node `name` (Ready) and its Lease, and keep renewing it."""
+    def register(self, name: str, labels: dict[str, str] | None = None,
+                 capacity: dict[str, str] | None = None) -> None:
+        """Create Node `name` (Ready, with capacity so the scheduler binds pods to it) and its
+        Lease, and keep renewing it."""
         self.core.create_node(client.V1Node(metadata=client.V1ObjectMeta(
             name=name, labels={"kubernetes.io/hostname": name, **(labels or {})})))
-        self.core.patch_node_status(name, {"status": {"conditions": [ready_condition()]}})
+        resources = capacity or NODE_CAPACITY
+        self.core.patch_node_status(name, {"status": {
+            "conditions": [ready_condition()], "capacity": resources,
+            "allocatable": resources}})
         self.coord.create_namespaced_lease(LEASE_NS, client.V1Lease(
             metadata=client.V1ObjectMeta(name=name),
             spec=client.V1LeaseSpec(holder_identity=name, lease_duration_seconds=40,

@@ -15,6 +15,7 @@ from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
 from localcluster.controlplane import ControlPlane
+from localcluster.kubelet import Heartbeats
 from tests.helpers import NODE_GRACE_S, wait_for
 
 
@@ -185,3 +186,24 @@ def test_dependent_is_garbage_collected_when_owner_is_deleted(
 
     # The garbage collector syncs its informers first after start: allow it some time.
     wait_for(dependent_gone, timeout=60, interval=0.5, what="garbage collection of 'dependent'")
+
+
+def test_scheduler_binds_pods_to_registered_nodes(api_client: client.ApiClient,
+                                                  namespace: str) -> None:
+    core = client.CoreV1Api(api_client)
+    hb = Heartbeats(api_client)
+    node = f"{namespace}-sched"
+    try:
+        hb.register(node)
+        core.create_namespaced_pod(namespace, client.V1Pod(
+            metadata=client.V1ObjectMeta(name="placed"),
+            spec=client.V1PodSpec(
+                node_selector={"kubernetes.io/hostname": node},
+                tolerations=[client.V1Toleration(key="node.kubernetes.io/not-ready",
+                                                 operator="Exists")],
+                containers=[client.V1Container(name="c", image="busybox")])))
+        bound = wait_for(lambda: core.read_namespaced_pod("placed", namespace).spec.node_name,
+                         30, what="the scheduler to bind the pod")
+        assert bound == node
+    finally:
+        hb.close()
