@@ -14,13 +14,26 @@ import math
 import re
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from importlib import resources
 from pathlib import Path
+from typing import Any
+
+import yaml
+
+from supervisor.policy import (
+    Policy,
+    PolicyError,
+    env_rules,
+    file_budget_fields,
+    parse_codes,
+    parse_events,
+    policy_from_document,
+)
+from supervisor.workers import DNS_LABEL, TemplateError, validate_template
 
 PREFIX = "SUPERVISOR_"
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 # A label selector of key=value / key!=value / key / !key terms, comma separated.
 SELECTOR_TERM = re.compile(r"^!?[A-Za-z0-9./_-]+((=|==|!=)[A-Za-z0-9._-]*)?$")
 
@@ -78,6 +91,14 @@ class Config:
     log_level: LogLevel
     metrics_port: int
     pod_name: str | None
+    # Failure handling: the effective rules and budgets, the worker pod template (validated;
+    # None: the supervisor does not create workers, so Restart decisions cannot be carried
+    # out) and how long a node must be down before its workers count as lost.
+    policy: Policy = field(default_factory=Policy)
+    policy_file: Path | None = None
+    worker_template: Mapping[str, Any] | None = None
+    worker_template_file: Path | None = None
+    node_grace_s: float = 0.0
     # variable name -> "env" | "default" | "derived: ..." (for `explain`)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -160,6 +181,27 @@ def _nonempty(raw: str) -> str:
     return raw.strip()
 
 
+def _codes(raw: str) -> tuple[tuple[int, int], ...]:
+    try:
+        return parse_codes(raw)
+    except ValueError as e:
+        raise ValueError(f"exit codes like '137,143,128-255' ({e})") from None
+
+
+def _events(raw: str) -> frozenset[object]:
+    try:
+        return parse_events(raw)  # type: ignore[return-value]
+    except ValueError as e:
+        raise ValueError(f"comma-separated events ({e})") from None
+
+
+def _bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError("true|false")
+    return value in ("true", "1", "yes")
+
+
 def _args(raw: str) -> tuple[str, ...]:
     try:
         return tuple(shlex.split(raw))
@@ -221,6 +263,25 @@ VARIABLES: tuple[Var, ...] = (
     Var("METRICS_PORT", "9400", "Port of the Prometheus /metrics endpoint; 0 disables it."),
     Var("POD_NAME", None, "The launcher pod's name (downward API), the object Events refer to "
         "(without it: the batch Job named JOB_NAME). Default: HOSTNAME when running in a pod."),
+    Var("WORKER_TEMPLATE", None, "Worker pod template (YAML Pod, e.g. from a ConfigMap). Set: "
+        "the supervisor creates the workers and their replacements. Unset: workers are made "
+        "elsewhere and failed ones are only dropped."),
+    Var("POLICY_FILE", None, "Restart policy YAML (CCE faultTolerantPolicy form, see README). "
+        "Not together with the *_EXIT_CODES / RESTART_EVENTS variables."),
+    Var("RESTART_EXIT_CODES", None, "Exit codes that replace the worker, e.g. `137,143,"
+        "128-255`; every other code drops it. Default: 128-255 restart, others drop."),
+    Var("FAIL_EXIT_CODES", None, "Exit codes that fail the whole job (exit 5), checked first."),
+    Var("RESTART_EVENTS", None, "Causes that replace the worker, from NodeNotReady, "
+        "PodForceDeleted, PodDeleted, Evicted, Preempted; the others drop it. Default: all."),
+    Var("RESTART_LIMIT", "100", "Replacements allowed for the whole job."),
+    Var("SLOT_RESTART_LIMIT", None, "Replacements allowed per worker slot. Default: no limit."),
+    Var("BACKOFF_INITIAL_SECONDS", "1", "Wait before a slot's second replacement; doubles "
+        "with each further one."),
+    Var("BACKOFF_MAX_SECONDS", "60", "Longest wait between replacements of the same slot."),
+    Var("DISRUPTIONS_FREE", "false", "If true, node loss, eviction, preemption and force "
+        "deletion do not use up the restart limits."),
+    Var("NODE_GRACE_SECONDS", "0", "How long a worker's node must be NotReady/unreachable "
+        "before the worker counts as lost (the node controller already waited its own grace)."),
 )
 KNOWN = {PREFIX + v.name for v in VARIABLES}
 DEFAULT_SELECTOR = "elastic-supervisor/job={job},elastic-supervisor/role=worker"
@@ -231,11 +292,13 @@ def parse_config(
     *,
     pod_namespace: str | None = None,
     kubeconfig_namespace: str | None = None,
+    read_text: Callable[[Path], str] = Path.read_text,
 ) -> Config:
     """Return the Config for `env`, or raise ConfigError listing every problem (one line each).
 
     `pod_namespace` is the in-cluster service account's namespace (if any) and
     `kubeconfig_namespace` the current kubeconfig context's; they only feed the NAMESPACE default.
+    `read_text` reads the policy file and the worker template (both checked here, once).
     """
     problems: list[str] = []
     sources: dict[str, str] = {}
@@ -344,6 +407,19 @@ def parse_config(
         pod_name = env["HOSTNAME"]
         sources[f"{PREFIX}POD_NAME"] = "derived: HOSTNAME"
 
+    policy, policy_file = _policy(env, get, sources, read_text, problems)
+    node_grace = get("NODE_GRACE_SECONDS", _seconds(0, allow_zero=True))
+    template_file = get("WORKER_TEMPLATE", _abs_path)
+    template = None
+    if template_file is not None and selector is not None:
+        doc = _load_yaml(PREFIX + "WORKER_TEMPLATE", template_file, read_text, problems)
+        if doc is not None:
+            try:
+                template = validate_template(doc, _selector_pairs(selector))
+            except TemplateError as e:
+                problems += [f"{PREFIX}WORKER_TEMPLATE={str(template_file)!r}: {p}"
+                             for p in e.problems]
+
     if problems:
         raise ConfigError(problems)
     return Config(
@@ -354,8 +430,98 @@ def parse_config(
         ssh_port=ssh_port, ssh_identity_file=ssh_identity, network_interface=nic,
         gloo_timeout_s=gloo, extra_args=extra, watch_read_timeout_s=read_timeout,
         resync_s=resync, log_format=log_format, log_level=log_level,
-        metrics_port=metrics_port, pod_name=pod_name, sources=dict(sources),
+        metrics_port=metrics_port, pod_name=pod_name, policy=policy, policy_file=policy_file,
+        worker_template=template, worker_template_file=template_file, node_grace_s=node_grace,
+        sources=dict(sources),
     )  # type: ignore[arg-type]
+
+
+_MISSING = object()
+
+
+def _load_yaml(var: str, path: Path, read_text: Callable[[Path], str],
+               problems: list[str]) -> Any:
+    """Return the YAML document in `path`, or None after adding one problem line."""
+    try:
+        text = read_text(path)
+    except OSError as e:
+        problems.append(f"{var}={str(path)!r}: cannot read: {e.strerror or e}")
+        return None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problems.append(f"{var}={str(path)!r}: not valid YAML{where}: "
+                        f"{getattr(e, 'problem', None) or e}")
+        return None
+    if doc is None:
+        problems.append(f"{var}={str(path)!r}: the file is empty")
+    return doc
+
+
+# Budget variables: (variable, Budgets field, parser).
+_BUDGET_VARS = (
+    ("RESTART_LIMIT", "restart_limit", _int_in(0)),
+    ("SLOT_RESTART_LIMIT", "per_slot_limit", _int_in(0)),
+    ("BACKOFF_INITIAL_SECONDS", "backoff_initial_s", _seconds(0)),
+    ("BACKOFF_MAX_SECONDS", "backoff_max_s", _seconds(0)),
+    ("DISRUPTIONS_FREE", "disruptions_free", _bool),
+)
+
+
+def _policy(env: Mapping[str, str], get: Callable[[str, Callable[[str], object]], object],
+            sources: dict[str, str], read_text: Callable[[Path], str],
+            problems: list[str]) -> tuple[Policy, Path | None]:
+    """Return the effective policy from POLICY_FILE and/or the simple variables."""
+    var = PREFIX + "POLICY_FILE"
+    path = get("POLICY_FILE", _abs_path)
+    restart_codes = get("RESTART_EXIT_CODES", _codes)
+    fail_codes = get("FAIL_EXIT_CODES", _codes)
+    restart_events = get("RESTART_EVENTS", _events)
+    doc, from_file = None, Policy()
+    if path is not None:
+        for name in ("RESTART_EXIT_CODES", "FAIL_EXIT_CODES", "RESTART_EVENTS"):
+            if env.get(PREFIX + name):
+                problems.append(f"{PREFIX}{name} and {var}: rules come from one place; move "
+                                f"this one into the file's faultTolerantPolicy")
+        doc = _load_yaml(var, path, read_text, problems)
+        if doc is not None:
+            try:
+                from_file = policy_from_document(doc)
+            except PolicyError as e:
+                problems += [f"{var}={str(path)!r}: {p}" for p in e.problems]
+    in_file = file_budget_fields(doc)
+    budgets: dict[str, object] = {}
+    for name, attr, parse in _BUDGET_VARS:
+        value = get(name, parse)
+        explicit = bool(env.get(PREFIX + name))
+        if attr in in_file:
+            if explicit:
+                problems.append(f"{PREFIX}{name} and {var}: both set this budget; keep one")
+            sources[PREFIX + name] = "derived: POLICY_FILE"
+            budgets[attr] = getattr(from_file.budgets, attr)
+        elif value is not None:
+            budgets[attr] = value
+    merged = replace(from_file.budgets, **budgets)
+    if merged.backoff_initial_s > merged.backoff_max_s:
+        problems.append(f"{PREFIX}BACKOFF_INITIAL_SECONDS={merged.backoff_initial_s:g} > "
+                        f"{PREFIX}BACKOFF_MAX_SECONDS={merged.backoff_max_s:g}: expected "
+                        "initial <= max")
+    rules = from_file.rules + env_rules(restart_codes, fail_codes,  # type: ignore[arg-type]
+                                        restart_events)  # type: ignore[arg-type]
+    return Policy(rules=rules, budgets=merged), path
+
+
+def _selector_pairs(selector: str) -> dict[str, str]:
+    """Return the key=value terms of a selector (what a created pod's labels must carry)."""
+    pairs = {}
+    for term in selector.split(","):
+        if "!=" in term or "=" not in term:
+            continue
+        key, _, value = term.replace("==", "=").partition("=")
+        pairs[key.strip()] = value.strip()
+    return pairs
 
 
 def effective_values(cfg: Config) -> list[tuple[str, str, str]]:
@@ -374,7 +540,18 @@ def effective_values(cfg: Config) -> list[tuple[str, str, str]]:
         "WATCH_READ_TIMEOUT_SECONDS": cfg.watch_read_timeout_s,
         "RESYNC_SECONDS": cfg.resync_s, "LOG_FORMAT": cfg.log_format.value,
         "LOG_LEVEL": cfg.log_level.value, "METRICS_PORT": cfg.metrics_port,
-        "POD_NAME": cfg.pod_name,
+        "POD_NAME": cfg.pod_name, "WORKER_TEMPLATE": cfg.worker_template_file,
+        "POLICY_FILE": cfg.policy_file,
+        "RESTART_EXIT_CODES": _codes_text(cfg, "SUPERVISOR_RESTART_EXIT_CODES"),
+        "FAIL_EXIT_CODES": _codes_text(cfg, "SUPERVISOR_FAIL_EXIT_CODES"),
+        "RESTART_EVENTS": next((",".join(sorted(r.causes)) for r in cfg.policy.rules
+                                if r.name == "SUPERVISOR_RESTART_EVENTS" and r.causes), None),
+        "RESTART_LIMIT": cfg.policy.budgets.restart_limit,
+        "SLOT_RESTART_LIMIT": cfg.policy.budgets.per_slot_limit,
+        "BACKOFF_INITIAL_SECONDS": cfg.policy.budgets.backoff_initial_s,
+        "BACKOFF_MAX_SECONDS": cfg.policy.budgets.backoff_max_s,
+        "DISRUPTIONS_FREE": str(cfg.policy.budgets.disruptions_free).lower(),
+        "NODE_GRACE_SECONDS": cfg.node_grace_s,
     }
     rows = []
     for v in VARIABLES:
@@ -384,3 +561,10 @@ def effective_values(cfg: Config) -> list[tuple[str, str, str]]:
         value = by_var[v.name]
         rows.append((full, "" if value is None else str(value), cfg.sources.get(full, "unset")))
     return rows
+
+
+def _codes_text(cfg: Config, rule_name: str) -> str | None:
+    for rule in cfg.policy.rules:
+        if rule.name == rule_name and rule.exit_codes:
+            return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in rule.exit_codes)
+    return None

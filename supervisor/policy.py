@@ -192,6 +192,45 @@ def decide(policy: Policy, f: Failure, slot: str, ledger: Ledger, now: float) ->
     return Decision(Action.RESTART, rule.name, delay_s=delay, counted=counted, ledger=new)
 
 
+def env_rules(restart_codes: tuple[tuple[int, int], ...] | None,
+              fail_codes: tuple[tuple[int, int], ...] | None,
+              restart_events: frozenset[Cause] | None) -> tuple[Rule, ...]:
+    """Rules for the simple env-var form; each set variable replaces its part of the defaults.
+
+    FAIL_EXIT_CODES come first. RESTART_EXIT_CODES: those codes Restart, every other code is
+    Ignored. RESTART_EVENTS: those causes Restart, every other cause is Ignored.
+    """
+    rules: list[Rule] = []
+    if fail_codes:
+        rules.append(Rule("SUPERVISOR_FAIL_EXIT_CODES", Action.FAIL_JOB, exit_codes=fail_codes))
+    if restart_codes is not None:
+        rules.append(Rule("SUPERVISOR_RESTART_EXIT_CODES", Action.RESTART,
+                          exit_codes=restart_codes))
+        rules.append(Rule("SUPERVISOR_RESTART_EXIT_CODES: other exit codes", Action.IGNORE,
+                          exit_codes=((0, 255),)))
+    if restart_events is not None:
+        rules.append(Rule("SUPERVISOR_RESTART_EVENTS", Action.RESTART, causes=restart_events))
+        rules.append(Rule("SUPERVISOR_RESTART_EVENTS: other events", Action.IGNORE,
+                          causes=frozenset(EVENTS.values()) - restart_events))
+    return tuple(rules)
+
+
+# Budget fields a policy file can set, by its YAML key (for the env/file conflict check).
+BUDGET_KEYS = {"restartLimit": "restart_limit", "restartLimitPerSlot": "per_slot_limit",
+               "disruptionsFree": "disruptions_free"}
+BACKOFF_KEYS = {"initialSeconds": "backoff_initial_s", "maxSeconds": "backoff_max_s"}
+
+
+def file_budget_fields(doc: Any) -> set[str]:
+    """Return the Budgets field names a loaded policy document sets explicitly."""
+    if not isinstance(doc, dict):
+        return set()
+    out = {attr for key, attr in BUDGET_KEYS.items() if key in doc}
+    if isinstance(doc.get("backoff"), dict):
+        out |= {attr for key, attr in BACKOFF_KEYS.items() if key in doc["backoff"]}
+    return out
+
+
 # ---- the YAML policy file (already loaded into Python objects) ---------------------------------
 
 _TOP = {"faultTolerantPolicy", "restartLimit", "restartLimitPerSlot", "restartRate", "backoff",

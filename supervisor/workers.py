@@ -10,10 +10,11 @@ away from the node that just failed. No I/O: the template arrives as a loaded YA
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from supervisor.config import DNS_LABEL
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 LABEL_JOB = "elastic-supervisor/job"
 LABEL_ROLE = "elastic-supervisor/role"

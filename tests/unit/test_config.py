@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.classify import Cause, Failure
 from supervisor.config import (
     VARIABLES,
     Config,
@@ -17,8 +18,21 @@ from supervisor.config import (
     packaged_discovery_script,
     parse_config,
 )
+from supervisor.policy import Action, Budgets, Ledger, decide, match
 
 BASE = {"SUPERVISOR_JOB_NAME": "job1", "SUPERVISOR_NAMESPACE": "team-a", "SUPERVISOR_NP": "4"}
+TEMPLATE = """\
+apiVersion: v1
+kind: Pod
+metadata:
+  labels:
+    app: x
+spec:
+  restartPolicy: Never
+  containers:
+  - name: worker
+    image: worker:1
+"""
 
 
 def parse(**env: str) -> Config:
@@ -64,7 +78,13 @@ def test_every_variable_set_explicitly() -> None:
         "SUPERVISOR_WATCH_READ_TIMEOUT_SECONDS": "120", "SUPERVISOR_RESYNC_SECONDS": "0.5",
         "SUPERVISOR_LOG_FORMAT": "console", "SUPERVISOR_LOG_LEVEL": "DEBUG",
         "SUPERVISOR_METRICS_PORT": "0", "SUPERVISOR_POD_NAME": "bert-launcher-x",
-    })
+        "SUPERVISOR_WORKER_TEMPLATE": "/etc/edl/worker.yaml",
+        "SUPERVISOR_RESTART_EXIT_CODES": "137", "SUPERVISOR_FAIL_EXIT_CODES": "3",
+        "SUPERVISOR_RESTART_EVENTS": "nodeNotReady", "SUPERVISOR_RESTART_LIMIT": "5",
+        "SUPERVISOR_SLOT_RESTART_LIMIT": "2", "SUPERVISOR_BACKOFF_INITIAL_SECONDS": "0.5",
+        "SUPERVISOR_BACKOFF_MAX_SECONDS": "10", "SUPERVISOR_DISRUPTIONS_FREE": "true",
+        "SUPERVISOR_NODE_GRACE_SECONDS": "0",
+    }, read_text=lambda _: TEMPLATE.replace("app: x", "app: bert\n    role: worker"))
     assert (cfg.worker_selector, cfg.slots_per_worker, cfg.np, cfg.min_np, cfg.max_np) == (
         "app=bert,role=worker", 2, 4, 2, 8)
     assert (cfg.host_mode, cfg.staleness_s, cfg.start_timeout_s, cfg.shutdown_grace_s) == (
@@ -74,6 +94,16 @@ def test_every_variable_set_explicitly() -> None:
     assert cfg.extra_args == ("--verbose", "--blacklist-cooldown-range", "10", "100")
     assert (cfg.log_format, cfg.log_level, cfg.metrics_port, cfg.pod_name) == (
         LogFormat.CONSOLE, LogLevel.DEBUG, 0, "bert-launcher-x")
+    assert cfg.worker_template is not None and cfg.node_grace_s == 0.0
+    assert cfg.policy.budgets == Budgets(restart_limit=5, per_slot_limit=2,
+                                         backoff_initial_s=0.5, backoff_max_s=10.0,
+                                         disruptions_free=True)
+    assert [(r.name, r.action) for r in cfg.policy.rules] == [
+        ("SUPERVISOR_FAIL_EXIT_CODES", Action.FAIL_JOB),
+        ("SUPERVISOR_RESTART_EXIT_CODES", Action.RESTART),
+        ("SUPERVISOR_RESTART_EXIT_CODES: other exit codes", Action.IGNORE),
+        ("SUPERVISOR_RESTART_EVENTS", Action.RESTART),
+        ("SUPERVISOR_RESTART_EVENTS: other events", Action.IGNORE)]
     assert all(src == "env" for src in cfg.sources.values())
 
 
@@ -141,6 +171,28 @@ BAD = [
      " 0..65535"),
     ("SUPERVISOR_POD_NAME", " ", "SUPERVISOR_POD_NAME=' ': expected a non-empty word without"
      " spaces"),
+    ("SUPERVISOR_WORKER_TEMPLATE", "pod.yaml", "SUPERVISOR_WORKER_TEMPLATE='pod.yaml': expected"
+     " an absolute path"),
+    ("SUPERVISOR_POLICY_FILE", "/nonexistent/policy.yaml", "SUPERVISOR_POLICY_FILE="
+     "'/nonexistent/policy.yaml': cannot read: No such file or directory"),
+    ("SUPERVISOR_RESTART_EXIT_CODES", "137,300", "SUPERVISOR_RESTART_EXIT_CODES='137,300': "
+     "expected exit codes like '137,143,128-255' ('300' is outside 0-255 or reversed)"),
+    ("SUPERVISOR_FAIL_EXIT_CODES", "1;2", "SUPERVISOR_FAIL_EXIT_CODES='1;2': expected exit codes"
+     " like '137,143,128-255' ('1;2' is not N or N-M)"),
+    ("SUPERVISOR_RESTART_EVENTS", "NodeLost", "SUPERVISOR_RESTART_EVENTS='NodeLost': expected "
+     "comma-separated events ('NodeLost' is not one of Evicted|NodeNotReady|PodDeleted|"
+     "PodForceDeleted|Preempted)"),
+    ("SUPERVISOR_RESTART_LIMIT", "-1", "SUPERVISOR_RESTART_LIMIT='-1': expected an integer >= 0"),
+    ("SUPERVISOR_SLOT_RESTART_LIMIT", "many", "SUPERVISOR_SLOT_RESTART_LIMIT='many': expected "
+     "an integer >= 0"),
+    ("SUPERVISOR_BACKOFF_INITIAL_SECONDS", "0", "SUPERVISOR_BACKOFF_INITIAL_SECONDS='0': "
+     "expected a number of seconds > 0"),
+    ("SUPERVISOR_BACKOFF_MAX_SECONDS", "0.5", "SUPERVISOR_BACKOFF_INITIAL_SECONDS=1 > "
+     "SUPERVISOR_BACKOFF_MAX_SECONDS=0.5: expected initial <= max"),
+    ("SUPERVISOR_DISRUPTIONS_FREE", "maybe", "SUPERVISOR_DISRUPTIONS_FREE='maybe': expected "
+     "true|false"),
+    ("SUPERVISOR_NODE_GRACE_SECONDS", "-5", "SUPERVISOR_NODE_GRACE_SECONDS='-5': expected a "
+     "number of seconds >= 0"),
 ]
 
 
@@ -233,3 +285,94 @@ def test_packaged_discovery_script_only_cats_the_file() -> None:
     body = [line for line in script.read_text().splitlines()
             if line.strip() and not line.startswith("#")]
     assert body == ['exec cat -- "${SUPERVISOR_DISCOVERY_FILE:-/etc/edl/hostfile}"']
+
+
+def files(**by_name: str):  # a read_text over in-memory files; a missing one raises like open()
+    def read(path: Path) -> str:
+        if path.name not in by_name:
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return by_name[path.name]
+    return read
+
+
+def test_policy_defaults_without_any_policy_variable() -> None:
+    cfg = parse()
+    assert cfg.policy.rules == () and cfg.policy.budgets == Budgets()
+    assert cfg.worker_template is None
+    killed = Failure(Cause.EXIT_CODE, "w", "u", "n", 137, "worker")
+    assert match(cfg.policy.rules, killed).action is Action.RESTART
+
+
+def test_restart_exit_codes_replace_the_default_code_rule() -> None:
+    cfg = parse(SUPERVISOR_RESTART_EXIT_CODES="143")
+    for code, action in ((143, Action.RESTART), (137, Action.IGNORE), (1, Action.IGNORE)):
+        f = Failure(Cause.EXIT_CODE, "w", "u", "n", code, "worker")
+        assert decide(cfg.policy, f, "0", Ledger(), 0.0).action is action, code
+    # causes keep their defaults
+    lost = Failure(Cause.NODE_NOT_READY, "w", "u", "n")
+    assert match(cfg.policy.rules, lost).action is Action.RESTART
+
+
+def test_restart_events_drop_the_causes_not_listed() -> None:
+    cfg = parse(SUPERVISOR_RESTART_EVENTS="NodeNotReady")
+    evicted = Failure(Cause.EVICTED, "w", "u", "n")
+    assert match(cfg.policy.rules, evicted).action is Action.IGNORE
+    assert match(cfg.policy.rules, Failure(Cause.NODE_NOT_READY, "w", "u", "n")).action \
+        is Action.RESTART
+
+
+POLICY = """\
+faultTolerantPolicy:
+- exitCodes: 129,101
+  restartPolicy: ExitCode
+  restartScope: Pod
+- exceptionalEvent: nodeNotReady
+  restartPolicy: OnNodeFail
+restartLimit: 7
+"""
+
+
+def test_policy_file_is_read_and_its_budgets_win_over_env_defaults() -> None:
+    cfg = parse_config({**BASE, "SUPERVISOR_POLICY_FILE": "/etc/edl/policy.yaml",
+                        "SUPERVISOR_SLOT_RESTART_LIMIT": "3"},
+                       read_text=files(**{"policy.yaml": POLICY}))
+    assert [r.name for r in cfg.policy.rules] == ["faultTolerantPolicy[0]",
+                                                  "faultTolerantPolicy[1]"]
+    assert cfg.policy.budgets.restart_limit == 7
+    assert cfg.policy.budgets.per_slot_limit == 3
+    assert cfg.sources["SUPERVISOR_RESTART_LIMIT"] == "derived: POLICY_FILE"
+
+
+@pytest.mark.parametrize(("env", "text", "message"), [
+    pytest.param({"SUPERVISOR_RESTART_LIMIT": "9"}, POLICY,
+                 "SUPERVISOR_RESTART_LIMIT and SUPERVISOR_POLICY_FILE: both set this budget; "
+                 "keep one", id="budget in both places"),
+    pytest.param({"SUPERVISOR_RESTART_EXIT_CODES": "137"}, POLICY,
+                 "SUPERVISOR_RESTART_EXIT_CODES and SUPERVISOR_POLICY_FILE: rules come from one "
+                 "place", id="rules in both places"),
+    pytest.param({}, "faultTolerantPolicy:\n- exitCodes: 1\n  action: Retry\n",
+                 "SUPERVISOR_POLICY_FILE='/p/policy.yaml': faultTolerantPolicy[0].action: "
+                 "'Retry': expected one of Restart|Ignore|FailJob", id="bad rule names its index"),
+    pytest.param({}, "faultTolerantPolicy: [\n", "SUPERVISOR_POLICY_FILE='/p/policy.yaml': not "
+                 "valid YAML at line 2", id="broken yaml names the line"),
+    pytest.param({}, "", "SUPERVISOR_POLICY_FILE='/p/policy.yaml': the file is empty",
+                 id="empty file"),
+])
+def test_policy_file_problems(env: dict[str, str], text: str, message: str) -> None:
+    found = problems({**BASE, "SUPERVISOR_POLICY_FILE": "/p/policy.yaml", **env},
+                     read_text=files(**{"policy.yaml": text}))
+    assert len(found) == 1 and found[0].startswith(message), found
+
+
+def test_worker_template_is_validated_against_the_selector() -> None:
+    env = {**BASE, "SUPERVISOR_WORKER_TEMPLATE": "/t/worker.yaml",
+           "SUPERVISOR_WORKER_SELECTOR": "app=bert"}
+    found = problems(env, read_text=files(**{"worker.yaml": TEMPLATE}))
+    assert found == ["SUPERVISOR_WORKER_TEMPLATE='/t/worker.yaml': template.metadata.labels.app:"
+                     " expected 'bert' to match the worker selector"]
+    cfg = parse_config({**env, "SUPERVISOR_WORKER_SELECTOR": "app=x"},
+                       read_text=files(**{"worker.yaml": TEMPLATE}))
+    assert cfg.worker_template["spec"]["containers"][0]["name"] == "worker"
+    assert problems({**BASE, "SUPERVISOR_WORKER_TEMPLATE": "/t/missing.yaml"},
+                    read_text=files()) == [
+        "SUPERVISOR_WORKER_TEMPLATE='/t/missing.yaml': cannot read: No such file or directory"]
