@@ -514,3 +514,34 @@ def list_events(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
         return json.loads(resp.data).get("items") or []
     except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
         raise map_error(e, f"list events in {namespace}") from e
+
+
+class Pods:
+    """Creates and deletes worker pods (bodies are API-shaped dicts); raises KubeError."""
+
+    def __init__(self, api: client.ApiClient, namespace: str,
+                 request_timeout_s: float = 30.0) -> None:
+        self.core = client.CoreV1Api(api)
+        self.namespace, self.timeout = namespace, request_timeout_s
+
+    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        what = f"create pod {self.namespace}/{body['metadata']['name']}"
+        try:
+            resp = self.core.create_namespaced_pod(self.namespace, body, _preload_content=False,
+                                                   _request_timeout=self.timeout)
+            return json.loads(resp.data)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            raise map_error(e, what) from e
+
+    def delete(self, name: str, uid: str | None, grace_s: int | None) -> None:
+        """Delete pod `name` (only if it still has `uid`); grace 0 forces it."""
+        what = f"delete pod {self.namespace}/{name}"
+        body = client.V1DeleteOptions(
+            grace_period_seconds=grace_s,
+            preconditions=client.V1Preconditions(uid=uid) if uid else None)
+        try:
+            self.core.delete_namespaced_pod(name, self.namespace, body=body,
+                                            _preload_content=False,
+                                            _request_timeout=self.timeout)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            raise map_error(e, what) from e

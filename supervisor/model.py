@@ -23,6 +23,8 @@ class ExitCode(IntEnum):
     CONFIG = 2  # bad configuration (also horovodrun's own argument errors)
     START_TIMEOUT = 3  # MIN_NP usable slots never showed up within START_TIMEOUT_SECONDS
     KUBE_FATAL = 4  # the Kubernetes API refused us for good (403, no credentials)
+    POLICY_FAILED = 5  # a FailJob rule matched a worker failure
+    WORKERS_LOST = 6  # too few workers left to reach MIN_NP (dropped, restart limits used up)
     INTERNAL = 70  # a bug: an unexpected exception in the supervisor
 
 
@@ -59,7 +61,21 @@ class SignalReceived:
     signum: int
 
 
-Trigger = WatchEvent | SourceState | ChildExited | SignalReceived
+@dataclass(frozen=True)
+class ActionDone:
+    """The outcome of one change the actuator made (or could not make) to the cluster."""
+
+    what: str  # save | create | delete
+    name: str  # the pod name, or "state"
+    at: float  # monotonic
+    started_at: float | None = None
+    error: str | None = None  # None: done
+    fatal: bool = False  # the run cannot go on (403, another writer, a bug)
+    retrying: bool = False  # a retryable error; the actuator keeps trying
+    note: str = ""  # e.g. "already exists"
+
+
+Trigger = WatchEvent | SourceState | ChildExited | SignalReceived | ActionDone
 
 
 @dataclass(frozen=True)

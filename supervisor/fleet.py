@@ -1,0 +1,187 @@
+"""PURE: the worker slots of a job whose workers the supervisor creates, and what they need.
+
+A slot is a worker position 0..W-1. Each slot has a current incarnation: its pod is named
+`<job>-w<slot>-<incarnation>` (workers.pod_name), so creating it twice is impossible and a
+restarted supervisor finds what it created. A failure of the current incarnation goes through the
+policy once: Restart moves the slot to the next incarnation (due after the backoff, avoiding the
+failed node), Ignore / a refused restart / FailJob drop the slot. A failure of an older
+incarnation, or of a dropped slot, was handled before (maybe by an earlier supervisor): stale.
+
+`Fleet` (slots + the policy ledger) is what the supervisor persists; `fleet_to_dict` /
+`fleet_from_dict` are its JSON codec (damaged state is an error, never silently reset).
+Times are wall-clock epoch seconds (they outlive the process). No I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from supervisor.classify import Failure
+from supervisor.observe import Obj
+from supervisor.policy import (
+    Action,
+    Decision,
+    Ledger,
+    Policy,
+    decide,
+    ledger_from_dict,
+    ledger_to_dict,
+)
+from supervisor.workers import LABEL_INCARNATION, LABEL_JOB, LABEL_SLOT, pod_name
+
+FLEET_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Slot:
+    incarnation: int = 1  # the incarnation that should exist now
+    dropped: str | None = None  # why the slot gets no more pods; None: active
+    due: float = 0.0  # its pod may not be created before this time (backoff)
+    avoid_node: str | None = None  # the node its previous incarnation failed on
+
+
+@dataclass(frozen=True)
+class Fleet:
+    slots: Mapping[int, Slot] = field(default_factory=dict)
+    ledger: Ledger = field(default_factory=Ledger)
+
+    def active(self) -> list[int]:
+        return sorted(i for i, s in self.slots.items() if s.dropped is None)
+
+
+def initial(workers: int) -> Fleet:
+    """The fleet of a new job: slots 0..workers-1, first incarnation, due at once."""
+    return Fleet(slots={i: Slot() for i in range(workers)})
+
+
+def workers_for(np: int, slots_per_worker: int) -> int:
+    """Worker pods needed for `np` Horovod slots."""
+    return math.ceil(np / slots_per_worker)
+
+
+def slot_of(pod: Obj, job: str) -> tuple[int, int] | None:
+    """Return (slot, incarnation) of a pod the supervisor created for `job`, else None."""
+    labels = pod.get("metadata", {}).get("labels") or {}
+    if labels.get(LABEL_JOB) != job:
+        return None
+    try:
+        slot, inc = int(labels[LABEL_SLOT]), int(labels[LABEL_INCARNATION])
+    except (KeyError, ValueError):
+        return None
+    return (slot, inc) if slot >= 0 and inc >= 1 else None
+
+
+def adopt(fleet: Fleet, pods: Iterable[Obj], job: str) -> Fleet:
+    """Return the fleet after seeing existing pods: a slot whose pod shows a newer incarnation
+    than stored (state written by a supervisor that crashed before saving) moves up to it."""
+    slots = dict(fleet.slots)
+    for pod in pods:
+        found = slot_of(pod, job)
+        if found is None:
+            continue
+        i, inc = found
+        current = slots.get(i)
+        if current is None or inc > current.incarnation:
+            slots[i] = Slot(incarnation=inc, dropped=current.dropped if current else None)
+    return replace(fleet, slots=slots) if slots != fleet.slots else fleet
+
+
+def on_failure(fleet: Fleet, failure: Failure, found: tuple[int, int] | None, policy: Policy,
+               now: float, *, unmanaged_reason: str) -> tuple[Fleet, Decision | None]:
+    """Return the fleet after `failure` and the decision; None when it is stale.
+
+    `found` is the failed pod's (slot, incarnation), None if the supervisor did not create it:
+    then the decision is taken but a Restart cannot be carried out (`unmanaged_reason`).
+    """
+    if found is None:
+        d = decide(policy, failure, failure.pod, Ledger(), now)
+        if d.action is Action.RESTART:
+            return fleet, Decision(Action.IGNORE, d.rule, refused=unmanaged_reason,
+                                   ledger=fleet.ledger)
+        return fleet, replace(d, ledger=fleet.ledger)
+    i, inc = found
+    slot = fleet.slots.get(i)
+    if slot is None or inc < slot.incarnation or slot.dropped is not None:
+        return fleet, None
+    d = decide(policy, failure, str(i), fleet.ledger, now)
+    if d.action is Action.RESTART:
+        new = Slot(incarnation=inc + 1, due=now + d.delay_s, avoid_node=failure.node)
+    else:
+        why = d.refused or (f"{d.action.value} by {d.rule}")
+        new = replace(slot, dropped=why)
+    return Fleet(slots={**fleet.slots, i: new}, ledger=d.ledger), d
+
+
+@dataclass(frozen=True)
+class Create:
+    slot: int
+    incarnation: int
+    name: str
+    avoid_node: str | None
+
+
+def wanted(fleet: Fleet, job: str, existing: Mapping[str, Any] | set[str],
+           now: float) -> list[Create]:
+    """Return the pods to create now: active slots whose current pod does not exist yet and
+    whose backoff has passed. `existing`: names of pods seen or being created."""
+    out = []
+    for i in fleet.active():
+        slot = fleet.slots[i]
+        name = pod_name(job, i, slot.incarnation)
+        if name not in existing and slot.due <= now:
+            out.append(Create(i, slot.incarnation, name, slot.avoid_node))
+    return out
+
+
+def next_due(fleet: Fleet, now: float) -> float | None:
+    """Return the earliest future backoff deadline of an active slot, or None."""
+    future = [s.due for s in fleet.slots.values() if s.dropped is None and s.due > now]
+    return min(future) if future else None
+
+
+# ---- persistence --------------------------------------------------------------------------------
+
+def fleet_to_dict(fleet: Fleet) -> dict[str, Any]:
+    slots = {}
+    for i, s in sorted(fleet.slots.items()):
+        entry: dict[str, Any] = {"incarnation": s.incarnation}
+        if s.dropped is not None:
+            entry["dropped"] = s.dropped
+        if s.due:
+            entry["due"] = s.due
+        if s.avoid_node:
+            entry["avoidNode"] = s.avoid_node
+        slots[str(i)] = entry
+    return {"version": FLEET_VERSION, "slots": slots, "ledger": ledger_to_dict(fleet.ledger)}
+
+
+def fleet_from_dict(data: Any) -> Fleet:
+    """Return the stored fleet; raise ValueError saying what is wrong."""
+    if not isinstance(data, dict) or data.get("version") != FLEET_VERSION:
+        raise ValueError(f"expected a mapping with version {FLEET_VERSION}")
+    raw = data.get("slots")
+    if not isinstance(raw, dict):
+        raise ValueError("slots: expected a mapping of slot number to slot")
+    slots = {}
+    for key, s in raw.items():
+        where = f"slots.{key}"
+        if not (isinstance(key, str) and key.isdigit()) or not isinstance(s, dict):
+            raise ValueError(f"{where}: expected a slot number mapped to a slot")
+        inc, due = s.get("incarnation"), s.get("due", 0.0)
+        dropped, avoid = s.get("dropped"), s.get("avoidNode")
+        if not isinstance(inc, int) or isinstance(inc, bool) or inc < 1:
+            raise ValueError(f"{where}.incarnation: expected an integer >= 1")
+        if not isinstance(due, int | float) or isinstance(due, bool):
+            raise ValueError(f"{where}.due: expected a time")
+        if not isinstance(dropped, str | None) or not isinstance(avoid, str | None):
+            raise ValueError(f"{where}: dropped and avoidNode must be strings")
+        slots[int(key)] = Slot(incarnation=inc, dropped=dropped, due=float(due),
+                               avoid_node=avoid)
+    try:
+        ledger = ledger_from_dict(data.get("ledger"))
+    except ValueError as e:
+        raise ValueError(f"ledger: {e}") from None
+    return Fleet(slots=slots, ledger=ledger)

@@ -1,0 +1,152 @@
+"""Slots of a managed job: failure -> next incarnation / dropped / stale, creation, persistence."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from supervisor import fleet
+from supervisor.classify import Cause, Failure
+from supervisor.fleet import Create, Fleet, Slot
+from supervisor.policy import Action, Budgets, Policy, Rule
+from supervisor.workers import pod_name
+
+JOB = "job1"
+KILLED = Failure(Cause.EXIT_CODE, "job1-w0-1", "u1", "node-a", 137, "worker")
+BUG = Failure(Cause.EXIT_CODE, "job1-w0-1", "u1", "node-a", 1, "worker")
+LOST = Failure(Cause.NODE_NOT_READY, "job1-w0-1", "u1", "node-a")
+
+
+def pod(slot: int | None, inc: int | None, job: str = JOB) -> dict:
+    labels = {"elastic-supervisor/job": job, "elastic-supervisor/role": "worker"}
+    if slot is not None:
+        labels["elastic-supervisor/slot"] = str(slot)
+    if inc is not None:
+        labels["elastic-supervisor/incarnation"] = str(inc)
+    return {"metadata": {"name": "p", "labels": labels}}
+
+
+@pytest.mark.parametrize(("obj", "expected"), [
+    (pod(0, 1), (0, 1)),
+    (pod(3, 12), (3, 12)),
+    (pod(None, 1), None),
+    (pod(0, None), None),
+    (pod(0, 1, job="other"), None),
+    ({"metadata": {"name": "p", "labels": {"elastic-supervisor/job": JOB,
+                                            "elastic-supervisor/slot": "x",
+                                            "elastic-supervisor/incarnation": "1"}}}, None),
+    (pod(0, 0), None),
+])
+def test_slot_of(obj: dict, expected: tuple[int, int] | None) -> None:
+    assert fleet.slot_of(obj, JOB) == expected
+
+
+def test_initial_fleet_wants_every_slot_at_once() -> None:
+    f = fleet.initial(fleet.workers_for(np=3, slots_per_worker=2))
+    assert f.active() == [0, 1]
+    assert fleet.wanted(f, JOB, set(), now=0.0) == [
+        Create(0, 1, "job1-w0-1", None), Create(1, 1, "job1-w1-1", None)]
+    assert fleet.wanted(f, JOB, {"job1-w0-1"}, now=0.0) == [Create(1, 1, "job1-w1-1", None)]
+
+
+@pytest.mark.parametrize(("failure", "policy", "found", "expected_slot", "action"), [
+    pytest.param(KILLED, Policy(), (0, 1), Slot(incarnation=2, avoid_node="node-a", due=100.0),
+                 Action.RESTART, id="exit 137 -> next incarnation away from the node"),
+    pytest.param(LOST, Policy(), (0, 1), Slot(incarnation=2, avoid_node="node-a", due=100.0),
+                 Action.RESTART, id="node lost -> next incarnation"),
+    pytest.param(BUG, Policy(), (0, 1), Slot(incarnation=1, dropped="Ignore by default: other "
+                                             "exit codes"),
+                 Action.IGNORE, id="exit 1 -> dropped by the default rule"),
+    pytest.param(KILLED, Policy(budgets=Budgets(restart_limit=0)), (0, 1),
+                 Slot(incarnation=1, dropped="restart limit 0 reached"), Action.IGNORE,
+                 id="no budget -> dropped with the reason"),
+    pytest.param(BUG, Policy(rules=(Rule("r0", Action.FAIL_JOB, exit_codes=((1, 1),)),)),
+                 (0, 1), Slot(incarnation=1, dropped="FailJob by r0"), Action.FAIL_JOB,
+                 id="FailJob rule"),
+])
+def test_failure_of_the_current_incarnation(failure: Failure, policy: Policy,
+                                            found: tuple[int, int], expected_slot: Slot,
+                                            action: Action) -> None:
+    f, d = fleet.on_failure(fleet.initial(1), failure, found, policy, 100.0,
+                            unmanaged_reason="-")
+    assert d is not None and d.action is action
+    assert f.slots[0] == expected_slot
+    assert f.ledger.total == (1 if action is Action.RESTART else 0)
+
+
+def test_failures_of_old_incarnations_and_dropped_slots_are_stale() -> None:
+    f, _ = fleet.on_failure(fleet.initial(2), KILLED, (0, 1), Policy(), 10.0,
+                            unmanaged_reason="-")
+    again, d = fleet.on_failure(f, KILLED, (0, 1), Policy(), 11.0, unmanaged_reason="-")
+    assert d is None and again is f  # a restarted supervisor sees incarnation 1 fail again
+    f2, _ = fleet.on_failure(f, BUG, (1, 1), Policy(), 12.0, unmanaged_reason="-")
+    assert f2.slots[1].dropped
+    assert fleet.on_failure(f2, KILLED, (1, 1), Policy(), 13.0, unmanaged_reason="-")[1] is None
+    assert fleet.on_failure(f2, KILLED, (7, 1), Policy(), 13.0, unmanaged_reason="-")[1] is None
+
+
+def test_an_unmanaged_worker_is_never_restarted_and_never_costs_budget() -> None:
+    f0 = fleet.initial(1)
+    f, d = fleet.on_failure(f0, KILLED, None, Policy(), 0.0, unmanaged_reason="no template")
+    assert f is f0
+    assert d is not None and d.action is Action.IGNORE and d.refused == "no template"
+    assert d.rule.startswith("default: exit codes 128-255")
+    f, d = fleet.on_failure(f0, BUG, None, Policy(), 0.0, unmanaged_reason="no template")
+    assert d is not None and d.action is Action.IGNORE and d.refused is None
+
+
+def test_backoff_delays_the_second_replacement_of_a_slot() -> None:
+    policy = Policy(budgets=Budgets(backoff_initial_s=2.0))
+    f, d1 = fleet.on_failure(fleet.initial(1), KILLED, (0, 1), policy, 100.0,
+                             unmanaged_reason="-")
+    assert d1 is not None and d1.delay_s == 0
+    f, d2 = fleet.on_failure(f, KILLED, (0, 2), policy, 101.0, unmanaged_reason="-")
+    assert d2 is not None and d2.delay_s == pytest.approx(1.0)  # 100 + 2 - 101
+    assert fleet.wanted(f, JOB, set(), now=101.5) == []
+    assert fleet.next_due(f, 101.5) == pytest.approx(102.0)
+    assert fleet.wanted(f, JOB, set(), now=102.0) == [Create(0, 3, "job1-w0-3", "node-a")]
+
+
+def test_adopt_moves_a_slot_up_to_a_newer_incarnation_seen_in_the_cluster() -> None:
+    f = fleet.initial(2)
+    adopted = fleet.adopt(f, [pod(0, 3), pod(1, 1), pod(None, 5), pod(4, 2)], JOB)
+    assert adopted.slots[0] == Slot(incarnation=3)
+    assert adopted.slots[1] == Slot()
+    assert adopted.slots[4] == Slot(incarnation=2)
+    assert fleet.adopt(f, [pod(0, 1)], JOB) is f
+
+
+def test_capacity_counts_active_slots_only() -> None:
+    f, _ = fleet.on_failure(fleet.initial(3), BUG, (2, 1), Policy(), 0.0, unmanaged_reason="-")
+    assert f.active() == [0, 1]
+    assert [c.name for c in fleet.wanted(f, JOB, set(), 0.0)] == [
+        pod_name(JOB, 0, 1), pod_name(JOB, 1, 1)]
+
+
+def test_state_round_trips_through_json() -> None:
+    f, _ = fleet.on_failure(fleet.initial(3), KILLED, (0, 1), Policy(), 50.0,
+                            unmanaged_reason="-")
+    f, _ = fleet.on_failure(f, BUG, (2, 1), Policy(), 51.0, unmanaged_reason="-")
+    data = json.loads(json.dumps(fleet.fleet_to_dict(f)))
+    assert fleet.fleet_from_dict(data) == f
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (None, "expected a mapping with version 1"),
+    ({"version": 2, "slots": {}}, "expected a mapping with version 1"),
+    ({"version": 1, "slots": []}, "slots: expected a mapping"),
+    ({"version": 1, "slots": {"a": {"incarnation": 1}}}, "slots.a: expected a slot number"),
+    ({"version": 1, "slots": {"0": {"incarnation": 0}}}, "slots.0.incarnation: expected an "
+     "integer >= 1"),
+    ({"version": 1, "slots": {"0": {"incarnation": 1, "due": "soon"}}}, "slots.0.due"),
+    ({"version": 1, "slots": {"0": {"incarnation": 1}}, "ledger": {"version": 1, "total": -1}},
+     "ledger: total: expected an integer >= 0"),
+])
+def test_damaged_state_is_refused_with_the_field(data: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        fleet.fleet_from_dict(data)
+
+
+def test_empty_fleet_has_no_active_slots() -> None:
+    assert Fleet().active() == []
