@@ -16,13 +16,15 @@ import socket
 import sys
 from collections.abc import Mapping, Sequence
 
-from supervisor import __version__, kube, proc
+from supervisor import __version__, fleet, kube, proc
+from supervisor.actuator import Actuator
 from supervisor.config import Config, ConfigError, effective_values, parse_config
 from supervisor.launch import horovodrun_argv
 from supervisor.logs import make_logger
 from supervisor.metrics import make_metrics, serve
-from supervisor.model import ExitCode
+from supervisor.model import EventSpec, ExitCode
 from supervisor.observe import Kind, slim
+from supervisor.policy import DEFAULT_RULES
 from supervisor.reconcile import Supervisor
 
 
@@ -62,6 +64,25 @@ def explain(cfg: Config, command: Sequence[str]) -> str:
     argv = horovodrun_argv(cfg, cmd)
     lines += ["", "horovodrun argv (executed directly, never through a shell):",
               "  " + shlex.join(argv)]
+    lines += ["", "failure rules (first match wins; the defaults come last):"]
+    for rule in (*cfg.policy.rules, *DEFAULT_RULES):
+        what = (",".join(sorted(rule.causes)) if rule.causes is not None else
+                "exit codes " + ",".join(f"{lo}" if lo == hi else f"{lo}-{hi}"
+                                         for lo, hi in rule.exit_codes or ()))
+        lines.append(f"  {rule.action.value:<8} {what}  [{rule.name}]")
+    b = cfg.policy.budgets
+    lines.append(f"budgets: restart limit {b.restart_limit}, per slot "
+                 f"{b.per_slot_limit if b.per_slot_limit is not None else 'none'}, rate "
+                 + (f"{b.rate_limit}/{b.rate_window_s:g}s" if b.rate_limit else "none")
+                 + f", backoff {b.backoff_initial_s:g}s..{b.backoff_max_s:g}s, disruptions "
+                 + ("free" if b.disruptions_free else "counted"))
+    if cfg.worker_template is None:
+        lines.append("workers: created elsewhere (no SUPERVISOR_WORKER_TEMPLATE); a failed "
+                     "worker is dropped, never replaced")
+    else:
+        workers = fleet.workers_for(cfg.np, cfg.slots_per_worker)
+        lines.append(f"workers: {workers} created and replaced by the supervisor from "
+                     f"{cfg.worker_template_file}")
     return "\n".join(lines)
 
 
@@ -138,9 +159,28 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
     recorder = kube.EventRecorder(api, cfg.namespace, regarding=regarding, instance=instance,
                                   on_error=event_failed)
 
+    owner = regarding if regarding.get("kind") == "Pod" else None
+    store = kube.StateStore(api, cfg.namespace, state_name(cfg.job_name), owner)
+    workers, rv = None, None
+    if cfg.worker_template is not None:
+        try:
+            workers, rv = load_fleet(cfg, store)
+        except (kube.KubeError, ValueError) as e:
+            log.error("kube.fatal", reason=str(e))
+            recorder.record(EventSpec("Warning", "KubernetesAccessDenied"
+                                      if isinstance(e, kube.Forbidden) else "StateDamaged",
+                                      "Start", str(e)))
+            recorder.close()
+            api.close()
+            return ExitCode.KUBE_FATAL
+    actuator = Actuator(kube.Pods(api, cfg.namespace), store, resource_version=rv,
+                        writer=f"{instance}/{os.getpid()}", sink=lambda _: None)
     proc.become_subreaper()
     sup = Supervisor(cfg, log=log, metrics=metrics, events=recorder.record,
-                     start_child=proc.Child.start, base_env=env)
+                     start_child=proc.Child.start, base_env=env, act=actuator.submit,
+                     kill_ssh_clients=proc.kill_ssh_clients, workers=workers, owner=owner)
+    actuator.sink = sup.submit
+    actuator.start()
     settings = kube.WatchSettings(read_timeout_s=cfg.watch_read_timeout_s)
     reflectors = [
         kube.Reflector(kind, kube.lister(api, kind, cfg.namespace, cfg.worker_selector),
@@ -166,9 +206,29 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
     finally:
         for r in reflectors:
             r.stop()
+        if abandoned := actuator.close():
+            log.warning("actuator.abandoned", operations=abandoned)
         recorder.close()
         api.close()
     return int(outcome_code)
+
+
+def state_name(job: str) -> str:
+    """Name of the ConfigMap holding the job's restart budgets and slots."""
+    return f"{job}-supervisor-state"[:253]
+
+
+def load_fleet(cfg: Config, store: kube.StateStore) -> tuple[fleet.Fleet, str | None]:
+    """Return the stored fleet (or a new one) and its resourceVersion; raise KubeError or
+    ValueError naming the ConfigMap when the stored state cannot be used."""
+    stored, rv = store.load()
+    if stored is None:
+        return fleet.initial(fleet.workers_for(cfg.np, cfg.slots_per_worker)), None
+    try:
+        return fleet.fleet_from_dict(stored), rv
+    except ValueError as e:
+        raise ValueError(f"configmap {cfg.namespace}/{store.name}: {store.KEY}: {e}; fix or "
+                         "delete it deliberately (deleting resets the restart budgets)") from e
 
 
 if __name__ == "__main__":

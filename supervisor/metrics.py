@@ -22,6 +22,10 @@ class Metrics:
     workers_listed: Gauge
     workers_usable: Gauge
     horovodrun_up: Gauge
+    worker_failures: Counter
+    workers_created: Counter
+    restart_budget_left: Gauge
+    replacement_latency: Histogram
 
 
 def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
@@ -49,6 +53,16 @@ def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         workers_usable=Gauge(f"{p}workers_usable", "Worker pods in the discovery file",
                              registry=r),
         horovodrun_up=Gauge(f"{p}horovodrun_up", "1 while horovodrun runs", registry=r),
+        worker_failures=Counter(f"{p}worker_failures", "Worker failures by cause and the "
+                                "action taken", ["cause", "action"], registry=r),
+        workers_created=Counter(f"{p}workers_created", "Worker pods created", registry=r),
+        restart_budget_left=Gauge(f"{p}restart_budget_left",
+                                  "Replacements left under the job-wide restart limit",
+                                  registry=r),
+        replacement_latency=Histogram(
+            f"{p}replacement_latency_seconds",
+            "Failure observed -> replacement pod created (without backoff waits)",
+            buckets=LATENCY_BUCKETS, registry=r),
     )
 
 

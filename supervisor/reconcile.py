@@ -7,6 +7,14 @@ lines, publishes or withdraws the file (pure `discovery.decide`), starts horovod
 is synced and MIN_NP slots are usable, forwards signals and kills the tree after the grace period.
 A pass runs at least every RESYNC_SECONDS even without events (staleness, start timeout, reaping).
 
+Failures: every pod event (and, while a node is down, every pass) runs the pure classifier on
+the worker; a failure goes through the policy once (fleet.on_failure), horovodrun's ssh
+clients for the worker are killed first (a frozen worker never closes them), a stranded pod on a
+lost node is force-deleted, and, when the supervisor owns the workers (a worker template), the
+fleet's new state is saved before the replacement is created. Cluster changes go through the
+injected `act` (the actuator thread), whose outcomes come back on the queue. A FailJob rule, or
+too few workers left for MIN_NP, stops horovodrun and ends the run with a documented code.
+
 Decisions are logged once each under a dotted name and, where they change the job, posted as
 Kubernetes Events through the injected `events` callable (never blocking).
 """
@@ -18,15 +26,28 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from supervisor import discovery
+from supervisor import discovery, fleet
+from supervisor.actuator import CreatePod, DeletePod, Op, SaveState
+from supervisor.classify import (
+    Cause,
+    ClassifySettings,
+    Failure,
+    NodeState,
+    PodMemory,
+    classify,
+    node_down_since,
+    remember,
+)
 from supervisor.config import Config
 from supervisor.discovery import Publish, Rendered
+from supervisor.fleet import Fleet
 from supervisor.launch import horovodrun_argv, horovodrun_env
 from supervisor.metrics import Metrics
 from supervisor.model import (
+    ActionDone,
     ChildExited,
     EventSpec,
     ExitCode,
@@ -35,9 +56,12 @@ from supervisor.model import (
     Trigger,
     WatchEvent,
 )
-from supervisor.observe import ClusterView, Unusable
+from supervisor.observe import ClusterView, EventType, Kind, Obj, Unusable
+from supervisor.policy import Action, Decision
+from supervisor.workers import pod_name, worker_pod
 
 PROGRESS_EVERY_S = 5.0
+EXPECTATION_TIMEOUT_S = 60.0  # a created pod not seen on the watch by then is created again
 
 
 class ChildProcess(Protocol):
@@ -73,6 +97,18 @@ class LoopState:
     kill_at: float | None = None
     fatal: str | None = None
     crashed: bool = False
+    # failure handling
+    fleet: Fleet | None = None  # None: the supervisor does not own the workers
+    saved: Fleet | None = None  # the fleet last handed to the actuator to save
+    memory: dict[str, PodMemory] = field(default_factory=dict)  # by pod name
+    failed: set[str] = field(default_factory=set)  # UIDs already classified as failed
+    failures: list[tuple[Failure, Obj, float]] = field(default_factory=list)  # to decide
+    node_down: dict[str, float] = field(default_factory=dict)  # node -> down since
+    synced_at: float | None = None
+    scanned: bool = False  # the first full classification after sync is done
+    expected: dict[str, float] = field(default_factory=dict)  # pods being created -> since
+    replace_from: dict[str, float] = field(default_factory=dict)  # new pod -> failure seen
+    failing: tuple[int, str] | None = None  # the run is ending with this code and reason
 
 
 class Supervisor:
@@ -87,12 +123,21 @@ class Supervisor:
         events: Callable[[EventSpec], None],
         start_child: Callable[[Sequence[str], Mapping[str, str]], ChildProcess],
         base_env: Mapping[str, str],
+        act: Callable[[Op], None],
+        kill_ssh_clients: Callable[[int, str], list[int]],
+        workers: Fleet | None = None,
+        owner: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.cfg, self.log, self.metrics, self.events = cfg, log, metrics, events
         self.start_child, self.base_env, self.clock = start_child, base_env, clock
+        self.act, self.kill_ssh_clients, self.owner, self.wall = act, kill_ssh_clients, owner, wall
+        self.classify_settings = ClassifySettings(node_grace_s=cfg.node_grace_s)
         self.queue: queue.Queue[Trigger] = queue.Queue()
-        self.state = LoopState()
+        self.state = LoopState(fleet=workers)
+        if workers is not None and cfg.worker_template is None:
+            raise ValueError("a fleet needs the worker template")
 
     # -- inputs (any thread) ------------------------------------------------------------------
 
@@ -114,7 +159,7 @@ class Supervisor:
         next_progress = started_at
         self._sync_discovery(started_at, None)  # withdraw a file left by a previous run
         while True:
-            batch = self._drain(cfg.resync_s)
+            batch = self._drain(self._timeout())
             now = self.clock()
             earliest, exited = self._apply(batch, now)
             if batch:
@@ -127,11 +172,17 @@ class Supervisor:
             if self.state.fatal:
                 code = ExitCode.INTERNAL if self.state.crashed else ExitCode.KUBE_FATAL
                 return self._finish(code, self.state.fatal)
+            if self.state.view.synced:
+                self._manage(now)
             self._sync_discovery(now, earliest)
             st = self.state
             if exited is not None:
+                if st.failing is not None:
+                    return self._finish(*st.failing)
                 return self._finish(exited, f"horovodrun exited with {exited}")
             if st.child is None:
+                if st.failing is not None:
+                    return self._finish(*st.failing)
                 if st.stop_signal is not None:
                     return self._finish(128 + st.stop_signal,
                                         f"stopped by signal {st.stop_signal} before start")
@@ -156,6 +207,16 @@ class Supervisor:
                 if st.kill_at is not None and now >= st.kill_at:
                     self._kill_tree("shutdown grace expired")
 
+    def _timeout(self) -> float:
+        """How long the next pass may wait for triggers: the tick, or a backoff deadline."""
+        st = self.state
+        if st.fleet is None:
+            return self.cfg.resync_s
+        wall = self.wall()
+        due = fleet.next_due(st.fleet, wall)
+        return self.cfg.resync_s if due is None else max(0.005, min(self.cfg.resync_s,
+                                                                     due - wall))
+
     def _drain(self, timeout: float) -> list[Trigger]:
         try:
             items = [self.queue.get(timeout=timeout)]
@@ -172,10 +233,16 @@ class Supervisor:
         st, earliest, exited = self.state, None, None
         for item in batch:
             if isinstance(item, WatchEvent):
+                if item.kind is Kind.POD:
+                    self._observe_pod(item)
+                else:
+                    self._observe_node(item)
                 if st.view.apply(item.kind, item.type, item.obj):
                     earliest = item.at if earliest is None else min(earliest, item.at)
                 health = st.view.health[item.kind]
                 health.last_event_at = item.at
+            elif isinstance(item, ActionDone):
+                self._action_done(item, now)
             elif isinstance(item, SourceState):
                 self._source_state(item)
                 # Only news that can change what is published (synced, reconnected) starts a
@@ -187,6 +254,218 @@ class Supervisor:
             elif isinstance(item, SignalReceived):
                 self._on_signal(item.signum, now)
         return earliest, exited
+
+    # -- failures ------------------------------------------------------------------------------
+
+    def _node_state(self, pod: Obj, now: float) -> NodeState:
+        st = self.state
+        name = pod.get("spec", {}).get("nodeName") or ""
+        node = st.view.nodes.get(name)
+        down = st.node_down.get(name)
+        if node is None and name and down is None:
+            down = st.synced_at if st.synced_at is not None else now  # never seen since sync
+        return NodeState(node=node, down_since=down)
+
+    def _observe_pod(self, ev: WatchEvent) -> None:
+        """Classify a pod event (once synced), then remember what it showed."""
+        st, obj = self.state, ev.obj
+        meta = obj["metadata"]
+        name, uid = meta["name"], meta.get("uid", "")
+        st.expected.pop(name, None)
+        before = st.memory.get(name)
+        if st.view.synced and uid not in st.failed:
+            found = classify(obj, ev.type, before, self._node_state(obj, ev.at),
+                             settings=self.classify_settings, now=ev.at)
+            if found is not None:
+                st.failed.add(uid)
+                st.failures.append((found, obj, ev.at))
+        if ev.type is EventType.DELETED:
+            st.memory.pop(name, None)
+            st.failed.discard(uid)
+        else:
+            st.memory[name] = remember(before, obj)
+
+    def _observe_node(self, ev: WatchEvent) -> None:
+        st, name = self.state, ev.obj["metadata"]["name"]
+        node = None if ev.type is EventType.DELETED else ev.obj
+        down = node_down_since(st.node_down.get(name), node, ev.at)
+        if down is None:
+            st.node_down.pop(name, None)
+        else:
+            st.node_down[name] = down
+
+    def _manage(self, now: float) -> None:
+        """Once synced: classify what time revealed, decide on failures, create workers."""
+        st, cfg = self.state, self.cfg
+        if st.synced_at is None:
+            st.synced_at = now
+            if st.fleet is not None:
+                st.fleet = fleet.adopt(st.fleet, st.view.pods.values(), cfg.job_name)
+        if not st.scanned or st.node_down:
+            for name, pod in st.view.pods.items():
+                uid = pod["metadata"].get("uid", "")
+                node = pod.get("spec", {}).get("nodeName")
+                if uid in st.failed or (st.scanned and node not in st.node_down):
+                    continue
+                found = classify(pod, EventType.MODIFIED, st.memory.get(name),
+                                 self._node_state(pod, now), settings=self.classify_settings,
+                                 now=now)
+                if found is not None:
+                    st.failed.add(uid)
+                    st.failures.append((found, pod, now))
+            st.scanned = True
+        wall = self.wall()
+        failures, st.failures = st.failures, []
+        for failure, pod, seen_at in failures:
+            self._on_failure(failure, pod, seen_at, wall, now)
+        if st.fleet is None or st.failing is not None:
+            return
+        if st.fleet != st.saved:
+            self.act(SaveState(fleet.fleet_to_dict(st.fleet)))
+            st.saved = st.fleet
+            self.metrics.restart_budget_left.set(
+                max(0, cfg.policy.budgets.restart_limit - st.fleet.ledger.total))
+        for name, since in list(st.expected.items()):
+            if now - since > EXPECTATION_TIMEOUT_S:
+                self.log.warning("worker.create_unseen", pod=name,
+                                 waited_s=round(now - since, 1))
+                del st.expected[name]
+        existing = set(st.view.pods) | set(st.expected)
+        for c in fleet.wanted(st.fleet, cfg.job_name, existing, wall):
+            body = worker_pod(cfg.worker_template, job=cfg.job_name,  # type: ignore[arg-type]
+                              slot=c.slot, incarnation=c.incarnation, owner=self.owner,
+                              avoid_node=c.avoid_node)
+            st.expected[c.name] = now
+            self.act(CreatePod(body))
+        usable = len(st.fleet.active()) * cfg.slots_per_worker
+        if usable < cfg.min_np:
+            dropped = {i: s.dropped for i, s in sorted(st.fleet.slots.items()) if s.dropped}
+            self._fail(ExitCode.WORKERS_LOST,
+                       f"only {usable} of MIN_NP {cfg.min_np} slots can still run; dropped "
+                       f"slots: {dropped}", now)
+
+    def _on_failure(self, f: Failure, pod: Obj, seen_at: float, wall: float,
+                    now: float) -> None:
+        st, cfg = self.state, self.cfg
+        host = discovery.host_of(pod, cfg.host_mode)
+        killed = (self.kill_ssh_clients(st.child.pid, host)
+                  if st.child is not None and host else [])
+        found = fleet.slot_of(pod, cfg.job_name) if st.fleet is not None else None
+        if (found is not None and f.cause is Cause.NODE_NOT_READY
+                and pod["metadata"].get("deletionGracePeriodSeconds") != 0):
+            # On a lost node the pod would stay Terminating forever: force it out (also when
+            # an earlier supervisor decided already but did not get to delete it).
+            self.act(DeletePod(f.pod, f.uid, 0))
+        why = ("SUPERVISOR_WORKER_TEMPLATE is not set: the supervisor does not create workers"
+               if st.fleet is None else "not created by this supervisor (no slot label)")
+        new, d = fleet.on_failure(st.fleet or Fleet(), f, found, cfg.policy, wall,
+                                  unmanaged_reason=why)
+        if d is None:
+            self.log.info("worker.failure_handled_before", pod=f.pod, cause=f.cause.value,
+                          slot=found[0] if found else None)
+            return
+        if st.fleet is not None:
+            st.fleet = new
+        self.metrics.worker_failures.labels(f.cause.value, d.action.value).inc()
+        self._report_decision(f, d, found, killed)
+        if d.action is Action.RESTART and found is not None:
+            st.replace_from[pod_name(cfg.job_name, found[0], found[1] + 1)] = (
+                seen_at + d.delay_s)
+        if d.action is Action.FAIL_JOB:
+            self._fail(ExitCode.POLICY_FAILED, f"{f.pod}: {f.cause.value} "
+                       f"({f.detail}) matched {d.rule} -> FailJob", now, event=False)
+
+    def _report_decision(self, f: Failure, d: Decision, found: tuple[int, int] | None,
+                         killed: list[int]) -> None:
+        cfg = self.cfg
+        limit = cfg.policy.budgets.restart_limit
+        used = (self.state.fleet.ledger.total if self.state.fleet is not None else 0)
+        cause = f.cause.value if f.exit_code is None else f"{f.cause.value} {f.exit_code}"
+        if d.action is Action.RESTART:
+            assert found is not None
+            then = pod_name(cfg.job_name, found[0], found[1] + 1)
+            reason, kind = "WorkerRestarting", "Warning"
+            outcome = (f"replacing it with {then}"
+                       + (f" in {d.delay_s:.1f}s (backoff)" if d.delay_s else ""))
+        elif d.action is Action.FAIL_JOB:
+            reason, kind, outcome = "JobFailing", "Warning", "failing the job"
+        elif d.refused:
+            reason, kind, outcome = "RestartRefused", "Warning", f"dropping it: {d.refused}"
+        else:
+            reason, kind, outcome = "WorkerDropped", "Warning", "dropping it (Ignore)"
+        slot = f" (slot {found[0]})" if found else ""
+        note = (f"worker {f.pod}{slot} on node {f.node or '-'}: {cause}: {f.detail}; "
+                f"rule {d.rule!r}: {d.action.value}; {outcome}; restarts used {used}/{limit}")
+        self.log.warning("worker.failed", pod=f.pod, slot=found[0] if found else None,
+                         node=f.node, cause=f.cause.value, exit_code=f.exit_code,
+                         container=f.container, detail=f.detail, rule=d.rule,
+                         action=d.action.value, refused=d.refused, delay_s=d.delay_s,
+                         counted=d.counted, restarts_used=used, restart_limit=limit,
+                         ssh_clients_killed=killed)
+        self.events(EventSpec(kind, reason, d.action.value, note))
+
+    def _fail(self, code: int, reason: str, now: float, *, event: bool = True) -> None:
+        """End the run with `code`: stop horovodrun (SIGTERM, then the tree after the grace)."""
+        st = self.state
+        if st.failing is not None:
+            return
+        st.failing = (int(code), reason)
+        self.log.error("job.failing", code=int(code), reason=reason)
+        if event:
+            self.events(EventSpec("Warning", "JobFailing", "Fail", reason))
+        if st.child is not None and st.stop_signal is None:
+            st.stop_signal = signal.SIGTERM
+            st.kill_at = now + self.cfg.shutdown_grace_s
+            st.child.signal_group(signal.SIGTERM)
+
+    def _action_done(self, done: ActionDone, now: float) -> None:
+        st = self.state
+        if done.fatal:
+            st.fatal = f"{done.what} {done.name}: {done.error}"
+            st.crashed = done.note == "bug"
+            self.log.error("supervisor.crashed" if st.crashed else "kube.fatal",
+                           action=done.what, name=done.name, reason=done.error)
+            self.events(EventSpec("Warning", "SupervisorCrashed" if st.crashed
+                                  else "KubernetesAccessDenied", "Act", st.fatal))
+            return
+        if done.retrying:
+            self.log.warning("kube.retrying", action=done.what, name=done.name,
+                             reason=done.error)
+            return
+        if done.error is not None:
+            self.log.error("worker.create_failed" if done.what == "create" else "kube.failed",
+                           action=done.what, name=done.name, reason=done.error)
+            if done.what == "create":
+                st.expected.pop(done.name, None)
+                self._drop_slot_of(done.name, f"cannot create {done.name}: {done.error}")
+            return
+        if done.what == "create":
+            self.metrics.workers_created.inc()
+            started = st.replace_from.pop(done.name, None)
+            latency = None if started is None else max(0.0, done.at - started)
+            if latency is not None:
+                self.metrics.replacement_latency.observe(latency)
+            self.log.info("worker.created", pod=done.name, note=done.note or None,
+                          replacement_latency_ms=None if latency is None
+                          else round(latency * 1000, 2))
+            self.events(EventSpec("Normal", "WorkerCreated", "Create",
+                                  f"created worker pod {done.name}"
+                                  + (f" ({done.note})" if done.note else "")))
+        elif done.what == "delete":
+            self.log.info("worker.deleted", pod=done.name, note=done.note or None)
+        else:
+            self.log.debug("state.saved")
+
+    def _drop_slot_of(self, name: str, why: str) -> None:
+        st = self.state
+        if st.fleet is None:
+            return
+        for i, s in st.fleet.slots.items():
+            if s.dropped is None and name == pod_name(self.cfg.job_name, i, s.incarnation):
+                st.fleet = Fleet(slots={**st.fleet.slots, i: replace(s, dropped=why)},
+                                 ledger=st.fleet.ledger)
+                self.events(EventSpec("Warning", "WorkerCreateFailed", "Create", why))
+                return
 
     def _source_state(self, s: SourceState) -> None:
         health = self.state.view.health[s.kind]

@@ -8,19 +8,23 @@ the stand-in horovodrun, and reads back its JSON logs and what the stand-in reco
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from localcluster.controlplane import ControlPlane
 from localcluster.kubelet import Heartbeats, pod_status_running
@@ -50,7 +54,7 @@ class Job:
 
     def node(self, suffix: str) -> str:
         name = f"{self.namespace}-{suffix}"
-        self.heartbeats.register(name)
+        self.heartbeats.register(name, labels={NODE_LABEL: self.namespace})
         return name
 
     def labels(self) -> dict[str, str]:
@@ -76,8 +80,93 @@ class Job:
     def line(self, name: str, slots: int = 1) -> str:
         return f"{self.ips[name]}:{slots}"
 
+    def terminate(self, name: str, code: int) -> None:
+        """Write what a kubelet writes when the (only) container exits with `code`."""
+        self.core.patch_namespaced_pod_status(name, self.namespace, {
+            "status": pod_status_terminated(self.ips[name], code)})
+
+    def template(self, path: Path) -> Path:
+        """Write a worker pod template (pods land only on this job's nodes) to `path`."""
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"labels": self.labels()},
+            "spec": {"restartPolicy": "Never", "nodeSelector": {NODE_LABEL: self.namespace},
+                     "terminationGracePeriodSeconds": 5,
+                     "containers": [{"name": "worker", "image": "worker:local"}]}}))
+        return path
+
+    def pods(self) -> dict[str, Any]:
+        """The job's worker pods by name, as API dicts."""
+        resp = self.core.list_namespaced_pod(
+            self.namespace, label_selector=",".join(f"{k}={v}" for k, v in self.labels().items()),
+            _preload_content=False)
+        return {p["metadata"]["name"]: p for p in json.loads(resp.data)["items"]}
+
+    def live(self) -> list[str]:
+        """Names of worker pods not terminal and not being deleted, sorted."""
+        return sorted(n for n, p in self.pods().items()
+                      if p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+                      and not p["metadata"].get("deletionTimestamp"))
+
     def close(self) -> None:
         self.heartbeats.close()
+
+
+NODE_LABEL = "es-test/namespace"
+
+
+def pod_status_terminated(ip: str, code: int, container: str = "worker") -> dict[str, Any]:
+    """The status a kubelet writes when a restartPolicy=Never pod's container exited."""
+    t = dt.datetime.now(dt.UTC).isoformat()
+    return {
+        "phase": "Succeeded" if code == 0 else "Failed", "podIP": ip,
+        "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": t,
+                        "reason": "PodCompleted" if code == 0 else "PodFailed"},
+                       {"type": "ContainersReady", "status": "False",
+                        "lastTransitionTime": t}],
+        "containerStatuses": [{
+            "name": container, "image": "worker:local", "imageID": "", "ready": False,
+            "started": False, "restartCount": 0, "containerID": f"local://{ip}",
+            "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0
+                                     else "Error", "startedAt": t, "finishedAt": t,
+                                     "containerID": f"local://{ip}"}}}],
+    }
+
+
+class AutoKubelet:
+    """The part of a kubelet the replacement tests need, for the pods of one `Job`:
+    starts pods the scheduler bound to a live node of the job (Running, Ready, a fresh IP)
+    and completes graceful deletions on live nodes. A silenced node's pods are left alone,
+    as a dead kubelet would."""
+
+    def __init__(self, job: Job, period_s: float = 0.05) -> None:
+        self.job, self.period_s = job, period_s
+        self.started: dict[str, str] = {}  # pod -> node it was started on
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="auto-kubelet", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            with contextlib.suppress(ApiException, OSError, urllib3.exceptions.HTTPError):
+                self._sync()
+
+    def _sync(self) -> None:
+        live = self.job.heartbeats.renewing
+        for name, pod in self.job.pods().items():
+            node = pod["spec"].get("nodeName")
+            if node not in live:
+                continue
+            if pod["metadata"].get("deletionTimestamp"):
+                self.job.core.delete_namespaced_pod(name, self.job.namespace,
+                                                    grace_period_seconds=0)
+            elif pod.get("status", {}).get("phase") in (None, "Pending"):
+                self.job.start(name)
+                self.started[name] = node
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
 
 
 class SupervisorProcess:

@@ -3,6 +3,7 @@ given host inside the given process tree die; the worker then looks failed to it
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -31,8 +32,12 @@ def hosts(tmp_path: Path) -> Iterator[tuple[KeyPair, int, list[FakeHost]]]:
 
 def sessions(host: FakeHost) -> list[psutil.Process]:
     """The remote `sleep` commands running in sessions of this fake host."""
-    return [p for p in psutil.Process(host.proc.pid).children(recursive=True)
-            if p.name() == "sleep"]
+    found = []
+    for p in psutil.Process(host.proc.pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):  # a session process may just have ended
+            if p.name() == "sleep":
+                found.append(p)
+    return found
 
 
 LAUNCHER = """

@@ -252,4 +252,22 @@ def test_explain_validates_like_run_and_prints_the_argv(tmp_path: Path) -> None:
                           env={**base, "SUPERVISOR_NP": "2"}, check=False)
     assert good.returncode == 0, good.stderr
     assert "  SUPERVISOR_NP" in good.stdout and "[env]" in good.stdout
-    assert good.stdout.rstrip().endswith("python train.py 'a b'")
+    argv_line = good.stdout.split("never through a shell):\n")[1].splitlines()[0]
+    assert argv_line.endswith("python train.py 'a b'")
+    assert "  Restart  exit codes 128-255  [default: exit codes 128-255" in good.stdout
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("faultTolerantPolicy:\n- exitCodes: 3\n  action: FailJob\n"
+                      "- exceptionalEvent: nodeLost\n  action: Restart\n")
+    bad_policy = subprocess.run(
+        [sys.executable, "-m", "supervisor", "explain"], capture_output=True, text=True,
+        env={**base, "SUPERVISOR_NP": "2", "SUPERVISOR_POLICY_FILE": str(policy)}, check=False)
+    assert bad_policy.returncode == ExitCode.CONFIG
+    assert bad_policy.stderr.startswith(
+        f"elastic-supervisor: SUPERVISOR_POLICY_FILE={str(policy)!r}: "
+        "faultTolerantPolicy[1].exceptionalEvent: 'nodeLost' is not one of")
+    policy.write_text("faultTolerantPolicy:\n- exitCodes: 3\n  action: FailJob\n")
+    ok_policy = subprocess.run(
+        [sys.executable, "-m", "supervisor", "explain"], capture_output=True, text=True,
+        env={**base, "SUPERVISOR_NP": "2", "SUPERVISOR_POLICY_FILE": str(policy)}, check=False)
+    assert ok_policy.returncode == 0, ok_policy.stderr
+    assert "  FailJob  exit codes 3  [faultTolerantPolicy[0]]" in ok_policy.stdout

@@ -1,0 +1,210 @@
+"""Failure handling end to end on the real control plane, with a real supervisor process.
+
+The supervisor creates the workers from a template; the real scheduler binds them to this test's
+nodes; `AutoKubelet` writes their status like a kubelet would; faults are real API operations
+(status writes of a dead container, force deletes, a node whose Lease stops being renewed so that
+the real controller-manager marks it NotReady).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from localcluster.controlplane import ControlPlane
+from supervisor.cli import state_name
+from supervisor.model import ExitCode
+from tests.helpers import NODE_GRACE_S, wait_for
+from tests.integration.harness import AutoKubelet, Job, SupervisorProcess, event_reasons
+
+
+@pytest.fixture
+def job(api_client: client.ApiClient, namespace: str) -> Iterator[Job]:
+    j = Job(api_client, namespace)
+    kubelet = AutoKubelet(j)
+    yield j
+    kubelet.close()
+    j.close()
+
+
+@pytest.fixture
+def supervisor(control_plane: ControlPlane, namespace: str, tmp_path: Path, job: Job):
+    made: list[SupervisorProcess] = []
+    template = job.template(tmp_path / "worker.json")
+
+    def make(**env: str) -> SupervisorProcess:
+        env = {"SUPERVISOR_WORKER_TEMPLATE": str(template),
+               "SUPERVISOR_BACKOFF_INITIAL_SECONDS": "0.5", **env}
+        sup = SupervisorProcess(control_plane, namespace, tmp_path, **env)
+        made.append(sup)
+        return sup.start()
+
+    yield make
+    for sup in made:
+        sup.close()
+
+
+def running(job: Job, count: int, timeout: float = 30) -> list[str]:
+    """Wait until `count` live worker pods are Running; return their names."""
+    def check() -> list[str] | None:
+        pods = job.pods()
+        live = [n for n, p in sorted(pods.items()) if not p["metadata"].get("deletionTimestamp")
+                and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")]
+        names = [n for n in live if pods[n].get("status", {}).get("phase") == "Running"]
+        return names if len(names) == count == len(live) else None
+    return wait_for(check, timeout, what=f"{count} running workers")
+
+
+def note_of(api: client.ApiClient, namespace: str, reason: str) -> str:
+    from supervisor import kube
+    notes = [e.get("note", "") for e in kube.list_events(api, namespace)
+             if e.get("reason") == reason]
+    assert notes, f"no {reason} Event"
+    return notes[-1]
+
+
+def test_killed_worker_is_replaced_under_a_new_name_away_from_its_node(
+        job: Job, supervisor, api_client: client.ApiClient, namespace: str) -> None:
+    job.node("n1"), job.node("n2")
+    sup = supervisor()
+    first = running(job, 2)
+    assert first == ["job1-w0-1", "job1-w1-1"]
+    sup.wait_content([job.line(n) for n in first])
+    sup.wait_log("horovodrun.started")
+    victim = job.pods()["job1-w0-1"]
+    job.terminate("job1-w0-1", 137)
+    after = running(job, 2)
+    assert after == ["job1-w0-2", "job1-w1-1"]
+    new = job.pods()["job1-w0-2"]
+    assert new["metadata"]["labels"]["elastic-supervisor/incarnation"] == "2"
+    avoid = new["spec"]["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"][0]["preference"]["matchExpressions"]
+    assert avoid == [{"key": "kubernetes.io/hostname", "operator": "NotIn",
+                      "values": [victim["spec"]["nodeName"]]}]
+    sup.wait_content([job.line(n) for n in after])
+    decision = sup.wait_log("worker.failed", pod="job1-w0-1")
+    assert (decision["cause"], decision["exit_code"], decision["action"]) == (
+        "ExitCode", 137, "Restart")
+    assert decision["rule"].startswith("default: exit codes 128-255")
+    created = sup.wait_log("worker.created", pod="job1-w0-2")
+    assert created["replacement_latency_ms"] < 5000
+    reasons = event_reasons(api_client, namespace)
+    assert "WorkerRestarting" in reasons and reasons.count("WorkerCreated") == 3
+    note = note_of(api_client, namespace, "WorkerRestarting")
+    assert "job1-w0-1 (slot 0)" in note and "ExitCode 137" in note
+    assert "restarts used 1/100" in note
+    state = json.loads(job.core.read_namespaced_config_map(
+        state_name("job1"), namespace).data["state.json"])
+    assert state["slots"]["0"]["incarnation"] == 2 and state["ledger"]["total"] == 1
+
+
+def test_an_ignored_exit_code_drops_the_worker_and_the_job_goes_on_smaller(
+        job: Job, supervisor, api_client: client.ApiClient, namespace: str) -> None:
+    job.node("n1")
+    sup = supervisor(SUPERVISOR_MIN_NP="1")
+    names = running(job, 2)
+    sup.wait_content([job.line(n) for n in names])
+    job.terminate("job1-w1-1", 1)
+    sup.wait_content([job.line("job1-w0-1")])
+    decision = sup.wait_log("worker.failed", pod="job1-w1-1")
+    assert (decision["action"], decision["rule"]) == ("Ignore", "default: other exit codes")
+    assert job.live() == ["job1-w0-1"]
+    assert "WorkerDropped" in event_reasons(api_client, namespace)
+    assert sup.proc.poll() is None  # still training with one worker
+
+
+def test_force_deleted_worker_is_replaced(job: Job, supervisor) -> None:
+    job.node("n1")
+    sup = supervisor()
+    running(job, 2)
+    job.core.delete_namespaced_pod("job1-w1-1", job.namespace, grace_period_seconds=0)
+    assert running(job, 2) == ["job1-w0-1", "job1-w1-2"]
+    decision = sup.wait_log("worker.failed", pod="job1-w1-1")
+    assert (decision["cause"], decision["action"]) == ("PodForceDeleted", "Restart")
+
+
+def test_lost_node_pod_is_force_deleted_and_replaced_on_another_node(
+        job: Job, supervisor, api_client: client.ApiClient, namespace: str) -> None:
+    n1, n2, n3 = job.node("n1"), job.node("n2"), job.node("n3")
+    sup = supervisor(SUPERVISOR_NP="1")
+    [first] = running(job, 1)
+    lost = job.pods()[first]["spec"]["nodeName"]
+    sup.wait_log("horovodrun.started")
+    job.heartbeats.silence(lost)
+    decision = sup.wait_log("worker.failed", timeout=NODE_GRACE_S + 20, pod=first)
+    assert (decision["cause"], decision["action"]) == ("NodeNotReady", "Restart")
+    wait_for(lambda: first not in job.pods(), 10, what=f"{first} force-deleted")
+    [second] = running(job, 1)
+    assert second == "job1-w0-2"
+    assert job.pods()[second]["spec"]["nodeName"] in {n1, n2, n3} - {lost}
+    sup.wait_content([job.line(second)])
+    assert "WorkerRestarting" in event_reasons(api_client, namespace)
+
+
+def test_exhausted_restart_limit_fails_the_job_below_min_np(
+        job: Job, supervisor, api_client: client.ApiClient, namespace: str) -> None:
+    job.node("n1")
+    sup = supervisor(SUPERVISOR_RESTART_LIMIT="1", SUPERVISOR_SHUTDOWN_GRACE_SECONDS="5")
+    running(job, 2)
+    wait_for(lambda: sup.records("start"), 10, what="the stand-in horovodrun running")
+    job.terminate("job1-w0-1", 137)
+    running(job, 2)
+    job.terminate("job1-w0-2", 137)
+    assert sup.wait_exit(20) == ExitCode.WORKERS_LOST
+    refused = sup.wait_log("worker.failed", pod="job1-w0-2")
+    assert (refused["action"], refused["refused"]) == ("Ignore", "restart limit 1 reached")
+    failing = sup.wait_log("job.failing")
+    assert failing["code"] == ExitCode.WORKERS_LOST
+    assert "only 1 of MIN_NP 2 slots" in failing["reason"]
+    assert [r["signum"] for r in sup.records("signal")] == [signal.SIGTERM]
+    assert sorted(job.pods()) == ["job1-w0-1", "job1-w0-2", "job1-w1-1"]  # no third w0
+    reasons = event_reasons(api_client, namespace)
+    assert "RestartRefused" in reasons and "JobFailing" in reasons
+
+
+def test_fail_job_rule_stops_horovodrun_with_the_documented_code(
+        job: Job, supervisor, tmp_path: Path, api_client: client.ApiClient,
+        namespace: str) -> None:
+    job.node("n1")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("faultTolerantPolicy:\n- exitCodes: 3\n  action: FailJob\n")
+    sup = supervisor(SUPERVISOR_POLICY_FILE=str(policy))
+    running(job, 2)
+    wait_for(lambda: sup.records("start"), 10, what="the stand-in horovodrun running")
+    job.terminate("job1-w1-1", 3)
+    assert sup.wait_exit(20) == ExitCode.POLICY_FAILED
+    decision = sup.wait_log("worker.failed", pod="job1-w1-1")
+    assert (decision["action"], decision["rule"]) == ("FailJob", "faultTolerantPolicy[0]")
+    assert [r["signum"] for r in sup.records("signal")] == [signal.SIGTERM]
+    assert "JobFailing" in event_reasons(api_client, namespace)
+    assert sorted(job.pods()) == ["job1-w0-1", "job1-w1-1"]
+
+
+def test_a_restarted_supervisor_keeps_budgets_and_creates_no_duplicates(
+        job: Job, supervisor) -> None:
+    job.node("n1")
+    sup = supervisor(SUPERVISOR_RESTART_LIMIT="2")
+    running(job, 2)
+    job.terminate("job1-w0-1", 137)
+    assert running(job, 2) == ["job1-w0-2", "job1-w1-1"]
+    sup.wait_log("worker.created", pod="job1-w0-2")
+    sup.signal(signal.SIGKILL)
+    sup.wait_exit(10)
+    # While no supervisor runs, another worker dies.
+    job.terminate("job1-w1-1", 137)
+    again = supervisor(SUPERVISOR_RESTART_LIMIT="2")
+    assert running(job, 2) == ["job1-w0-2", "job1-w1-2"]
+    decision = again.wait_log("worker.failed", pod="job1-w1-1")
+    assert decision["restarts_used"] == 2  # the budget carried over: 1 before, 1 now
+    stale = again.wait_log("worker.failure_handled_before", pod="job1-w0-1")
+    assert stale["slot"] == 0
+    # The limit (2) is now used up: the next failure is refused, not replaced.
+    job.terminate("job1-w1-2", 137)
+    refused = again.wait_log("worker.failed", pod="job1-w1-2")
+    assert refused["refused"] == "restart limit 2 reached"
+    assert sorted(job.pods()) == ["job1-w0-1", "job1-w0-2", "job1-w1-1", "job1-w1-2"]
