@@ -1,7 +1,8 @@
 """`make bench`: run the benchmarks and write bench/results.json, then print a table.
 
-Keys not measured by this version stay null (never invented): the poller baseline, the
-replacement latency and the end-to-end Horovod numbers arrive with their issues.
+Keys not measured by this version stay null (never invented): the poller baseline and the
+end-to-end Horovod numbers arrive with their issues. `--only NAME` runs one benchmark and keeps
+the other's stored numbers.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import platform
 import sys
 from pathlib import Path
 
-from bench import discovery
+from bench import discovery, replacement
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
 
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--sizes", default="10,100,1000",
                         help="worker counts for the discovery benchmark (default 10,100,1000)")
+    parser.add_argument("--only", choices=("discovery", "replacement"),
+                        help="run one benchmark; keys of the other keep their stored values")
     args = parser.parse_args(argv)
     sizes = tuple(int(s) for s in args.sizes.split(","))
     results: dict[str, object] = {
@@ -52,12 +55,21 @@ def main(argv: list[str] | None = None) -> int:
         "e2e": {"resume_after_kill_s": None, "resume_after_freeze_s": None,
                 "full_size_after_replacement_s": None, "steps_rerun_max": None},
     }
-    results.update(discovery.main(sizes))
+    if RESULTS.exists() and args.only:
+        stored = json.loads(RESULTS.read_text())
+        results.update({k: v for k, v in stored.items() if k in results and k != "when"})
+    if args.only in (None, "discovery"):
+        results.update(discovery.main(sizes))
+    if args.only in (None, "replacement"):
+        results.update(replacement.main())
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {RESULTS}\n")
     print(f"{'workers':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'samples':>8}")
-    for n, r in results["discovery_latency_ms"].items():
+    for n, r in (results["discovery_latency_ms"] or {}).items():
         print(f"{n:>8} {r['p50']:>8} {r['p99']:>8} {r['max']:>8} {r['n']:>8}")
+    if rl := results["replacement_latency_ms"]:
+        print(f"replacement (failure -> new pod): p50 {rl['p50']} ms, p99 {rl['p99']} ms, "
+              f"max {rl['max']} ms over {rl['n']}")
     print(f"supervisor RSS at 1000 workers: {results['supervisor_rss_mb_1000']} MB; "
           f"idle CPU: {results['supervisor_cpu_percent_idle_1000']}%")
     return 0
