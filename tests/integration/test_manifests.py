@@ -31,7 +31,6 @@ from localcluster.controlplane import ControlPlane, Settings, read_versions
 from supervisor.config import DEFAULT_SELECTOR, KNOWN, PREFIX, ConfigError, parse_config
 from supervisor.policy import Action, PolicyError, policy_from_document
 from supervisor.workers import (
-    LABEL_INCARNATION,
     LABEL_SLOT,
     TemplateError,
     validate_template,
@@ -60,13 +59,15 @@ KUBE_CALLS: dict[str, list[Permission] | None] = {
     "read_namespaced_config_map": [("", "configmaps", "get", JOB)],
     "create_namespaced_config_map": [("", "configmaps", "create", JOB)],
     "replace_namespaced_config_map": [("", "configmaps", "update", JOB)],
+    "create_namespaced_pod": [("", "pods", "create", JOB)],
+    "delete_namespaced_pod": [("", "pods", "delete", JOB)],
     "list_namespaced_event": None,
 }
 KUBE_API_CLASSES = {"CoreV1Api", "EventsV1Api"}  # so create_namespaced_event is events.k8s.io
 # Granted ahead of the code that will use them.
 PLANNED: list[Permission] = [
-    # Replacement workers (being added): create the new pod, delete the failed one, patch labels.
-    ("", "pods", "create", JOB), ("", "pods", "delete", JOB), ("", "pods", "patch", JOB),
+    # Scale-in (the operate issue): label a worker before removing it.
+    ("", "pods", "patch", JOB),
     # One node by name (the node a failed worker was on).
     ("", "nodes", "get", CLUSTER),
     # Node heartbeats (optional): the Leases in kube-node-lease, read-only.
@@ -200,10 +201,20 @@ def test_the_launcher_sets_only_variables_the_supervisor_knows(
 def test_the_launcher_env_is_a_valid_supervisor_configuration(
         built: dict[str, list[dict[str, Any]]], target: str) -> None:
     env = resolved_env(launcher(built[target]))
+    files = {"worker-template.yaml": yaml.safe_dump(
+        config_file(built[target], "worker-template.yaml")),
+        "policy.yaml": yaml.safe_dump(config_file(built[target], "policy.yaml"))}
+
+    def read_text(path: Path) -> str:  # the launcher's mounted ConfigMap files
+        assert str(path.parent) == "/etc/edl/config", path
+        return files[path.name]
+
     try:
-        cfg = parse_config(env, pod_namespace=NAMESPACE)
+        cfg = parse_config(env, pod_namespace=NAMESPACE, read_text=read_text)
     except ConfigError as e:
         pytest.fail("\n".join(e.problems))
+    assert cfg.worker_template is not None and cfg.policy_file is not None
+    assert cfg.policy.budgets.restart_limit == 20  # from the file, not the env default
     assert (cfg.job_name, cfg.namespace) == ("elastic-train", NAMESPACE)
     assert cfg.ssh_identity_file is not None
     mounts = {m["mountPath"]: m for m in launcher(built[target])["volumeMounts"]}
@@ -240,24 +251,13 @@ def selector() -> dict[str, str]:
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_the_initial_workers_are_the_templates_pods(
+def test_no_worker_pods_are_shipped_the_supervisor_creates_them(
         built: dict[str, list[dict[str, Any]]], target: str) -> None:
     docs = built[target]
-    template = validate_template(config_file(docs, "worker-template.yaml"), selector())
-    workers = sorted(find(docs, "Pod"), key=lambda p: p["metadata"]["name"])
-    env = resolved_env(launcher(docs))
-    assert len(workers) == int(env["SUPERVISOR_WORKERS"])
-    for pod in workers:
-        labels = pod["metadata"]["labels"]
-        expected = worker_pod(template, job=env["SUPERVISOR_JOB_NAME"],
-                              slot=int(labels[LABEL_SLOT]),
-                              incarnation=int(labels[LABEL_INCARNATION]), owner=None)
-        actual = copy.deepcopy(pod)
-        assert actual["metadata"].pop("namespace") == NAMESPACE
-        assert actual == expected, "manifests/base/workers.yaml should hold:\n" + yaml.safe_dump(
-            expected, sort_keys=False)
-    assert sorted(int(p["metadata"]["labels"][LABEL_SLOT]) for p in workers) == list(
-        range(len(workers)))
+    validate_template(config_file(docs, "worker-template.yaml"), selector())
+    assert find(docs, "Pod") == []
+    assert resolved_env(launcher(docs))["SUPERVISOR_WORKER_TEMPLATE"] == (
+        "/etc/edl/config/worker-template.yaml")
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -324,6 +324,17 @@ def job_namespace(control_plane: ControlPlane,
     yield NAMESPACE
     kubectl("delete", "-f", "-", "--wait=false", kubeconfig=control_plane.kubeconfig,
             stdin=listing)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_api_server_accepts_the_pods_the_supervisor_builds(
+        core: client.CoreV1Api, built: dict[str, list[dict[str, Any]]], job_namespace: str,
+        target: str) -> None:
+    template = validate_template(config_file(built[target], "worker-template.yaml"), selector())
+    pod = worker_pod(template, job="elastic-train", slot=0, incarnation=2, owner=None,
+                     avoid_node="node-a")
+    created = core.create_namespaced_pod(job_namespace, pod, dry_run="All")
+    assert created.metadata.name == "elastic-train-w0-2"
 
 
 @pytest.mark.parametrize("target", TARGETS)
