@@ -29,6 +29,7 @@ from kubernetes import client, config
 
 from localcluster.controlplane import ControlPlane, Settings, read_versions
 from supervisor.config import DEFAULT_SELECTOR, KNOWN, PREFIX, ConfigError, parse_config
+from supervisor.model import ExitCode
 from supervisor.policy import Action, PolicyError, policy_from_document
 from supervisor.workers import (
     LABEL_SLOT,
@@ -37,6 +38,8 @@ from supervisor.workers import (
     worker_pod,
 )
 from tests.conftest import make_namespace
+from tests.helpers import wait_for
+from tests.integration.harness import AutoKubelet, Job, SupervisorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE_PY = ROOT / "supervisor" / "kube.py"
@@ -409,6 +412,21 @@ def test_one_verb_too_many_is_caught(built: dict[str, list[dict[str, Any]]]) -> 
     assert granted(docs) - needed() == {("", "configmaps", "delete", JOB)}
 
 
+def apply_rbac(cp: ControlPlane, core: client.CoreV1Api, docs: list[dict[str, Any]],
+               path: Path) -> tuple[Path, str, str]:
+    """Apply the RBAC objects of `docs` for real into a fresh namespace; return a kubeconfig
+    with a token of its ServiceAccount, that namespace, and the applied listing (to delete)."""
+    ns = make_namespace(core)
+    rbac = [retarget(d, ns) for d in docs
+            if d["kind"] in ("ServiceAccount", "Role", "RoleBinding", "ClusterRole",
+                             "ClusterRoleBinding")]
+    listing = json.dumps({"apiVersion": "v1", "kind": "List", "items": rbac})
+    kubectl("apply", "-f", "-", kubeconfig=cp.kubeconfig, stdin=listing)
+    token = core.create_namespaced_service_account_token(
+        "elastic-supervisor", ns, {"spec": {"audiences": [], "expirationSeconds": 600}})
+    return cp.write_token_kubeconfig(path, token.status.token, ns), ns, listing
+
+
 @pytest.fixture(scope="module")
 def supervisor_token(control_plane: ControlPlane, api_client: client.ApiClient,
                      built: dict[str, list[dict[str, Any]]],
@@ -416,16 +434,8 @@ def supervisor_token(control_plane: ControlPlane, api_client: client.ApiClient,
     """The manifests' RBAC applied for real into a fresh namespace; yields a kubeconfig with a
     token of its ServiceAccount, and that namespace."""
     core = client.CoreV1Api(api_client)
-    ns = make_namespace(core)
-    docs = [retarget(d, ns) for d in built["base"]
-            if d["kind"] in ("ServiceAccount", "Role", "RoleBinding", "ClusterRole",
-                             "ClusterRoleBinding")]
-    listing = json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
-    kubectl("apply", "-f", "-", kubeconfig=control_plane.kubeconfig, stdin=listing)
-    token = core.create_namespaced_service_account_token(
-        "elastic-supervisor", ns, {"spec": {"audiences": [], "expirationSeconds": 600}})
-    path = control_plane.write_token_kubeconfig(
-        tmp_path_factory.mktemp("rbac") / "supervisor.kubeconfig", token.status.token, ns)
+    path, ns, listing = apply_rbac(control_plane, core, built["base"],
+                                   tmp_path_factory.mktemp("rbac") / "supervisor.kubeconfig")
     yield path, ns
     kubectl("delete", "-f", "-", "--wait=false", kubeconfig=control_plane.kubeconfig,
             stdin=listing)
@@ -491,3 +501,50 @@ def test_the_kind_cluster_has_three_workers_on_the_tested_kubernetes_minor() -> 
     assert [n["role"] for n in cluster["nodes"]] == ["control-plane", "worker", "worker", "worker"]
     minor = ".".join(read_versions()["KUBE_VERSION"].split(".")[:2])  # e.g. v1.34
     assert {n["image"].split(":")[1].rsplit(".", 1)[0] for n in cluster["nodes"]} == {minor}
+
+
+def replacement_run(cp: ControlPlane, api: client.ApiClient, docs: list[dict[str, Any]],
+                    tmp: Path) -> tuple[SupervisorProcess, Job]:
+    """A supervisor with a token of `docs`' ServiceAccount owning 2 workers; one is killed."""
+    kubeconfig, ns, _ = apply_rbac(cp, client.CoreV1Api(api), docs, tmp / "sa.kubeconfig")
+    job = Job(api, ns)
+    job.node("n1")
+    sup = SupervisorProcess(cp, ns, tmp, KUBECONFIG=str(kubeconfig),
+                            SUPERVISOR_WORKER_TEMPLATE=str(job.template(tmp / "worker.json")))
+    return sup, job
+
+
+def test_the_manifests_rbac_is_enough_for_a_replacement(
+        control_plane: ControlPlane, api_client: client.ApiClient,
+        built: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    sup, job = replacement_run(control_plane, api_client, built["base"], tmp_path)
+    kubelet = AutoKubelet(job)
+    try:
+        sup.start()
+        wait_for(lambda: len(job.live()) == 2 and all(
+            job.pods()[n].get("status", {}).get("phase") == "Running" for n in job.live()),
+            30, what="2 running workers")
+        job.terminate("job1-w0-1", 137)
+        sup.wait_log("worker.created", timeout=20, pod="job1-w0-2")
+        assert "forbidden" not in sup.output().lower()
+    finally:
+        sup.close()
+        kubelet.close()
+        job.close()
+
+
+def test_one_verb_less_fails_the_run_naming_the_permission(
+        control_plane: ControlPlane, api_client: client.ApiClient,
+        built: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    docs = copy.deepcopy(built["base"])
+    for rule in one(docs, "Role", "elastic-supervisor")["rules"]:
+        if "pods" in rule["resources"]:
+            rule["verbs"].remove("create")
+    sup, job = replacement_run(control_plane, api_client, docs, tmp_path)
+    try:
+        assert sup.start().wait_exit(30) == ExitCode.KUBE_FATAL
+        fatal = sup.wait_log("kube.fatal", action="create")
+        assert 'cannot create resource "pods"' in fatal["reason"]
+    finally:
+        sup.close()
+        job.close()
