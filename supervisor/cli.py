@@ -22,8 +22,8 @@ from supervisor.config import Config, ConfigError, effective_values, parse_confi
 from supervisor.launch import horovodrun_argv
 from supervisor.logs import make_logger
 from supervisor.metrics import make_metrics, serve
-from supervisor.model import EventSpec, ExitCode
-from supervisor.observe import Kind, slim
+from supervisor.model import EventSpec, ExitCode, SourceState
+from supervisor.observe import Kind, NodeLeases, slim
 from supervisor.policy import DEFAULT_RULES
 from supervisor.reconcile import Supervisor
 
@@ -176,9 +176,11 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
     actuator = Actuator(kube.Pods(api, cfg.namespace), store, resource_version=rv,
                         writer=f"{instance}/{os.getpid()}", sink=lambda _: None)
     proc.become_subreaper()
+    leases = NodeLeases() if cfg.node_lease_s is not None else None
     sup = Supervisor(cfg, log=log, metrics=metrics, events=recorder.record,
                      start_child=proc.Child.start, base_env=env, act=actuator.submit,
-                     kill_ssh_clients=proc.kill_ssh_clients, workers=workers, owner=owner)
+                     kill_ssh_clients=proc.kill_ssh_clients, workers=workers, owner=owner,
+                     leases=leases)
     actuator.sink = sup.submit
     actuator.start()
     settings = kube.WatchSettings(read_timeout_s=cfg.watch_read_timeout_s)
@@ -187,6 +189,17 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
                        sup.submit, settings, transform=slim)
         for kind in (Kind.POD, Kind.NODE)
     ]
+    if leases is not None:
+        # Not part of the view: renewals (every 10 s per node) must not wake the loop; it
+        # reads the ages on its tick. A broken lease watch only switches this signal off.
+        def lease_news(item: object) -> None:
+            leases.submit(item)
+            if isinstance(item, SourceState) and item.fatal:  # e.g. 403: the option cannot work
+                sup.submit(item)
+
+        reflectors.append(kube.Reflector(
+            Kind.LEASE, kube.lister(api, Kind.LEASE, cfg.namespace, ""), lease_news,
+            settings, transform=slim))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, sup.handle_signal)
     log.info("supervisor.started", version=__version__, namespace=cfg.namespace,

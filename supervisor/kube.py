@@ -33,9 +33,10 @@ from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from supervisor.model import EventSpec, SourceState, WatchEvent
-from supervisor.observe import EventType, Kind
+from supervisor.observe import KIND_NAMES, EventType, Kind
 
 REPORTING_CONTROLLER = "elastic-supervisor.io/supervisor"
+NODE_LEASE_NAMESPACE = "kube-node-lease"
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -132,12 +133,19 @@ def make_api_client(config_file: str | None = None) -> client.ApiClient:
 
 
 def lister(api: client.ApiClient, kind: Kind, namespace: str, selector: str) -> Callable[..., Any]:
-    """Return the list function for `kind` (pods: namespaced + selector; nodes: all)."""
+    """Return the list function for `kind` (pods: namespaced + selector; nodes: all; leases:
+    the node heartbeats in kube-node-lease)."""
     core = client.CoreV1Api(api)
     if kind is Kind.POD:
         def list_pods(**kw: Any) -> Any:
             return core.list_namespaced_pod(namespace, label_selector=selector, **kw)
         return list_pods
+    if kind is Kind.LEASE:
+        coordination = client.CoordinationV1Api(api)
+
+        def list_leases(**kw: Any) -> Any:
+            return coordination.list_namespaced_lease(NODE_LEASE_NAMESPACE, **kw)
+        return list_leases
     return core.list_node
 
 
@@ -276,7 +284,7 @@ class Reflector:
         now = self.clock()
         fresh = {it["metadata"]["name"]: it for it in items}
         del items
-        kind_name = "Pod" if self.kind is Kind.POD else "Node"
+        kind_name = KIND_NAMES[self.kind]
         for name in [n for n in self.known if n not in fresh]:
             self.known.pop(name)
             self.sink(WatchEvent(self.kind, EventType.DELETED, {

@@ -27,6 +27,7 @@ class EventType(StrEnum):
 class Kind(StrEnum):
     POD = "pod"
     NODE = "node"
+    LEASE = "lease"  # node heartbeats in kube-node-lease (optional, see NodeLeases)
 
 
 class Unusable(StrEnum):
@@ -102,13 +103,17 @@ _NODE_KEEP = {
     "spec": ("taints", "unschedulable"),
     "status": ("conditions",),
 }
+_LEASE_KEEP = {
+    "metadata": ("name", "resourceVersion"),
+    "spec": ("holderIdentity", "renewTime", "leaseDurationSeconds"),
+}
 _DROP_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
 
 
 def slim(kind: Kind, obj: Obj) -> dict[str, Any]:
     """Return `obj` reduced to the fields the supervisor reads (a new dict)."""
-    keep = _POD_KEEP if kind is Kind.POD else _NODE_KEEP
-    out: dict[str, Any] = {"kind": obj.get("kind") or ("Pod" if kind is Kind.POD else "Node")}
+    keep = {Kind.POD: _POD_KEEP, Kind.NODE: _NODE_KEEP, Kind.LEASE: _LEASE_KEEP}[kind]
+    out: dict[str, Any] = {"kind": obj.get("kind") or KIND_NAMES[kind]}
     for section, fields in keep.items():
         src = obj.get(section) or {}
         out[section] = {f: src[f] for f in fields if f in src}
@@ -120,6 +125,50 @@ def slim(kind: Kind, obj: Obj) -> dict[str, Any]:
         out["spec"]["containers"] = [{"name": c.get("name")}
                                      for c in obj["spec"].get("containers") or ()]
     return out
+
+
+KIND_NAMES = {Kind.POD: "Pod", Kind.NODE: "Node", Kind.LEASE: "Lease"}
+
+
+class NodeLeases:
+    """When each node's Lease was last seen renewed (monotonic receipt time, so the kubelets'
+    clocks do not matter). Fed from the lease reflector's thread, read by the loop; ages are
+    None while the lease watch is not synced or is broken (no evidence is not a dead node)."""
+
+    def __init__(self) -> None:
+        self._renew: dict[str, str] = {}
+        self._seen: dict[str, float] = {}
+        self.usable = False
+
+    def submit(self, item: Any) -> None:
+        """The lease reflector's sink (WatchEvent / SourceState of Kind.LEASE)."""
+        obj = getattr(item, "obj", None)
+        if obj is None:
+            if getattr(item, "broken", None) is True:
+                self.usable = False
+            elif getattr(item, "synced", None):
+                self.usable = True
+            return
+        name = obj["metadata"]["name"]
+        if item.type is EventType.DELETED:
+            self._renew.pop(name, None)
+            self._seen.pop(name, None)
+            return
+        renew = (obj.get("spec") or {}).get("renewTime") or ""
+        if self._renew.get(name) != renew:
+            self._renew[name] = renew
+            self._seen[name] = item.at
+
+    def age(self, node: str, now: float) -> float | None:
+        if not self.usable:
+            return None
+        seen = self._seen.get(node)
+        return None if seen is None else max(0.0, now - seen)
+
+    def older_than(self, grace_s: float, now: float) -> set[str]:
+        if not self.usable:
+            return set()
+        return {n for n, t in list(self._seen.items()) if now - t >= grace_s}
 
 
 def _rv(obj: Obj) -> str | None:

@@ -56,7 +56,15 @@ from supervisor.model import (
     Trigger,
     WatchEvent,
 )
-from supervisor.observe import ClusterView, EventType, Kind, Obj, Unusable
+from supervisor.observe import (
+    ClusterView,
+    EventType,
+    Kind,
+    NodeLeases,
+    Obj,
+    SourceHealth,
+    Unusable,
+)
 from supervisor.policy import Action, Decision
 from supervisor.workers import pod_name, worker_pod
 
@@ -127,13 +135,16 @@ class Supervisor:
         kill_ssh_clients: Callable[[int, str], list[int]],
         workers: Fleet | None = None,
         owner: Mapping[str, str] | None = None,
+        leases: NodeLeases | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.cfg, self.log, self.metrics, self.events = cfg, log, metrics, events
         self.start_child, self.base_env, self.clock = start_child, base_env, clock
         self.act, self.kill_ssh_clients, self.owner, self.wall = act, kill_ssh_clients, owner, wall
-        self.classify_settings = ClassifySettings(node_grace_s=cfg.node_grace_s)
+        self.classify_settings = ClassifySettings(node_grace_s=cfg.node_grace_s,
+                                                  lease_grace_s=cfg.node_lease_s)
+        self.leases = leases if cfg.node_lease_s is not None else None
         self.queue: queue.Queue[Trigger] = queue.Queue()
         self.state = LoopState(fleet=workers)
         if workers is not None and cfg.worker_template is None:
@@ -264,7 +275,8 @@ class Supervisor:
         down = st.node_down.get(name)
         if node is None and name and down is None:
             down = st.synced_at if st.synced_at is not None else now  # never seen since sync
-        return NodeState(node=node, down_since=down)
+        lease_age = self.leases.age(name, now) if self.leases is not None else None
+        return NodeState(node=node, down_since=down, lease_age_s=lease_age)
 
     def _observe_pod(self, ev: WatchEvent) -> None:
         """Classify a pod event (once synced), then remember what it showed."""
@@ -301,11 +313,14 @@ class Supervisor:
             st.synced_at = now
             if st.fleet is not None:
                 st.fleet = fleet.adopt(st.fleet, st.view.pods.values(), cfg.job_name)
-        if not st.scanned or st.node_down:
+        suspects = set(st.node_down)
+        if self.leases is not None and cfg.node_lease_s is not None:
+            suspects |= self.leases.older_than(cfg.node_lease_s, now)
+        if not st.scanned or suspects:
             for name, pod in st.view.pods.items():
                 uid = pod["metadata"].get("uid", "")
                 node = pod.get("spec", {}).get("nodeName")
-                if uid in st.failed or (st.scanned and node not in st.node_down):
+                if uid in st.failed or (st.scanned and node not in suspects):
                     continue
                 found = classify(pod, EventType.MODIFIED, st.memory.get(name),
                                  self._node_state(pod, now), settings=self.classify_settings,
@@ -468,7 +483,8 @@ class Supervisor:
                 return
 
     def _source_state(self, s: SourceState) -> None:
-        health = self.state.view.health[s.kind]
+        # The lease watch is not part of the view; only its fatal news come here.
+        health = self.state.view.health.get(s.kind) or SourceHealth()
         health.last_event_at = s.at
         if s.synced:
             if not health.synced:

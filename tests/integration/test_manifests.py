@@ -64,19 +64,20 @@ KUBE_CALLS: dict[str, list[Permission] | None] = {
     "replace_namespaced_config_map": [("", "configmaps", "update", JOB)],
     "create_namespaced_pod": [("", "pods", "create", JOB)],
     "delete_namespaced_pod": [("", "pods", "delete", JOB)],
+    "list_namespaced_lease": [("coordination.k8s.io", "leases", "list", "kube-node-lease"),
+                              ("coordination.k8s.io", "leases", "watch", "kube-node-lease")],
     "list_namespaced_event": None,
 }
-KUBE_API_CLASSES = {"CoreV1Api", "EventsV1Api"}  # so create_namespaced_event is events.k8s.io
+# The API classes kube.py uses (so create_namespaced_event is known to be events.k8s.io).
+KUBE_API_CLASSES = {"CoreV1Api", "EventsV1Api", "CoordinationV1Api"}
 # Granted ahead of the code that will use them.
 PLANNED: list[Permission] = [
     # Scale-in (the operate issue): label a worker before removing it.
     ("", "pods", "patch", JOB),
     # One node by name (the node a failed worker was on).
     ("", "nodes", "get", CLUSTER),
-    # Node heartbeats (optional): the Leases in kube-node-lease, read-only.
+    # One node Lease by name (status of a worker's node).
     ("coordination.k8s.io", "leases", "get", "kube-node-lease"),
-    ("coordination.k8s.io", "leases", "list", "kube-node-lease"),
-    ("coordination.k8s.io", "leases", "watch", "kube-node-lease"),
 ]
 DENIED: list[Permission] = [
     ("", "pods", "update", JOB), ("", "pods", "deletecollection", JOB),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -208,3 +209,21 @@ def test_a_restarted_supervisor_keeps_budgets_and_creates_no_duplicates(
     refused = again.wait_log("worker.failed", pod="job1-w1-2")
     assert refused["refused"] == "restart limit 2 reached"
     assert sorted(job.pods()) == ["job1-w0-1", "job1-w0-2", "job1-w1-1", "job1-w1-2"]
+
+
+def test_a_node_lease_not_renewed_is_noticed_before_the_node_controller(
+        job: Job, supervisor) -> None:
+    job.node("n1"), job.node("n2"), job.node("n3")
+    sup = supervisor(SUPERVISOR_NP="1", SUPERVISOR_NODE_LEASE_SECONDS="2")
+    [first] = running(job, 1)
+    lost = job.pods()[first]["spec"]["nodeName"]
+    silenced_at = time.monotonic()
+    job.heartbeats.silence(lost)
+    decision = sup.wait_log("worker.failed", timeout=NODE_GRACE_S + 20, pod=first)
+    noticed_s = time.monotonic() - silenced_at
+    assert (decision["cause"], decision["action"]) == ("NodeNotReady", "Restart")
+    assert "Lease not renewed" in decision["detail"]
+    # Before the controller-manager's grace (8 s here, 40 s by default) marks it NotReady.
+    assert noticed_s < NODE_GRACE_S, noticed_s
+    [second] = running(job, 1)
+    assert job.pods()[second]["spec"]["nodeName"] != lost

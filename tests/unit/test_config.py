@@ -191,6 +191,8 @@ BAD = [
      "SUPERVISOR_BACKOFF_MAX_SECONDS=0.5: expected initial <= max"),
     ("SUPERVISOR_DISRUPTIONS_FREE", "maybe", "SUPERVISOR_DISRUPTIONS_FREE='maybe': expected "
      "true|false"),
+    ("SUPERVISOR_NODE_LEASE_SECONDS", "0", "SUPERVISOR_NODE_LEASE_SECONDS='0': expected a "
+     "number of seconds > 0"),
     ("SUPERVISOR_NODE_GRACE_SECONDS", "-5", "SUPERVISOR_NODE_GRACE_SECONDS='-5': expected a "
      "number of seconds >= 0"),
 ]
