@@ -14,6 +14,7 @@ import shlex
 import signal
 import socket
 import sys
+import time
 from collections.abc import Mapping, Sequence
 
 from supervisor import __version__, fleet, kube, proc
@@ -26,6 +27,7 @@ from supervisor.model import EventSpec, ExitCode, SourceState
 from supervisor.observe import Kind, NodeLeases, slim
 from supervisor.policy import DEFAULT_RULES
 from supervisor.reconcile import Supervisor
+from supervisor.reload import PolicyWatcher
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -206,6 +208,13 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
              selector=cfg.worker_selector, np=cfg.np, min_np=cfg.min_np, max_np=cfg.max_np)
     for r in reflectors:
         r.start()
+    watcher = None
+    if cfg.policy_file is not None:
+        watcher = PolicyWatcher(
+            cfg.policy_file, parse=lambda: load_config(env).policy, sink=sup.submit,
+            clock=time.monotonic,
+            problems_of=lambda e: tuple(e.problems) if isinstance(e, ConfigError) else (
+                f"{type(e).__name__}: {e}",)).start()
     try:
         outcome = sup.run(command)
     except Exception as e:  # a bug: report it once, clean up, exit distinctly
@@ -217,6 +226,8 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
         log.info("supervisor.exited", code=outcome.code, reason=outcome.reason)
         outcome_code = outcome.code
     finally:
+        if watcher is not None:
+            watcher.stop()
         for r in reflectors:
             r.stop()
         if abandoned := actuator.close():

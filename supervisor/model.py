@@ -75,7 +75,17 @@ class ActionDone:
     note: str = ""  # e.g. "already exists"
 
 
-Trigger = WatchEvent | SourceState | ChildExited | SignalReceived | ActionDone
+@dataclass(frozen=True)
+class PolicyChanged:
+    """The policy file changed: the new policy (a supervisor.policy.Policy), or why not."""
+
+    at: float
+    policy: Any | None  # None: rejected, `problems` say why
+    problems: tuple[str, ...] = ()
+
+
+Trigger = (WatchEvent | SourceState | ChildExited | SignalReceived | ActionDone
+           | PolicyChanged)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from supervisor import discovery, fleet
+from supervisor import discovery, fleet, reload
 from supervisor.actuator import CreatePod, DeletePod, Op, SaveState
 from supervisor.classify import (
     Cause,
@@ -51,6 +51,7 @@ from supervisor.model import (
     ChildExited,
     EventSpec,
     ExitCode,
+    PolicyChanged,
     SignalReceived,
     SourceState,
     Trigger,
@@ -254,6 +255,8 @@ class Supervisor:
                 health.last_event_at = item.at
             elif isinstance(item, ActionDone):
                 self._action_done(item, now)
+            elif isinstance(item, PolicyChanged):
+                self._policy_changed(item)
             elif isinstance(item, SourceState):
                 self._source_state(item)
                 # Only news that can change what is published (synced, reconnected) starts a
@@ -481,6 +484,21 @@ class Supervisor:
                                  ledger=st.fleet.ledger)
                 self.events(EventSpec("Warning", "WorkerCreateFailed", "Create", why))
                 return
+
+    def _policy_changed(self, change: PolicyChanged) -> None:
+        file = str(self.cfg.policy_file)
+        if change.policy is None:
+            self.log.error("policy.rejected", file=file, problems=list(change.problems))
+            self.events(EventSpec("Warning", "PolicyRejected", "Reload",
+                                  f"{file}: kept the current policy; "
+                                  + "; ".join(change.problems)))
+            return
+        diff = reload.summary(self.cfg.policy, change.policy)
+        self.cfg = replace(self.cfg, policy=change.policy)
+        self.metrics.restart_budget_left.set(max(0, change.policy.budgets.restart_limit - (
+            self.state.fleet.ledger.total if self.state.fleet is not None else 0)))
+        self.log.info("policy.reloaded", file=file, **diff)
+        self.events(EventSpec("Normal", "PolicyReloaded", "Reload", f"{file}: {diff}"))
 
     def _source_state(self, s: SourceState) -> None:
         # The lease watch is not part of the view; only its fatal news come here.

@@ -227,3 +227,54 @@ def test_a_node_lease_not_renewed_is_noticed_before_the_node_controller(
     assert noticed_s < NODE_GRACE_S, noticed_s
     [second] = running(job, 1)
     assert job.pods()[second]["spec"]["nodeName"] != lost
+
+
+def configmap_volume(directory: Path, files: dict[str, str], generation: int) -> None:
+    """Write `files` the way the kubelet updates a ConfigMap volume: a new timestamped
+    directory, then an atomic rename of the `..data` symlink onto it; the visible names are
+    symlinks through `..data` and never change themselves."""
+    directory.mkdir(exist_ok=True)
+    new = directory / f"..2026_11_21_00_00_{generation:02d}.000000001"
+    new.mkdir()
+    for name, text in files.items():
+        (new / name).write_text(text)
+    old = (directory / "..data").resolve() if (directory / "..data").exists() else None
+    tmp = directory / "..data_tmp"
+    tmp.symlink_to(new.name)
+    tmp.rename(directory / "..data")
+    for name in files:
+        if not (directory / name).is_symlink():
+            (directory / name).symlink_to(f"..data/{name}")
+    if old is not None:
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+
+
+def test_policy_hot_reload_takes_effect_and_a_bad_version_is_refused(
+        job: Job, supervisor, tmp_path: Path, api_client: client.ApiClient,
+        namespace: str) -> None:
+    job.node("n1")
+    volume = tmp_path / "policy"
+    configmap_volume(volume, {"policy.yaml": "restartLimit: 5\n"}, 1)
+    sup = supervisor(SUPERVISOR_POLICY_FILE=str(volume / "policy.yaml"), SUPERVISOR_NP="3",
+                     SUPERVISOR_MIN_NP="1")
+    running(job, 3)
+    wait_for(lambda: sup.records("start"), 10, what="the stand-in horovodrun running")
+    # A broken version is refused, the old policy stays.
+    configmap_volume(volume, {"policy.yaml": "faultTolerantPolicy: [\n"}, 2)
+    rejected = sup.wait_log("policy.rejected", timeout=5)
+    assert "not valid YAML at line 2" in rejected["problems"][0]
+    job.terminate("job1-w0-1", 3)
+    dropped = sup.wait_log("worker.failed", pod="job1-w0-1")
+    assert (dropped["action"], dropped["restart_limit"]) == ("Ignore", 5)
+    # A valid version takes effect (the next failure is judged by it).
+    configmap_volume(volume, {"policy.yaml": "faultTolerantPolicy:\n- exitCodes: 3\n"
+                              "  action: FailJob\nrestartLimit: 7\n"}, 3)
+    reloaded = sup.wait_log("policy.reloaded", timeout=5)
+    assert reloaded["rules_added"] == ["FailJob 3"]
+    assert reloaded["budgets_changed"] == {"restart_limit": [5, 7]}
+    job.terminate("job1-w1-1", 3)
+    assert sup.wait_exit(20) == ExitCode.POLICY_FAILED
+    reasons = event_reasons(api_client, namespace)
+    assert "PolicyRejected" in reasons and "PolicyReloaded" in reasons
