@@ -1,7 +1,8 @@
 """Command line: parses arguments, builds the pieces, maps outcomes to exit codes.
 
 `run -- CMD...`  supervise horovodrun running CMD (the launcher container's entrypoint);
-`explain [-- CMD...]`  print the effective configuration and the exact horovodrun argv.
+`explain [-- CMD...]`  print the effective configuration and the exact horovodrun argv;
+`status` / `scale`  read a job's state / record its desired size, with the user's kubeconfig.
 Both exit 2 with one line per problem when the configuration is bad. Exit codes: see
 supervisor.model.ExitCode and the README.
 """
@@ -9,6 +10,7 @@ supervisor.model.ExitCode and the README.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import signal
@@ -16,10 +18,17 @@ import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-from supervisor import __version__, fleet, kube, proc
+from supervisor import __version__, fleet, kube, operate, proc
 from supervisor.actuator import Actuator
-from supervisor.config import Config, ConfigError, effective_values, parse_config
+from supervisor.config import (
+    DEFAULT_SELECTOR,
+    Config,
+    ConfigError,
+    effective_values,
+    parse_config,
+)
 from supervisor.launch import horovodrun_argv
 from supervisor.logs import make_logger
 from supervisor.metrics import make_metrics, serve
@@ -42,6 +51,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the training command")
     explain = sub.add_parser("explain", help="print the effective configuration and argv")
     explain.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the training command")
+    status = sub.add_parser("status", help="show a job's workers, budgets and last decisions "
+                            "(reads the cluster with your kubeconfig)")
+    scale = sub.add_parser("scale", help="record the desired worker count; the running "
+                           "supervisor applies it within a second")
+    for p in (status, scale):
+        p.add_argument("--job", default=os.environ.get("SUPERVISOR_JOB_NAME"),
+                       help="job name (default: $SUPERVISOR_JOB_NAME)")
+        p.add_argument("--namespace", help="default: the kubeconfig context's namespace")
+    status.add_argument("--watch", action="store_true", help="refresh every 2 s until Ctrl-C")
+    status.add_argument("--output", choices=("table", "json"), default="table")
+    how = scale.add_mutually_exclusive_group(required=True)
+    how.add_argument("--workers", type=int, metavar="N", help="scale to N workers")
+    how.add_argument("--add", type=int, metavar="K", help="add K workers (scale out)")
+    how.add_argument("--remove", type=int, metavar="K", help="remove K workers (scale in)")
     return parser
 
 
@@ -91,6 +114,8 @@ def explain(cfg: Config, command: Sequence[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     env = dict(os.environ)
+    if args.command in ("status", "scale"):
+        return operate_command(args)
     try:
         cfg = load_config(env)
     except ConfigError as e:
@@ -106,6 +131,75 @@ def main(argv: list[str] | None = None) -> int:
               "elastic-supervisor run -- python train.py ...", file=sys.stderr)
         return ExitCode.CONFIG
     return run(cfg, command, env)
+
+
+def operate_command(args: argparse.Namespace) -> int:
+    """`status` / `scale`: read or record, with the user's kubeconfig; never the launcher."""
+    if not args.job:
+        print("elastic-supervisor: --job is required (or set SUPERVISOR_JOB_NAME)",
+              file=sys.stderr)
+        return ExitCode.CONFIG
+    namespace = args.namespace or kube.kubeconfig_namespace() or "default"
+    try:
+        api = kube.make_api_client()
+    except kube.KubeError as e:
+        print(f"elastic-supervisor: {e}", file=sys.stderr)
+        return ExitCode.KUBE_FATAL
+    try:
+        if args.command == "scale":
+            return scale_command(api, args.job, namespace, args)
+        while True:
+            s = job_status(api, args.job, namespace)
+            text = (json.dumps(s, indent=2) if args.output == "json" else operate.render(s))
+            if not args.watch:
+                print(text)
+                return ExitCode.OK
+            print("\033[H\033[J" + text, flush=True)
+            time.sleep(2)
+    except kube.KubeError as e:
+        print(f"elastic-supervisor: {e}", file=sys.stderr)
+        return ExitCode.KUBE_FATAL
+    except KeyboardInterrupt:
+        return ExitCode.OK
+    finally:
+        api.close()
+
+
+def job_status(api: Any, job: str, namespace: str) -> dict[str, Any]:
+    pods = kube.list_pods(api, namespace, DEFAULT_SELECTOR.format(job=job))
+    state, _ = kube.StateStore(api, namespace, fleet.state_name(job), None).load()
+    scale, _ = kube.StateStore(api, namespace, fleet.scale_name(job), None,
+                               key=fleet.SCALE_KEY).load()
+    return operate.status(job, namespace, pods=pods, state=state, scale=scale,
+                          events=kube.list_events(api, namespace))
+
+
+def scale_command(api: Any, job: str, namespace: str, args: argparse.Namespace) -> int:
+    state, _ = kube.StateStore(api, namespace, fleet.state_name(job), None).load()
+    if state is None or "limits" not in state:
+        print(f"elastic-supervisor: no supervisor state for job {job} in {namespace} "
+              f"(configmap {fleet.state_name(job)}): scaling needs a running supervisor that "
+              "owns its workers (SUPERVISOR_WORKER_TEMPLATE)", file=sys.stderr)
+        return ExitCode.CONFIG
+    store = kube.StateStore(api, namespace, fleet.scale_name(job), None, key=fleet.SCALE_KEY)
+    current, rv = store.load()
+    have = int((current or {}).get("workers", state.get("desiredWorkers", 0)))
+    try:
+        want = operate.target_workers(have, workers=args.workers, add=args.add,
+                                      remove=args.remove)
+        operate.check_range(want, state["limits"])
+    except operate.ScaleError as e:
+        print(f"elastic-supervisor: scale {job}: {e}", file=sys.stderr)
+        return ExitCode.CONFIG
+    try:
+        store.save({"workers": want, "requestedAt": time.time()}, rv)
+    except kube.Conflict:
+        print(f"elastic-supervisor: scale {job}: another scale request was recorded meanwhile; "
+              "run `status` and try again", file=sys.stderr)
+        return ExitCode.CONFIG
+    print(f"{job}: desired workers {have} -> {want} (configmap {namespace}/"
+          f"{fleet.scale_name(job)}); the running supervisor applies it within a second")
+    return ExitCode.OK
 
 
 def _preflight(cfg: Config) -> list[str]:
@@ -162,7 +256,7 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
                                   on_error=event_failed)
 
     owner = regarding if regarding.get("kind") == "Pod" else None
-    store = kube.StateStore(api, cfg.namespace, state_name(cfg.job_name), owner)
+    store = kube.StateStore(api, cfg.namespace, fleet.state_name(cfg.job_name), owner)
     workers, rv = None, None
     if cfg.worker_template is not None:
         try:
@@ -181,8 +275,9 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
     leases = NodeLeases() if cfg.node_lease_s is not None else None
     sup = Supervisor(cfg, log=log, metrics=metrics, events=recorder.record,
                      start_child=proc.Child.start, base_env=env, act=actuator.submit,
-                     kill_ssh_clients=proc.kill_ssh_clients, workers=workers, owner=owner,
-                     leases=leases)
+                     kill_ssh_clients=proc.kill_ssh_clients,
+                     count_ssh_clients=lambda pid, host: len(proc.ssh_clients_for(pid, host)),
+                     workers=workers, owner=owner, leases=leases)
     actuator.sink = sup.submit
     actuator.start()
     settings = kube.WatchSettings(read_timeout_s=cfg.watch_read_timeout_s)
@@ -191,6 +286,10 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
                        sup.submit, settings, transform=slim)
         for kind in (Kind.POD, Kind.NODE)
     ]
+    reflectors.append(kube.Reflector(
+        Kind.SCALE, kube.lister(api, Kind.SCALE, cfg.namespace,
+                                f"metadata.name={fleet.scale_name(cfg.job_name)}"),
+        sup.submit, settings, transform=slim))
     if leases is not None:
         # Not part of the view: renewals (every 10 s per node) must not wake the loop; it
         # reads the ages on its tick. A broken lease watch only switches this signal off.
@@ -235,11 +334,6 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
         recorder.close()
         api.close()
     return int(outcome_code)
-
-
-def state_name(job: str) -> str:
-    """Name of the ConfigMap holding the job's restart budgets and slots."""
-    return f"{job}-supervisor-state"[:253]
 
 
 def load_fleet(cfg: Config, store: kube.StateStore) -> tuple[fleet.Fleet, str | None]:

@@ -100,6 +100,8 @@ class Config:
     worker_template_file: Path | None = None
     node_grace_s: float = 0.0
     node_lease_s: float | None = None  # None: node Leases are not watched
+    scale_out_timeout_s: float = 600.0
+    scale_in_timeout_s: float = 60.0
     # variable name -> "env" | "default" | "derived: ..." (for `explain`)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -286,6 +288,10 @@ VARIABLES: tuple[Var, ...] = (
     Var("NODE_LEASE_SECONDS", None, "If set, a worker also counts as lost when its node's "
         "Lease (kube-node-lease) was not renewed for this long: faster than the node "
         "controller's 40-50 s. Needs leases get/list/watch. Default: off."),
+    Var("SCALE_OUT_TIMEOUT_SECONDS", "600", "A worker added by `scale` that is not Running "
+        "within this long is deleted again (rollback, Warning Event)."),
+    Var("SCALE_IN_TIMEOUT_SECONDS", "60", "A worker removed by `scale` leaves the discovery "
+        "file first; it is deleted when horovodrun's ssh clients to it are gone, or after this."),
 )
 KNOWN = {PREFIX + v.name for v in VARIABLES}
 DEFAULT_SELECTOR = "elastic-supervisor/job={job},elastic-supervisor/role=worker"
@@ -414,6 +420,8 @@ def parse_config(
     policy, policy_file = _policy(env, get, sources, read_text, problems)
     node_grace = get("NODE_GRACE_SECONDS", _seconds(0, allow_zero=True))
     node_lease = get("NODE_LEASE_SECONDS", _seconds(0))
+    scale_out = get("SCALE_OUT_TIMEOUT_SECONDS", _seconds(0))
+    scale_in = get("SCALE_IN_TIMEOUT_SECONDS", _seconds(0, allow_zero=True))
     template_file = get("WORKER_TEMPLATE", _abs_path)
     template = None
     if template_file is not None and selector is not None:
@@ -437,7 +445,7 @@ def parse_config(
         resync_s=resync, log_format=log_format, log_level=log_level,
         metrics_port=metrics_port, pod_name=pod_name, policy=policy, policy_file=policy_file,
         worker_template=template, worker_template_file=template_file, node_grace_s=node_grace,
-        node_lease_s=node_lease,
+        node_lease_s=node_lease, scale_out_timeout_s=scale_out, scale_in_timeout_s=scale_in,
         sources=dict(sources),
     )  # type: ignore[arg-type]
 
@@ -558,6 +566,8 @@ def effective_values(cfg: Config) -> list[tuple[str, str, str]]:
         "BACKOFF_MAX_SECONDS": cfg.policy.budgets.backoff_max_s,
         "DISRUPTIONS_FREE": str(cfg.policy.budgets.disruptions_free).lower(),
         "NODE_GRACE_SECONDS": cfg.node_grace_s, "NODE_LEASE_SECONDS": cfg.node_lease_s,
+        "SCALE_OUT_TIMEOUT_SECONDS": cfg.scale_out_timeout_s,
+        "SCALE_IN_TIMEOUT_SECONDS": cfg.scale_in_timeout_s,
     }
     rows = []
     for v in VARIABLES:

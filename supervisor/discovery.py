@@ -55,12 +55,14 @@ def host_of(pod: Obj, mode: HostMode) -> str | None:
 
 
 def render(
-    view: ClusterView, slots: int, mode: HostMode, first_owner: Mapping[str, str]
+    view: ClusterView, slots: int, mode: HostMode, first_owner: Mapping[str, str],
+    retiring: frozenset[str] = frozenset(),
 ) -> Rendered:
     """Return the sorted `host:slots` lines of the usable workers in `view`.
 
     `first_owner` maps every host string ever published to the UID of the pod that had it; a
     different pod with the same string is left out (Horovod would treat it as blacklisted).
+    `retiring`: pods being scaled in, left out first so that horovodrun lets them go.
     """
     hosts: dict[str, str] = {}
     left_out: dict[str, Unusable] = {}
@@ -72,6 +74,8 @@ def render(
         if problem is None and first_owner.get(host, pod["metadata"]["uid"]) != pod[
                 "metadata"]["uid"]:
             problem = Unusable.HOST_REUSED
+        if problem is None and name in retiring:
+            problem = Unusable.SCALING_IN
         if problem is None:
             hosts[host] = name
         else:

@@ -33,6 +33,17 @@ from supervisor.policy import (
 from supervisor.workers import LABEL_INCARNATION, LABEL_JOB, LABEL_SLOT, pod_name
 
 FLEET_VERSION = 1
+SCALE_KEY = "scale.json"  # key of the scale request ConfigMap: {"workers": N}
+
+
+def state_name(job: str) -> str:
+    """The ConfigMap holding the job's slots and restart budgets (written by the supervisor)."""
+    return f"{job}-supervisor-state"
+
+
+def scale_name(job: str) -> str:
+    """The ConfigMap holding the desired worker count (written by `elastic-supervisor scale`)."""
+    return f"{job}-supervisor-scale"
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,8 @@ class Slot:
     dropped: str | None = None  # why the slot gets no more pods; None: active
     due: float = 0.0  # its pod may not be created before this time (backoff)
     avoid_node: str | None = None  # the node its previous incarnation failed on
+    added_at: float | None = None  # scale-out: when it was added, until its pod runs
+    retiring_at: float | None = None  # scale-in: when it was asked to go
 
 
 @dataclass(frozen=True)
@@ -49,7 +62,12 @@ class Fleet:
     ledger: Ledger = field(default_factory=Ledger)
 
     def active(self) -> list[int]:
-        return sorted(i for i, s in self.slots.items() if s.dropped is None)
+        """Slots that should have a pod (not dropped, not being scaled in)."""
+        return sorted(i for i, s in self.slots.items()
+                      if s.dropped is None and s.retiring_at is None)
+
+    def retiring(self) -> list[int]:
+        return sorted(i for i, s in self.slots.items() if s.retiring_at is not None)
 
 
 def initial(workers: int) -> Fleet:
@@ -89,6 +107,32 @@ def adopt(fleet: Fleet, pods: Iterable[Obj], job: str) -> Fleet:
     return replace(fleet, slots=slots) if slots != fleet.slots else fleet
 
 
+def scale_to(fleet: Fleet, workers: int, now: float) -> Fleet:
+    """Return the fleet with `workers` active slots: scale-out revives dropped slots first
+    (a new incarnation) and then adds new ones; scale-in retires the highest active slots."""
+    slots = dict(fleet.slots)
+    active = fleet.active()
+    if workers > len(active):
+        need = workers - len(active)
+        for i in sorted(slots):
+            s = slots[i]
+            if need and s.dropped is not None and s.retiring_at is None:
+                slots[i] = Slot(incarnation=s.incarnation + 1, due=now, added_at=now)
+                need -= 1
+        nxt = max(slots, default=-1) + 1
+        for i in range(nxt, nxt + need):
+            slots[i] = Slot(due=now, added_at=now)
+    elif workers < len(active):
+        for i in active[workers:]:
+            slots[i] = replace(slots[i], retiring_at=now, added_at=None)
+    return replace(fleet, slots=slots) if slots != fleet.slots else fleet
+
+
+def retire_done(fleet: Fleet, slot: int) -> Fleet:
+    """Return the fleet without `slot` (its pod is deleted: the scale-in is complete)."""
+    return replace(fleet, slots={i: s for i, s in fleet.slots.items() if i != slot})
+
+
 def on_failure(fleet: Fleet, failure: Failure, found: tuple[int, int] | None, policy: Policy,
                now: float, *, unmanaged_reason: str) -> tuple[Fleet, Decision | None]:
     """Return the fleet after `failure` and the decision; None when it is stale.
@@ -104,7 +148,8 @@ def on_failure(fleet: Fleet, failure: Failure, found: tuple[int, int] | None, po
         return fleet, replace(d, ledger=fleet.ledger)
     i, inc = found
     slot = fleet.slots.get(i)
-    if slot is None or inc < slot.incarnation or slot.dropped is not None:
+    if (slot is None or inc < slot.incarnation or slot.dropped is not None
+            or slot.retiring_at is not None):
         return fleet, None
     d = decide(policy, failure, str(i), fleet.ledger, now)
     if d.action is Action.RESTART:
@@ -154,6 +199,10 @@ def fleet_to_dict(fleet: Fleet) -> dict[str, Any]:
             entry["due"] = s.due
         if s.avoid_node:
             entry["avoidNode"] = s.avoid_node
+        if s.added_at is not None:
+            entry["addedAt"] = s.added_at
+        if s.retiring_at is not None:
+            entry["retiringAt"] = s.retiring_at
         slots[str(i)] = entry
     return {"version": FLEET_VERSION, "slots": slots, "ledger": ledger_to_dict(fleet.ledger)}
 
@@ -172,6 +221,10 @@ def fleet_from_dict(data: Any) -> Fleet:
             raise ValueError(f"{where}: expected a slot number mapped to a slot")
         inc, due = s.get("incarnation"), s.get("due", 0.0)
         dropped, avoid = s.get("dropped"), s.get("avoidNode")
+        added, retiring = s.get("addedAt"), s.get("retiringAt")
+        for field_name, t in (("addedAt", added), ("retiringAt", retiring)):
+            if t is not None and (not isinstance(t, int | float) or isinstance(t, bool)):
+                raise ValueError(f"{where}.{field_name}: expected a time")
         if not isinstance(inc, int) or isinstance(inc, bool) or inc < 1:
             raise ValueError(f"{where}.incarnation: expected an integer >= 1")
         if not isinstance(due, int | float) or isinstance(due, bool):
@@ -179,9 +232,16 @@ def fleet_from_dict(data: Any) -> Fleet:
         if not isinstance(dropped, str | None) or not isinstance(avoid, str | None):
             raise ValueError(f"{where}: dropped and avoidNode must be strings")
         slots[int(key)] = Slot(incarnation=inc, dropped=dropped, due=float(due),
-                               avoid_node=avoid)
+                               avoid_node=avoid,
+                               added_at=None if added is None else float(added),
+                               retiring_at=None if retiring is None else float(retiring))
     try:
         ledger = ledger_from_dict(data.get("ledger"))
     except ValueError as e:
         raise ValueError(f"ledger: {e}") from None
     return Fleet(slots=slots, ledger=ledger)
+
+
+def limits(min_np: int, max_np: int, slots_per_worker: int) -> tuple[int, int]:
+    """The [min, max] worker counts a scale request may ask for."""
+    return math.ceil(min_np / slots_per_worker), max(1, max_np // slots_per_worker)

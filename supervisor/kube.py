@@ -140,6 +140,10 @@ def lister(api: client.ApiClient, kind: Kind, namespace: str, selector: str) -> 
         def list_pods(**kw: Any) -> Any:
             return core.list_namespaced_pod(namespace, label_selector=selector, **kw)
         return list_pods
+    if kind is Kind.SCALE:  # one ConfigMap, named by `selector` (a field selector)
+        def list_scale(**kw: Any) -> Any:
+            return core.list_namespaced_config_map(namespace, field_selector=selector, **kw)
+        return list_scale
     if kind is Kind.LEASE:
         coordination = client.CoordinationV1Api(api)
 
@@ -452,12 +456,10 @@ class StateStore:
     second supervisor) wrote meanwhile: load again and re-apply, never overwrite blindly.
     """
 
-    KEY = "state.json"
-
     def __init__(self, api: client.ApiClient, namespace: str, name: str,
-                 owner: Mapping[str, str] | None) -> None:
+                 owner: Mapping[str, str] | None, key: str = "state.json") -> None:
         self.core = client.CoreV1Api(api)
-        self.namespace, self.name, self.owner = namespace, name, owner
+        self.namespace, self.name, self.owner, self.KEY = namespace, name, owner, key
 
     def load(self) -> tuple[dict[str, Any] | None, str | None]:
         """Return (state, resourceVersion), or (None, None) if nothing is stored yet."""
@@ -513,6 +515,16 @@ def pod_reference(api: client.ApiClient, namespace: str, name: str) -> dict[str,
         raise map_error(e, f"get pod {namespace}/{name}") from e
     return {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name,
             "uid": pod["metadata"]["uid"]}
+
+
+def list_pods(api: client.ApiClient, namespace: str, selector: str) -> list[dict[str, Any]]:
+    """Return the pods matching `selector` as dicts (for status)."""
+    try:
+        resp = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=selector,
+                                                         _preload_content=False)
+        return json.loads(resp.data).get("items") or []
+    except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+        raise map_error(e, f"list pods in {namespace}") from e
 
 
 def list_events(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:

@@ -21,6 +21,8 @@ class Metrics:
     watch_last_event_age: Gauge
     workers_listed: Gauge
     workers_usable: Gauge
+    workers_desired: Gauge
+    workers_live: Gauge
     horovodrun_up: Gauge
     worker_failures: Counter
     workers_created: Counter
@@ -52,6 +54,10 @@ def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         workers_listed=Gauge(f"{p}workers_listed", "Worker pods in the view", registry=r),
         workers_usable=Gauge(f"{p}workers_usable", "Worker pods in the discovery file",
                              registry=r),
+        workers_desired=Gauge(f"{p}workers_desired", "Worker pods the supervisor keeps "
+                              "(active slots; 0 when it does not own the workers)", registry=r),
+        workers_live=Gauge(f"{p}workers_live", "Worker pods not terminated and not being "
+                           "deleted", registry=r),
         horovodrun_up=Gauge(f"{p}horovodrun_up", "1 while horovodrun runs", registry=r),
         worker_failures=Counter(f"{p}worker_failures", "Worker failures by cause and the "
                                 "action taken", ["cause", "action"], registry=r),

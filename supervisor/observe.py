@@ -28,6 +28,7 @@ class Kind(StrEnum):
     POD = "pod"
     NODE = "node"
     LEASE = "lease"  # node heartbeats in kube-node-lease (optional, see NodeLeases)
+    SCALE = "scale"  # the job's scale request ConfigMap (elastic-supervisor scale)
 
 
 class Unusable(StrEnum):
@@ -41,6 +42,7 @@ class Unusable(StrEnum):
     NODE_NOT_READY = "NodeNotReady"
     NODE_TAINTED = "NodeTaintedDown"
     HOST_REUSED = "HostNameReused"
+    SCALING_IN = "ScalingIn"
 
 
 @dataclass
@@ -107,16 +109,18 @@ _LEASE_KEEP = {
     "metadata": ("name", "resourceVersion"),
     "spec": ("holderIdentity", "renewTime", "leaseDurationSeconds"),
 }
+_CONFIGMAP_KEEP = {"metadata": ("name", "resourceVersion"), "data": None}
 _DROP_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
 
 
 def slim(kind: Kind, obj: Obj) -> dict[str, Any]:
     """Return `obj` reduced to the fields the supervisor reads (a new dict)."""
-    keep = {Kind.POD: _POD_KEEP, Kind.NODE: _NODE_KEEP, Kind.LEASE: _LEASE_KEEP}[kind]
+    keep = {Kind.POD: _POD_KEEP, Kind.NODE: _NODE_KEEP, Kind.LEASE: _LEASE_KEEP,
+            Kind.SCALE: _CONFIGMAP_KEEP}[kind]
     out: dict[str, Any] = {"kind": obj.get("kind") or KIND_NAMES[kind]}
     for section, fields in keep.items():
         src = obj.get(section) or {}
-        out[section] = {f: src[f] for f in fields if f in src}
+        out[section] = dict(src) if fields is None else {f: src[f] for f in fields if f in src}
     annotations = out["metadata"].get("annotations")
     if annotations:
         out["metadata"]["annotations"] = {k: v for k, v in annotations.items()
@@ -127,7 +131,8 @@ def slim(kind: Kind, obj: Obj) -> dict[str, Any]:
     return out
 
 
-KIND_NAMES = {Kind.POD: "Pod", Kind.NODE: "Node", Kind.LEASE: "Lease"}
+KIND_NAMES = {Kind.POD: "Pod", Kind.NODE: "Node", Kind.LEASE: "Lease",
+              Kind.SCALE: "ConfigMap"}
 
 
 class NodeLeases:

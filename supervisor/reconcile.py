@@ -21,6 +21,7 @@ Kubernetes Events through the injected `events` callable (never blocking).
 
 from __future__ import annotations
 
+import json
 import queue
 import signal
 import threading
@@ -118,6 +119,8 @@ class LoopState:
     expected: dict[str, float] = field(default_factory=dict)  # pods being created -> since
     replace_from: dict[str, float] = field(default_factory=dict)  # new pod -> failure seen
     failing: tuple[int, str] | None = None  # the run is ending with this code and reason
+    scale_request: int | None = None  # desired workers asked for, not applied yet
+    scale_version: str | None = None  # resourceVersion of the last scale request seen
 
 
 class Supervisor:
@@ -134,6 +137,7 @@ class Supervisor:
         base_env: Mapping[str, str],
         act: Callable[[Op], None],
         kill_ssh_clients: Callable[[int, str], list[int]],
+        count_ssh_clients: Callable[[int, str], int],
         workers: Fleet | None = None,
         owner: Mapping[str, str] | None = None,
         leases: NodeLeases | None = None,
@@ -143,6 +147,7 @@ class Supervisor:
         self.cfg, self.log, self.metrics, self.events = cfg, log, metrics, events
         self.start_child, self.base_env, self.clock = start_child, base_env, clock
         self.act, self.kill_ssh_clients, self.owner, self.wall = act, kill_ssh_clients, owner, wall
+        self.count_ssh_clients = count_ssh_clients
         self.classify_settings = ClassifySettings(node_grace_s=cfg.node_grace_s,
                                                   lease_grace_s=cfg.node_lease_s)
         self.leases = leases if cfg.node_lease_s is not None else None
@@ -244,7 +249,9 @@ class Supervisor:
         """Apply a batch; return (receipt time of the earliest view change, child exit code)."""
         st, earliest, exited = self.state, None, None
         for item in batch:
-            if isinstance(item, WatchEvent):
+            if isinstance(item, WatchEvent) and item.kind is Kind.SCALE:
+                self._scale_event(item)
+            elif isinstance(item, WatchEvent):
                 if item.kind is Kind.POD:
                     self._observe_pod(item)
                 else:
@@ -337,9 +344,17 @@ class Supervisor:
         for failure, pod, seen_at in failures:
             self._on_failure(failure, pod, seen_at, wall, now)
         if st.fleet is None or st.failing is not None:
+            if st.scale_request is not None:
+                self._refuse_scale(st.scale_request, "the supervisor does not own the workers "
+                                   "(SUPERVISOR_WORKER_TEMPLATE is not set)")
             return
+        self._scale(now, wall)
         if st.fleet != st.saved:
-            self.act(SaveState(fleet.fleet_to_dict(st.fleet)))
+            lo, hi = fleet.limits(cfg.min_np, cfg.max_np, cfg.slots_per_worker)
+            self.act(SaveState({**fleet.fleet_to_dict(st.fleet),
+                                "limits": {"minWorkers": lo, "maxWorkers": hi},
+                                "desiredWorkers": len(st.fleet.active()),
+                                "restartLimit": cfg.policy.budgets.restart_limit}))
             st.saved = st.fleet
             self.metrics.restart_budget_left.set(
                 max(0, cfg.policy.budgets.restart_limit - st.fleet.ledger.total))
@@ -392,6 +407,97 @@ class Supervisor:
         if d.action is Action.FAIL_JOB:
             self._fail(ExitCode.POLICY_FAILED, f"{f.pod}: {f.cause.value} "
                        f"({f.detail}) matched {d.rule} -> FailJob", now, event=False)
+
+    # -- scaling ---------------------------------------------------------------------------------
+
+    def _scale_event(self, ev: WatchEvent) -> None:
+        st = self.state
+        if ev.type is EventType.DELETED:
+            return
+        rv = ev.obj["metadata"].get("resourceVersion")
+        if rv == st.scale_version:
+            return
+        st.scale_version = rv
+        raw = (ev.obj.get("data") or {}).get(fleet.SCALE_KEY)
+        try:
+            workers = int(json.loads(raw or "{}")["workers"])
+            if workers < 0:
+                raise ValueError("negative")
+        except (ValueError, KeyError, TypeError) as e:
+            self.log.error("scale.invalid", configmap=ev.obj["metadata"]["name"], data=raw,
+                           reason=str(e))
+            self.events(EventSpec("Warning", "ScaleRefused", "Scale",
+                                  f"unreadable scale request {raw!r}: expected "
+                                  '{"workers": N} (use `elastic-supervisor scale`)'))
+            return
+        st.scale_request = workers
+
+    def _refuse_scale(self, workers: int, why: str) -> None:
+        self.state.scale_request = None
+        self.log.warning("scale.refused", workers=workers, reason=why)
+        self.events(EventSpec("Warning", "ScaleRefused", "Scale",
+                              f"scale to {workers} workers refused: {why}"))
+
+    def _scale(self, now: float, wall: float) -> None:
+        """Apply a scale request; roll back scale-outs that never ran; finish scale-ins."""
+        st, cfg = self.state, self.cfg
+        assert st.fleet is not None
+        if (want := st.scale_request) is not None:
+            lo, hi = fleet.limits(cfg.min_np, cfg.max_np, cfg.slots_per_worker)
+            have = len(st.fleet.active())
+            if not lo <= want <= hi:
+                self._refuse_scale(want, f"outside [{lo}, {hi}] workers (MIN_NP {cfg.min_np}, "
+                                   f"MAX_NP {cfg.max_np}, {cfg.slots_per_worker} slots each)")
+            else:
+                st.scale_request = None
+                if want != have:
+                    st.fleet = fleet.scale_to(st.fleet, want, wall)
+                    self.log.info("scale.applied", workers_from=have, workers_to=want)
+                    self.events(EventSpec("Normal", "Scaled", "Scale",
+                                          f"desired workers {have} -> {want}"))
+        for i, slot in sorted(st.fleet.slots.items()):
+            name = pod_name(cfg.job_name, i, slot.incarnation)
+            pod = st.view.pods.get(name)
+            if slot.added_at is not None:
+                if pod is not None and pod.get("status", {}).get("phase") == "Running":
+                    st.fleet = replace(st.fleet, slots={**st.fleet.slots,
+                                                        i: replace(slot, added_at=None)})
+                elif wall - slot.added_at > cfg.scale_out_timeout_s:
+                    why = (f"scale-out rolled back: {name} not Running after "
+                           f"{cfg.scale_out_timeout_s:g}s")
+                    if pod is not None:
+                        self.act(DeletePod(name, pod["metadata"].get("uid"), None))
+                    st.fleet = replace(st.fleet, slots={**st.fleet.slots, i: replace(
+                        slot, added_at=None, dropped=why)})
+                    self.log.warning("scale.rolled_back", pod=name, slot=i)
+                    self.events(EventSpec("Warning", "ScaleOutRolledBack", "Scale", why))
+            elif slot.retiring_at is not None:
+                self._retire(i, slot, name, pod, wall)
+
+    def _retire(self, i: int, slot: fleet.Slot, name: str, pod: Obj | None,
+                wall: float) -> None:
+        """Delete a scaled-in worker once horovodrun has let it go (or after the timeout)."""
+        st, cfg = self.state, self.cfg
+        assert st.fleet is not None and slot.retiring_at is not None
+        if pod is not None:
+            host = discovery.host_of(pod, cfg.host_mode)
+            published = (st.published or "").splitlines()
+            if host is not None and any(line.startswith(f"{host}:") for line in published):
+                return  # not yet out of the discovery file
+            clients = (self.count_ssh_clients(st.child.pid, host)
+                       if st.child is not None and host else 0)
+            waited = wall - slot.retiring_at
+            if clients and waited < cfg.scale_in_timeout_s:
+                return
+            self.act(DeletePod(name, pod["metadata"].get("uid"), None))
+            self.log.info("scale.worker_removed", pod=name, slot=i, waited_s=round(waited, 2),
+                          ssh_clients_left=clients)
+            self.events(EventSpec("Normal", "WorkerRemoved", "Scale",
+                                  f"scaled in: deleted {name} after {waited:.1f}s"
+                                  + (f" (timeout; {clients} ssh clients left)" if clients
+                                     else " (horovodrun let it go)")))
+            st.failed.add(pod["metadata"].get("uid", ""))  # our own delete: not a failure
+        st.fleet = fleet.retire_done(st.fleet, i)
 
     def _report_decision(self, f: Failure, d: Decision, found: tuple[int, int] | None,
                          killed: list[int]) -> None:
@@ -495,6 +601,7 @@ class Supervisor:
             return
         diff = reload.summary(self.cfg.policy, change.policy)
         self.cfg = replace(self.cfg, policy=change.policy)
+        self.state.saved = None  # store the new restart limit with the state (for `status`)
         self.metrics.restart_budget_left.set(max(0, change.policy.budgets.restart_limit - (
             self.state.fleet.ledger.total if self.state.fleet is not None else 0)))
         self.log.info("policy.reloaded", file=file, **diff)
@@ -530,11 +637,18 @@ class Supervisor:
 
     def _sync_discovery(self, now: float, earliest: float | None) -> None:
         st, cfg = self.state, self.cfg
+        retiring = frozenset() if st.fleet is None else frozenset(
+            pod_name(cfg.job_name, i, st.fleet.slots[i].incarnation)
+            for i in st.fleet.retiring())
         rendered = discovery.render(st.view, cfg.slots_per_worker, cfg.host_mode,
-                                    st.first_owner)
+                                    st.first_owner, retiring)
         self._report_membership(st.rendered, rendered)
         st.rendered = rendered
         self.metrics.workers_listed.set(len(st.view.pods))
+        self.metrics.workers_live.set(sum(
+            1 for p in st.view.pods.values() if not p["metadata"].get("deletionTimestamp")
+            and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")))
+        self.metrics.workers_desired.set(len(st.fleet.active()) if st.fleet is not None else 0)
         self.metrics.workers_usable.set(len(rendered.lines))
         decision = discovery.decide(st.view.synced, st.view.broken_for(now), cfg.staleness_s,
                                     rendered)

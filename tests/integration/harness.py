@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ class Job:
         self.core = client.CoreV1Api(api)
         self.heartbeats = Heartbeats(api)
         self.ips: dict[str, str] = {}
+        self.kubelet: AutoKubelet | None = None  # set by tests that let a stand-in start pods
 
     def node(self, suffix: str) -> str:
         name = f"{self.namespace}-{suffix}"
@@ -142,6 +144,7 @@ class AutoKubelet:
     def __init__(self, job: Job, period_s: float = 0.05) -> None:
         self.job, self.period_s = job, period_s
         self.started: dict[str, str] = {}  # pod -> node it was started on
+        self.hold: set[str] = set()  # pods never started (e.g. an image that cannot be pulled)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="auto-kubelet", daemon=True)
         self._thread.start()
@@ -160,7 +163,8 @@ class AutoKubelet:
             if pod["metadata"].get("deletionTimestamp"):
                 self.job.core.delete_namespaced_pod(name, self.job.namespace,
                                                     grace_period_seconds=0)
-            elif pod.get("status", {}).get("phase") in (None, "Pending"):
+            elif name not in self.hold and pod.get("status", {}).get("phase") in (None,
+                                                                                  "Pending"):
                 self.job.start(name)
                 self.started[name] = node
 
@@ -328,6 +332,26 @@ def event_reasons(api: client.ApiClient, namespace: str) -> list[str]:
              if e.get("reportingController") == kube.REPORTING_CONTROLLER]
     items.sort(key=lambda e: e.get("eventTime") or "")
     return [e["reason"] for e in items]
+
+
+def wait_reason(api: client.ApiClient, namespace: str, reason: str,
+                timeout: float = 5) -> list[str]:
+    """Wait until the supervisor has posted an Event with `reason` (Events are posted from a
+    background thread, after the log line); return all reasons."""
+    return wait_for(lambda: (r := event_reasons(api, namespace)) and reason in r and r,
+                    timeout, what=f"a {reason} Event")
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Samples from the supervisor's /metrics endpoint, keyed by name{labels} as printed."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
 
 
 def pid_alive(pid: int) -> bool:

@@ -60,6 +60,8 @@ KUBE_CALLS: dict[str, list[Permission] | None] = {
     "list_node": [("", "nodes", "list", CLUSTER), ("", "nodes", "watch", CLUSTER)],
     "create_namespaced_event": [("events.k8s.io", "events", "create", JOB)],
     "read_namespaced_config_map": [("", "configmaps", "get", JOB)],
+    "list_namespaced_config_map": [("", "configmaps", "list", JOB),
+                                   ("", "configmaps", "watch", JOB)],
     "create_namespaced_config_map": [("", "configmaps", "create", JOB)],
     "replace_namespaced_config_map": [("", "configmaps", "update", JOB)],
     "create_namespaced_pod": [("", "pods", "create", JOB)],
@@ -82,7 +84,7 @@ PLANNED: list[Permission] = [
 DENIED: list[Permission] = [
     ("", "pods", "update", JOB), ("", "pods", "deletecollection", JOB),
     ("", "pods", "list", "default"), ("", "pods/exec", "create", JOB),
-    ("", "configmaps", "delete", JOB), ("", "configmaps", "list", JOB),
+    ("", "configmaps", "delete", JOB), ("", "configmaps", "list", "default"),
     ("", "secrets", "get", JOB), ("events.k8s.io", "events", "delete", JOB),
     ("", "events", "create", JOB), ("batch", "jobs", "get", JOB),
     ("", "nodes", "patch", CLUSTER), ("", "nodes", "delete", CLUSTER),

@@ -11,54 +11,20 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from kubernetes import client
 
-from localcluster.controlplane import ControlPlane
-from supervisor.cli import state_name
+from localcluster.controlplane import free_ports
+from supervisor.fleet import state_name
 from supervisor.model import ExitCode
 from tests.helpers import NODE_GRACE_S, wait_for
-from tests.integration.harness import AutoKubelet, Job, SupervisorProcess, event_reasons
-
-
-@pytest.fixture
-def job(api_client: client.ApiClient, namespace: str) -> Iterator[Job]:
-    j = Job(api_client, namespace)
-    kubelet = AutoKubelet(j)
-    yield j
-    kubelet.close()
-    j.close()
-
-
-@pytest.fixture
-def supervisor(control_plane: ControlPlane, namespace: str, tmp_path: Path, job: Job):
-    made: list[SupervisorProcess] = []
-    template = job.template(tmp_path / "worker.json")
-
-    def make(**env: str) -> SupervisorProcess:
-        env = {"SUPERVISOR_WORKER_TEMPLATE": str(template),
-               "SUPERVISOR_BACKOFF_INITIAL_SECONDS": "0.5", **env}
-        sup = SupervisorProcess(control_plane, namespace, tmp_path, **env)
-        made.append(sup)
-        return sup.start()
-
-    yield make
-    for sup in made:
-        sup.close()
-
-
-def running(job: Job, count: int, timeout: float = 30) -> list[str]:
-    """Wait until `count` live worker pods are Running; return their names."""
-    def check() -> list[str] | None:
-        pods = job.pods()
-        live = [n for n, p in sorted(pods.items()) if not p["metadata"].get("deletionTimestamp")
-                and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")]
-        names = [n for n in live if pods[n].get("status", {}).get("phase") == "Running"]
-        return names if len(names) == count == len(live) else None
-    return wait_for(check, timeout, what=f"{count} running workers")
+from tests.integration.harness import Job, event_reasons, scrape, wait_reason
+from tests.integration.managed import (  # noqa: F401 (job and supervisor fixtures)
+    job_fixture,
+    running,
+    supervisor_fixture,
+)
 
 
 def note_of(api: client.ApiClient, namespace: str, reason: str) -> str:
@@ -72,7 +38,8 @@ def note_of(api: client.ApiClient, namespace: str, reason: str) -> str:
 def test_killed_worker_is_replaced_under_a_new_name_away_from_its_node(
         job: Job, supervisor, api_client: client.ApiClient, namespace: str) -> None:
     job.node("n1"), job.node("n2")
-    sup = supervisor()
+    port = free_ports(1)[0]
+    sup = supervisor(SUPERVISOR_METRICS_PORT=str(port))
     first = running(job, 2)
     assert first == ["job1-w0-1", "job1-w1-1"]
     sup.wait_content([job.line(n) for n in first])
@@ -94,14 +61,22 @@ def test_killed_worker_is_replaced_under_a_new_name_away_from_its_node(
     assert decision["rule"].startswith("default: exit codes 128-255")
     created = sup.wait_log("worker.created", pod="job1-w0-2")
     assert created["replacement_latency_ms"] < 5000
-    reasons = event_reasons(api_client, namespace)
-    assert "WorkerRestarting" in reasons and reasons.count("WorkerCreated") == 3
+    wait_for(lambda: event_reasons(api_client, namespace).count("WorkerCreated") == 3, 5,
+             what="3 WorkerCreated Events")
+    reasons = wait_reason(api_client, namespace, "WorkerRestarting")
+    assert reasons.count("WorkerCreated") == 3
     note = note_of(api_client, namespace, "WorkerRestarting")
     assert "job1-w0-1 (slot 0)" in note and "ExitCode 137" in note
     assert "restarts used 1/100" in note
     state = json.loads(job.core.read_namespaced_config_map(
         state_name("job1"), namespace).data["state.json"])
     assert state["slots"]["0"]["incarnation"] == 2 and state["ledger"]["total"] == 1
+    metrics = scrape(port)
+    p = "elastic_supervisor_"
+    assert metrics[f'{p}worker_failures_total{{action="Restart",cause="ExitCode"}}'] == 1
+    assert metrics[f"{p}workers_created_total"] == 3
+    assert metrics[f"{p}restart_budget_left"] == 99
+    assert metrics[f"{p}replacement_latency_seconds_count"] == 1
 
 
 def test_an_ignored_exit_code_drops_the_worker_and_the_job_goes_on_smaller(
@@ -115,7 +90,7 @@ def test_an_ignored_exit_code_drops_the_worker_and_the_job_goes_on_smaller(
     decision = sup.wait_log("worker.failed", pod="job1-w1-1")
     assert (decision["action"], decision["rule"]) == ("Ignore", "default: other exit codes")
     assert job.live() == ["job1-w0-1"]
-    assert "WorkerDropped" in event_reasons(api_client, namespace)
+    wait_reason(api_client, namespace, "WorkerDropped")
     assert sup.proc.poll() is None  # still training with one worker
 
 
@@ -144,7 +119,7 @@ def test_lost_node_pod_is_force_deleted_and_replaced_on_another_node(
     assert second == "job1-w0-2"
     assert job.pods()[second]["spec"]["nodeName"] in {n1, n2, n3} - {lost}
     sup.wait_content([job.line(second)])
-    assert "WorkerRestarting" in event_reasons(api_client, namespace)
+    wait_reason(api_client, namespace, "WorkerRestarting")
 
 
 def test_exhausted_restart_limit_fails_the_job_below_min_np(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import signal
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,20 +21,9 @@ from tests.integration.harness import (
     SupervisorProcess,
     event_reasons,
     pid_alive,
+    scrape,
     service_account_kubeconfig,
 )
-
-
-def scrape(port: int) -> dict[str, float]:
-    """Samples from the supervisor's /metrics endpoint, keyed by name{labels} as printed."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
 
 
 @pytest.fixture
@@ -224,6 +212,7 @@ def test_missing_permission_is_fatal_and_named(
 ) -> None:
     kubeconfig = service_account_kubeconfig(control_plane, api_client, namespace, [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch"]},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]}],
         tmp_path / "sa.kubeconfig")
     job.worker("w0", job.node("n1"))

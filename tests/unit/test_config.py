@@ -83,7 +83,8 @@ def test_every_variable_set_explicitly() -> None:
         "SUPERVISOR_RESTART_EVENTS": "nodeNotReady", "SUPERVISOR_RESTART_LIMIT": "5",
         "SUPERVISOR_SLOT_RESTART_LIMIT": "2", "SUPERVISOR_BACKOFF_INITIAL_SECONDS": "0.5",
         "SUPERVISOR_BACKOFF_MAX_SECONDS": "10", "SUPERVISOR_DISRUPTIONS_FREE": "true",
-        "SUPERVISOR_NODE_GRACE_SECONDS": "0",
+        "SUPERVISOR_NODE_GRACE_SECONDS": "0", "SUPERVISOR_NODE_LEASE_SECONDS": "5",
+        "SUPERVISOR_SCALE_OUT_TIMEOUT_SECONDS": "120", "SUPERVISOR_SCALE_IN_TIMEOUT_SECONDS": "0",
     }, read_text=lambda _: TEMPLATE.replace("app: x", "app: bert\n    role: worker"))
     assert (cfg.worker_selector, cfg.slots_per_worker, cfg.np, cfg.min_np, cfg.max_np) == (
         "app=bert,role=worker", 2, 4, 2, 8)
@@ -95,6 +96,7 @@ def test_every_variable_set_explicitly() -> None:
     assert (cfg.log_format, cfg.log_level, cfg.metrics_port, cfg.pod_name) == (
         LogFormat.CONSOLE, LogLevel.DEBUG, 0, "bert-launcher-x")
     assert cfg.worker_template is not None and cfg.node_grace_s == 0.0
+    assert (cfg.node_lease_s, cfg.scale_out_timeout_s, cfg.scale_in_timeout_s) == (5, 120, 0)
     assert cfg.policy.budgets == Budgets(restart_limit=5, per_slot_limit=2,
                                          backoff_initial_s=0.5, backoff_max_s=10.0,
                                          disruptions_free=True)
@@ -191,6 +193,10 @@ BAD = [
      "SUPERVISOR_BACKOFF_MAX_SECONDS=0.5: expected initial <= max"),
     ("SUPERVISOR_DISRUPTIONS_FREE", "maybe", "SUPERVISOR_DISRUPTIONS_FREE='maybe': expected "
      "true|false"),
+    ("SUPERVISOR_SCALE_OUT_TIMEOUT_SECONDS", "0", "SUPERVISOR_SCALE_OUT_TIMEOUT_SECONDS='0': "
+     "expected a number of seconds > 0"),
+    ("SUPERVISOR_SCALE_IN_TIMEOUT_SECONDS", "x", "SUPERVISOR_SCALE_IN_TIMEOUT_SECONDS='x': "
+     "expected a number of seconds >= 0"),
     ("SUPERVISOR_NODE_LEASE_SECONDS", "0", "SUPERVISOR_NODE_LEASE_SECONDS='0': expected a "
      "number of seconds > 0"),
     ("SUPERVISOR_NODE_GRACE_SECONDS", "-5", "SUPERVISOR_NODE_GRACE_SECONDS='-5': expected a "
