@@ -4,6 +4,8 @@ reconnects, and the discovery file withdrawn after the staleness bound, then res
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +16,8 @@ from kubernetes import client
 
 from localcluster.controlplane import ControlPlane
 from supervisor import kube
-from supervisor.model import SourceState, WatchEvent
+from supervisor.actuator import Actuator, CreatePod, SaveState
+from supervisor.model import ActionDone, SourceState, WatchEvent
 from supervisor.observe import EventType
 from tests.conftest import make_namespace
 from tests.helpers import wait_for
@@ -122,3 +125,40 @@ def test_supervisor_withdraws_the_file_when_stale_then_recovers(
     finally:
         sup.close()
         job.close()
+
+
+def test_actuator_retries_through_an_api_outage(restartable_control_plane: ControlPlane,
+                                                api: client.ApiClient, ns: str) -> None:
+    done: queue.Queue[ActionDone] = queue.Queue()
+    store = kube.StateStore(api, ns, "job1-supervisor-state", None)
+    act = Actuator(kube.Pods(api, ns, request_timeout_s=5), store, resource_version=None,
+                   writer="a", sink=done.put, backoff_max_s=1.0).start()
+
+    def submit() -> None:  # while the API server is going down
+        act.submit(SaveState({"n": 1}))
+        act.submit(CreatePod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p1"},
+                              "spec": {"containers": [{"name": "c", "image": "busybox"}]}}))
+
+    # The restart runs on this (main) thread: the control plane's children get a parent-death
+    # signal bound to the thread that started them.
+    timer = threading.Timer(0.5, submit)
+    try:
+        timer.start()
+        restartable_control_plane.restart_apiserver(down_s=3.0)
+        first = done.get(timeout=30)
+        assert (first.what, first.retrying) == ("save", True), first
+        results = [done.get(timeout=60) for _ in range(2)]
+    finally:
+        timer.cancel()
+        act.close()
+    # Both landed, in order, once the API server was back: the save before the create.
+    assert [(r.what, r.error) for r in results] == [("save", None), ("create", None)]
+
+    def stored() -> dict | None:
+        try:  # the test's own client may first hit a socket from before the restart
+            return store.load()[0]
+        except kube.KubeError:
+            return None
+
+    assert wait_for(stored, 30, what="the state readable again") == {"n": 1, "writer": "a"}
+    assert client.CoreV1Api(api).read_namespaced_pod("p1", ns).metadata.name == "p1"
