@@ -4,15 +4,18 @@ reconnects, and the discovery file withdrawn after the staleness bound, then res
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from localcluster.controlplane import ControlPlane
 from supervisor import kube
@@ -128,7 +131,14 @@ def test_supervisor_withdraws_the_file_when_stale_then_recovers(
 
 
 def test_actuator_retries_through_an_api_outage(restartable_control_plane: ControlPlane,
-                                                api: client.ApiClient, ns: str) -> None:
+                                                api: client.ApiClient) -> None:
+    # After the earlier tests' API server crashes the controller-manager is slow to create
+    # a namespace's default ServiceAccount; pods only need it to exist, so create it here.
+    core = client.CoreV1Api(api)
+    ns = f"t-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": ns}})
+    with contextlib.suppress(ApiException):  # 409: the controller was quicker
+        core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
     done: queue.Queue[ActionDone] = queue.Queue()
     store = kube.StateStore(api, ns, "job1-supervisor-state", None)
     act = Actuator(kube.Pods(api, ns, request_timeout_s=5), store, resource_version=None,
