@@ -42,7 +42,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +100,8 @@ class AgentSettings:
     # ($ES_CACHE or ~/.cache/elastic-supervisor), so a pod IP seen again by ssh clients
     # (another agent's, same block) never shows a changed host key.
     host_key: Path | None = None
+    # The "image" environment of non-worker pods (e.g. PYTHONPATH), under the spec's env.
+    image_env: Mapping[str, str] = field(default_factory=dict)
 
 
 class NodeAgentError(RuntimeError):
@@ -773,15 +775,17 @@ class NodeAgent:
             "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8",
             "HOSTNAME": meta["name"], "POD_NAME": meta["name"],
             "POD_NAMESPACE": meta["namespace"], podspec.VOLUME_ROOT_ENV: str(root),
+            **self.settings.image_env,
         }
         if pod["spec"].get("automountServiceAccountToken", True):
             token = self._sources.token(pod, None, self.settings.token_expiration_s)
             base["KUBECONFIG"] = str(self.cp.write_token_kubeconfig(
                 rt.dir / "kubeconfig", token, meta["namespace"]))
         env = podspec.container_env(pod, container, ip, base) | marker
-        cwd = Path(container.get("workingDir") or rt.dir)
-        return podspec.container_command(container, env), env, None, (
-            cwd if cwd.is_dir() else rt.dir)
+        # No image file system here: a workingDir this machine does not have is the pod's dir.
+        workdir = Path(container.get("workingDir") or rt.dir)
+        cwd = workdir if workdir.is_dir() else rt.dir
+        return podspec.container_command(container, env), env, None, cwd
 
     def _authorized_keys(self, pod: Mapping[str, Any], volumes: Mapping[str, Path]) -> str:
         secrets = {v["name"] for v in pod["spec"].get("volumes") or () if "secret" in v}
