@@ -762,11 +762,8 @@ class NodeAgent:
             assert self._host_key is not None and ip is not None and rt.port is not None
             keys = rt.dir / "authorized_keys"
             keys.write_text(self._authorized_keys(pod, volumes))
-            # SHLVL=1: bash started by sshd skips ~/.bashrc (it only sources it at level 1), as
-            # in an image whose root has none worth running. This machine's runs `pyenv
-            # rehash`, whose lock file a killed session leaves behind for every later session.
             cfg = sshd.write_sshd_config(rt.dir, ip, rt.port, self._host_key, keys,
-                                         set_env={**marker, "SHLVL": "1"})
+                                         set_env=marker)
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **marker}
             return sshd.sshd_argv(cfg), env, f"{ip}:{rt.port}", rt.dir
         meta = pod["metadata"]

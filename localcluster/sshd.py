@@ -62,6 +62,9 @@ def write_sshd_config(directory: Path, address: str, port: int, hostkey: Path,
 
     Key-only root login on `address`:`port`; `set_env` is exported into every session (sshd
     otherwise gives sessions a fresh environment), e.g. a marker that finds them later.
+    Sessions get SHLVL=1, so bash started by sshd skips ~/.bashrc (it sources it only at level
+    1), as in an image whose root has none worth running: this machine's runs `pyenv rehash`,
+    whose lock file a killed session leaves behind, stalling every later session for 60 s.
     """
     authorized_keys.chmod(0o600)
     lines = [
@@ -79,8 +82,8 @@ def write_sshd_config(directory: Path, address: str, port: int, hostkey: Path,
         "MaxStartups 100:30:200",
         "MaxSessions 100",
     ]
-    if set_env:
-        lines.append("SetEnv " + " ".join(f"{k}={v}" for k, v in sorted(set_env.items())))
+    env = {"SHLVL": "1", **(set_env or {})}
+    lines.append("SetEnv " + " ".join(f"{k}={v}" for k, v in sorted(env.items())))
     cfg = directory / "sshd_config"
     cfg.write_text("\n".join([*lines, ""]))
     return cfg
