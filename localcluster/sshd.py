@@ -3,7 +3,7 @@
 horovodrun reaches a worker by `ssh <host> -p PORT -i KEY ...`; a fake host is an sshd listening
 only on its own loopback address, key-only login, with its own host key, in a temporary
 directory. `KeyPair` makes the client key pair (the job's ssh Secret plays this role in a cluster).
-Used by tests now and by the node agent (pods as sshd process trees) later.
+Used by tests and by the node agent (localcluster/nodeagent.py: worker pods as sshd trees).
 """
 
 from __future__ import annotations
@@ -47,6 +47,59 @@ def ssh_client_args(key: KeyPair, port: int) -> list[str]:
             "-i", str(key.private), "-p", str(port)]
 
 
+def host_key(path: Path) -> Path:
+    """Return `path`, an ed25519 host key, generating it first if it does not exist."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)],
+                       check=True, stdin=subprocess.DEVNULL)
+    return path
+
+
+def write_sshd_config(directory: Path, address: str, port: int, hostkey: Path,
+                      authorized_keys: Path, *, set_env: dict[str, str] | None = None) -> Path:
+    """Write `directory`/sshd_config for one fake host and return its path.
+
+    Key-only root login on `address`:`port`; `set_env` is exported into every session (sshd
+    otherwise gives sessions a fresh environment), e.g. a marker that finds them later.
+    Sessions get SHLVL=1, so bash started by sshd skips ~/.bashrc (it sources it only at level
+    1), as in an image whose root has none worth running: this machine's runs `pyenv rehash`,
+    whose lock file a killed session leaves behind, stalling every later session for 60 s.
+    """
+    authorized_keys.chmod(0o600)
+    lines = [
+        f"ListenAddress {address}:{port}",
+        f"HostKey {hostkey}",
+        f"AuthorizedKeysFile {authorized_keys}",
+        f"PidFile {directory / 'sshd.pid'}",
+        "PermitRootLogin prohibit-password",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "UsePAM no",
+        "StrictModes no",
+        "PermitUserEnvironment no",
+        "LogLevel ERROR",
+        "MaxStartups 100:30:200",
+        "MaxSessions 100",
+    ]
+    env = {"SHLVL": "1", **(set_env or {})}
+    lines.append("SetEnv " + " ".join(f"{k}={v}" for k, v in sorted(env.items())))
+    cfg = directory / "sshd_config"
+    cfg.write_text("\n".join([*lines, ""]))
+    return cfg
+
+
+def sshd_argv(config: Path) -> list[str]:
+    """Return the command that runs sshd in the foreground with `config`, logging to stderr.
+
+    Raises SshdError if sshd is missing; creates its privilege separation directory.
+    """
+    if not os.access(SSHD, os.X_OK):
+        raise SshdError(f"sshd not found at {SSHD} (install openssh-server: make setup)")
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+    return [SSHD, "-D", "-e", "-f", str(config)]
+
+
 class FakeHost:
     """sshd on `address`:`port`, accepting only `authorized` keys; start() / stop()."""
 
@@ -57,35 +110,12 @@ class FakeHost:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 10.0) -> FakeHost:
-        if not os.access(SSHD, os.X_OK):
-            raise SshdError(f"sshd not found at {SSHD} (install openssh-server: make setup)")
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
         d = self.workdir
-        hostkey = d / "ssh_host_ed25519_key"
-        if not hostkey.exists():
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(hostkey)],
-                           check=True, stdin=subprocess.DEVNULL)
+        hostkey = host_key(d / "ssh_host_ed25519_key")
         (d / "authorized_keys").write_text(self.authorized.public.read_text())
-        (d / "authorized_keys").chmod(0o600)
-        cfg = d / "sshd_config"
-        cfg.write_text("\n".join([
-            f"ListenAddress {self.address}:{self.port}",
-            f"HostKey {hostkey}",
-            f"AuthorizedKeysFile {d / 'authorized_keys'}",
-            f"PidFile {d / 'sshd.pid'}",
-            "PermitRootLogin prohibit-password",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "UsePAM no",
-            "StrictModes no",
-            "PermitUserEnvironment no",
-            "LogLevel ERROR",
-            "MaxStartups 100:30:200",
-            "MaxSessions 100",
-            "",
-        ]))
+        cfg = write_sshd_config(d, self.address, self.port, hostkey, d / "authorized_keys")
         log = (d / "sshd.log").open("ab")
-        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(sshd_argv(cfg), stdin=subprocess.DEVNULL,
                                      stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         log.close()

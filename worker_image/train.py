@@ -1,0 +1,119 @@
+"""Elastic Horovod + PyTorch training: the workload of elastic-supervisor's tests and demo.
+
+Run by horovodrun in elastic mode (under `elastic-supervisor run -- python train.py ...`):
+    horovodrun -np 2 --min-np 1 --max-np 4 --host-discovery-script ./discover_hosts.sh \
+        python train.py --steps 1000 --commit-every 10
+
+- Model, optimizer and step counter live in `hvd.elastic.TorchState`, committed every
+  --commit-every steps. When a worker dies, the survivors roll back to the last commit: at most
+  commit-every steps are computed again, none that was committed is lost.
+- `state.check_host_updates()` runs after every step, so added or removed hosts are picked up
+  between commits, without a rollback.
+- The learning rate follows the linear scaling rule, base lr x world size, and is set again on
+  every reset (the world size changed).
+- Data is synthetic and deterministic: the batch of (step, rank) depends only on --seed, so a
+  step computed again sees the same data.
+- Rank 0 prints one JSON line per step {"step", "size", "loss", "lr", "committed", "host",
+  "time", "step_s"}, and event lines {"event": "reset" | "done", ...}.
+- Exit code 0 once --steps are done, non-zero on any failure, and 143 on SIGTERM at once: a worker
+  that exits 0 mid-job makes horovodrun end the whole job (horovod issues #3852, #1994).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+
+torch.set_num_threads(1)  # the workers of one machine share its few cores
+
+import horovod.torch as hvd  # noqa: E402  (after set_num_threads, before any torch work)
+
+FEATURES = 64
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=1000, help="train until this many steps are done")
+    p.add_argument("--commit-every", type=int, default=10, help="commit the state every k steps")
+    p.add_argument("--batch-size", type=int, default=256, help="samples per worker and step")
+    p.add_argument("--hidden", type=int, default=1024, help="width of the two hidden layers")
+    p.add_argument("--lr", type=float, default=0.01, help="learning rate of one worker")
+    p.add_argument("--seed", type=int, default=1234, help="seed of the model and the data")
+    return p.parse_args(argv)
+
+
+def emit(**fields: object) -> None:
+    """Print one JSON line from rank 0."""
+    if hvd.rank() == 0:
+        print(json.dumps(fields), flush=True)
+
+
+def batch(seed: int, step: int, rank: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return the (inputs, targets) of `rank` at `step`: a function of the seed only."""
+    teacher = torch.Generator().manual_seed(seed)
+    weights = torch.randn(FEATURES, 1, generator=teacher)
+    g = torch.Generator().manual_seed(seed + 1_000_003 * (step + 1) + rank)
+    x = torch.randn(size, FEATURES, generator=g)
+    return x, torch.tanh(x @ weights)
+
+
+def exit_on_sigterm(signum: int, _frame: object) -> None:
+    # Leave non-zero and at once: exiting 0 here would end the whole job (see the docstring).
+    print(json.dumps({"event": "sigterm", "pid": os.getpid()}), file=sys.stderr, flush=True)
+    os._exit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
+    hvd.init()
+    torch.manual_seed(args.seed)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, args.hidden), torch.nn.ReLU(),
+        torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
+        torch.nn.Linear(args.hidden, 1))
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9),
+        named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0)
+
+    def on_reset() -> None:
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * hvd.size()
+        emit(event="reset", size=hvd.size(), step=state.step, lr=args.lr * hvd.size(),
+             time=time.time())
+
+    state.register_reset_callbacks([on_reset])
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.TorchState) -> None:
+        host = os.environ.get("HOROVOD_HOSTNAME", "")
+        while state.step < args.steps:
+            started = time.monotonic()
+            x, y = batch(args.seed, state.step, hvd.rank(), args.batch_size)
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()  # allreduces the gradients: fails when a peer died
+            state.step += 1
+            committed = state.step % args.commit_every == 0
+            if committed:
+                state.save()
+            emit(step=state.step, size=hvd.size(), loss=round(loss.item(), 6),
+                 lr=optimizer.param_groups[0]["lr"], committed=committed, host=host,
+                 time=time.time(), step_s=round(time.monotonic() - started, 4))
+            state.check_host_updates()
+
+    train(state)
+    emit(event="done", step=state.step, size=hvd.size(), time=time.time())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
