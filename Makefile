@@ -3,10 +3,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-unit test-integration lint cluster-up bench clean help \
+.PHONY: demo setup test test-unit test-integration lint cluster-up bench clean help \
 	kind-up kind-load kind-deploy kind-chaos kind-down
 
 help:
+	@echo "make demo         set up what is missing, then run the main job locally with faults"
 	@echo "make setup        install everything (idempotent; first run ~10 min, warm ~35 s)"
 	@echo "make test         lint + the whole test suite (unit, integration, e2e)"
 	@echo "make test-unit    only the fast pure tests"
@@ -20,6 +21,9 @@ help:
 
 setup:
 	bash scripts/setup.sh
+
+demo: setup
+	$(PY) -m localcluster demo
 
 $(PY):
 	@echo "no virtualenv at $(VENV): run 'make setup' first" >&2; exit 1

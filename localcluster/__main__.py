@@ -1,4 +1,5 @@
-"""`python -m localcluster up`: start the local control plane and keep it until Ctrl-C."""
+"""`python -m localcluster up`: start the local control plane and keep it until Ctrl-C.
+`python -m localcluster demo`: the main job with scripted faults (localcluster/demo.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import signal
 import sys
 import threading
 
+from localcluster import demo
 from localcluster.controlplane import ControlPlane, ControlPlaneError, Settings
 
 
@@ -17,7 +19,10 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--node-grace", type=int, default=8,
                     help="node-monitor grace period in seconds (default 8)")
     up.add_argument("--keep", action="store_true", help="keep the work directory on exit")
-    args = parser.parse_args(argv)
+    sub.add_parser("demo", help="run the main job with scripted faults (make demo)")
+    args, rest = parser.parse_known_args(argv)
+    if args.cmd == "demo":
+        return demo.main(rest)
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -188,9 +188,10 @@ def env_problems(docs: list[dict[str, Any]]) -> list[str]:
 
 
 def resolved_env(container: dict[str, Any]) -> dict[str, str]:
-    """The container's env as the supervisor would see it (fieldRefs filled in)."""
+    """The container's env as the supervisor would see it (fieldRefs filled in; the local
+    overlay's $(ES_VOLUME_ROOT), the node agent's volume root, taken as the cluster's /)."""
     downward = {"metadata.namespace": NAMESPACE, "metadata.name": "elastic-train-x7k2p"}
-    return {e["name"]: e["value"] if "value" in e
+    return {e["name"]: e["value"].replace("$(ES_VOLUME_ROOT)", "") if "value" in e
             else downward[e["valueFrom"]["fieldRef"]["fieldPath"]]
             for e in container.get("env", [])}
 

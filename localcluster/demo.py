@@ -1,0 +1,292 @@
+"""`make demo`: the main job on this machine, with scripted faults, a live line and a summary.
+
+Starts the local control plane and the node agent (3 fake nodes), applies
+`manifests/overlays/local` (the same YAML as on kind: RBAC, PriorityClasses, the launcher Job,
+the worker template and policy ConfigMaps, the ssh Secret) with kubectl; the Job controller makes
+the launcher pod, the agent runs it (the supervisor, with a token of the manifests'
+ServiceAccount), the supervisor creates the worker pods, the agent runs them as sshds on
+loopback addresses, and horovodrun trains worker_image/train.py on them. Faults, each once the
+job is back at full size and has trained a little: SIGKILL of a worker, a force delete, a node
+that stops heartbeating while its worker is frozen, scale 2 -> 3, scale 3 -> 2. At the end: a
+table (fault, detection, training resumed, back to full size), a timeline PNG (world size and
+step rate, faults marked) and everything stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt
+from kubernetes import client, config
+
+from localcluster.controlplane import ControlPlane, Settings
+from localcluster.nodeagent import AgentSettings, NodeAgent
+
+REPO = Path(__file__).resolve().parents[1]
+NAMESPACE, JOB = "elastic-supervisor", "elastic-train"
+STEPS = 300  # manifests/overlays/local sets --steps 300
+
+
+@dataclass
+class Fault:
+    name: str
+    at: float  # wall time
+    desired: int
+    detected: float | None = None
+    resumed: float | None = None
+    full: float | None = None
+
+
+@dataclass
+class Run:
+    """What the launcher's log shows: rank 0's steps and the supervisor's decisions."""
+
+    log: Path
+    offset: int = 0
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    resets: list[float] = field(default_factory=list)
+    done: bool = False
+    ended: int | None = None  # the launcher's exit code, once it ended
+
+    def poll(self) -> None:
+        if not self.log.exists():
+            return
+        with self.log.open("rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        end = chunk.rfind(b"\n") + 1
+        self.offset += end
+        for raw in chunk[:end].decode(errors="replace").splitlines():
+            _, sep, text = raw.partition("]<stdout>:")
+            line = text if sep else raw
+            if not line.startswith("{"):
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if "loss" in rec and "step" in rec:
+                self.steps.append(rec)
+            elif rec.get("event") == "reset":
+                self.resets.append(float(rec.get("time", time.time())))
+            elif rec.get("event") == "done":
+                self.done = True
+            elif str(rec.get("event", "")).startswith(("worker.", "scale.")):
+                self.decisions.append(rec)
+            elif rec.get("event") == "supervisor.exited":
+                self.ended = int(rec.get("code", -1))
+
+    @property
+    def step(self) -> int:
+        return self.steps[-1]["step"] if self.steps else 0
+
+    @property
+    def size(self) -> int:
+        return self.steps[-1]["size"] if self.steps else 0
+
+
+def kubectl(cp: ControlPlane, *args: str) -> str:
+    out = subprocess.run([str(cp.settings.bin_dir / "kubectl"), "--kubeconfig", str(cp.kubeconfig),
+                          *args], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"demo: kubectl {' '.join(args)} failed: {out.stderr.strip()}")
+    return out.stdout
+
+
+def launcher_pod(core: client.CoreV1Api) -> str | None:
+    pods = core.list_namespaced_pod(NAMESPACE, label_selector="elastic-supervisor/role=launcher")
+    running = [p.metadata.name for p in pods.items if p.status.phase == "Running"]
+    return running[0] if running else None
+
+
+def worker_pods(core: client.CoreV1Api) -> list[client.V1Pod]:
+    pods = core.list_namespaced_pod(
+        NAMESPACE, label_selector=f"elastic-supervisor/job={JOB},elastic-supervisor/role=worker")
+    return sorted((p for p in pods.items if p.status.phase == "Running"
+                   and not p.metadata.deletion_timestamp), key=lambda p: p.metadata.name)
+
+
+def wait(what: str, predicate: Any, run: Run, timeout: float, progress: Any) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"\ndemo: gave up after {timeout:.0f}s waiting for {what}; the "
+                             f"launcher's log: {run.log}")
+        if run.ended is not None and not run.done:
+            raise SystemExit(f"\ndemo: the launcher exited with {run.ended} while waiting "
+                             f"for {what}; its log: {run.log}")
+        run.poll()
+        progress()
+        time.sleep(0.2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m localcluster demo")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "out",
+                        help="where the timeline PNG and the run's logs go")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["bash", str(REPO / "manifests" / "ssh-keygen.sh")], check=True,
+                   stdout=subprocess.DEVNULL)
+    print("demo: starting the local control plane and the node agent (3 nodes)")
+    cp = ControlPlane(Settings(node_monitor_grace_period_s=20))
+    cp.start()
+    agent: NodeAgent | None = None
+    try:
+        agent = NodeAgent(cp, AgentSettings(
+            nodes=("node-a", "node-b", "node-c"), workdir=args.out / "agent",
+            image_env={"PYTHONPATH": str(REPO), "ES_PYTHON": sys.executable,
+                       "ES_WORKSPACE": str(REPO / "worker_image")})).start()
+        api = config.new_client_from_config(config_file=str(cp.kubeconfig))
+        core = client.CoreV1Api(api)
+        print("demo: kubectl apply -k manifests/overlays/local")
+        kubectl(cp, "apply", "-k", str(REPO / "manifests" / "overlays" / "local"))
+        return drive(cp, agent, core, args.out)
+    finally:
+        if agent is not None:
+            agent.close()
+        cp.stop()
+        print("demo: stopped the node agent and the control plane")
+
+
+def drive(cp: ControlPlane, agent: NodeAgent, core: client.CoreV1Api, out: Path) -> int:
+    t0 = time.time()
+    launcher: str | None = None
+    deadline = time.monotonic() + 120
+    while (launcher := launcher_pod(core)) is None:
+        if time.monotonic() > deadline:
+            raise SystemExit("demo: the launcher pod did not start within 120 s")
+        time.sleep(0.5)
+    run = Run(agent.log_path(f"{NAMESPACE}/{launcher}"))
+    faults: list[Fault] = []
+
+    def progress() -> None:
+        last = run.decisions[-1] if run.decisions else {}
+        what = (f"{last.get('event')} {last.get('pod', '')} {last.get('action', '')}".strip()
+                if last else "-")
+        restarts = sum(1 for d in run.decisions if d.get("action") == "Restart")
+        print(f"\rstep {run.step:>3}/{STEPS}  world size {run.size}  restarts {restarts}  "
+              f"last decision: {what[:60]:<60}", end="", flush=True)
+
+    def trained(n: int) -> Any:
+        start = run.step
+        return lambda: run.step >= start + n or run.done
+
+    def at_size(n: int, since: float) -> Any:
+        """Training has taken a step at world size n after `since`, with n worker pods."""
+        def check() -> bool:
+            if run.done:
+                return True
+            stepped = any(s["time"] >= since and s["size"] == n for s in run.steps[-50:])
+            return stepped and len(worker_pods(core)) == n
+        return check
+
+    def fault(name: str, desired: int, act: Any) -> None:
+        # Each fault hits a job back at full size that has trained a little since the last:
+        # two faults at once can take every worker, and then no state survives (Horovod ends).
+        wait("some training", trained(15), run, 120, progress)
+        if run.done:
+            return
+        faults.append(Fault(name, time.time(), desired))
+        act()
+        wait(f"recovery from {name}", at_size(desired, faults[-1].at), run, 240, progress)
+
+    def victim() -> client.V1Pod:
+        """The last worker not on the launcher's node (a lost node must not take the
+        supervisor with it)."""
+        workers = worker_pods(core)
+        launcher_node = core.read_namespaced_pod(launcher, NAMESPACE).spec.node_name
+        others = [p for p in workers if p.spec.node_name != launcher_node]
+        return (others or workers)[-1]
+
+    def scale(n: int) -> None:
+        subprocess.run([sys.executable, "-m", "supervisor", "scale", "--job", JOB,
+                        "--namespace", NAMESPACE, "--workers", str(n)], check=True,
+                       env={**os.environ, "KUBECONFIG": str(cp.kubeconfig)},
+                       stdout=subprocess.DEVNULL)
+
+    wait("training to start", lambda: run.step > 0, run, 300, progress)
+    fault("SIGKILL a worker", 2,
+          lambda: agent.kill(f"{NAMESPACE}/{victim().metadata.name}", signal.SIGKILL))
+    fault("force-delete a worker", 2, lambda: core.delete_namespaced_pod(
+        victim().metadata.name, NAMESPACE, grace_period_seconds=0))
+    fault("node stops heartbeating, worker frozen", 2,
+          lambda: agent.silence(victim().spec.node_name, freeze=True))
+    fault("scale 2 -> 3", 3, lambda: scale(3))
+    fault("scale 3 -> 2", 2, lambda: scale(2))
+    wait("the end of training", lambda: run.done, run, 600, progress)
+    print()
+    code = None
+    deadline = time.monotonic() + 60
+    while code is None and time.monotonic() < deadline:
+        pod = core.read_namespaced_pod(launcher, NAMESPACE)
+        for cs in pod.status.container_statuses or ():
+            if cs.state.terminated is not None:
+                code = cs.state.terminated.exit_code
+        time.sleep(0.5)
+    summarize(run, faults, t0, out)
+    print(f"demo: the launcher (supervisor) exited with {code}")
+    return 0 if code == 0 else 1
+
+
+def summarize(run: Run, faults: list[Fault], t0: float, out: Path) -> None:
+    for f in faults:
+        after = [d for d in run.decisions if _t(d) >= f.at]
+        f.detected = _t(after[0]) if after else None
+        resets = [r for r in run.resets if r >= f.at]
+        steps_after = [s for s in run.steps if s["time"] >= (resets[0] if resets else f.at)]
+        f.resumed = steps_after[0]["time"] if steps_after else None
+        f.full = next((s["time"] for s in run.steps
+                       if s["time"] >= (f.resumed or f.at) and s["size"] == f.desired), None)
+
+    def since(t: float | None, f: Fault) -> str:
+        return "-" if t is None else f"{t - f.at:6.1f} s"
+
+    print(f"\n{'fault':<40} {'detected':>9} {'resumed':>9} {'full size':>10}")
+    for f in faults:
+        print(f"{f.name:<40} {since(f.detected, f):>9} {since(f.resumed, f):>9} "
+              f"{since(f.full, f):>10}")
+    png = out / "demo-timeline.png"
+    timeline(run, faults, t0, png)
+    print(f"\ntimeline: {png}")
+
+
+def _t(rec: dict[str, Any]) -> float:
+    """The wall time of a supervisor log record."""
+    try:
+        return dt.datetime.fromisoformat(rec.get("timestamp", "").replace("Z", "+00:00")
+                                         ).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def timeline(run: Run, faults: list[Fault], t0: float, png: Path) -> None:
+    times = [s["time"] - t0 for s in run.steps]
+    fig, (ax1, ax2) = plt.subplots(2, 1, sharex=True, figsize=(10, 5))
+    ax1.step(times, [s["size"] for s in run.steps], where="post")
+    ax1.set_ylabel("world size")
+    rate = [1 / s["step_s"] if s.get("step_s") else 0 for s in run.steps]
+    ax2.plot(times, rate, linewidth=0.8)
+    ax2.set_ylabel("steps / s")
+    ax2.set_xlabel("seconds since the job was applied")
+    for f in faults:
+        for ax in (ax1, ax2):
+            ax.axvline(f.at - t0, color="red", linestyle="--", linewidth=0.8)
+        ax1.text(f.at - t0, 1.02, f.name, transform=ax1.get_xaxis_transform(), rotation=20,
+                 fontsize=7, color="red")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
