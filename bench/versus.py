@@ -73,16 +73,16 @@ class Plan:
     """What one comparison run does: how many workers and changes (counts), how fast."""
 
     workers: int = 1000
-    per_sampled_kind: int = 50  # changes of each kind both can see
-    not_ready: int = 20
-    terminating: int = 10
-    node_not_ready: int = 4
+    per_sampled_kind: int = 100  # changes of each kind both can see
+    not_ready: int = 40
+    terminating: int = 20
+    node_not_ready: int = 8
     mean_gap_s: float = 1.5  # mean of the exponential gap between two changes
     seed: int = 8
 
     @classmethod
     def scaled(cls, workers: int, per_sampled_kind: int) -> Plan:
-        """A plan whose never-seen changes keep the default proportions (20/10/4 to 50)."""
+        """A plan whose never-seen changes keep the default proportions (40/20/8 to 100)."""
         c = per_sampled_kind
         return cls(workers=workers, per_sampled_kind=c, not_ready=max(1, 2 * c // 5),
                    terminating=max(1, c // 5), node_not_ready=max(1, c // 12))
@@ -390,12 +390,21 @@ def judge(applied: list[Applied], poller: Poller) -> dict[str, Any]:
     both = [x for k in SAMPLED for x in samples[k]]
     ours_same = [x for k in SAMPLED for x in ours[k]]
     ok = [p for p in polls if "error" not in p]
+    # Does the poller's list (the apiserver serializing every pod, on the same cores) slow the
+    # supervisor? Its samples split by whether a list was in flight while they were taken.
+    during: dict[bool, list[float]] = {True: [], False: []}
+    for a in applied:
+        if a.kind in SAMPLED:
+            during[any(p["start"] < a.t0 + a.ours_s and p["end"] > a.t0 for p in ok)].append(
+                a.ours_s)
     return {
         "poller": percentiles(both) if both else None,
         "ours": percentiles(ours_same) if ours_same else None,
         "per_kind": {k.value: {"ours": percentiles(ours[k]) if ours[k] else None,
                                "poller": percentiles(samples[k]) if samples[k] else None}
                      for k in Change},
+        "ours_while_poller_lists": percentiles(during[True]) if during[True] else None,
+        "ours_otherwise": percentiles(during[False]) if during[False] else None,
         "never_seen_by_poller": unseen,
         "poller_missed": missed,
         "poller_list_ms": percentiles([p["end"] - p["start"] for p in ok]) if ok else None,
