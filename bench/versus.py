@@ -29,6 +29,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -463,14 +464,18 @@ def run(cp: audit.AuditedControlPlane, api: client.ApiClient, plan: Plan,
     try:
         d = Driver(s)
         since = time.time()
+        load: list[float] = []  # the machine's 1-min load average, at each change
         for kind in changes:
             d.idle(rng.expovariate(1 / plan.mean_gap_s))
+            load.append(os.getloadavg()[0])
             d.apply(kind)
         while d.to_undo:
             d.idle(0.1)
         d.idle(PERIOD_S * 1.5)  # the poller's last samples
         until = time.time()
         out = judge(d.applied, s.poller)
+        out["load_average_1min"] = {"median": round(statistics.median(load), 2),
+                                    "max": round(max(load), 2), "cpus": os.cpu_count()}
         rates = request_rates(cp, s.sup_started, since, until, out["poller_list_kib"])
         # The supervisor's writes in the window are Events about these changes and undos.
         rates["changes_in_window"] = len(d.applied) + sum(a.undone is not None
