@@ -1,8 +1,7 @@
 """`make bench`: run the benchmarks and write bench/results.json, then print a table.
 
-Keys not measured by this version stay null (never invented): the poller baseline and the
-end-to-end Horovod numbers arrive with their issues. `--only NAME` runs one benchmark and keeps
-the other's stored numbers.
+Keys not measured by this version stay null (never invented): the end-to-end Horovod numbers
+arrive with their issue. `--only NAME` runs one benchmark and keeps the others' stored numbers.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import platform
 import sys
 from pathlib import Path
 
-from bench import discovery, replacement
+from bench import discovery, replacement, versus
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
 
@@ -38,8 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--sizes", default="10,100,1000",
                         help="worker counts for the discovery benchmark (default 10,100,1000)")
-    parser.add_argument("--only", choices=("discovery", "replacement"),
-                        help="run one benchmark; keys of the other keep their stored values")
+    parser.add_argument("--only", choices=("discovery", "replacement", "baseline"),
+                        help="run one benchmark; keys of the others keep their stored values")
+    parser.add_argument("--baseline-workers", type=int, default=versus.Plan.workers,
+                        help="worker count of the poller comparison (default %(default)s)")
+    parser.add_argument("--baseline-changes", type=int, default=versus.Plan.per_sampled_kind,
+                        help="changes of each kind both see, in the poller comparison "
+                             "(default %(default)s)")
     args = parser.parse_args(argv)
     sizes = tuple(int(s) for s in args.sizes.split(","))
     results: dict[str, object] = {
@@ -49,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         "baseline_poll_latency_ms": None,
         "baseline_poll_api_requests_per_min": None,
         "speedup_vs_poll_p99": None,
+        "baseline_poll_details": None,
         "replacement_latency_ms": None,
         "supervisor_rss_mb_1000": None,
         "supervisor_cpu_percent_idle_1000": None,
@@ -62,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         results.update(discovery.main(sizes))
     if args.only in (None, "replacement"):
         results.update(replacement.main())
+    if args.only in (None, "baseline"):
+        results.update(versus.main(versus.Plan.scaled(args.baseline_workers,
+                                                      args.baseline_changes)))
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {RESULTS}\n")
     print(f"{'workers':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'samples':>8}")
@@ -72,7 +80,29 @@ def main(argv: list[str] | None = None) -> int:
               f"max {rl['max']} ms over {rl['n']}")
     print(f"supervisor RSS at 1000 workers: {results['supervisor_rss_mb_1000']} MB; "
           f"idle CPU: {results['supervisor_cpu_percent_idle_1000']}%")
+    print_baseline(results)
     return 0
+
+
+def print_baseline(results: dict[str, object]) -> None:
+    details = results["baseline_poll_details"]
+    if not isinstance(details, dict):
+        return
+    print(f"\n{'same changes':<34} {'workers':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
+          f"{'samples':>8}")
+    for n, d in details.items():
+        for who, r in ((f"poller ({d['poll_period_s']:g} s list, phase Running)", d["poller"]),
+                       ("supervisor (watch)", d["ours"])):
+            print(f"{who:<34} {n:>8} {r['p50']:>8} {r['p99']:>8} {r['max']:>8} {r['n']:>8}")
+        unseen = ", ".join(f"{k} {v['never_seen']}/{v['changes']}"
+                           for k, v in d["never_seen_by_poller"].items())
+        print(f"never seen by the poller (changes kept in its file): {unseen}")
+    rates = results["baseline_poll_api_requests_per_min"]
+    if isinstance(rates, dict):
+        print(f"speedup (poller p99 / supervisor p99): {results['speedup_vs_poll_p99']}x; "
+              f"API requests/min: poller {rates['poller']} lists, supervisor reads "
+              f"{rates['supervisor_reads']} (all {rates['supervisor']}: Events about the "
+              f"{rates['changes_in_window']} changes of the run)")
 
 
 if __name__ == "__main__":
