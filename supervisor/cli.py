@@ -183,7 +183,9 @@ def scale_command(api: Any, job: str, namespace: str, args: argparse.Namespace) 
         return ExitCode.CONFIG
     store = kube.StateStore(api, namespace, fleet.scale_name(job), None, key=fleet.SCALE_KEY)
     current, rv = store.load()
-    have = int((current or {}).get("workers", state.get("desiredWorkers", 0)))
+    # --add / --remove count from what the supervisor keeps now: after a rollback or a
+    # dropped worker that is less than the last request.
+    have = int(state.get("desiredWorkers", (current or {}).get("workers", 0)))
     try:
         want = operate.target_workers(have, workers=args.workers, add=args.add,
                                       remove=args.remove)

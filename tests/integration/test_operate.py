@@ -117,6 +117,11 @@ def test_a_scale_out_that_never_runs_is_rolled_back(control_plane: ControlPlane,
              what="a ScaleOutRolledBack Event")
     status = json.loads(cli(control_plane, namespace, "status", "--output", "json").stdout)
     assert (status["desired"], status["requested"], status["live"]) == (2, 3, 2)
+    # --add counts from the desired 2 the supervisor keeps, not from the request for 3.
+    job.kubelet.hold.discard("job1-w2-1")
+    again = cli(control_plane, namespace, "scale", "--add", "1")
+    assert again.returncode == 0, again.stderr
+    assert "desired workers 2 -> 3" in again.stdout
 
 
 def normalize(text: str) -> str:
