@@ -72,16 +72,10 @@ KUBE_CALLS: dict[str, list[Permission] | None] = {
 }
 # The API classes kube.py uses (so create_namespaced_event is known to be events.k8s.io).
 KUBE_API_CLASSES = {"CoreV1Api", "EventsV1Api", "CoordinationV1Api"}
-# Granted ahead of the code that will use them.
-PLANNED: list[Permission] = [
-    # Scale-in (the operate issue): label a worker before removing it.
-    ("", "pods", "patch", JOB),
-    # One node by name (the node a failed worker was on).
-    ("", "nodes", "get", CLUSTER),
-    # One node Lease by name (status of a worker's node).
-    ("coordination.k8s.io", "leases", "get", "kube-node-lease"),
-]
 DENIED: list[Permission] = [
+    # Nothing the code does not use: no patching pods, no single reads of nodes or Leases.
+    ("", "pods", "patch", JOB), ("", "nodes", "get", CLUSTER),
+    ("coordination.k8s.io", "leases", "get", "kube-node-lease"),
     ("", "pods", "update", JOB), ("", "pods", "deletecollection", JOB),
     ("", "pods", "list", "default"), ("", "pods/exec", "create", JOB),
     ("", "configmaps", "delete", JOB), ("", "configmaps", "list", "default"),
@@ -94,7 +88,7 @@ DENIED: list[Permission] = [
 
 
 def needed() -> set[Permission]:
-    return {p for perms in KUBE_CALLS.values() for p in perms or ()} | set(PLANNED)
+    return {p for perms in KUBE_CALLS.values() for p in perms or ()}
 
 
 # ---- building ----------------------------------------------------------------------------------
