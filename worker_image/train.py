@@ -13,6 +13,9 @@ Run by horovodrun in elastic mode (under `elastic-supervisor run -- python train
   every reset (the world size changed).
 - Data is synthetic and deterministic: the batch of (step, rank) depends only on --seed, so a
   step computed again sees the same data.
+- With --checkpoint PATH (on a volume every worker mounts), rank 0 also writes the committed
+  state there (atomically: temp file + rename), and a new run starts from it: a job whose
+  launcher was restarted goes on from its last commit instead of from step 0.
 - Rank 0 prints one JSON line per step {"step", "size", "loss", "lr", "committed", "host",
   "time", "step_s"}, and event lines {"event": "reset" | "done", ...}.
 - Exit code 0 once --steps are done, non-zero on any failure, and 143 on SIGTERM at once: a worker
@@ -45,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=1024, help="width of the two hidden layers")
     p.add_argument("--lr", type=float, default=0.01, help="learning rate of one worker")
     p.add_argument("--seed", type=int, default=1234, help="seed of the model and the data")
+    p.add_argument("--checkpoint", default=None,
+                   help="file for the committed state (a shared volume); resumed from if present")
     return p.parse_args(argv)
 
 
@@ -61,6 +66,28 @@ def batch(seed: int, step: int, rank: int, size: int) -> tuple[torch.Tensor, tor
     g = torch.Generator().manual_seed(seed + 1_000_003 * (step + 1) + rank)
     x = torch.randn(size, FEATURES, generator=g)
     return x, torch.tanh(x @ weights)
+
+
+def save_checkpoint(path: str, state: hvd.elastic.TorchState) -> None:
+    """Write the committed model, optimizer and step to `path` atomically (rank 0 only)."""
+    if hvd.rank() != 0:
+        return
+    tmp = f"{path}.tmp.{os.getpid()}"
+    torch.save({"step": state.step, "model": state.model.state_dict(),
+                "optimizer": state.optimizer.state_dict()}, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str | None, state: hvd.elastic.TorchState) -> None:
+    """Load `path` into rank 0's state if it exists (the first sync gives it to every rank)."""
+    if path is None or hvd.rank() != 0 or not os.path.exists(path):
+        return
+    saved = torch.load(path, weights_only=True)
+    state.model.load_state_dict(saved["model"])
+    state.optimizer.load_state_dict(saved["optimizer"])
+    state.step = int(saved["step"])
+    state.save()  # the first sync hands out the saved state, not the live attributes
+    emit(event="resumed", step=state.step, checkpoint=path, time=time.time())
 
 
 def exit_on_sigterm(signum: int, _frame: object) -> None:
@@ -90,25 +117,32 @@ def main(argv: list[str] | None = None) -> int:
              time=time.time())
 
     state.register_reset_callbacks([on_reset])
+    load_checkpoint(args.checkpoint, state)
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
         host = os.environ.get("HOROVOD_HOSTNAME", "")
         while state.step < args.steps:
-            started = time.monotonic()
-            x, y = batch(args.seed, state.step, hvd.rank(), args.batch_size)
-            optimizer.zero_grad()
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            optimizer.step()  # allreduces the gradients: fails when a peer died
-            state.step += 1
-            committed = state.step % args.commit_every == 0
-            if committed:
-                state.save()
-            emit(step=state.step, size=hvd.size(), loss=round(loss.item(), 6),
-                 lr=optimizer.param_groups[0]["lr"], committed=committed, host=host,
-                 time=time.time(), step_s=round(time.monotonic() - started, 4))
-            state.check_host_updates()
+            one_step(state, host)
+
+    def one_step(state: hvd.elastic.TorchState, host: str) -> None:
+        """Train one step; commit every --commit-every steps; pick up host changes."""
+        started = time.monotonic()
+        x, y = batch(args.seed, state.step, hvd.rank(), args.batch_size)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()  # allreduces the gradients: fails when a peer died
+        state.step += 1
+        committed = state.step % args.commit_every == 0
+        if committed:
+            state.save()
+            if args.checkpoint:
+                save_checkpoint(args.checkpoint, state)
+        emit(step=state.step, size=hvd.size(), loss=round(loss.item(), 6),
+             lr=optimizer.param_groups[0]["lr"], committed=committed, host=host,
+             time=time.time(), step_s=round(time.monotonic() - started, 4))
+        state.check_host_updates()
 
     train(state)
     emit(event="done", step=state.step, size=hvd.size(), time=time.time())
