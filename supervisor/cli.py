@@ -29,6 +29,7 @@ from supervisor.config import (
     effective_values,
     parse_config,
 )
+from supervisor.fence import FenceServer
 from supervisor.launch import horovodrun_argv
 from supervisor.logs import make_logger
 from supervisor.metrics import make_metrics, serve
@@ -237,6 +238,20 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
                   f"listen ({e}); set another port or 0 to disable", file=sys.stderr)
             return ExitCode.CONFIG
     try:
+        fence = FenceServer(cfg.fence_port)
+    except OSError as e:
+        print(f"elastic-supervisor: SUPERVISOR_FENCE_PORT={cfg.fence_port}: cannot listen "
+              f"({e}); set another port or 0 for any free one", file=sys.stderr)
+        return ExitCode.CONFIG
+    try:
+        return _run(cfg, command, env, log=log, metrics=metrics, fence=fence)
+    finally:
+        fence.close()
+
+
+def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: Any,
+         metrics: Any, fence: FenceServer) -> int:
+    try:
         api = kube.make_api_client()
     except kube.KubeError as e:
         log.error("kube.fatal", reason=str(e))
@@ -279,6 +294,7 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
                      start_child=proc.Child.start, base_env=env, act=actuator.submit,
                      kill_ssh_clients=proc.kill_ssh_clients,
                      count_ssh_clients=lambda pid, host: len(proc.ssh_clients_for(pid, host)),
+                     fence=fence.add, fence_port=fence.port,
                      workers=workers, owner=owner, leases=leases)
     actuator.sink = sup.submit
     actuator.start()

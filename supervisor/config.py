@@ -91,6 +91,7 @@ class Config:
     log_level: LogLevel
     metrics_port: int
     pod_name: str | None
+    fence_port: int = 0
     # Failure handling: the effective rules and budgets, the worker pod template (validated;
     # None: the supervisor does not create workers, so Restart decisions cannot be carried
     # out) and how long a node must be down before its workers count as lost.
@@ -264,6 +265,10 @@ VARIABLES: tuple[Var, ...] = (
     Var("LOG_FORMAT", "json", "Log format: json or console."),
     Var("LOG_LEVEL", "info", "Log level: debug, info, warning or error."),
     Var("METRICS_PORT", "9400", "Port of the Prometheus /metrics endpoint; 0 disables it."),
+    Var("FENCE_PORT", "0", "Port of the fence endpoint (GET /fenced: the hosts declared dead), "
+        "which training scripts using supervisor.fence.WorkerFence poll while a step is stalled, "
+        "to leave a collective a dead worker holds; 0: any free port (workers learn it from "
+        "horovodrun's environment)."),
     Var("POD_NAME", None, "The launcher pod's name (downward API), the object Events refer to "
         "(without it: the batch Job named JOB_NAME). Default: HOSTNAME when running in a pod."),
     Var("WORKER_TEMPLATE", None, "Worker pod template (YAML Pod, e.g. from a ConfigMap). Set: "
@@ -287,7 +292,7 @@ VARIABLES: tuple[Var, ...] = (
         "before the worker counts as lost (the node controller already waited its own grace)."),
     Var("NODE_LEASE_SECONDS", None, "If set, a worker also counts as lost when its node's "
         "Lease (kube-node-lease) was not renewed for this long: faster than the node "
-        "controller's 40-50 s. Needs leases get/list/watch. Default: off."),
+        "controller's 40-50 s. Needs leases list/watch. Default: off."),
     Var("SCALE_OUT_TIMEOUT_SECONDS", "600", "A worker added by `scale` that is not Running "
         "within this long is deleted again (rollback, Warning Event)."),
     Var("SCALE_IN_TIMEOUT_SECONDS", "60", "A worker removed by `scale` leaves the discovery "
@@ -411,6 +416,7 @@ def parse_config(
     log_format = get("LOG_FORMAT", _enum(LogFormat))
     log_level = get("LOG_LEVEL", _enum(LogLevel))
     metrics_port = get("METRICS_PORT", _int_in(0, 65535))
+    fence_port = get("FENCE_PORT", _int_in(0, 65535))
     pod_name = get("POD_NAME", _nonempty)
     if pod_name is None and f"{PREFIX}POD_NAME" not in sources and pod_namespace and env.get(
             "HOSTNAME"):
@@ -443,7 +449,8 @@ def parse_config(
         ssh_port=ssh_port, ssh_identity_file=ssh_identity, network_interface=nic,
         gloo_timeout_s=gloo, extra_args=extra, watch_read_timeout_s=read_timeout,
         resync_s=resync, log_format=log_format, log_level=log_level,
-        metrics_port=metrics_port, pod_name=pod_name, policy=policy, policy_file=policy_file,
+        metrics_port=metrics_port, fence_port=fence_port, pod_name=pod_name, policy=policy,
+        policy_file=policy_file,
         worker_template=template, worker_template_file=template_file, node_grace_s=node_grace,
         node_lease_s=node_lease, scale_out_timeout_s=scale_out, scale_in_timeout_s=scale_in,
         sources=dict(sources),
@@ -554,6 +561,7 @@ def effective_values(cfg: Config) -> list[tuple[str, str, str]]:
         "WATCH_READ_TIMEOUT_SECONDS": cfg.watch_read_timeout_s,
         "RESYNC_SECONDS": cfg.resync_s, "LOG_FORMAT": cfg.log_format.value,
         "LOG_LEVEL": cfg.log_level.value, "METRICS_PORT": cfg.metrics_port,
+        "FENCE_PORT": cfg.fence_port,
         "POD_NAME": cfg.pod_name, "WORKER_TEMPLATE": cfg.worker_template_file,
         "POLICY_FILE": cfg.policy_file,
         "RESTART_EXIT_CODES": _codes_text(cfg, "SUPERVISOR_RESTART_EXIT_CODES"),

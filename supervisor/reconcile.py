@@ -138,6 +138,8 @@ class Supervisor:
         act: Callable[[Op], None],
         kill_ssh_clients: Callable[[int, str], list[int]],
         count_ssh_clients: Callable[[int, str], int],
+        fence: Callable[[str], None] = lambda host: None,
+        fence_port: int | None = None,
         workers: Fleet | None = None,
         owner: Mapping[str, str] | None = None,
         leases: NodeLeases | None = None,
@@ -148,6 +150,7 @@ class Supervisor:
         self.start_child, self.base_env, self.clock = start_child, base_env, clock
         self.act, self.kill_ssh_clients, self.owner, self.wall = act, kill_ssh_clients, owner, wall
         self.count_ssh_clients = count_ssh_clients
+        self.fence, self.fence_port = fence, fence_port
         self.classify_settings = ClassifySettings(node_grace_s=cfg.node_grace_s,
                                                   lease_grace_s=cfg.node_lease_s)
         self.leases = leases if cfg.node_lease_s is not None else None
@@ -171,7 +174,7 @@ class Supervisor:
         """Supervise until horovodrun exits or the start fails; return how it ended."""
         cfg = self.cfg
         argv = horovodrun_argv(cfg, command)
-        env = horovodrun_env(cfg, self.base_env)
+        env = horovodrun_env(cfg, self.base_env, self.fence_port)
         started_at = self.clock()
         next_progress = started_at
         self._sync_discovery(started_at, None)  # withdraw a file left by a previous run
@@ -381,6 +384,8 @@ class Supervisor:
                     now: float) -> None:
         st, cfg = self.state, self.cfg
         host = discovery.host_of(pod, cfg.host_mode)
+        if host:
+            self.fence(host)  # survivors stalled on it leave their collective (fence.py)
         killed = (self.kill_ssh_clients(st.child.pid, host)
                   if st.child is not None and host else [])
         found = fleet.slot_of(pod, cfg.job_name) if st.fleet is not None else None

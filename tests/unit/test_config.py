@@ -78,7 +78,7 @@ def test_every_variable_set_explicitly() -> None:
         "SUPERVISOR_WATCH_READ_TIMEOUT_SECONDS": "120", "SUPERVISOR_RESYNC_SECONDS": "0.5",
         "SUPERVISOR_LOG_FORMAT": "console", "SUPERVISOR_LOG_LEVEL": "DEBUG",
         "SUPERVISOR_METRICS_PORT": "0", "SUPERVISOR_POD_NAME": "bert-launcher-x",
-        "SUPERVISOR_WORKER_TEMPLATE": "/etc/edl/worker.yaml",
+        "SUPERVISOR_FENCE_PORT": "9401", "SUPERVISOR_WORKER_TEMPLATE": "/etc/edl/worker.yaml",
         "SUPERVISOR_RESTART_EXIT_CODES": "137", "SUPERVISOR_FAIL_EXIT_CODES": "3",
         "SUPERVISOR_RESTART_EVENTS": "nodeNotReady", "SUPERVISOR_RESTART_LIMIT": "5",
         "SUPERVISOR_SLOT_RESTART_LIMIT": "2", "SUPERVISOR_BACKOFF_INITIAL_SECONDS": "0.5",
@@ -93,8 +93,8 @@ def test_every_variable_set_explicitly() -> None:
     assert (cfg.ssh_port, cfg.ssh_identity_file, cfg.network_interface, cfg.gloo_timeout_s) == (
         2222, Path("/etc/ssh-key/id"), "eth0", 120)
     assert cfg.extra_args == ("--verbose", "--blacklist-cooldown-range", "10", "100")
-    assert (cfg.log_format, cfg.log_level, cfg.metrics_port, cfg.pod_name) == (
-        LogFormat.CONSOLE, LogLevel.DEBUG, 0, "bert-launcher-x")
+    assert (cfg.log_format, cfg.log_level, cfg.metrics_port, cfg.pod_name, cfg.fence_port) == (
+        LogFormat.CONSOLE, LogLevel.DEBUG, 0, "bert-launcher-x", 9401)
     assert cfg.worker_template is not None and cfg.node_grace_s == 0.0
     assert (cfg.node_lease_s, cfg.scale_out_timeout_s, cfg.scale_in_timeout_s) == (5, 120, 0)
     assert cfg.policy.budgets == Budgets(restart_limit=5, per_slot_limit=2,
@@ -170,6 +170,8 @@ BAD = [
     ("SUPERVISOR_LOG_LEVEL", "trace", "SUPERVISOR_LOG_LEVEL='trace': expected one of"
      " debug|info|warning|error"),
     ("SUPERVISOR_METRICS_PORT", "http", "SUPERVISOR_METRICS_PORT='http': expected an integer"
+     " 0..65535"),
+    ("SUPERVISOR_FENCE_PORT", "70000", "SUPERVISOR_FENCE_PORT='70000': expected an integer"
      " 0..65535"),
     ("SUPERVISOR_POD_NAME", " ", "SUPERVISOR_POD_NAME=' ': expected a non-empty word without"
      " spaces"),
