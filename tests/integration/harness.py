@@ -176,8 +176,9 @@ class AutoKubelet:
 class SupervisorProcess:
     """A real `elastic-supervisor run` subprocess with the stand-in horovodrun."""
 
-    def __init__(self, cp: ControlPlane, namespace: str, tmp: Path, **env: str) -> None:
-        self.tmp = tmp
+    def __init__(self, cp: ControlPlane, namespace: str, tmp: Path,
+                 command: tuple[str, ...] = ("python", "train.py"), **env: str) -> None:
+        self.tmp, self.command = tmp, command
         self.discovery_file = tmp / "edl" / "hostfile"
         self.record = tmp / f"horovodrun-{time.monotonic_ns()}.jsonl"
         self.log_path = tmp / f"supervisor-{time.monotonic_ns()}.log"
@@ -196,7 +197,7 @@ class SupervisorProcess:
     def start(self) -> SupervisorProcess:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "supervisor", "run", "--", "python", "train.py"],
+                [sys.executable, "-m", "supervisor", "run", "--", *self.command],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         return self
 
