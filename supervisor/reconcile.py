@@ -370,7 +370,7 @@ class Supervisor:
         for c in fleet.wanted(st.fleet, cfg.job_name, existing, wall):
             body = worker_pod(cfg.worker_template, job=cfg.job_name,  # type: ignore[arg-type]
                               slot=c.slot, incarnation=c.incarnation, owner=self.owner,
-                              avoid_node=c.avoid_node)
+                              avoid_node=c.avoid_node, lost_nodes=sorted(suspects))
             st.expected[c.name] = now
             self.act(CreatePod(body))
         usable = len(st.fleet.active()) * cfg.slots_per_worker

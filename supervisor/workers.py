@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -94,11 +94,14 @@ def worker_pod(
     incarnation: int,
     owner: Mapping[str, str] | None,
     avoid_node: str | None = None,
+    lost_nodes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Return a new worker pod for `slot` from a validated template.
 
     `owner` is the launcher pod (apiVersion/kind/name/uid) or None when running locally;
-    `avoid_node` the node the previous incarnation failed on (a preferred anti-affinity).
+    `avoid_node` the node the previous incarnation failed on (a preferred anti-affinity);
+    `lost_nodes` nodes the supervisor already counts as lost (a required anti-affinity: the
+    node controller taints them only 40-50 s after their kubelet went silent).
     """
     meta = copy.deepcopy(dict(template["metadata"]))
     spec = copy.deepcopy(dict(template["spec"]))
@@ -118,4 +121,13 @@ def worker_pod(
         preferred = node_aff.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
         preferred.append({"weight": 100, "preference": {"matchExpressions": [
             {"key": HOSTNAME_KEY, "operator": "NotIn", "values": [avoid_node]}]}})
+    if lost_nodes:
+        away = {"key": HOSTNAME_KEY, "operator": "NotIn", "values": sorted(lost_nodes)}
+        node_aff = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+        required = node_aff.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+        terms = required.setdefault("nodeSelectorTerms", [])
+        if not terms:
+            terms.append({})
+        for term in terms:  # terms are ORed: the exclusion goes into each of them
+            term.setdefault("matchExpressions", []).append(dict(away))
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}

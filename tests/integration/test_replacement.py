@@ -118,6 +118,10 @@ def test_lost_node_pod_is_force_deleted_and_replaced_on_another_node(
     [second] = running(job, 1)
     assert second == "job1-w0-2"
     assert job.pods()[second]["spec"]["nodeName"] in {n1, n2, n3} - {lost}
+    [term] = job.pods()[second]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [
+        {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [lost]}]
     sup.wait_content([job.line(second)])
     wait_reason(api_client, namespace, "WorkerRestarting")
 

@@ -66,6 +66,32 @@ def test_the_template_is_never_mutated_and_affinity_is_merged() -> None:
     assert "ownerReferences" not in pod["metadata"]
 
 
+def test_nodes_already_lost_are_excluded_in_every_required_term() -> None:
+    """A replacement must not land on a node whose kubelet went silent before the node
+    controller taints it (40-50 s later); the template's own required terms still hold."""
+    plain = worker_pod(validate_template(TEMPLATE, SELECTOR), job="bert", slot=0,
+                       incarnation=2, owner=None, lost_nodes=["n3", "n2"])
+    away = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n2", "n3"]}
+    assert plain["spec"]["affinity"]["nodeAffinity"] == {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [away]}]}}
+    tmpl = copy.deepcopy(TEMPLATE)
+    zone = {"key": "zone", "operator": "In", "values": ["a"]}
+    pool = {"key": "pool", "operator": "In", "values": ["cpu"]}
+    tmpl["spec"]["affinity"] = {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [zone]}, {"matchExpressions": [pool]}]}}}
+    t = validate_template(tmpl, SELECTOR)
+    before = copy.deepcopy(t)
+    pod = worker_pod(t, job="bert", slot=0, incarnation=2, owner=None, lost_nodes=["n3", "n2"])
+    assert t == before
+    assert pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {"matchExpressions": [zone, away]}, {"matchExpressions": [pool, away]}]
+    unchanged = worker_pod(t, job="bert", slot=0, incarnation=1, owner=None, lost_nodes=[])
+    assert unchanged["spec"]["affinity"] == tmpl["spec"]["affinity"]
+
+
 def test_names_are_unique_per_incarnation_and_dns_labels() -> None:
     assert pod_name("bert", 0, 1) != pod_name("bert", 0, 2)
     long = pod_name("a" * 70, 12, 345)
