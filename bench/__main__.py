@@ -1,7 +1,7 @@
 """`make bench`: run the benchmarks and write bench/results.json, then print a table.
 
-Keys not measured by this version stay null (never invented): the end-to-end Horovod numbers
-arrive with their issue. `--only NAME` runs one benchmark and keeps the others' stored numbers.
+Keys not measured stay null (never invented). `--only NAME` runs one benchmark and keeps the
+others' stored numbers.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import platform
 import sys
 from pathlib import Path
 
-from bench import discovery, replacement, versus
+from bench import discovery, e2e, replacement, versus
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
 
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--sizes", default="10,100,1000",
                         help="worker counts for the discovery benchmark (default 10,100,1000)")
-    parser.add_argument("--only", choices=("discovery", "replacement", "baseline"),
+    parser.add_argument("--only", choices=("discovery", "replacement", "baseline", "e2e"),
                         help="run one benchmark; keys of the others keep their stored values")
     parser.add_argument("--baseline-workers", type=int, default=versus.Plan.workers,
                         help="worker count of the poller comparison (default %(default)s)")
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         "supervisor_cpu_percent_idle_1000": None,
         "e2e": {"resume_after_kill_s": None, "resume_after_freeze_s": None,
                 "full_size_after_replacement_s": None, "steps_rerun_max": None},
+        "e2e_details": None,
     }
     if RESULTS.exists() and args.only:
         stored = json.loads(RESULTS.read_text())
@@ -70,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in (None, "baseline"):
         results.update(versus.main(versus.Plan.scaled(args.baseline_workers,
                                                       args.baseline_changes)))
+    if args.only in (None, "e2e"):
+        results.update(e2e.main())
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {RESULTS}\n")
     print(f"{'workers':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'samples':>8}")
@@ -81,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"supervisor RSS at 1000 workers: {results['supervisor_rss_mb_1000']} MB; "
           f"idle CPU: {results['supervisor_cpu_percent_idle_1000']}%")
     print_baseline(results)
+    print_e2e(results)
     return 0
 
 
@@ -103,6 +107,19 @@ def print_baseline(results: dict[str, object]) -> None:
               f"API requests/min: poller {rates['poller']} lists, supervisor reads "
               f"{rates['supervisor_reads']} (all {rates['supervisor']}: Events about the "
               f"{rates['changes_in_window']} changes of the run)")
+
+
+def print_e2e(results: dict[str, object]) -> None:
+    details = results["e2e_details"]
+    if not isinstance(details, dict):
+        return
+    print(f"\n{'fault (real Horovod training)':<40} {'detected':>9} {'resumed':>9} "
+          f"{'repl. usable':>12} {'full size':>10}")
+    for f in details["faults"]:
+        cells = [f"{v:.1f} s" if v is not None else "-" for v in (
+            f["detected_s"], f["resumed_s"], f["replacement_usable_s"], f["full_size_s"])]
+        print(f"{f['fault']:<40} {cells[0]:>9} {cells[1]:>9} {cells[2]:>12} {cells[3]:>10}")
+    print(f"e2e: {results['e2e']}")
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ class Fault:
     detected: float | None = None
     resumed: float | None = None
     full: float | None = None
+    usable: float | None = None  # a new worker entered the discovery file (replacement Ready)
 
 
 @dataclass
@@ -55,9 +56,11 @@ class Run:
     """What the launcher's log shows: rank 0's steps and the supervisor's decisions."""
 
     log: Path
+    started: float = field(default_factory=time.time)  # when the job was applied
     offset: int = 0
     steps: list[dict[str, Any]] = field(default_factory=list)
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    changes: list[dict[str, Any]] = field(default_factory=list)  # workers.changed log lines
     resets: list[float] = field(default_factory=list)
     done: bool = False
     ended: int | None = None  # the launcher's exit code, once it ended
@@ -87,6 +90,8 @@ class Run:
                 self.done = True
             elif str(rec.get("event", "")).startswith(("worker.", "scale.")):
                 self.decisions.append(rec)
+            elif rec.get("event") == "workers.changed":
+                self.changes.append(rec)
             elif rec.get("event") == "supervisor.exited":
                 self.ended = int(rec.get("code", -1))
 
@@ -134,12 +139,30 @@ def wait(what: str, predicate: Any, run: Run, timeout: float, progress: Any) -> 
         time.sleep(0.2)
 
 
+PLAN = ("kill", "force-delete", "freeze", "scale-out", "scale-in")
+
+
+@dataclass
+class Result:
+    code: int | None  # the launcher's exit code
+    run: Run
+    faults: list[Fault]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m localcluster demo")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out",
                         help="where the timeline PNG and the run's logs go")
     args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
+    result = run_job(args.out, PLAN)
+    summarize(result.run, result.faults, args.out)
+    print(f"demo: the launcher (supervisor) exited with {result.code}")
+    return 0 if result.code == 0 else 1
+
+
+def run_job(out: Path, plan: tuple[str, ...]) -> Result:
+    """Run the main job on a fresh local cluster with the faults of `plan`, in order."""
+    out.mkdir(parents=True, exist_ok=True)
     subprocess.run(["bash", str(REPO / "manifests" / "ssh-keygen.sh")], check=True,
                    stdout=subprocess.DEVNULL)
     print("demo: starting the local control plane and the node agent (3 nodes)")
@@ -148,14 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     agent: NodeAgent | None = None
     try:
         agent = NodeAgent(cp, AgentSettings(
-            nodes=("node-a", "node-b", "node-c"), workdir=args.out / "agent",
+            nodes=("node-a", "node-b", "node-c"), workdir=out / "agent",
             image_env={"PYTHONPATH": str(REPO), "ES_PYTHON": sys.executable,
                        "ES_WORKSPACE": str(REPO / "worker_image")})).start()
         api = config.new_client_from_config(config_file=str(cp.kubeconfig))
         core = client.CoreV1Api(api)
         print("demo: kubectl apply -k manifests/overlays/local")
         kubectl(cp, "apply", "-k", str(REPO / "manifests" / "overlays" / "local"))
-        return drive(cp, agent, core, args.out)
+        return drive(cp, agent, core, plan)
     finally:
         if agent is not None:
             agent.close()
@@ -163,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         print("demo: stopped the node agent and the control plane")
 
 
-def drive(cp: ControlPlane, agent: NodeAgent, core: client.CoreV1Api, out: Path) -> int:
-    t0 = time.time()
+def drive(cp: ControlPlane, agent: NodeAgent, core: client.CoreV1Api,
+          plan: tuple[str, ...]) -> Result:
     launcher: str | None = None
     deadline = time.monotonic() + 120
     while (launcher := launcher_pod(core)) is None:
@@ -187,11 +210,17 @@ def drive(cp: ControlPlane, agent: NodeAgent, core: client.CoreV1Api, out: Path)
         return lambda: run.step >= start + n or run.done
 
     def at_size(n: int, since: float) -> Any:
-        """Training has taken a step at world size n after `since`, with n worker pods."""
+        """Training reset to world size n after `since` and took a step after that reset,
+        with n worker pods. (A step at size n right after `since` proves nothing: a frozen
+        worker's pod still looks Running, and the step may predate the fault taking hold; a
+        next fault then could hit a replacement while it joins, which Horovod cannot survive:
+        the survivors abort when a joining worker dies inside the rendezvous.)"""
         def check() -> bool:
             if run.done:
                 return True
-            stepped = any(s["time"] >= since and s["size"] == n for s in run.steps[-50:])
+            reset = next((r for r in run.resets[::-1] if r >= since), None)
+            stepped = reset is not None and any(
+                s["time"] >= reset and s["size"] == n for s in run.steps[-50:])
             return stepped and len(worker_pods(core)) == n
         return check
 
@@ -219,15 +248,19 @@ def drive(cp: ControlPlane, agent: NodeAgent, core: client.CoreV1Api, out: Path)
                        env={**os.environ, "KUBECONFIG": str(cp.kubeconfig)},
                        stdout=subprocess.DEVNULL)
 
+    faults_by_key = {
+        "kill": ("SIGKILL a worker", 2,
+                 lambda: agent.kill(f"{NAMESPACE}/{victim().metadata.name}", signal.SIGKILL)),
+        "force-delete": ("force-delete a worker", 2, lambda: core.delete_namespaced_pod(
+            victim().metadata.name, NAMESPACE, grace_period_seconds=0)),
+        "freeze": ("node stops heartbeating, worker frozen", 2,
+                   lambda: agent.silence(victim().spec.node_name, freeze=True)),
+        "scale-out": ("scale 2 -> 3", 3, lambda: scale(3)),
+        "scale-in": ("scale 3 -> 2", 2, lambda: scale(2)),
+    }
     wait("training to start", lambda: run.step > 0, run, 300, progress)
-    fault("SIGKILL a worker", 2,
-          lambda: agent.kill(f"{NAMESPACE}/{victim().metadata.name}", signal.SIGKILL))
-    fault("force-delete a worker", 2, lambda: core.delete_namespaced_pod(
-        victim().metadata.name, NAMESPACE, grace_period_seconds=0))
-    fault("node stops heartbeating, worker frozen", 2,
-          lambda: agent.silence(victim().spec.node_name, freeze=True))
-    fault("scale 2 -> 3", 3, lambda: scale(3))
-    fault("scale 3 -> 2", 2, lambda: scale(2))
+    for key in plan:
+        fault(*faults_by_key[key])
     wait("the end of training", lambda: run.done, run, 600, progress)
     print()
     code = None
@@ -238,12 +271,12 @@ def drive(cp: ControlPlane, agent: NodeAgent, core: client.CoreV1Api, out: Path)
             if cs.state.terminated is not None:
                 code = cs.state.terminated.exit_code
         time.sleep(0.5)
-    summarize(run, faults, t0, out)
-    print(f"demo: the launcher (supervisor) exited with {code}")
-    return 0 if code == 0 else 1
+    measure(run, faults)
+    return Result(code, run, faults)
 
 
-def summarize(run: Run, faults: list[Fault], t0: float, out: Path) -> None:
+def measure(run: Run, faults: list[Fault]) -> None:
+    """Fill in each fault's detection, resumption, replacement and full-size times."""
     for f in faults:
         after = [d for d in run.decisions if _t(d) >= f.at]
         f.detected = _t(after[0]) if after else None
@@ -252,6 +285,12 @@ def summarize(run: Run, faults: list[Fault], t0: float, out: Path) -> None:
         f.resumed = steps_after[0]["time"] if steps_after else None
         f.full = next((s["time"] for s in run.steps
                        if s["time"] >= (f.resumed or f.at) and s["size"] == f.desired), None)
+        f.usable = next((_t(c) for c in run.changes if _t(c) >= f.at and c.get("added")),
+                        None)
+
+
+def summarize(run: Run, faults: list[Fault], out: Path) -> None:
+    t0 = run.started
 
     def since(t: float | None, f: Fault) -> str:
         return "-" if t is None else f"{t - f.at:6.1f} s"
@@ -282,7 +321,7 @@ def timeline(run: Run, faults: list[Fault], t0: float, png: Path) -> None:
     rate = [1 / s["step_s"] if s.get("step_s") else 0 for s in run.steps]
     ax2.plot(times, rate, linewidth=0.8)
     ax2.set_ylabel("steps / s")
-    ax2.set_xlabel("seconds since the job was applied")
+    ax2.set_xlabel("seconds since the launcher started")
     for f in faults:
         for ax in (ax1, ax2):
             ax.axvline(f.at - t0, color="red", linestyle="--", linewidth=0.8)
