@@ -50,6 +50,14 @@ def make_job(control_plane: ControlPlane, api_client: client.ApiClient, namespac
         yield make
 
 
+def training(make_job: MakeJob, **kw: Any) -> ElasticJob:
+    """A started job, training at full size (world size 2) past step 10."""
+    job = make_job(**kw)
+    job.start()
+    job.wait_training(past=10, size=2, timeout=240)
+    return job
+
+
 def reset_after(job: ElasticJob, t0: float, size: int) -> Any:
     """A predicate: training reset to world size `size` after wall time `t0`, and stepped."""
     def check() -> dict[str, Any] | None:
@@ -81,9 +89,7 @@ def notes(api: client.ApiClient, namespace: str, reason: str) -> list[str]:
 
 def test_a_sigkilled_worker_is_replaced_and_training_returns_to_full_size(
         make_job: MakeJob, api_client: client.ApiClient) -> None:
-    job = make_job()
-    job.start()
-    job.wait_training(past=10, size=2, timeout=240)
+    job = training(make_job)
     victim, pod = job.victim()
     before = set(job.worker_pods())
     t0 = time.time()
@@ -113,9 +119,7 @@ def test_an_exit_code_the_policy_ignores_drops_the_worker_and_training_goes_on_s
     policy.write_text("faultTolerantPolicy:\n"
                       "- exitCodes: \"42\"\n  action: Ignore\n"
                       "- exitCodes: 128-255\n  restartPolicy: ExitCode\n  restartScope: Pod\n")
-    job = make_job(SUPERVISOR_POLICY_FILE=str(policy))
-    job.start()
-    job.wait_training(past=10, size=2, timeout=240)
+    job = training(make_job, SUPERVISOR_POLICY_FILE=str(policy))
     victim, _ = job.victim()
     t0 = time.time()
     job.pods.agent.exit(job.pods.ref(victim), 42)
@@ -132,9 +136,7 @@ def test_an_exit_code_the_policy_ignores_drops_the_worker_and_training_goes_on_s
 
 
 def test_a_force_deleted_worker_pod_is_replaced(make_job: MakeJob) -> None:
-    job = make_job()
-    job.start()
-    job.wait_training(past=10, size=2, timeout=240)
+    job = training(make_job)
     victim, _ = job.victim()
     t0 = time.time()
     job.pods.core.delete_namespaced_pod(victim, job.namespace, grace_period_seconds=0)
@@ -152,9 +154,7 @@ def test_a_force_deleted_worker_pod_is_replaced(make_job: MakeJob) -> None:
 def test_a_silent_node_with_a_frozen_worker_is_fenced_and_replaced_elsewhere(
         make_job: MakeJob) -> None:
     """The hang Horovod alone never leaves: a frozen worker keeps its ssh session open."""
-    job = make_job()
-    job.start()
-    job.wait_training(past=10, size=2, timeout=240)
+    job = training(make_job)
     victim, pod = job.victim()
     node = pod["spec"]["nodeName"]
     t0 = time.time()
@@ -185,9 +185,7 @@ def scale(job: ElasticJob, workers: int) -> None:
 
 
 def test_scale_out_and_in_while_training(make_job: MakeJob) -> None:
-    job = make_job(steps=STEPS + 100)
-    job.start()
-    job.wait_training(past=10, size=2, timeout=240)
+    job = training(make_job, steps=STEPS + 100)
     t0 = time.time()
     scale(job, 3)
     job.wait("training at world size 3", reset_after(job, t0, 3), 180)
@@ -208,10 +206,8 @@ def test_scale_out_and_in_while_training(make_job: MakeJob) -> None:
 
 def test_repeated_failures_exhaust_the_restart_limit_and_fail_the_job_below_min_np(
         make_job: MakeJob, api_client: client.ApiClient) -> None:
-    job = make_job(steps=100_000, SUPERVISOR_RESTART_LIMIT="1", SUPERVISOR_MIN_NP="2",
+    job = training(make_job, steps=100_000, SUPERVISOR_RESTART_LIMIT="1", SUPERVISOR_MIN_NP="2",
                    SUPERVISOR_SHUTDOWN_GRACE_SECONDS="10")
-    job.start()
-    job.wait_training(past=10, size=2, timeout=240)
     first, _ = job.victim()
     t0 = time.time()
     job.pods.agent.kill(job.pods.ref(first), signal.SIGKILL)
@@ -235,9 +231,7 @@ def test_repeated_failures_exhaust_the_restart_limit_and_fail_the_job_below_min_
 
 def test_a_restarted_supervisor_keeps_its_budgets_and_workers_and_training_completes(
         make_job: MakeJob) -> None:
-    job = make_job()
-    job.start()
-    job.wait_training(past=10, size=2, timeout=240)
+    job = training(make_job)
     victim, _ = job.victim()
     t0 = time.time()
     job.pods.agent.kill(job.pods.ref(victim), signal.SIGKILL)
