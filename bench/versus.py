@@ -58,6 +58,13 @@ from tests.integration.harness import Job, SupervisorProcess
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER_AGENT = "es-bench-driver"
 PERIOD_S = 5.0
+NOT_READY_TAINTS = {"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}
+
+
+def node_tainted(core: client.CoreV1Api, node: str) -> bool:
+    """Whether the node still carries the node controller's not-ready/unreachable taint."""
+    taints = core.read_node(node).spec.taints or ()
+    return any(t.key in NOT_READY_TAINTS for t in taints)
 
 
 class Change(StrEnum):
@@ -351,8 +358,14 @@ class Driver:
         self.applied.append(a)
 
         def undo() -> None:
-            t = time.perf_counter()
             s.job.heartbeats.resume(node)
+            # The supervisor rightly keeps the node's pods out while it carries the
+            # controller's not-ready taint, which the real node-lifecycle controller removes
+            # on its own time (once it did not for over 30 s): wait for that first. Undos
+            # are not measured.
+            wait_for(lambda: not node_tainted(s.core, node), 180,
+                     what=f"the node controller to untaint {node}")
+            t = time.perf_counter()
             self.ours_wait(t, lambda h: lines <= h, f"{node} ready again")
 
         self.to_undo.append((a, undo))
