@@ -358,14 +358,14 @@ class Driver:
         self.applied.append(a)
 
         def undo() -> None:
+            t = time.perf_counter()
             s.job.heartbeats.resume(node)
             # The supervisor rightly keeps the node's pods out while it carries the
             # controller's not-ready taint, which the real node-lifecycle controller removes
-            # on its own time (once it did not for over 30 s): wait for that first. Undos
-            # are not measured.
+            # on its own time (once it did not for over 30 s): wait for that first (the file
+            # may change meanwhile: versions since `t` count). Undos are not measured.
             wait_for(lambda: not node_tainted(s.core, node), 180,
                      what=f"the node controller to untaint {node}")
-            t = time.perf_counter()
             self.ours_wait(t, lambda h: lines <= h, f"{node} ready again")
 
         self.to_undo.append((a, undo))
