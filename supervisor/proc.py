@@ -18,7 +18,7 @@ import os
 import signal
 import subprocess
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import psutil
@@ -87,30 +87,39 @@ def ssh_destination(argv: Sequence[str]) -> str | None:
     return dest.rsplit("@", 1)[-1]
 
 
-def ssh_clients_for(root_pid: int, host: str) -> list[psutil.Process]:
-    """Return the ssh client processes below `root_pid` whose destination is `host`."""
+def ssh_clients(root_pid: int, hosts: Collection[str]) -> dict[str, list[psutil.Process]]:
+    """Return the ssh client processes below `root_pid` by destination, for `hosts` (one walk
+    of the process table however many hosts: it costs ~2 ms)."""
     try:
         tree = psutil.Process(root_pid).children(recursive=True)
     except psutil.NoSuchProcess:
-        return []
-    found = []
+        return {}
+    found: dict[str, list[psutil.Process]] = {}
     for p in tree:
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            if ssh_destination(p.cmdline()) == host:
-                found.append(p)
+            dest = ssh_destination(p.cmdline())
+            if dest in hosts:
+                found.setdefault(dest, []).append(p)
     return found
 
 
-def kill_ssh_clients(root_pid: int, host: str) -> list[int]:
-    """SIGKILL horovodrun's ssh clients for `host` (within `root_pid`'s tree); return their pids.
+def ssh_clients_for(root_pid: int, host: str) -> list[psutil.Process]:
+    """Return the ssh client processes below `root_pid` whose destination is `host`."""
+    return ssh_clients(root_pid, {host}).get(host, [])
+
+
+def kill_ssh_clients(root_pid: int, hosts: Collection[str]) -> dict[str, list[int]]:
+    """SIGKILL horovodrun's ssh clients for `hosts` (within `root_pid`'s tree); return their
+    pids by host.
 
     ssh then exits 255 in the eyes of its parent, and Horovod's driver records the worker failed.
     """
-    killed = []
-    for p in ssh_clients_for(root_pid, host):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
-            killed.append(p.pid)
+    killed: dict[str, list[int]] = {}
+    for host, procs in ssh_clients(root_pid, hosts).items():
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+                killed.setdefault(host, []).append(p.pid)
     return killed
 
 

@@ -26,7 +26,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -136,7 +136,7 @@ class Supervisor:
         start_child: Callable[[Sequence[str], Mapping[str, str]], ChildProcess],
         base_env: Mapping[str, str],
         act: Callable[[Op], None],
-        kill_ssh_clients: Callable[[int, str], list[int]],
+        kill_ssh_clients: Callable[[int, Collection[str]], dict[str, list[int]]],
         count_ssh_clients: Callable[[int, str], int],
         fence: Callable[[str], None] = lambda host: None,
         fence_port: int | None = None,
@@ -193,7 +193,11 @@ class Supervisor:
                 code = ExitCode.INTERNAL if self.state.crashed else ExitCode.KUBE_FATAL
                 return self._finish(code, self.state.fatal)
             if self.state.view.synced:
+                # The host list first: deciding on many failures at once (a lost node with 100
+                # workers: ssh clients, logs, Events) must not delay what horovodrun reads.
+                self._sync_discovery(now, earliest)
                 self._manage(now)
+                earliest = None  # what _manage changes (scale-in) is not a watch latency
             self._sync_discovery(now, earliest)
             st = self.state
             if exited is not None:
@@ -344,8 +348,14 @@ class Supervisor:
             st.scanned = True
         wall = self.wall()
         failures, st.failures = st.failures, []
+        hosts = {h for _, pod, _ in failures if (h := discovery.host_of(pod, cfg.host_mode))}
+        for host in sorted(hosts):
+            self.fence(host)  # survivors stalled on it leave their collective (fence.py)
+        # One walk of horovodrun's tree for all of them (a lost node may take 100 workers).
+        killed = (self.kill_ssh_clients(st.child.pid, hosts)
+                  if st.child is not None and hosts else {})
         for failure, pod, seen_at in failures:
-            self._on_failure(failure, pod, seen_at, wall, now)
+            self._on_failure(failure, pod, seen_at, wall, now, ssh_killed=killed)
         if st.fleet is None or st.failing is not None:
             if st.scale_request is not None:
                 self._refuse_scale(st.scale_request, "the supervisor does not own the workers "
@@ -381,13 +391,11 @@ class Supervisor:
                        f"slots: {dropped}", now)
 
     def _on_failure(self, f: Failure, pod: Obj, seen_at: float, wall: float,
-                    now: float) -> None:
+                    now: float, *, ssh_killed: Mapping[str, list[int]]) -> None:
+        """Decide on one failure (its host already fenced, its ssh clients killed)."""
         st, cfg = self.state, self.cfg
         host = discovery.host_of(pod, cfg.host_mode)
-        if host:
-            self.fence(host)  # survivors stalled on it leave their collective (fence.py)
-        killed = (self.kill_ssh_clients(st.child.pid, host)
-                  if st.child is not None and host else [])
+        killed = list(ssh_killed.get(host, [])) if host else []
         found = fleet.slot_of(pod, cfg.job_name) if st.fleet is not None else None
         if (found is not None and f.cause is Cause.NODE_NOT_READY
                 and pod["metadata"].get("deletionGracePeriodSeconds") != 0):

@@ -61,8 +61,9 @@ def test_only_the_named_hosts_clients_in_the_tree_are_killed(hosts) -> None:
         in_tree = ssh_clients_for(launcher.pid, "127.0.0.2")
         assert len(in_tree) == 1 and in_tree[0].pid != outsider.pid
 
-        killed = kill_ssh_clients(launcher.pid, "127.0.0.2")
-        assert killed == [in_tree[0].pid]
+        by_host = kill_ssh_clients(launcher.pid, {"127.0.0.2", "127.0.0.9"})
+        assert by_host == {"127.0.0.2": [in_tree[0].pid]}, "only hosts with clients appear"
+        killed = by_host["127.0.0.2"]
         wait_for(lambda: not psutil.pid_exists(killed[0])
                  or psutil.Process(killed[0]).status() == psutil.STATUS_ZOMBIE, 5,
                  what="killed ssh gone")
@@ -70,7 +71,7 @@ def test_only_the_named_hosts_clients_in_the_tree_are_killed(hosts) -> None:
         assert len(ssh_clients_for(launcher.pid, "127.0.0.3")) == 1
         assert outsider.poll() is None, "an ssh outside the tree was killed"
 
-        kill_ssh_clients(launcher.pid, "127.0.0.3")
+        kill_ssh_clients(launcher.pid, {"127.0.0.3"})
         codes = launcher.communicate(timeout=10)[0].split()
         assert codes == ["137", "137"], "the worker's shell must see its ssh die"
     finally:
@@ -82,4 +83,5 @@ def test_only_the_named_hosts_clients_in_the_tree_are_killed(hosts) -> None:
 
 def test_no_clients_for_an_unknown_host_or_a_dead_tree(hosts) -> None:
     assert ssh_clients_for(999_999_999, "127.0.0.2") == []
-    assert kill_ssh_clients(psutil.Process().pid, "127.0.0.9") == []
+    assert kill_ssh_clients(psutil.Process().pid, {"127.0.0.9"}) == {}
+    assert kill_ssh_clients(999_999_999, {"127.0.0.2"}) == {}
