@@ -24,6 +24,7 @@ class RenameWatcher:
         if _libc.inotify_add_watch(self.fd, directory.encode(), IN_MOVED_TO | IN_DELETE) < 0:
             raise OSError(ctypes.get_errno(), f"inotify_add_watch {directory}")
         self.events: queue.Queue[tuple[float, str]] = queue.Queue()
+        self.closed = False
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -32,11 +33,13 @@ class RenameWatcher:
                 buf = os.read(self.fd, 65536)
             except OSError:
                 return
+            if self.closed:  # the descriptor number may already belong to another file
+                return
             now = time.perf_counter()
             i = 0
             while i < len(buf):
                 _wd, _mask, _cookie, length = struct.unpack_from("iIII", buf, i)
-                name = buf[i + 16:i + 16 + length].rstrip(b"\0").decode()
+                name = buf[i + 16:i + 16 + length].rstrip(b"\0").decode(errors="replace")
                 self.events.put((now, name))
                 i += 16 + length
 
@@ -45,4 +48,5 @@ class RenameWatcher:
             self.events.get_nowait()
 
     def close(self) -> None:
+        self.closed = True
         os.close(self.fd)
