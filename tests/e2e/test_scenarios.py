@@ -105,8 +105,8 @@ def test_a_sigkilled_worker_is_replaced_and_training_returns_to_full_size(
         "terminated"]["exitCode"] == 137
     new = job.worker_pods()[replacement]
     assert new["status"]["podIP"] != pod["status"]["podIP"], "a new host string for Horovod"
-    seen = check_training(job.records(), STEPS, final_size=2)
-    assert seen["rollbacks"] >= 1
+    # (A rollback is not always visible: a kill right after a commit resumes at the next step.)
+    check_training(job.records(), STEPS, final_size=2)
     reasons = job.reasons()
     assert reasons.count("WorkerCreated") == 3 and "WorkerRestarting" in reasons
     assert any(f"worker {victim} (slot " in n and "ExitCode 137" in n
@@ -146,7 +146,8 @@ def test_a_force_deleted_worker_pod_is_replaced(make_job: MakeJob) -> None:
     d = decision(job, victim)
     assert (d["cause"], d["action"]) == ("PodForceDeleted", "Restart")
     assert victim not in job.worker_pods()
-    assert victim[:-1] + "2" in job.live_workers() or job.records()[-1]["event"] == "done"
+    replacement = job.worker_pods()[victim[:-1] + "2"]
+    assert replacement["status"]["phase"] == "Running"
     check_training(job.records(), STEPS, final_size=2)
     assert "WorkerRestarting" in job.reasons()
 

@@ -197,9 +197,10 @@ def check_training(records: list[Record], target: int, *, final_size: int,
     assert records[-1]["step"] == target
     assert steps[-1]["step"] == target and steps[-1]["size"] == final_size, steps[-1]
     committed, rerun, rollbacks, prev = resumed_from, 0, 0, resumed_from
+    checkpointed = resumed_from
     for r in records:
         if r.get("event") == "resumed":  # a new run, from the checkpoint of the last commit
-            committed = r["step"]
+            committed = checkpointed = max(checkpointed, r["step"])
             continue
         if "loss" not in r:
             continue
@@ -213,7 +214,9 @@ def check_training(records: list[Record], target: int, *, final_size: int,
             committed = r["step"]
         prev = r["step"]
     assert rerun <= COMMIT_EVERY, f"{rerun} steps computed again, more than {COMMIT_EVERY}"
-    seen = {r["step"] for r in steps}
+    # A step's line can be lost with a killed launcher after its commit was checkpointed: the
+    # checkpoint a later run resumed from proves the steps up to it were computed.
+    seen = {r["step"] for r in steps} | set(range(resumed_from + 1, checkpointed + 1))
     assert seen == set(range(resumed_from + 1, target + 1)), "a step was never computed"
     return {"rerun": rerun, "rollbacks": rollbacks,
             "resets": [r for r in records if r.get("event") == "reset"]}
