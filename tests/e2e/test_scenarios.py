@@ -33,8 +33,8 @@ from tests.e2e.training import (
     check_training,
     elastic_job,
     steps_of,
-    supervisor_events,
 )
+from tests.integration.harness import supervisor_events
 
 STEPS = 400
 MakeJob = Callable[..., ElasticJob]

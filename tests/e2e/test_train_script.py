@@ -20,12 +20,11 @@ import pytest
 from kubernetes import client
 
 from localcluster.controlplane import ControlPlane
+from tests.e2e.training import COMMIT_EVERY, TRAIN, horovod_records, steps_of
 from tests.helpers import wait_for
 from tests.pods import SSH_PORT, AgentPods, agent_pods, container_state, worker_pod
 
-TRAIN = Path(__file__).resolve().parents[2] / "worker_image" / "train.py"
 BIN = Path(sys.executable).parent
-COMMIT_EVERY = 5
 
 
 class Training:
@@ -73,12 +72,7 @@ class Training:
 
     def records(self) -> list[dict[str, Any]]:
         """rank 0's JSON lines so far, in order."""
-        out = []
-        for line in list(self.output):
-            _, sep, text = line.partition("]<stdout>:")
-            if sep and text.startswith("{"):
-                out.append(json.loads(text))
-        return out
+        return horovod_records("\n".join(list(self.output)))
 
     def last_step(self) -> int:
         return max((r["step"] for r in self.records() if "loss" in r), default=0)
@@ -129,10 +123,6 @@ def training(tmp_path: Path, pods: AgentPods) -> Iterator[Any]:
     yield make
     for t in made:
         t.close()
-
-
-def steps_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in records if "loss" in r]
 
 
 def test_trains_to_the_target_on_two_worker_pods(

@@ -327,12 +327,16 @@ def service_account_kubeconfig(cp: ControlPlane, api: client.ApiClient, namespac
     return cp.write_token_kubeconfig(path, token, namespace)
 
 
-def event_reasons(api: client.ApiClient, namespace: str) -> list[str]:
-    """Reasons of the supervisor's Events in `namespace`, oldest first."""
+def supervisor_events(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
+    """The supervisor's Events in `namespace` (events.k8s.io dicts), oldest first."""
     items = [e for e in kube.list_events(api, namespace)
              if e.get("reportingController") == kube.REPORTING_CONTROLLER]
-    items.sort(key=lambda e: e.get("eventTime") or "")
-    return [e["reason"] for e in items]
+    return sorted(items, key=lambda e: e.get("eventTime") or "")
+
+
+def event_reasons(api: client.ApiClient, namespace: str) -> list[str]:
+    """Reasons of the supervisor's Events in `namespace`, oldest first."""
+    return [e["reason"] for e in supervisor_events(api, namespace)]
 
 
 def wait_reason(api: client.ApiClient, namespace: str, reason: str,
