@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the pinned Kubernetes control plane + etcd + kubectl with the machine's Go, from the Go
-# module proxy, through the wrapper module in gobuild/. Idempotent: the result is cached under
+# Builds the pinned Kubernetes control plane, the node components (kubelet, kube-proxy), etcd and
+# kubectl with the machine's Go, from the Go module proxy, through the wrapper module in gobuild/. Idempotent: the result is cached under
 # $ES_CACHE/k8s/<kube>-<etcd>/bin and reused when every binary is present and reports its version.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -8,13 +8,15 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/versions.env"
 cache=${ES_CACHE:-$HOME/.cache/elastic-supervisor}
 out="$cache/k8s/$KUBE_VERSION-etcd$ETCD_VERSION/bin"
-bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd)
+bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy etcd)
 
 command -v go >/dev/null || { echo "build-binaries: Go toolchain not found (need go >= 1.24 on PATH)" >&2; exit 1; }
 
 complete=1
 for b in "${bins[@]}"; do [ -x "$out/$b" ] || complete=0; done
-if [ $complete = 1 ] && "$out/kube-apiserver" --version 2>/dev/null | grep -qx "Kubernetes $KUBE_VERSION"; then
+# Versions are captured, never piped into head/grep -q: under pipefail the writer can die of
+# SIGPIPE when the reader exits first, which fails the step by chance.
+if [ $complete = 1 ] && [ "$("$out/kube-apiserver" --version 2>/dev/null || true)" = "Kubernetes $KUBE_VERSION" ]; then
   echo "control-plane binaries cached: $out"
   exit 0
 fi
@@ -29,14 +31,17 @@ ldflags+=" -X $ver.gitTreeState=clean -X $ver.buildDate=1970-01-01T00:00:00Z"
 ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$KUBE_VERSION"
 cd "$here/gobuild"
 export GOFLAGS=-buildvcs=false CGO_ENABLED=0
-echo "building kube-apiserver kube-controller-manager kube-scheduler kubectl $KUBE_VERSION, etcd $ETCD_VERSION into $out (first time: 10-25 min on 2 cores)"
+echo "building kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy $KUBE_VERSION, etcd $ETCD_VERSION into $out (first time: 15-30 min on 2 cores)"
 go build -trimpath -ldflags "$ldflags" -o "$tmp/" \
   k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler \
-  k8s.io/kubernetes/cmd/kubectl
+  k8s.io/kubernetes/cmd/kubectl \
+  k8s.io/kubernetes/cmd/kubelet \
+  k8s.io/kubernetes/cmd/kube-proxy
 go build -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3
 for b in "${bins[@]}"; do mv -f "$tmp/$b" "$out/$b"; done
 rmdir "$tmp"
 "$out/kube-apiserver" --version
-"$out/etcd" --version | head -1
+etcd_version=$("$out/etcd" --version)
+echo "${etcd_version%%$'\n'*}"
