@@ -82,6 +82,9 @@ def test_start_gate_then_the_file_follows_pods_and_nodes(
     job.start("w2")
     sup.wait_content([job.line("w0"), job.line("w1"), job.line("w2")])
 
+    # The stand-in kubelet must stop renewing first: it reports Ready=True again within a
+    # second of seeing anything else, and the host would come back before the wait saw it gone.
+    job.heartbeats.silence(n2)
     set_node_ready(core, n2, "False")
     sup.wait_content([job.line("w0"), job.line("w2")])
     job.heartbeats.resume(n2)
