@@ -1,4 +1,5 @@
-"""`python -m localcluster up`: start the local control plane and keep it until Ctrl-C.
+"""`python -m localcluster up`: a control plane with real nodes (kubelet + containerd each) until
+Ctrl-C; `--nodes 0` for the control plane alone.
 `python -m localcluster demo`: the main job with scripted faults (localcluster/demo.py)."""
 
 from __future__ import annotations
@@ -10,14 +11,19 @@ import threading
 
 from localcluster import demo
 from localcluster.controlplane import ControlPlane, ControlPlaneError, Settings
+from localcluster.nodes import Cluster, ClusterError, ClusterSettings
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m localcluster")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    up = sub.add_parser("up", help="run the control plane until Ctrl-C / SIGTERM")
-    up.add_argument("--node-grace", type=int, default=8,
-                    help="node-monitor grace period in seconds (default 8)")
+    up = sub.add_parser("up", help="run the cluster until Ctrl-C / SIGTERM")
+    up.add_argument("--nodes", type=int, default=3,
+                    help="real nodes (kubelet + containerd each; default 3; 0: control plane "
+                         "only, on loopback)")
+    up.add_argument("--node-grace", type=int, default=20,
+                    help="node-monitor grace period in seconds (default 20; the kubelets renew "
+                         "their Leases every 10 s)")
     up.add_argument("--keep", action="store_true", help="keep the work directory on exit")
     sub.add_parser("demo", help="run the main job with scripted faults (make demo)")
     args, rest = parser.parse_known_args(argv)
@@ -27,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    if args.nodes > 0:
+        return run_cluster(args, stop)
     cp = ControlPlane(Settings(node_monitor_grace_period_s=args.node_grace))
     try:
         cp.start()
@@ -47,6 +55,33 @@ def main(argv: list[str] | None = None) -> int:
         cp.stop(keep_dir=True if args.keep else None)
     print("control plane stopped")
     return code
+
+
+def run_cluster(args: argparse.Namespace, stop: threading.Event) -> int:
+    cluster = Cluster(ClusterSettings(nodes=args.nodes,
+                                      node_monitor_grace_period_s=args.node_grace))
+    try:
+        cluster.start()
+    except (ClusterError, ControlPlaneError, OSError, RuntimeError) as e:
+        print(f"localcluster: {e}", file=sys.stderr)
+        return 1
+    assert cluster.cp is not None
+    print(f"cluster up in {cluster.timings['total_s']:.1f}s: {cluster.cp.server}, nodes "
+          f"{', '.join(f'{n.name} ({n.spec.ip})' for n in cluster.nodes)}; work dir "
+          f"{cluster.workdir}")
+    print(f"export KUBECONFIG={cluster.kubeconfig}", flush=True)
+    print("Ctrl-C to stop", flush=True)
+    code = 0
+    try:
+        while not stop.wait(1.0):
+            cluster.check_alive()
+    except ClusterError as e:
+        print(f"localcluster: {e}", file=sys.stderr)
+        code = 1
+    finally:
+        problems = cluster.stop(keep_dir=True if args.keep else None)
+    print("cluster stopped" + (f"; host state NOT restored: {problems}" if problems else ""))
+    return code or (1 if problems else 0)
 
 
 if __name__ == "__main__":

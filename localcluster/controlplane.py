@@ -1,15 +1,18 @@
-"""A real Kubernetes control plane on 127.0.0.1, for tests, benchmarks and the demo.
+"""A real Kubernetes control plane, for tests, benchmarks, the demo and the real nodes.
 
 Owns the lifecycle of four real processes built by `localcluster/build-binaries.sh`: etcd,
 kube-apiserver (TLS, client-certificate admin, Node,RBAC authorization, ServiceAccount token
 signing), kube-controller-manager (all default controllers: garbage collection, ServiceAccounts,
 node lifecycle with a short grace period) and kube-scheduler. Everything lives in one temporary
 directory (certificates, etcd data, logs, kubeconfigs) that is removed on a clean stop and kept,
-with its path printed, when something failed.
+with its path printed, when something failed. Everything listens on 127.0.0.1, except that
+kube-apiserver binds to `Settings.bind_address`: loopback for a plane without nodes, an address
+pods can reach for the real nodes of localcluster.nodes (then the `kubernetes` Service gets that
+endpoint, and kube-apiserver reaches kubelets for exec and logs with its own client certificate).
 
 Children run in their own sessions and get SIGKILL if this process dies (PR_SET_PDEATHSIG), so no
 component outlives its owner. There is no kubelet: nodes and pod status are written by tests or
-by the node agent.
+by the node agent, or run by real kubelets (localcluster.nodes).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localcluster.pki import Pki, make_pki
+from localcluster.pki import Pki, client_cert, make_pki
 
 HERE = Path(__file__).resolve().parent
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -71,6 +74,9 @@ class Settings:
     # node-lifecycle: how often the controller checks node health.
     node_monitor_period_s: int = 1
     start_timeout_s: float = 90.0
+    # kube-apiserver's address. Not loopback when pods must reach it (real nodes): then the
+    # endpoint reconciler publishes it as the `kubernetes` Service's endpoint.
+    bind_address: str = "127.0.0.1"
     # kube-apiserver drains open watches on SIGTERM for longer than tests want to wait.
     stop_grace_s: float = 5.0
 
@@ -136,12 +142,13 @@ class ControlPlane:
         self._components: dict[str, _Component] = {}
         self._ports: dict[str, int] = {}
         self.pki: Pki | None = None
+        self._kubelet_client: tuple[Path, Path] = (Path(), Path())
 
     # -- public -------------------------------------------------------------------------------
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self._ports['apiserver']}"
+        return f"https://{self.settings.bind_address}:{self._ports['apiserver']}"
 
     @property
     def etcd_url(self) -> str:
@@ -158,7 +165,11 @@ class ControlPlane:
         self.kubeconfig = self.workdir / "admin.kubeconfig"
         try:
             (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
-            self.pki = make_pki(self.workdir / "pki")
+            loopback = self.settings.bind_address == "127.0.0.1"
+            self.pki = make_pki(self.workdir / "pki",
+                                server_ips=() if loopback else (self.settings.bind_address,))
+            self._kubelet_client = client_cert(self.workdir / "pki", "apiserver-kubelet-client",
+                                               "kube-apiserver-kubelet-client", "system:masters")
             names = ["etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler"]
             self._ports = dict(zip(names, free_ports(len(names)), strict=True))
             self._write_kubeconfig(self.kubeconfig, user={
@@ -175,7 +186,7 @@ class ControlPlane:
             raise
         return self
 
-    def stop(self, keep_dir: bool | None = None) -> None:
+    def stop(self, keep_dir: bool | None = None, quiet: bool = False) -> None:
         """Stop all components (SIGTERM, grace, SIGKILL), then remove the workdir unless kept.
 
         The workdir is kept (and its path printed) when `keep_dir` is true, or when it is None and
@@ -188,7 +199,7 @@ class ControlPlane:
             self.failed = True
             print(f"localcluster: ports still in use after stop: {busy}", file=sys.stderr)
         keep = self.failed if keep_dir is None else keep_dir
-        if keep:
+        if keep and not quiet:
             print(f"localcluster: kept {self.workdir} (logs in logs/)", file=sys.stderr)
         else:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -224,6 +235,15 @@ class ControlPlane:
         rev = int(head["header"]["revision"])
         self._etcd_post("/v3/kv/compaction", {"revision": rev, "physical": True})
         return rev
+
+    def write_cert_kubeconfig(self, path: Path, name: str, cn: str,
+                              org: str | None = None) -> Path:
+        """Issue a client certificate CN=`cn` (O=`org`) and write a kubeconfig using it."""
+        assert self.pki is not None
+        crt, key = client_cert(self.pki.ca_cert.parent, name, cn, org)
+        self._write_kubeconfig(path, user={"client-certificate": str(crt),
+                                           "client-key": str(key)})
+        return path
 
     def write_token_kubeconfig(self, path: Path, token: str, namespace: str = "default") -> Path:
         """Write a kubeconfig that authenticates with a bearer token (e.g. a ServiceAccount's)."""
@@ -287,7 +307,7 @@ class ControlPlane:
         apiserver = _Component("apiserver", [
             str(b / "kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{p['etcd']}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--bind-address={s.bind_address}", f"--advertise-address={s.bind_address}",
             f"--secure-port={p['apiserver']}",
             f"--tls-cert-file={self.pki.server_cert}",
             f"--tls-private-key-file={self.pki.server_key}",
@@ -298,10 +318,14 @@ class ControlPlane:
             f"--service-account-key-file={self.pki.sa_pub}",
             f"--service-account-signing-key-file={self.pki.sa_key}",
             "--allow-privileged=true",
-            # No Service network here: do not maintain the kubernetes Endpoints on loopback.
-            "--endpoint-reconciler-type=none",
+            # exec, logs and port-forward go to the kubelets with this identity.
+            f"--kubelet-client-certificate={self._kubelet_client[0]}",
+            f"--kubelet-client-key={self._kubelet_client[1]}",
+            "--kubelet-preferred-address-types=InternalIP",
+            # Without nodes there is no Service network: no kubernetes Endpoints on loopback.
+            *(["--endpoint-reconciler-type=none"] if s.bind_address == "127.0.0.1" else []),
             "--profiling=false", "--v=1",
-        ], logs / "apiserver.log", f"https://127.0.0.1:{p['apiserver']}/readyz")
+        ], logs / "apiserver.log", f"https://{s.bind_address}:{p['apiserver']}/readyz")
 
         def client_and_serving(port: int) -> list[str]:
             # The admin kubeconfig for API access and delegated authn/z; /healthz on loopback.
@@ -321,6 +345,8 @@ class ControlPlane:
             f"--cluster-signing-key-file={self.pki.ca_key}",
             f"--node-monitor-grace-period={s.node_monitor_grace_period_s}s",
             f"--node-monitor-period={s.node_monitor_period_s}s",
+            # Its default, /usr/libexec/kubernetes/..., would be created on the host.
+            f"--flex-volume-plugin-dir={w / 'flexvolume'}",
         ], logs / "controller-manager.log", f"https://127.0.0.1:{p['controller-manager']}/healthz")
         scheduler = _Component("scheduler", [
             str(b / "kube-scheduler"), *client_and_serving(p["scheduler"]),

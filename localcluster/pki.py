@@ -1,9 +1,11 @@
 """Certificates and keys for the local control plane, made with the openssl command line.
 
-Owns: a throwaway CA, the kube-apiserver serving certificate (SANs 127.0.0.1, localhost and the
-in-cluster service names), a client certificate for the admin user (O=system:masters) and the
-ServiceAccount token signing key pair. Everything lives in one directory that the control plane
-removes on shutdown. Never used for anything but loopback test clusters.
+Owns: a throwaway CA, the kube-apiserver serving certificate (SANs 127.0.0.1, localhost, the
+in-cluster service names and any extra address the apiserver is bound to), a client certificate
+for the admin user (O=system:masters), the ServiceAccount token signing key pair, and
+`client_cert` for further clients (kubelets as system:node:<name>, kube-proxy). Everything lives
+in one directory that the cluster removes on shutdown. Never used for anything but local test
+clusters.
 """
 
 from __future__ import annotations
@@ -55,8 +57,19 @@ def _client_or_server_cert(
     return crt, key
 
 
-def make_pki(d: Path) -> Pki:
-    """Create CA, apiserver serving cert, admin client cert and SA key pair in `d`."""
+CLIENT_EXT = ("basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
+              "extendedKeyUsage=clientAuth\n")
+
+
+def client_cert(d: Path, name: str, cn: str, org: str | None = None) -> tuple[Path, Path]:
+    """Issue a client certificate CN=`cn` (O=`org`) signed by the CA in `d`; return (crt, key)."""
+    subject = (f"/O={org}" if org else "") + f"/CN={cn}"
+    return _client_or_server_cert(d, name, subject, CLIENT_EXT)
+
+
+def make_pki(d: Path, server_ips: tuple[str, ...] = ()) -> Pki:
+    """Create CA, apiserver serving cert (also valid for `server_ips`), admin client cert and SA
+    key pair in `d`."""
     if shutil.which("openssl") is None:
         raise PkiError("openssl not found on PATH (needed for the local cluster's certificates)")
     d.mkdir(parents=True, exist_ok=True)
@@ -69,15 +82,13 @@ def make_pki(d: Path) -> Pki:
         d, "apiserver", "/CN=kube-apiserver",
         "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
         "extendedKeyUsage=serverAuth\n"
-        "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,"
+        "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,"
+        + "".join(f"IP:{ip}," for ip in server_ips)
+        + "DNS:localhost,DNS:kubernetes,"
         "DNS:kubernetes.default,DNS:kubernetes.default.svc,"
         "DNS:kubernetes.default.svc.cluster.local\n",
     )
-    admin_crt, admin_key = _client_or_server_cert(
-        d, "admin", "/O=system:masters/CN=admin",
-        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
-        "extendedKeyUsage=clientAuth\n",
-    )
+    admin_crt, admin_key = client_cert(d, "admin", "admin", "system:masters")
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
     return Pki(

@@ -1,0 +1,654 @@
+"""Real Kubernetes nodes on this machine: per node its own containerd and kubelet; one kube-proxy.
+
+`Cluster` starts the control plane (kube-apiserver bound to an address pods can reach), then N
+nodes, each a real kubelet v1.34 with its own containerd (root, state, socket, runc root), CNI
+bridge and pod subnet, node IP, cgroup root in every v1 hierarchy, root and cert directories and
+ports; and one kube-proxy (iptables mode) so that the `kubernetes` Service works from pods. Pods
+are real containers (runc, overlayfs), each in its own network namespace with its own IP, routed
+between nodes by this host. Images are imported into every node's containerd (no registry).
+
+Layout of the host network (all on devices this module creates and removes):
+  bridge es-host: 10.252.0.1 (kube-apiserver) and 10.252.0.<10+i> (node i's IP)
+  bridge es-cni<i>: 10.244.<i>.1, the gateway of node i's pods (10.244.<i>.0/24)
+  Services: 10.0.0.0/24 (the `kubernetes` Service is 10.0.0.1:443)
+
+Faults are real: `stop_kubelet` (the node controller marks the node NotReady after its grace, the
+Lease is no longer renewed), `freeze` (the v1 freezer stops every process of the node: kubelet,
+containerd, shims and pods; the kernel still answers TCP), `partition` (iptables drops the
+node's or a pod's packets), and anything done to a container's processes.
+
+Teardown leaves nothing behind (processes, mounts, bridges, iptables chains, netns, cgroups,
+sysctls as they were: see localcluster.hoststate); a failed start keeps its directory and prints
+it. One cluster with nodes per machine at a time (a lock file says whose it is).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kubernetes import client, config
+
+from localcluster.controlplane import (
+    ControlPlane,
+    ControlPlaneError,
+    Settings,
+    _die_with_parent,
+    free_ports,
+)
+from localcluster.hoststate import (
+    HostSnapshot,
+    cgroup_hierarchies,
+    cgroup_pids,
+    unmount_below,
+)
+from localcluster.tarimage import PAUSE_IMAGE, pause_image, toolbox_image
+
+HOST_BRIDGE = "es-host"
+NODE_NET = "10.252.0"
+APISERVER_IP = f"{NODE_NET}.1"
+POD_NET = "10.244"
+SERVICE_CIDR = "10.0.0.0/24"
+CNI_BIN = Path("/usr/lib/cni")
+LOCK = Path("/run/elastic-supervisor-nodes.lock")
+# What the running cluster must put back (HostSnapshot), its work directory and cgroup roots:
+# kept while it runs, so that a cluster whose owner was killed is cleaned up by the next one.
+RECORD = Path("/run/elastic-supervisor-nodes.json")
+NODE_LABEL = "elastic-supervisor.io/local-node"
+
+
+class ClusterError(RuntimeError):
+    """A node component is missing, did not become ready, or died."""
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """How the local cluster with real nodes is run. Durations in seconds."""
+
+    nodes: int = 3
+    # The node controller's grace before NotReady. The kubelet renews its Lease every 10 s
+    # (a quarter of the 40 s lease), so this must be well above 10; production is 50.
+    node_monitor_grace_period_s: int = 20
+    # Images (docker-save tarballs) imported into every node's containerd at start, besides
+    # the pause image and the toolbox image (localcluster.tarimage). More: Cluster.load_images.
+    images: tuple[Path, ...] = ()
+    start_timeout_s: float = 120.0
+    # The pod subnet's host-local range per node: small ranges make the CNI reuse IPs soon.
+    pod_ip_range: tuple[int, int] = (2, 254)
+    extra_apiserver_args: tuple[str, ...] = ()
+
+
+@dataclass
+class _Proc:
+    name: str
+    argv: list[str]
+    log: Path
+    cgroup: str | None = None  # joins this cgroup (every hierarchy) before exec
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, cwd: Path, env: dict[str, str] | None = None) -> None:
+        cgroup = self.cgroup
+
+        def prepare() -> None:
+            _die_with_parent()
+            if cgroup is not None:
+                _join_cgroup(cgroup, os.getpid())
+
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, cwd=cwd,
+                                         env=env, start_new_session=True,
+                                         preexec_fn=prepare)  # noqa: PLW1509
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def _join_cgroup(root: str, pid: int) -> None:
+    for hierarchy in cgroup_hierarchies():
+        procs = hierarchy / root.lstrip("/") / "cgroup.procs"
+        if procs.exists():
+            procs.write_text(str(pid))
+
+
+def make_cgroup(root: str) -> None:
+    """Create cgroup `root` in every v1 hierarchy; cpuset gets its parent's cpus and mems."""
+    for hierarchy in cgroup_hierarchies():
+        path = hierarchy / root.lstrip("/")
+        created = []
+        for part in Path(root.lstrip("/")).parts:
+            created.append(part)
+            d = hierarchy.joinpath(*created)
+            if not d.exists():
+                d.mkdir()
+                if (d / "cpuset.cpus").exists():
+                    for f in ("cpuset.cpus", "cpuset.mems"):
+                        (d / f).write_text((d.parent / f).read_text())
+        assert path.exists()
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """What differs between the nodes of one machine."""
+
+    index: int
+    name: str
+    ip: str
+    pod_subnet: str
+    gateway: str
+    bridge: str
+    cgroup_root: str
+    kubelet_port: int
+
+    @classmethod
+    def of(cls, index: int, port: int) -> NodeSpec:
+        return cls(index=index, name=f"es-node-{index}", ip=f"{NODE_NET}.{10 + index}",
+                   pod_subnet=f"{POD_NET}.{index}.0/24", gateway=f"{POD_NET}.{index}.1",
+                   bridge=f"es-cni{index}", cgroup_root=f"/es-node-{index}",
+                   kubelet_port=port)
+
+
+class Node:
+    """One real node: its containerd and kubelet, their files under `workdir`."""
+
+    def __init__(self, spec: NodeSpec, workdir: Path, cp: ControlPlane,
+                 settings: ClusterSettings, bin_dir: Path) -> None:
+        self.spec, self.dir, self.cp, self.settings = spec, workdir, cp, settings
+        self.bin_dir = bin_dir
+        self.socket = self.dir / "containerd.sock"
+        self.containerd = _Proc("containerd", ["containerd", "--config",
+                                               str(self.dir / "containerd.toml")],
+                                self.dir / "containerd.log", f"{spec.cgroup_root}/system")
+        self.kubelet = _Proc("kubelet", [
+            str(bin_dir / "kubelet"), f"--config={self.dir / 'kubelet.yaml'}",
+            f"--kubeconfig={self.dir / 'kubelet.kubeconfig'}",
+            f"--root-dir={self.dir / 'kubelet'}", f"--cert-dir={self.dir / 'pki'}",
+            f"--hostname-override={spec.name}", f"--node-ip={spec.ip}",
+            f"--node-labels={NODE_LABEL}={spec.name}", "--v=1",
+        ], self.dir / "kubelet.log", f"{spec.cgroup_root}/system")
+        self.frozen = False
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Write configuration, make the cgroups and the kubelet's kubeconfig."""
+        s, d = self.spec, self.dir
+        for sub in ("containerd/root", "containerd/state", "containerd/opt", "cni/net.d",
+                    "cni/ipam", "kubelet", "pki", "pod-logs", "volume-plugins"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        make_cgroup(f"{s.cgroup_root}/system")
+        lo, hi = self.settings.pod_ip_range
+        base = s.pod_subnet.rsplit(".", 1)[0]
+        (d / "cni/net.d/10-es.conflist").write_text(json.dumps({
+            "cniVersion": "1.0.0", "name": f"es-pods-{s.index}",
+            "plugins": [
+                {"type": "bridge", "bridge": s.bridge, "isGateway": True, "ipMasq": False,
+                 "hairpinMode": True,
+                 "ipam": {"type": "host-local", "dataDir": str(d / "cni/ipam"),
+                          "ranges": [[{"subnet": s.pod_subnet, "gateway": s.gateway,
+                                       "rangeStart": f"{base}.{lo}",
+                                       "rangeEnd": f"{base}.{hi}"}]],
+                          "routes": [{"dst": "0.0.0.0/0"}]}},
+                {"type": "loopback"},
+            ]}, indent=2))
+        (d / "containerd.toml").write_text(_containerd_config(d, self.socket, s, PAUSE_IMAGE))
+        self.cp.write_cert_kubeconfig(d / "kubelet.kubeconfig", f"kubelet-{s.index}",
+                                      f"system:node:{s.name}", "system:nodes")
+        assert self.cp.pki is not None
+        (d / "kubelet.yaml").write_text(json.dumps(_kubelet_config(
+            d, self.socket, s, self.cp.pki.ca_cert), indent=2))
+
+    def start_containerd(self) -> None:
+        self.containerd.start(self.dir, env=_env())
+        _wait(lambda: self.socket.exists() and self._ctr("version").returncode == 0,
+              30, f"{self.name}: containerd", self.containerd)
+
+    def import_image(self, tarball: Path) -> float:
+        """Import a docker-save tarball into this node's containerd; return the seconds taken."""
+        t0 = time.monotonic()
+        res = self._ctr("images", "import", "--all-platforms", str(tarball), timeout=1800)
+        if res.returncode != 0:
+            raise ClusterError(f"{self.name}: ctr images import {tarball} failed: "
+                               f"{res.stderr.strip()[-500:]}")
+        return time.monotonic() - t0
+
+    def start_kubelet(self) -> None:
+        self.kubelet.start(self.dir, env=_env())
+
+    def stop_kubelet(self) -> None:
+        """Stop the kubelet (SIGKILL, like a crash): pods keep running, the Lease goes stale."""
+        if self.kubelet.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.kubelet.proc.pid, signal.SIGKILL)
+        self.kubelet.stop(0)
+
+    def freeze(self) -> None:
+        """Freeze every process of the node (kubelet, containerd, shims, pods)."""
+        self._freezer("FROZEN")
+        self.frozen = True
+
+    def thaw(self) -> None:
+        self._freezer("THAWED")
+        self.frozen = False
+
+    def _freezer(self, state: str) -> None:
+        path = Path("/sys/fs/cgroup/freezer") / self.spec.cgroup_root.lstrip("/")
+        (path / "freezer.state").write_text(state)
+        deadline = time.monotonic() + 10
+        while (path / "freezer.state").read_text().strip() != state:
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{self.name}: freezer did not reach {state}")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        """Stop everything of the node: kubelet, every process in its cgroups, containerd."""
+        if self.frozen:
+            with contextlib.suppress(OSError, ClusterError):
+                self.thaw()
+        self.kubelet.stop(2)
+        for _ in range(10):
+            pids = cgroup_pids(self.spec.cgroup_root)
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
+        self.containerd.stop(2)
+        unmount_below(self.dir)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _ctr(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["ctr", "--address", str(self.socket), "-n", "k8s.io", *args],
+                              capture_output=True, text=True, check=False, timeout=timeout,
+                              env=_env())
+
+    def ctr(self, *args: str, timeout: float = 60) -> str:
+        """Run `ctr` against this node's containerd (namespace k8s.io); return its output."""
+        res = self._ctr(*args, timeout=timeout)
+        if res.returncode != 0:
+            raise ClusterError(f"{self.name}: ctr {' '.join(args)}: {res.stderr.strip()}")
+        return res.stdout
+
+    def pids(self) -> set[int]:
+        """Every process of this node (kubelet, containerd, shims, containers)."""
+        return cgroup_pids(self.spec.cgroup_root)
+
+
+def _env() -> dict[str, str]:
+    path = os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    if "/usr/sbin" not in path.split(":"):
+        path += ":/usr/sbin:/sbin"
+    return {"PATH": path, "HOME": os.environ.get("HOME", "/root")}
+
+
+def _containerd_config(d: Path, socket: Path, s: NodeSpec, pause: str) -> str:
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    return f"""version = 2
+root = "{d / 'containerd/root'}"
+state = "{d / 'containerd/state'}"
+oom_score = 0
+[grpc]
+  address = "{socket}"
+[ttrpc]
+  address = "{d / 'containerd.ttrpc.sock'}"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d / 'containerd/opt'}"
+[{cri}]
+  sandbox_image = "{pause}"
+  # The sandbox lacks CAP_SYS_RESOURCE: without this every container start fails in runc
+  # ("can't get final child's PID from pipe: EOF").
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  disable_apparmor = true
+  max_container_log_line_size = 16384
+[{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+  discard_unpacked_layers = false
+[{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[{cri}.containerd.runtimes.runc.options]
+  Root = "{d / 'containerd/runc'}"
+  SystemdCgroup = false
+[{cri}.cni]
+  bin_dir = "{CNI_BIN}"
+  conf_dir = "{d / 'cni/net.d'}"
+  max_conf_num = 1
+[{cri}.registry]
+  config_path = ""
+"""
+
+
+def _kubelet_config(d: Path, socket: Path, s: NodeSpec, ca: Path) -> dict[str, object]:
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+        "address": s.ip, "port": s.kubelet_port, "readOnlyPort": 0, "healthzPort": 0,
+        "authentication": {"x509": {"clientCAFile": str(ca)}, "webhook": {"enabled": True},
+                           "anonymous": {"enabled": False}},
+        "authorization": {"mode": "Webhook"},
+        "cgroupDriver": "cgroupfs", "cgroupRoot": s.cgroup_root, "cgroupsPerQOS": True,
+        "failSwapOn": False, "failCgroupV1": False,
+        "containerRuntimeEndpoint": f"unix://{socket}",
+        "imageServiceEndpoint": f"unix://{socket}",
+        "podLogsDir": str(d / "pod-logs"), "volumePluginDir": str(d / "volume-plugins"),
+        # Low thresholds: the shared test disk and memory are not this node's alone.
+        "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%",
+                         "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
+        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+        "syncFrequency": "10s", "nodeStatusUpdateFrequency": "5s",
+        "nodeLeaseDurationSeconds": 40,
+        "oomScoreAdj": 0,  # no CAP_SYS_RESOURCE to lower it
+        "serializeImagePulls": False, "maxPods": 110,
+        "resolvConf": "/etc/resolv.conf",
+        "makeIPTablesUtilChains": False,
+        "shutdownGracePeriod": "0s",
+        "registerNode": True,
+    }
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str,
+          proc: _Proc | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.proc is not None and proc.proc.poll() is not None:
+            raise ClusterError(f"{what}: exited with {proc.proc.returncode}; log tail:\n"
+                               f"{proc.tail()}")
+        with contextlib.suppress(Exception):
+            if predicate():
+                return
+        time.sleep(0.1)
+    raise ClusterError(f"{what}: not ready after {timeout:.0f}s"
+                       + (f"; log tail:\n{proc.tail()}" if proc is not None else ""))
+
+
+def _ip(*args: str) -> None:
+    res = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
+    if res.returncode != 0 and "File exists" not in res.stderr:
+        raise ClusterError(f"ip {' '.join(args)}: {res.stderr.strip()}")
+
+
+@dataclass
+class Cluster:
+    """A control plane and real nodes. Use as a context manager, or start() and stop()."""
+
+    settings: ClusterSettings = field(default_factory=ClusterSettings)
+    workdir: Path = field(default_factory=Path)
+    cp: ControlPlane | None = None
+    nodes: list[Node] = field(default_factory=list)
+    failed: bool = False
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._snapshot: HostSnapshot | None = None
+        self._proxy: _Proc | None = None
+        self._lock_fd: int | None = None
+
+    @property
+    def kubeconfig(self) -> Path:
+        assert self.cp is not None
+        return self.cp.kubeconfig
+
+    def node(self, name: str) -> Node:
+        return next(n for n in self.nodes if n.name == name)
+
+    def start(self) -> Cluster:
+        t0 = time.monotonic()
+        self._lock()
+        if leftovers := recover():
+            print("localcluster: cleaned up after a cluster whose owner died:\n  "
+                  + "\n  ".join(leftovers), file=sys.stderr)
+        self._snapshot = HostSnapshot.take()
+        self.workdir = Path(tempfile.mkdtemp(prefix="es-nodes-"))
+        roots = [NodeSpec.of(i, 0).cgroup_root for i in range(1, self.settings.nodes + 1)]
+        RECORD.write_text(json.dumps({"snapshot": self._snapshot.to_json(),
+                                      "workdir": str(self.workdir), "cgroups": roots}))
+        try:
+            self._host_network()
+            self.cp = ControlPlane(Settings(
+                node_monitor_grace_period_s=self.settings.node_monitor_grace_period_s,
+                bind_address=APISERVER_IP), workdir=self.workdir / "control-plane").start()
+            self.timings["control_plane_s"] = time.monotonic() - t0
+            bin_dir = self.cp.settings.bin_dir
+            ports = free_ports(self.settings.nodes)
+            for i in range(1, self.settings.nodes + 1):
+                spec = NodeSpec.of(i, ports[i - 1])
+                node = Node(spec, self.workdir / spec.name, self.cp, self.settings, bin_dir)
+                self.nodes.append(node)
+                node.prepare()
+                node.start_containerd()
+            t1 = time.monotonic()
+            self.load_images((pause_image()[1], toolbox_image()[1], *self.settings.images))
+            self.timings["images_s"] = time.monotonic() - t1
+            for node in self.nodes:
+                node.start_kubelet()
+            self._start_proxy(bin_dir)
+            self._wait_ready()
+            self.timings["total_s"] = time.monotonic() - t0
+        except BaseException:
+            self.failed = True
+            self.stop()
+            raise
+        return self
+
+    def load_images(self, tarballs: Sequence[Path]) -> dict[str, float]:
+        """Import image tarballs into every node's containerd (nodes in parallel: each has its
+        own content store); return the seconds each node took."""
+        def one(node: Node) -> float:
+            return sum(node.import_image(t) for t in tarballs)
+
+        with ThreadPoolExecutor(len(self.nodes) or 1) as pool:
+            return dict(zip([n.name for n in self.nodes], pool.map(one, self.nodes),
+                            strict=True))
+
+    def _lock(self) -> None:
+        fd = os.open(LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(fd, 100).decode(errors="replace").strip()
+            os.close(fd)
+            raise ClusterError(f"another local cluster with real nodes is running ({owner}); "
+                               "one per machine") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _host_network(self) -> None:
+        _ip("link", "add", HOST_BRIDGE, "type", "bridge")
+        _ip("addr", "add", f"{APISERVER_IP}/32", "dev", HOST_BRIDGE)
+        for i in range(1, self.settings.nodes + 1):
+            _ip("addr", "add", f"{NODE_NET}.{10 + i}/32", "dev", HOST_BRIDGE)
+        _ip("link", "set", HOST_BRIDGE, "up")
+        # Pods on one node reach pods on another (and the apiserver) through this host.
+        Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
+
+    def _start_proxy(self, bin_dir: Path) -> None:
+        assert self.cp is not None
+        d = self.workdir / "kube-proxy"
+        d.mkdir()
+        kc = self.cp.write_cert_kubeconfig(d / "kubeconfig", "kube-proxy", "system:kube-proxy")
+        metrics, healthz = free_ports(2)
+        (d / "config.yaml").write_text(json.dumps({
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": str(kc)}, "mode": "iptables",
+            "clusterCIDR": f"{POD_NET}.0.0/16", "hostnameOverride": self.nodes[0].name,
+            "bindAddress": "127.0.0.1",
+            "metricsBindAddress": f"127.0.0.1:{metrics}",
+            "healthzBindAddress": f"127.0.0.1:{healthz}",
+            # Leave the host's conntrack sysctls and route_localnet alone.
+            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s",
+                          "tcpCloseWaitTimeout": "0s"},
+            "iptables": {"localhostNodePorts": False, "syncPeriod": "30s",
+                         "minSyncPeriod": "0s"},
+        }, indent=2))
+        self._proxy = _Proc("kube-proxy", [str(bin_dir / "kube-proxy"),
+                                           f"--config={d / 'config.yaml'}", "--v=1"],
+                            d / "kube-proxy.log")
+        self._proxy.start(d, env=_env())
+        self._proxy_healthz = f"http://127.0.0.1:{healthz}/healthz"
+
+    def _wait_ready(self) -> None:
+        api = config.new_client_from_config(config_file=str(self.kubeconfig))
+        core = client.CoreV1Api(api)
+        try:
+            def nodes_ready() -> bool:
+                ready = 0
+                for n in core.list_node().items:
+                    for c in n.status.conditions or ():
+                        if c.type == "Ready" and c.status == "True":
+                            ready += 1
+                return ready == len(self.nodes)
+
+            for node in self.nodes:
+                _wait(lambda n=node: n.kubelet.alive(), 1, f"{node.name}: kubelet", node.kubelet)
+            _wait(nodes_ready, self.settings.start_timeout_s,
+                  f"{len(self.nodes)} nodes Ready", self.nodes[0].kubelet)
+
+            def proxy_ok() -> bool:
+                with urllib.request.urlopen(self._proxy_healthz, timeout=2) as r:
+                    return r.status == 200
+
+            _wait(proxy_ok, 60, "kube-proxy healthz", self._proxy)
+        finally:
+            api.close()
+
+    def check_alive(self) -> None:
+        """Raise ClusterError if a component exited on its own."""
+        assert self.cp is not None
+        try:
+            self.cp.check_alive()
+        except ControlPlaneError as e:
+            self.failed = True
+            raise ClusterError(str(e)) from e
+        procs = [p for n in self.nodes for p in (n.containerd,)] + (
+            [self._proxy] if self._proxy else [])
+        for p in procs:
+            if p.proc is not None and p.proc.poll() is not None:
+                self.failed = True
+                raise ClusterError(f"{p.name} exited with {p.proc.returncode}:\n{p.tail()}")
+
+    def stop(self, keep_dir: bool | None = None) -> list[str]:
+        """Stop everything and put the host back; return what could not be put back."""
+        if self._proxy is not None:
+            self._proxy.stop(3)
+        for node in reversed(self.nodes):
+            node.stop()
+        problems: list[str] = []
+        if self.cp is not None:
+            # Its directory is inside ours: removed (or kept) with it below.
+            self.cp.stop(keep_dir=True, quiet=True)
+        if self._snapshot is not None:
+            problems = self._snapshot.restore(tuple(n.spec.cgroup_root for n in self.nodes))
+            RECORD.unlink(missing_ok=True)
+        if problems:
+            self.failed = True
+            print("localcluster: host state not restored:\n  " + "\n  ".join(problems),
+                  file=sys.stderr)
+        keep = self.failed if keep_dir is None else keep_dir
+        if self.workdir != Path():
+            unmount_below(self.workdir)
+            if keep:
+                print(f"localcluster: kept {self.workdir} (logs: */*.log)", file=sys.stderr)
+            else:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        return problems
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is not None:
+            self.failed = True
+        self.stop()
+
+
+def recover() -> list[str]:
+    """Clean up after a cluster whose owner died (the lock must be held): kill every process of
+    its nodes, put the host back from its record, remove its work directory. Return what was
+    done (empty: nothing to do)."""
+    try:
+        record = json.loads(RECORD.read_text())
+    except (OSError, ValueError):
+        return []
+    done = []
+    roots = tuple(record.get("cgroups") or ())
+    for _ in range(10):
+        pids = set().union(*(cgroup_pids(r) for r in roots)) if roots else set()
+        if not pids:
+            break
+        for root in roots:  # frozen processes die only once thawed
+            freezer = Path("/sys/fs/cgroup/freezer") / root.lstrip("/") / "freezer.state"
+            with contextlib.suppress(OSError):
+                freezer.write_text("THAWED")
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        done.append(f"killed {len(pids)} processes")
+        time.sleep(0.3)
+    workdir = Path(record.get("workdir") or "/nonexistent")
+    unmount_below(workdir)
+    problems = HostSnapshot.from_json(record["snapshot"]).restore(roots)
+    done.append(f"host state restored ({len(problems)} problems left)" + (
+        ": " + "; ".join(problems) if problems else ""))
+    if workdir.exists():
+        shutil.rmtree(workdir, ignore_errors=True)
+        done.append(f"removed {workdir}")
+    RECORD.unlink(missing_ok=True)
+    return done
+
+
+@contextlib.contextmanager
+def cluster(settings: ClusterSettings | None = None) -> Iterator[Cluster]:
+    c = Cluster(settings or ClusterSettings())
+    with c:
+        yield c

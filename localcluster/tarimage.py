@@ -1,0 +1,133 @@
+"""Small container images written without a registry or a Docker daemon.
+
+`write_image` packs files into a one-layer image tarball in the `docker save` layout
+(manifest.json, config JSON, layer tar) that `ctr images import` accepts. Two images are made
+this way, both cached under ~/.cache/elastic-supervisor/images by the hash of their inputs:
+- the pause image every pod sandbox runs (containerd's `sandbox_image`): a static C program
+  that sleeps, reaps children and exits 0 on SIGTERM/SIGINT;
+- a toolbox image (Debian's static busybox: sh, sleep, nc, wget, ping, ip, ...) for tests of
+  the nodes themselves, so that they do not wait for the multi-gigabyte training images.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+PAUSE_IMAGE = "localhost/elastic-supervisor-pause:3.10"
+TOOLBOX_IMAGE = "localhost/elastic-supervisor-toolbox:1"
+BUSYBOX = Path("/bin/busybox")
+TOOLBOX_APPLETS = ("sh", "sleep", "nc", "wget", "ping", "ip", "cat", "ls", "echo", "kill", "ps",
+                   "id", "env", "grep", "dd", "true", "false", "hostname", "date", "mkdir",
+                   "touch", "rm", "head", "tail", "seq", "awk", "sed", "wc", "timeout", "test")
+
+PAUSE_C = r"""
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static void stop(int s) { (void)s; _exit(0); }
+static void reap(int s) { (void)s; while (waitpid(-1, 0, WNOHANG) > 0) {} }
+int main(void) {
+  signal(SIGTERM, stop); signal(SIGINT, stop); signal(SIGCHLD, reap);
+  for (;;) pause();
+}
+"""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ES_CACHE", Path.home() / ".cache" / "elastic-supervisor"),
+                "images")
+
+
+def write_image(out: Path, name: str, files: Mapping[str, bytes | Path | None],
+                links: Mapping[str, str] = {}, config: Mapping[str, object] | None = None
+                ) -> Path:
+    """Write image `name` to `out`: `files` maps paths in the image to content (bytes, a host
+    file copied with its mode, or None for a directory); `links` maps paths to symlink
+    targets; `config` is the image's runtime config (Entrypoint, Cmd, Env, User)."""
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w", format=tarfile.GNU_FORMAT) as t:
+        for path, content in sorted(files.items()):
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.mtime = 0
+            if content is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o1777 if path == "tmp" else 0o755
+                t.addfile(info)
+            elif isinstance(content, Path):
+                data = content.read_bytes()
+                info.size, info.mode = len(data), content.stat().st_mode & 0o7777
+                t.addfile(info, io.BytesIO(data))
+            else:
+                info.size, info.mode = len(content), 0o644
+                t.addfile(info, io.BytesIO(content))
+        for path, target in sorted(links.items()):
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.type, info.linkname, info.mtime = tarfile.SYMTYPE, target, 0
+            t.addfile(info)
+    layer_bytes = layer.getvalue()
+    diff_id = hashlib.sha256(layer_bytes).hexdigest()
+    cfg = json.dumps({"architecture": "amd64", "os": "linux", "config": dict(config or {}),
+                      "rootfs": {"type": "layers", "diff_ids": [f"sha256:{diff_id}"]},
+                      "history": [{"created_by": "localcluster.tarimage"}]},
+                     sort_keys=True).encode()
+    cfg_id = hashlib.sha256(cfg).hexdigest()
+    manifest = json.dumps([{"Config": f"{cfg_id}.json", "RepoTags": [name],
+                            "Layers": [f"{diff_id}/layer.tar"]}]).encode()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".partial")
+    with tarfile.open(tmp, "w") as t:
+        for member, data in ((f"{cfg_id}.json", cfg), (f"{diff_id}/layer.tar", layer_bytes),
+                             ("manifest.json", manifest)):
+            info = tarfile.TarInfo(member)
+            info.size, info.mtime = len(data), 0
+            t.addfile(info, io.BytesIO(data))
+    tmp.replace(out)
+    return out
+
+
+def _cached(key_parts: Sequence[bytes], stem: str) -> tuple[Path, bool]:
+    key = hashlib.sha256(b"\0".join(key_parts)).hexdigest()[:16]
+    path = cache_dir() / f"{stem}-{key}.tar"
+    return path, path.exists()
+
+
+def pause_image() -> tuple[str, Path]:
+    """The pause image's name and tarball (built with gcc -static once, then cached)."""
+    out, done = _cached([PAUSE_C.encode(), PAUSE_IMAGE.encode()], "pause")
+    if not done:
+        build = out.parent / f"pause-build-{os.getpid()}"
+        build.mkdir(parents=True, exist_ok=True)
+        try:
+            (build / "pause.c").write_text(PAUSE_C)
+            res = subprocess.run(["gcc", "-static", "-Os", "-s", "-o", "pause", "pause.c"],
+                                 cwd=build, capture_output=True, text=True, check=False)
+            if res.returncode != 0:
+                raise RuntimeError(f"building the pause image: gcc -static failed: "
+                                   f"{res.stderr.strip()[-300:]} (needs gcc and libc6-dev)")
+            write_image(out, PAUSE_IMAGE, {"pause": build / "pause"},
+                        config={"Entrypoint": ["/pause"], "User": "65535:65535"})
+        finally:
+            shutil.rmtree(build, ignore_errors=True)
+    return PAUSE_IMAGE, out
+
+
+def toolbox_image() -> tuple[str, Path]:
+    """The toolbox image's name and tarball: Debian's static busybox and its applets."""
+    if not BUSYBOX.exists():
+        raise RuntimeError(f"{BUSYBOX} not found: install Debian's busybox-static (make setup)")
+    data = BUSYBOX.read_bytes()
+    out, done = _cached([data, TOOLBOX_IMAGE.encode(), " ".join(TOOLBOX_APPLETS).encode()],
+                        "toolbox")
+    if not done:
+        write_image(out, TOOLBOX_IMAGE,
+                    {"bin": None, "tmp": None, "etc": None, "bin/busybox": BUSYBOX},
+                    links={f"bin/{a}": "busybox" for a in TOOLBOX_APPLETS},
+                    config={"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"]})
+    return TOOLBOX_IMAGE, out
