@@ -1,15 +1,15 @@
 """`make demo`: the main job on this machine, with scripted faults, a live line and a summary.
 
-Starts the local control plane and the node agent (3 fake nodes), applies
-`manifests/overlays/local` (the same YAML as on kind: RBAC, PriorityClasses, the launcher Job,
-the worker template and policy ConfigMaps, the ssh Secret) with kubectl; the Job controller makes
-the launcher pod, the agent runs it (the supervisor, with a token of the manifests'
-ServiceAccount), the supervisor creates the worker pods, the agent runs them as sshds on
-loopback addresses, and horovodrun trains worker_image/train.py on them. Faults, each once the
-job is back at full size and has trained a little: SIGKILL of a worker, a force delete, a node
-that stops heartbeating while its worker is frozen, scale 2 -> 3, scale 3 -> 2. At the end: a
-table (fault, detection, training resumed, back to full size), a timeline PNG (world size and
-step rate, faults marked) and everything stopped.
+Starts the local cluster with three real nodes (localcluster.nodes: kubelet + containerd each,
+the launcher and worker images imported into every node) and applies `manifests/overlays/local`
+(the same YAML as on kind: RBAC, PriorityClasses, the launcher Job, the worker template and policy
+ConfigMaps, the ssh Secret) with kubectl (localcluster.job). The Job controller makes the launcher
+pod (the supervisor, with the manifests' ServiceAccount), the supervisor creates the worker pods,
+and horovodrun trains worker_image/train.py on them over ssh. Faults, each once the job is back at
+full size and has trained a little: SIGKILL of a worker container's process, a force delete, a
+frozen node (kubelet, containerd and pods stopped by the freezer cgroup), scale 2 -> 3, scale
+3 -> 2. At the end: a table (fault, detection, training resumed, back to full size), a timeline
+PNG (world size and step rate, faults marked) and everything stopped.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -32,11 +31,12 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 from kubernetes import client, config
 
-from localcluster.controlplane import ControlPlane, Settings
-from localcluster.nodeagent import AgentSettings, NodeAgent
+from localcluster import images
+from localcluster.job import BASE_NAMESPACE, MainJob
+from localcluster.nodes import Cluster, ClusterSettings
 
 REPO = Path(__file__).resolve().parents[1]
-NAMESPACE, JOB = "elastic-supervisor", "elastic-train"
+NAMESPACE, JOB = BASE_NAMESPACE, "elastic-train"
 STEPS = 300  # manifests/overlays/local sets --steps 300
 
 
@@ -104,20 +104,6 @@ class Run:
         return self.steps[-1]["size"] if self.steps else 0
 
 
-def kubectl(cp: ControlPlane, *args: str) -> str:
-    out = subprocess.run([str(cp.settings.bin_dir / "kubectl"), "--kubeconfig", str(cp.kubeconfig),
-                          *args], capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        raise SystemExit(f"demo: kubectl {' '.join(args)} failed: {out.stderr.strip()}")
-    return out.stdout
-
-
-def launcher_pod(core: client.CoreV1Api) -> str | None:
-    pods = core.list_namespaced_pod(NAMESPACE, label_selector="elastic-supervisor/role=launcher")
-    running = [p.metadata.name for p in pods.items if p.status.phase == "Running"]
-    return running[0] if running else None
-
-
 def worker_pods(core: client.CoreV1Api) -> list[client.V1Pod]:
     pods = core.list_namespaced_pod(
         NAMESPACE, label_selector=f"elastic-supervisor/job={JOB},elastic-supervisor/role=worker")
@@ -163,39 +149,36 @@ def main(argv: list[str] | None = None) -> int:
 def run_job(out: Path, plan: tuple[str, ...]) -> Result:
     """Run the main job on a fresh local cluster with the faults of `plan`, in order."""
     out.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["bash", str(REPO / "manifests" / "ssh-keygen.sh")], check=True,
-                   stdout=subprocess.DEVNULL)
-    print("demo: starting the local control plane and the node agent (3 nodes)")
-    cp = ControlPlane(Settings(node_monitor_grace_period_s=20))
-    cp.start()
-    agent: NodeAgent | None = None
+    print("demo: building (or reusing) the launcher and worker images")
+    tarballs = images.build_all()
+    print("demo: starting the local cluster: control plane and 3 real nodes")
+    cluster = Cluster(ClusterSettings(nodes=3, images=tuple(tarballs.values())))
+    cluster.start()
+    job: MainJob | None = None
     try:
-        agent = NodeAgent(cp, AgentSettings(
-            nodes=("node-a", "node-b", "node-c"), workdir=out / "agent",
-            image_env={"PYTHONPATH": str(REPO), "ES_PYTHON": sys.executable,
-                       "ES_WORKSPACE": str(REPO / "worker_image")})).start()
-        api = config.new_client_from_config(config_file=str(cp.kubeconfig))
-        core = client.CoreV1Api(api)
+        api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        job = MainJob(cluster, api, NAMESPACE, out)
         print("demo: kubectl apply -k manifests/overlays/local")
-        kubectl(cp, "apply", "-k", str(REPO / "manifests" / "overlays" / "local"))
-        return drive(cp, agent, core, plan)
+        job.apply()
+        return drive(job, plan)
     finally:
-        if agent is not None:
-            agent.close()
-        cp.stop()
-        print("demo: stopped the node agent and the control plane")
+        if job is not None:
+            job.close()
+        problems = cluster.stop()
+        print("demo: stopped the cluster" + (f"; host state NOT restored: {problems}"
+                                             if problems else ""))
 
 
-def drive(cp: ControlPlane, agent: NodeAgent, core: client.CoreV1Api,
-          plan: tuple[str, ...]) -> Result:
-    launcher: str | None = None
-    deadline = time.monotonic() + 120
-    while (launcher := launcher_pod(core)) is None:
+def drive(job: MainJob, plan: tuple[str, ...]) -> Result:
+    core, cluster = job.core, job.cluster
+    deadline = time.monotonic() + 300
+    while job.launcher() is None or not job.log.exists():
         if time.monotonic() > deadline:
-            raise SystemExit("demo: the launcher pod did not start within 120 s")
+            raise SystemExit("demo: the launcher pod did not start within 300 s")
         time.sleep(0.5)
-    run = Run(agent.log_path(f"{NAMESPACE}/{launcher}"))
+    run = Run(job.log)
     faults: list[Fault] = []
+    frozen: list[str] = []
 
     def progress() -> None:
         last = run.decisions[-1] if run.decisions else {}
@@ -233,44 +216,49 @@ def drive(cp: ControlPlane, agent: NodeAgent, core: client.CoreV1Api,
         faults.append(Fault(name, time.time(), desired))
         act()
         wait(f"recovery from {name}", at_size(desired, faults[-1].at), run, 240, progress)
+        while frozen:  # the node comes back once the job recovered without it
+            cluster.node(frozen.pop()).thaw()
 
     def victim() -> client.V1Pod:
         """The last worker not on the launcher's node (a lost node must not take the
         supervisor with it)."""
         workers = worker_pods(core)
-        launcher_node = core.read_namespaced_pod(launcher, NAMESPACE).spec.node_name
+        launcher = job.launcher()
+        launcher_node = launcher["spec"].get("nodeName") if launcher else None
         others = [p for p in workers if p.spec.node_name != launcher_node]
         return (others or workers)[-1]
+
+    def freeze() -> None:
+        node = victim().spec.node_name
+        frozen.append(node)
+        cluster.node(node).freeze()
 
     def scale(n: int) -> None:
         subprocess.run([sys.executable, "-m", "supervisor", "scale", "--job", JOB,
                         "--namespace", NAMESPACE, "--workers", str(n)], check=True,
-                       env={**os.environ, "KUBECONFIG": str(cp.kubeconfig)},
+                       env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
                        stdout=subprocess.DEVNULL)
 
     faults_by_key = {
-        "kill": ("SIGKILL a worker", 2,
-                 lambda: agent.kill(f"{NAMESPACE}/{victim().metadata.name}", signal.SIGKILL)),
-        "force-delete": ("force-delete a worker", 2, lambda: core.delete_namespaced_pod(
-            victim().metadata.name, NAMESPACE, grace_period_seconds=0)),
-        "freeze": ("node stops heartbeating, worker frozen", 2,
-                   lambda: agent.silence(victim().spec.node_name, freeze=True)),
+        "kill": ("SIGKILL a worker's container", 2,
+                 lambda: job.kill_container(victim().metadata.name)),
+        "force-delete": ("force-delete a worker", 2, lambda: job.force_delete(
+            victim().metadata.name)),
+        "freeze": ("a worker's node frozen", 2, freeze),
         "scale-out": ("scale 2 -> 3", 3, lambda: scale(3)),
         "scale-in": ("scale 3 -> 2", 2, lambda: scale(2)),
     }
-    wait("training to start", lambda: run.step > 0, run, 300, progress)
+    wait("training to start", lambda: run.step > 0, run, 600, progress)
     for key in plan:
         fault(*faults_by_key[key])
     wait("the end of training", lambda: run.done, run, 600, progress)
     print()
     code = None
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 90
     while code is None and time.monotonic() < deadline:
-        pod = core.read_namespaced_pod(launcher, NAMESPACE)
-        for cs in pod.status.container_statuses or ():
-            if cs.state.terminated is not None:
-                code = cs.state.terminated.exit_code
+        code = job.exit_code()
         time.sleep(0.5)
+    run.poll()
     measure(run, faults)
     return Result(code, run, faults)
 

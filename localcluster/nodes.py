@@ -314,6 +314,16 @@ class Node:
         """Every process of this node (kubelet, containerd, shims, containers)."""
         return cgroup_pids(self.spec.cgroup_root)
 
+    def pod_pids(self, uid: str) -> set[int]:
+        """The processes of pod `uid`'s containers (and its sandbox) on this node."""
+        base = Path("/sys/fs/cgroup/pids") / self.spec.cgroup_root.lstrip("/") / "kubepods"
+        pids: set[int] = set()
+        for d in base.rglob(f"pod{uid}"):
+            for procs in d.rglob("cgroup.procs"):
+                with contextlib.suppress(OSError):
+                    pids.update(int(x) for x in procs.read_text().split())
+        return pids
+
 
 def _env() -> dict[str, str]:
     path = os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
@@ -412,6 +422,12 @@ def _ip(*args: str) -> None:
     res = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
     if res.returncode != 0 and "File exists" not in res.stderr:
         raise ClusterError(f"ip {' '.join(args)}: {res.stderr.strip()}")
+
+
+def _iptables(*args: str, check: bool = True) -> None:
+    res = subprocess.run(["iptables", "-w", *args], capture_output=True, text=True, check=False)
+    if check and res.returncode != 0:
+        raise ClusterError(f"iptables {' '.join(args)}: {res.stderr.strip()}")
 
 
 @dataclass
@@ -558,6 +574,22 @@ class Cluster:
             _wait(proxy_ok, 60, "kube-proxy healthz", self._proxy)
         finally:
             api.close()
+
+    @contextlib.contextmanager
+    def partition(self, *ips: str) -> Iterator[None]:
+        """Drop every packet to and from `ips` (pods or nodes) while inside; then undo it."""
+        rules = [(chain, flag, ip) for ip in ips
+                 for chain, flag in (("FORWARD", "-s"), ("FORWARD", "-d"), ("INPUT", "-s"),
+                                     ("OUTPUT", "-d"))]
+        try:
+            for chain, flag, ip in rules:
+                _iptables("-I", chain, flag, ip, "-m", "comment", "--comment",
+                          "elastic-supervisor partition", "-j", "DROP")
+            yield
+        finally:
+            for chain, flag, ip in rules:
+                _iptables("-D", chain, flag, ip, "-m", "comment", "--comment",
+                          "elastic-supervisor partition", "-j", "DROP", check=False)
 
     def check_alive(self) -> None:
         """Raise ClusterError if a component exited on its own."""

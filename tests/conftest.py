@@ -1,8 +1,10 @@
-"""Shared fixtures: the real local control plane (session-scoped) and per-test namespaces.
+"""Shared fixtures: the real local control plane, the cluster with real nodes (both
+session-scoped, started on first use) and per-test namespaces.
 
 Tests marked `integration` or `e2e` get a real etcd + kube-apiserver + kube-controller-manager +
-kube-scheduler. There is no fallback: if the binaries are missing the tests error, they are
-never skipped silently.
+kube-scheduler; those that run pods get real nodes (kubelet + containerd each, localcluster.nodes).
+There is no fallback: if the binaries are missing the tests error, they are never skipped
+silently.
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ import pytest
 from kubernetes import client, config
 
 from localcluster.controlplane import ControlPlane, Settings
-from tests.helpers import NODE_GRACE_S, wait_for
+from localcluster.nodes import Cluster, ClusterSettings
+from tests.cluster import ClusterPods
+from tests.helpers import CLUSTER_NODE_GRACE_S, NODE_GRACE_S, wait_for
+
+# Tests that start clusters with real nodes of their own: they run before anything starts the
+# session's (one cluster with real nodes per machine at a time).
+OWN_CLUSTER_FIRST = ("test_cluster_lifecycle.py",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -24,6 +32,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         kind = Path(str(item.fspath)).parent.name
         if kind in ("unit", "integration", "e2e"):
             item.add_marker(getattr(pytest.mark, kind))
+    items.sort(key=lambda item: Path(str(item.fspath)).name not in OWN_CLUSTER_FIRST)
 
 
 @pytest.fixture(scope="session")
@@ -84,4 +93,32 @@ def namespace(core: client.CoreV1Api) -> Iterator[str]:
     """A fresh namespace on the session control plane."""
     name = make_namespace(core)
     yield name
+    core.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """A control plane with three real nodes (kubelet + containerd each) and kube-proxy."""
+    c = Cluster(ClusterSettings(nodes=3, node_monitor_grace_period_s=CLUSTER_NODE_GRACE_S))
+    c.start()
+    yield c
+    if request.session.testsfailed:
+        c.failed = True
+    problems = c.stop()
+    assert problems == [], f"the cluster's teardown left host state behind: {problems}"
+
+
+@pytest.fixture(scope="session")
+def cluster_api(cluster: Cluster) -> Iterator[client.ApiClient]:
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def cluster_pods(cluster: Cluster, cluster_api: client.ApiClient) -> Iterator[ClusterPods]:
+    """A fresh namespace on the cluster with real nodes, and helpers for its pods."""
+    core = client.CoreV1Api(cluster_api)
+    name = make_namespace(core)
+    yield ClusterPods(cluster, core, name)
     core.delete_namespace(name)

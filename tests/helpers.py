@@ -12,6 +12,8 @@ T = TypeVar("T")
 
 # node-monitor grace period of the session's control plane, seconds.
 NODE_GRACE_S = 8
+# ... of the session's cluster with real nodes (its kubelets renew their Leases every 10 s).
+CLUSTER_NODE_GRACE_S = 20
 
 
 def wait_for(predicate: Callable[[], T], timeout: float, interval: float = 0.1,

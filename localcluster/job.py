@@ -1,0 +1,377 @@
+"""The main job on the local cluster with real nodes: deploy it, follow it, hurt it.
+
+`MainJob` renders `manifests/overlays/local` with kustomize (the very manifests of the kind
+overlay: RBAC, PriorityClasses, the launcher Job, the worker template and policy ConfigMaps, the
+ssh Secret), moves it into a namespace of its own, optionally changes the training command and
+the launcher's environment, and applies it with kubectl. The Job controller makes the launcher pod
+(the launcher image: the supervisor with the manifests' ServiceAccount), the supervisor creates
+the worker pods from its template (the worker image), and horovodrun trains on them over ssh.
+
+What happened is read back from the launcher's log (`kubectl logs -f`, every launcher pod of the
+Job in turn): the supervisor's JSON lines and rank 0's JSON lines (steps, resets), and from the
+API (pods, Events). Faults are what happens in a cluster: a container's process killed, a pod
+force-deleted or evicted, a node's kubelet stopped, a node frozen, a pod partitioned.
+Shared by `make demo`, the end-to-end tests and the end-to-end benchmark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from localcluster.controlplane import default_bin_dir
+from localcluster.nodes import Cluster, Node
+
+REPO = Path(__file__).resolve().parents[1]
+OVERLAY = REPO / "manifests" / "overlays" / "local"
+JOB = "elastic-train"
+BASE_NAMESPACE = "elastic-supervisor"
+WORKER_SELECTOR = f"elastic-supervisor/job={JOB},elastic-supervisor/role=worker"
+LAUNCHER_SELECTOR = "elastic-supervisor/role=launcher"
+Record = dict[str, Any]
+
+
+class JobError(RuntimeError):
+    """The job could not be deployed, or did not do what a wait expected in time."""
+
+
+def render(namespace: str, *, args: Sequence[str] | None = None,
+           env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """The local overlay's objects, moved into `namespace`, with the launcher's training
+    command `args` and extra (or changed) `env` if given."""
+    cluster_kubectl = _kubectl_path()
+    out = subprocess.run([str(cluster_kubectl), "kustomize", str(OVERLAY)], capture_output=True,
+                         text=True, check=False)
+    if out.returncode != 0:
+        raise JobError(f"kubectl kustomize {OVERLAY}: {out.stderr.strip()}")
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    result = []
+    for doc in docs:
+        kind, meta = doc["kind"], doc["metadata"]
+        if kind == "Namespace":
+            continue
+        if meta.get("namespace") == BASE_NAMESPACE:
+            meta["namespace"] = namespace
+        if kind == "ClusterRoleBinding":
+            meta["name"] = f"{meta['name']}-{namespace}"  # one per job namespace
+        for subject in doc.get("subjects") or ():
+            if subject.get("namespace") == BASE_NAMESPACE:
+                subject["namespace"] = namespace
+        if kind == "Job":
+            container = doc["spec"]["template"]["spec"]["containers"][0]
+            if args is not None:
+                container["args"] = list(args)
+            if env:
+                current = {e["name"]: e for e in container.get("env") or ()}
+                for name, value in env.items():
+                    current[name] = {"name": name, "value": value}
+                container["env"] = list(current.values())
+        result.append(doc)
+    return result
+
+
+def _kubectl_path() -> Path:
+    return default_bin_dir() / "kubectl"
+
+
+def ensure_ssh_key() -> None:
+    """The job's ssh key pair (manifests/base/ssh/, gitignored), made once."""
+    subprocess.run(["bash", str(REPO / "manifests" / "ssh-keygen.sh")], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def horovod_records(text: str) -> list[Record]:
+    """Rank 0's JSON lines in horovodrun's output (`[0]<stdout>:{...}`), in order."""
+    out = []
+    for line in text.splitlines():
+        _, sep, rest = line.partition("]<stdout>:")
+        if sep and rest.startswith("{"):
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(rest))
+    return out
+
+
+def supervisor_records(text: str) -> list[Record]:
+    """The supervisor's own JSON log lines, in order."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("{") and '"event"' in line:
+            with contextlib.suppress(ValueError):
+                rec = json.loads(line)
+                if "level" in rec or "timestamp" in rec:
+                    out.append(rec)
+    return out
+
+
+def log_time(rec: Record) -> float:
+    """The wall time of a supervisor log record (0 if it has none)."""
+    try:
+        return dt.datetime.fromisoformat(
+            str(rec.get("timestamp", "")).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+@dataclass
+class MainJob:
+    """The main job in `namespace` of `cluster`; its launchers' logs go to `out`."""
+
+    cluster: Cluster
+    api: client.ApiClient
+    namespace: str
+    out: Path
+    args: Sequence[str] | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    # Changes the rendered objects in place before they are applied (e.g. a shared volume).
+    transform: Callable[[list[dict[str, Any]]], None] | None = None
+
+    def __post_init__(self) -> None:
+        self.core = client.CoreV1Api(self.api)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.log = self.out / f"launcher-{self.namespace}.log"
+        self._followed: set[str] = set()
+        self._stop = threading.Event()
+        self._follower: threading.Thread | None = None
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self.applied_at = 0.0
+
+    # -- deploy ---------------------------------------------------------------------------------
+
+    def apply(self) -> MainJob:
+        ensure_ssh_key()
+        with contextlib.suppress(ApiException):
+            self.core.create_namespace({"metadata": {"name": self.namespace}})
+        docs = render(self.namespace, args=self.args, env=self.env)
+        if self.transform is not None:
+            self.transform(docs)
+        manifest = self.out / f"manifests-{self.namespace}.yaml"
+        manifest.write_text(yaml.safe_dump_all(docs))
+        self.kubectl("apply", "-f", str(manifest))
+        self.applied_at = time.time()
+        self._follower = threading.Thread(target=self._follow, name="launcher-logs",
+                                          daemon=True)
+        self._follower.start()
+        return self
+
+    def kubectl(self, *args: str, check: bool = True,
+                timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        res = subprocess.run([str(_kubectl_path()), "--kubeconfig", str(self.cluster.kubeconfig),
+                              "-n", self.namespace, *args], capture_output=True, text=True,
+                             check=False, timeout=timeout, stdin=subprocess.DEVNULL)
+        if check and res.returncode != 0:
+            raise JobError(f"kubectl {' '.join(args)}: {res.stderr.strip()}")
+        return res
+
+    def _follow(self) -> None:
+        """Append every launcher pod's log to self.log, each once, as they appear."""
+        while not self._stop.wait(0.5):
+            with contextlib.suppress(ApiException, OSError, ValueError):
+                for pod in self.launchers():
+                    name = pod["metadata"]["name"]
+                    statuses = pod.get("status", {}).get("containerStatuses") or []
+                    started = statuses and ("running" in statuses[0].get("state", {})
+                                            or "terminated" in statuses[0].get("state", {}))
+                    if name in self._followed or not started:
+                        continue
+                    self._followed.add(name)
+                    with self.log.open("ab") as f:
+                        f.write(f"# ---- launcher pod {name}\n".encode())
+                        f.flush()
+                        self._procs.append(subprocess.Popen(
+                            [str(_kubectl_path()), "--kubeconfig",
+                             str(self.cluster.kubeconfig), "-n", self.namespace, "logs",
+                             "-f", name], stdout=f, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL))
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._follower is not None:
+            self._follower.join(5)
+        for p in self._procs:
+            if p.poll() is None:
+                p.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(5)
+
+    def delete(self) -> None:
+        """Delete the job's namespace (its pods go with it) and its cluster-scoped binding."""
+        self.close()
+        with contextlib.suppress(ApiException):
+            self.core.delete_namespace(self.namespace)
+        rbac = client.RbacAuthorizationV1Api(self.api)
+        for crb in rbac.list_cluster_role_binding().items:
+            if crb.metadata.name.endswith(f"-{self.namespace}"):
+                with contextlib.suppress(ApiException):
+                    rbac.delete_cluster_role_binding(crb.metadata.name)
+
+    # -- what happened --------------------------------------------------------------------------
+
+    def text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def records(self) -> list[Record]:
+        return horovod_records(self.text())
+
+    def steps(self) -> list[Record]:
+        return [r for r in self.records() if "loss" in r]
+
+    def logs(self, event: str | None = None) -> list[Record]:
+        recs = supervisor_records(self.text())
+        return recs if event is None else [r for r in recs if r.get("event") == event]
+
+    def last_step(self) -> Record | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def pods(self, selector: str) -> dict[str, dict[str, Any]]:
+        resp = self.core.list_namespaced_pod(self.namespace, label_selector=selector,
+                                             _preload_content=False)
+        return {p["metadata"]["name"]: p for p in json.loads(resp.data)["items"]}
+
+    def workers(self) -> dict[str, dict[str, Any]]:
+        return self.pods(WORKER_SELECTOR)
+
+    def live_workers(self) -> dict[str, dict[str, Any]]:
+        return {n: p for n, p in self.workers().items()
+                if p.get("status", {}).get("phase") == "Running"
+                and not p["metadata"].get("deletionTimestamp")}
+
+    def launchers(self) -> list[dict[str, Any]]:
+        return sorted(self.pods(LAUNCHER_SELECTOR).values(),
+                      key=lambda p: p["metadata"]["creationTimestamp"])
+
+    def launcher(self) -> dict[str, Any] | None:
+        """The newest launcher pod."""
+        pods = self.launchers()
+        return pods[-1] if pods else None
+
+    def exit_code(self) -> int | None:
+        """The newest launcher container's exit code, once it terminated."""
+        pod = self.launcher()
+        for cs in (pod or {}).get("status", {}).get("containerStatuses") or ():
+            term = (cs.get("state") or {}).get("terminated")
+            if term is not None:
+                return int(term["exitCode"])
+        return None
+
+    def events(self) -> list[dict[str, Any]]:
+        """The supervisor's Events (events.k8s.io/v1), oldest first."""
+        resp = client.EventsV1Api(self.api).list_namespaced_event(self.namespace,
+                                                                  _preload_content=False)
+        items = [e for e in json.loads(resp.data)["items"]
+                 if e.get("reportingController", "").startswith("elastic-supervisor")]
+        return sorted(items, key=lambda e: e.get("eventTime") or "")
+
+    def reasons(self) -> list[str]:
+        return [e["reason"] for e in self.events()]
+
+    # -- waits ------------------------------------------------------------------------------------
+
+    def wait(self, what: str, predicate: Callable[[], Any], timeout: float,
+             interval: float = 0.25) -> Any:
+        """Wait for `predicate`; raise JobError with the log's tail, at once if the launcher
+        ended meanwhile (unless waiting for that)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            got = predicate()
+            if got:
+                return got
+            code = self.exit_code()
+            if code is not None and "exit" not in what:
+                raise JobError(f"the launcher exited {code} while waiting for {what}:\n"
+                               f"{self.tail()}")
+            if time.monotonic() > deadline:
+                raise JobError(f"timed out after {timeout:.0f}s waiting for {what}:\n"
+                               f"{self.tail()}")
+            time.sleep(interval)
+
+    def wait_training(self, past: int, size: int, timeout: float = 300) -> Record:
+        def check() -> Record | None:
+            last = self.last_step()
+            return last if last and last["step"] > past and last["size"] == size else None
+        return self.wait(f"a step past {past} at world size {size}", check, timeout)
+
+    def wait_exit(self, timeout: float) -> int:
+        """Wait until the newest launcher container terminated; return its exit code."""
+        self.wait("the launcher's exit", lambda: self.exit_code() is not None, timeout)
+        code = self.exit_code()
+        assert code is not None
+        return code
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.text().splitlines()[-lines:])
+
+    # -- faults -------------------------------------------------------------------------------
+
+    def node_of(self, pod: str) -> Node:
+        obj = self.workers().get(pod) or self.pods(f"job-name={JOB}").get(pod)
+        if obj is None:
+            obj = json.loads(self.core.read_namespaced_pod(pod, self.namespace,
+                                                           _preload_content=False).data)
+        return self.cluster.node(obj["spec"]["nodeName"])
+
+    def uid(self, pod: str) -> str:
+        obj = json.loads(self.core.read_namespaced_pod(pod, self.namespace,
+                                                       _preload_content=False).data)
+        return str(obj["metadata"]["uid"])
+
+    def processes(self, pod: str, match: Callable[[list[str]], bool]) -> list[int]:
+        """Host pids of the pod's processes whose command line `match`es."""
+        out = []
+        for pid in self.node_of(pod).pod_pids(self.uid(pod)):
+            with contextlib.suppress(OSError):
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if match([a.decode(errors="replace") for a in argv if a]):
+                    out.append(pid)
+        return out
+
+    def kill_container(self, pod: str, sig: int = signal.SIGKILL) -> int:
+        """Signal the worker container's main process (sshd, PID 1 in the container): the
+        container ends with 128+sig, the pod (restartPolicy Never) fails."""
+        pids = self.processes(pod, lambda argv: bool(argv) and argv[0].endswith("sshd")
+                              and "-D" in argv)
+        if not pids:
+            raise JobError(f"{pod}: no sshd -D process found")
+        for pid in pids:
+            os.kill(pid, sig)
+        return len(pids)
+
+    def kill_training(self, pod: str, sig: int = signal.SIGKILL) -> int:
+        """Signal the training processes in the pod (python ... train.py), not the container."""
+        pids = self.processes(pod, lambda argv: any(a.endswith(".py") for a in argv)
+                              and any("python" in a for a in argv[:1]))
+        for pid in pids:
+            os.kill(pid, sig)
+        return len(pids)
+
+    def force_delete(self, pod: str) -> None:
+        self.core.delete_namespaced_pod(pod, self.namespace, grace_period_seconds=0)
+
+    def evict(self, pod: str) -> None:
+        """Evict through the Eviction API (what `kubectl drain` does)."""
+        self.core.create_namespaced_pod_eviction(pod, self.namespace, {
+            "apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": pod, "namespace": self.namespace}})
+
+    @contextlib.contextmanager
+    def partitioned(self, pod: str) -> Iterator[str]:
+        ip = self.workers()[pod]["status"]["podIP"]
+        with self.cluster.partition(ip):
+            yield ip

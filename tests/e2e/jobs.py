@@ -1,0 +1,172 @@
+"""End-to-end jobs on real nodes: the main job of the manifests, in a namespace per test.
+
+Nothing here is a stand-in: localcluster.job.MainJob applies `manifests/overlays/local` (the
+launcher image runs the supervisor with the manifests' ServiceAccount; the supervisor creates the
+worker pods from the worker image; horovodrun trains worker_image/train.py on them over ssh), on
+the session's cluster with real nodes (kubelet + containerd each). Faults are injected on the
+nodes (a container's process killed, a node frozen, a kubelet stopped, iptables) and through the
+API (force delete, eviction).
+
+`check_training` asserts what every scenario promises: the target step reached, no committed step
+lost, at most COMMIT_EVERY steps computed again after a rollback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from localcluster.job import JOB, MainJob, Record
+from localcluster.nodes import Cluster
+
+COMMIT_EVERY = 5
+TRAIN = "/workspace/train.py"  # in the worker image
+
+
+def train_args(steps: int, *extra: str) -> list[str]:
+    return ["python", TRAIN, "--steps", str(steps), "--commit-every", str(COMMIT_EVERY), *extra]
+
+
+def steps_of(records: list[Record]) -> list[Record]:
+    return [r for r in records if "loss" in r]
+
+
+class Job(MainJob):
+    """A MainJob with the waits and picks the scenarios share."""
+
+    def victim(self) -> tuple[str, dict[str, Any]]:
+        """A live worker pod that neither hosts rank 0 (so that rank 0's output stays whole)
+        nor shares the launcher's node (a lost node must not take the supervisor with it)."""
+        last = self.last_step()
+        rank0 = str(last["host"]) if last else ""
+        launcher = self.launcher()
+        launcher_node = (launcher or {}).get("spec", {}).get("nodeName")
+        live = sorted(self.live_workers().items())
+        for name, pod in live:
+            if pod["status"].get("podIP") != rank0 and pod["spec"]["nodeName"] != launcher_node:
+                return name, pod
+        for name, pod in live:
+            if pod["status"].get("podIP") != rank0:
+                return name, pod
+        raise AssertionError(f"no live worker besides rank 0's {rank0}: {live}")
+
+    def reset_after(self, t0: float, size: int) -> Callable[[], Record | None]:
+        """A predicate: training reset to world size `size` after wall time `t0`, and stepped."""
+        def check() -> Record | None:
+            records = self.records()
+            for i, r in enumerate(records):
+                if r.get("event") == "reset" and r["time"] > t0 and r["size"] == size:
+                    later = steps_of(records[i:])
+                    return later[0] if later else None
+            return None
+        return check
+
+    def back_to(self, size: int, t0: float, timeout: float = 240) -> Record:
+        return self.wait(f"training reset to world size {size} after the fault",
+                         self.reset_after(t0, size), timeout)
+
+    def decision(self, pod: str) -> Record:
+        found = [e for e in self.logs("worker.failed") if e.get("pod") == pod]
+        assert len(found) == 1, f"expected one decision about {pod}: {found}"
+        return found[0]
+
+    def notes(self, reason: str) -> list[str]:
+        return [e.get("note", "") for e in self.events() if e["reason"] == reason]
+
+    def scale(self, workers: int) -> None:
+        subprocess.run([sys.executable, "-m", "supervisor", "scale", "--job", JOB,
+                        "--namespace", self.namespace, "--workers", str(workers)], check=True,
+                       env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)},
+                       capture_output=True, text=True)
+
+    def state(self) -> dict[str, Any]:
+        cm = self.core.read_namespaced_config_map(f"{JOB}-supervisor-state", self.namespace)
+        return dict(json.loads(cm.data["state.json"]))
+
+
+def shared_checkpoint(docs: list[dict[str, Any]], host_dir: Path) -> None:
+    """Give every worker the host directory `host_dir` at /checkpoint (the nodes share this
+    machine's disk, as a cluster's workers would share a network volume)."""
+    for doc in docs:
+        if doc["kind"] == "ConfigMap" and "worker-template.yaml" in (doc.get("data") or {}):
+            template = yaml.safe_load(doc["data"]["worker-template.yaml"])
+            spec = template["spec"]
+            spec.setdefault("volumes", []).append(
+                {"name": "checkpoint", "hostPath": {"path": str(host_dir),
+                                                    "type": "Directory"}})
+            spec["containers"][0].setdefault("volumeMounts", []).append(
+                {"name": "checkpoint", "mountPath": "/checkpoint"})
+            doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)
+
+
+Transform = Callable[[list[dict[str, Any]]], None]
+
+
+@contextlib.contextmanager
+def main_job(cluster: Cluster, api: client.ApiClient, out: Path, *, steps: int,
+             extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
+             checkpoint: Path | None = None, transform: Transform | None = None
+             ) -> Iterator[Job]:
+    """The main job in a fresh namespace (applied), deleted afterwards. `checkpoint`: a host
+    directory every worker mounts, where rank 0 keeps the committed state."""
+    namespace = f"e2e-{uuid.uuid4().hex[:6]}"
+    args = train_args(steps, *extra_args)
+    changes = [transform] if transform is not None else []
+    if checkpoint is not None:
+        checkpoint.mkdir(parents=True, exist_ok=True)
+        checkpoint.chmod(0o777)
+        args += ["--checkpoint", "/checkpoint/state.pt"]
+        changes.append(lambda docs: shared_checkpoint(docs, checkpoint))
+
+    def apply_all(docs: list[dict[str, Any]]) -> None:
+        for change in changes:
+            change(docs)
+
+    job = Job(cluster, api, namespace, out, args=args, env=env or {}, transform=apply_all)
+    try:
+        job.apply()
+        yield job
+    finally:
+        job.delete()
+
+
+def check_training(records: list[Record], target: int, *, final_size: int,
+                   resumed_from: int = 0) -> None:
+    """Assert that training reached `target` without losing a committed step (at most
+    COMMIT_EVERY steps computed again after a rollback), ending at world size `final_size`."""
+    steps = steps_of(records)
+    assert steps, "rank 0 reported no step"
+    assert records[-1].get("event") == "done", f"no done event; last: {records[-1]}"
+    assert records[-1]["step"] == target
+    assert steps[-1]["step"] == target and steps[-1]["size"] == final_size, steps[-1]
+    committed, rerun, prev = resumed_from, 0, resumed_from
+    checkpointed = resumed_from
+    for r in records:
+        if r.get("event") == "resumed":  # a new run, from the checkpoint of the last commit
+            committed = checkpointed = max(checkpointed, r["step"])
+            continue
+        if "loss" not in r:
+            continue
+        if r["step"] != prev + 1:
+            # A rollback: back to the step after the last commit, never further.
+            assert r["step"] == committed + 1, (
+                f"step {r['step']} after {prev}: expected {committed + 1} (the last commit + 1)")
+            rerun = max(rerun, prev - committed)
+        if r["committed"]:
+            committed = r["step"]
+        prev = r["step"]
+    assert rerun <= COMMIT_EVERY, f"{rerun} steps computed again, more than {COMMIT_EVERY}"
+    # A step's line can be lost with a killed launcher after its commit was checkpointed: the
+    # checkpoint a later run resumed from proves the steps up to it were computed.
+    seen = {r["step"] for r in steps} | set(range(resumed_from + 1, checkpointed + 1))
+    assert seen == set(range(resumed_from + 1, target + 1)), "a step was never computed"
