@@ -1,5 +1,7 @@
 """`python -m localcluster up`: start the local control plane and keep it until Ctrl-C.
-`python -m localcluster demo`: the main job with scripted faults (localcluster/demo.py)."""
+`python -m localcluster demo`: the main job with scripted faults (localcluster/demo.py).
+`python -m localcluster images`: build the images, or take them from the cache, and print
+image name -> tarball lines (localcluster/images.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import signal
 import sys
 import threading
 
-from localcluster import demo
+from localcluster import demo, images
 from localcluster.controlplane import ControlPlane, ControlPlaneError, Settings
 
 
@@ -20,9 +22,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="node-monitor grace period in seconds (default 8)")
     up.add_argument("--keep", action="store_true", help="keep the work directory on exit")
     sub.add_parser("demo", help="run the main job with scripted faults (make demo)")
+    sub.add_parser("images", help="build the images (cached), print name -> tarball (make images)")
     args, rest = parser.parse_known_args(argv)
     if args.cmd == "demo":
         return demo.main(rest)
+    if args.cmd == "images":
+        return images.main(rest)
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
