@@ -67,10 +67,13 @@ WORKER = $$($(KUBECTL_NS) get pods -l elastic-supervisor/role=worker \
 kind-up:
 	$(KIND) create cluster --name $(KIND_CLUSTER) --config manifests/kind/cluster.yaml
 
+# The training stage first, under its name: the worker image starts FROM it.
 kind-load:
+	docker build -f launcher_image/Dockerfile --target training \
+		-t elastic-supervisor-training:$(VERSION) .
 	docker build -f launcher_image/Dockerfile -t elastic-supervisor-launcher:$(VERSION) .
 	docker build -f worker_image/Dockerfile -t elastic-supervisor-worker:$(VERSION) \
-		--build-arg LAUNCHER_IMAGE=elastic-supervisor-launcher:$(VERSION) .
+		--build-arg TRAINING_IMAGE=elastic-supervisor-training:$(VERSION) .
 	$(KIND) load docker-image --name $(KIND_CLUSTER) $(IMAGES)
 
 kind-deploy:
