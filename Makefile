@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo setup test test-unit test-integration lint cluster-up bench clean help \
+.PHONY: demo setup test test-unit test-integration lint cluster-up images bench clean help \
 	kind-up kind-load kind-deploy kind-chaos kind-down
 
 help:
@@ -12,6 +12,7 @@ help:
 	@echo "make test         lint + the whole test suite (unit, integration, e2e)"
 	@echo "make test-unit    only the fast pure tests"
 	@echo "make cluster-up   run the local control plane until Ctrl-C, print its kubeconfig"
+	@echo "make images       build the images for real nodes (cached), print name -> tarball"
 	@echo "make bench        benchmarks -> bench/results.json (a few minutes)"
 	@echo "make kind-up      kind cluster: one control plane, three workers (needs docker, kind)"
 	@echo "make kind-load    build both images and load them into the kind nodes"
@@ -43,6 +44,9 @@ test-integration: $(PY)
 cluster-up: $(PY)
 	$(PY) -m localcluster up
 
+images: $(PY)
+	$(PY) -m localcluster images
+
 bench: $(PY)
 	$(PY) -m bench $(BENCH_ARGS)
 
@@ -63,10 +67,13 @@ WORKER = $$($(KUBECTL_NS) get pods -l elastic-supervisor/role=worker \
 kind-up:
 	$(KIND) create cluster --name $(KIND_CLUSTER) --config manifests/kind/cluster.yaml
 
+# The training stage first, under its name: the worker image starts FROM it.
 kind-load:
+	docker build -f launcher_image/Dockerfile --target training \
+		-t elastic-supervisor-training:$(VERSION) .
 	docker build -f launcher_image/Dockerfile -t elastic-supervisor-launcher:$(VERSION) .
 	docker build -f worker_image/Dockerfile -t elastic-supervisor-worker:$(VERSION) \
-		--build-arg LAUNCHER_IMAGE=elastic-supervisor-launcher:$(VERSION) .
+		--build-arg TRAINING_IMAGE=elastic-supervisor-training:$(VERSION) .
 	$(KIND) load docker-image --name $(KIND_CLUSTER) $(IMAGES)
 
 kind-deploy:

@@ -1,6 +1,8 @@
 """`python -m localcluster up`: a control plane with real nodes (kubelet + containerd each) until
 Ctrl-C; `--nodes 0` for the control plane alone.
-`python -m localcluster demo`: the main job with scripted faults (localcluster/demo.py)."""
+`python -m localcluster demo`: the main job with scripted faults (localcluster/demo.py).
+`python -m localcluster images`: build the images, or take them from the cache, and print
+image name -> tarball lines (localcluster/images.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import signal
 import sys
 import threading
 
-from localcluster import demo
+from localcluster import demo, images
 from localcluster.controlplane import ControlPlane, ControlPlaneError, Settings
 from localcluster.nodes import Cluster, ClusterError, ClusterSettings
 
@@ -26,9 +28,12 @@ def main(argv: list[str] | None = None) -> int:
                          "their Leases every 10 s)")
     up.add_argument("--keep", action="store_true", help="keep the work directory on exit")
     sub.add_parser("demo", help="run the main job with scripted faults (make demo)")
+    sub.add_parser("images", help="build the images (cached), print name -> tarball (make images)")
     args, rest = parser.parse_known_args(argv)
     if args.cmd == "demo":
         return demo.main(rest)
+    if args.cmd == "images":
+        return images.main(rest)
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -150,9 +150,9 @@ def run_job(out: Path, plan: tuple[str, ...]) -> Result:
     """Run the main job on a fresh local cluster with the faults of `plan`, in order."""
     out.mkdir(parents=True, exist_ok=True)
     print("demo: building (or reusing) the launcher and worker images")
-    tarballs = images.build_all()
+    tarballs = images.build()
     print("demo: starting the local cluster: control plane and 3 real nodes")
-    cluster = Cluster(ClusterSettings(nodes=3, images=tuple(tarballs.values())))
+    cluster = Cluster(ClusterSettings(nodes=3, images=tuple(sorted(set(tarballs.values())))))
     cluster.start()
     job: MainJob | None = None
     try:

@@ -37,11 +37,12 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kubernetes import client, config
 
+from localcluster import images
 from localcluster.controlplane import (
     ControlPlane,
     ControlPlaneError,
@@ -55,7 +56,7 @@ from localcluster.hoststate import (
     cgroup_pids,
     unmount_below,
 )
-from localcluster.tarimage import PAUSE_IMAGE, pause_image, toolbox_image
+from localcluster.tarimage import toolbox_image
 
 HOST_BRIDGE = "es-host"
 NODE_NET = "10.252.0"
@@ -85,6 +86,7 @@ class ClusterSettings:
     # Images (docker-save tarballs) imported into every node's containerd at start, besides
     # the pause image and the toolbox image (localcluster.tarimage). More: Cluster.load_images.
     images: tuple[Path, ...] = ()
+    pause_image: str = ""  # set at start: localcluster.images' pause image
     start_timeout_s: float = 120.0
     # The pod subnet's host-local range per node: small ranges make the CNI reuse IPs soon.
     pod_ip_range: tuple[int, int] = (2, 254)
@@ -230,7 +232,8 @@ class Node:
                           "routes": [{"dst": "0.0.0.0/0"}]}},
                 {"type": "loopback"},
             ]}, indent=2))
-        (d / "containerd.toml").write_text(_containerd_config(d, self.socket, s, PAUSE_IMAGE))
+        (d / "containerd.toml").write_text(_containerd_config(d, self.socket, s,
+                                                              self.settings.pause_image))
         self.cp.write_cert_kubeconfig(d / "kubelet.kubeconfig", f"kubelet-{s.index}",
                                       f"system:node:{s.name}", "system:nodes")
         assert self.cp.pki is not None
@@ -445,6 +448,7 @@ class Cluster:
         self._snapshot: HostSnapshot | None = None
         self._proxy: _Proc | None = None
         self._lock_fd: int | None = None
+        self._pause = Path()
 
     @property
     def kubeconfig(self) -> Path:
@@ -460,6 +464,8 @@ class Cluster:
         if leftovers := recover():
             print("localcluster: cleaned up after a cluster whose owner died:\n  "
                   + "\n  ".join(leftovers), file=sys.stderr)
+        name, self._pause = images.pause()
+        self.settings = replace(self.settings, pause_image=name)
         self._snapshot = HostSnapshot.take()
         self.workdir = Path(tempfile.mkdtemp(prefix="es-nodes-"))
         roots = [NodeSpec.of(i, 0).cgroup_root for i in range(1, self.settings.nodes + 1)]
@@ -480,7 +486,7 @@ class Cluster:
                 node.prepare()
                 node.start_containerd()
             t1 = time.monotonic()
-            self.load_images((pause_image()[1], toolbox_image()[1], *self.settings.images))
+            self.load_images((self._pause, toolbox_image()[1], *self.settings.images))
             self.timings["images_s"] = time.monotonic() - t1
             for node in self.nodes:
                 node.start_kubelet()

@@ -1,12 +1,11 @@
 """Small container images written without a registry or a Docker daemon.
 
 `write_image` packs files into a one-layer image tarball in the `docker save` layout
-(manifest.json, config JSON, layer tar) that `ctr images import` accepts. Two images are made
-this way, both cached under ~/.cache/elastic-supervisor/images by the hash of their inputs:
-- the pause image every pod sandbox runs (containerd's `sandbox_image`): a static C program
-  that sleeps, reaps children and exits 0 on SIGTERM/SIGINT;
-- a toolbox image (Debian's static busybox: sh, sleep, nc, wget, ping, ip, ...) for tests of
-  the nodes themselves, so that they do not wait for the multi-gigabyte training images.
+(manifest.json, config JSON, layer tar) that `ctr images import` accepts. The toolbox image is
+made this way (Debian's static busybox: sh, sleep, nc, wget, ping, ip, ...), cached under
+~/.cache/elastic-supervisor/images by the hash of its inputs: tests of the nodes themselves use
+it, so that they do not wait for the multi-gigabyte training images. (The pause image is
+localcluster.images': a static C program.)
 """
 
 from __future__ import annotations
@@ -15,31 +14,15 @@ import hashlib
 import io
 import json
 import os
-import shutil
-import subprocess
 import tarfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-PAUSE_IMAGE = "localhost/elastic-supervisor-pause:3.10"
 TOOLBOX_IMAGE = "localhost/elastic-supervisor-toolbox:1"
 BUSYBOX = Path("/bin/busybox")
 TOOLBOX_APPLETS = ("sh", "sleep", "nc", "wget", "ping", "ip", "cat", "ls", "echo", "kill", "ps",
                    "id", "env", "grep", "dd", "true", "false", "hostname", "date", "mkdir",
                    "touch", "rm", "head", "tail", "seq", "awk", "sed", "wc", "timeout", "test")
-
-PAUSE_C = r"""
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-static void stop(int s) { (void)s; _exit(0); }
-static void reap(int s) { (void)s; while (waitpid(-1, 0, WNOHANG) > 0) {} }
-int main(void) {
-  signal(SIGTERM, stop); signal(SIGINT, stop); signal(SIGCHLD, reap);
-  for (;;) pause();
-}
-"""
-
 
 def cache_dir() -> Path:
     return Path(os.environ.get("ES_CACHE", Path.home() / ".cache" / "elastic-supervisor"),
@@ -96,26 +79,6 @@ def _cached(key_parts: Sequence[bytes], stem: str) -> tuple[Path, bool]:
     key = hashlib.sha256(b"\0".join(key_parts)).hexdigest()[:16]
     path = cache_dir() / f"{stem}-{key}.tar"
     return path, path.exists()
-
-
-def pause_image() -> tuple[str, Path]:
-    """The pause image's name and tarball (built with gcc -static once, then cached)."""
-    out, done = _cached([PAUSE_C.encode(), PAUSE_IMAGE.encode()], "pause")
-    if not done:
-        build = out.parent / f"pause-build-{os.getpid()}"
-        build.mkdir(parents=True, exist_ok=True)
-        try:
-            (build / "pause.c").write_text(PAUSE_C)
-            res = subprocess.run(["gcc", "-static", "-Os", "-s", "-o", "pause", "pause.c"],
-                                 cwd=build, capture_output=True, text=True, check=False)
-            if res.returncode != 0:
-                raise RuntimeError(f"building the pause image: gcc -static failed: "
-                                   f"{res.stderr.strip()[-300:]} (needs gcc and libc6-dev)")
-            write_image(out, PAUSE_IMAGE, {"pause": build / "pause"},
-                        config={"Entrypoint": ["/pause"], "User": "65535:65535"})
-        finally:
-            shutil.rmtree(build, ignore_errors=True)
-    return PAUSE_IMAGE, out
 
 
 def toolbox_image() -> tuple[str, Path]:

@@ -18,7 +18,9 @@ for tool in g++ cmake make; do
 done
 key=$("$py" -c 'import sys, torch; v = torch.__version__.split("+")[0]; print("torch%s-cp%d%d" % (v, *sys.version_info[:2]))')
 dest="$cache/wheels/horovod-$HOROVOD_VERSION-$key"
-existing=$(ls "$dest"/horovod-*.whl 2>/dev/null | head -1 || true)
+found=("$dest"/horovod-*.whl)  # a glob, not `ls | head -1` (SIGPIPE under pipefail)
+existing=""
+[ -e "${found[0]}" ] && existing=${found[0]}
 if [ -n "$existing" ]; then
   echo "horovod wheel cached: $existing" >&2
   echo "$existing"

