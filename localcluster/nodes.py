@@ -91,6 +91,8 @@ class ClusterSettings:
     # The pod subnet's host-local range per node: small ranges make the CNI reuse IPs soon.
     pod_ip_range: tuple[int, int] = (2, 254)
     extra_apiserver_args: tuple[str, ...] = ()
+    # The kubelet's syncFrequency (its default is 60: ConfigMap volumes refresh that slowly).
+    kubelet_sync_frequency_s: int = 10
 
 
 @dataclass
@@ -238,7 +240,8 @@ class Node:
                                       f"system:node:{s.name}", "system:nodes")
         assert self.cp.pki is not None
         (d / "kubelet.yaml").write_text(json.dumps(_kubelet_config(
-            d, self.socket, s, self.cp.pki.ca_cert), indent=2))
+            d, self.socket, s, self.cp.pki.ca_cert, self.settings.kubelet_sync_frequency_s),
+            indent=2))
 
     def start_containerd(self) -> None:
         self.containerd.start(self.dir, env=_env())
@@ -379,7 +382,8 @@ oom_score = 0
 """
 
 
-def _kubelet_config(d: Path, socket: Path, s: NodeSpec, ca: Path) -> dict[str, object]:
+def _kubelet_config(d: Path, socket: Path, s: NodeSpec, ca: Path,
+                    sync_s: int) -> dict[str, object]:
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
         "address": s.ip, "port": s.kubelet_port, "readOnlyPort": 0, "healthzPort": 0,
@@ -395,7 +399,7 @@ def _kubelet_config(d: Path, socket: Path, s: NodeSpec, ca: Path) -> dict[str, o
         "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%",
                          "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
         "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-        "syncFrequency": "10s", "nodeStatusUpdateFrequency": "5s",
+        "syncFrequency": f"{sync_s}s", "nodeStatusUpdateFrequency": "5s",
         "nodeLeaseDurationSeconds": 40,
         "oomScoreAdj": 0,  # no CAP_SYS_RESOURCE to lower it
         "serializeImagePulls": False, "maxPods": 110,
