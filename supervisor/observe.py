@@ -9,6 +9,7 @@ The view is mutated only by the reconcile thread that owns it.
 from __future__ import annotations
 
 import sys
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -16,6 +17,7 @@ from typing import Any
 
 Obj = Mapping[str, Any]
 
+CHANGE_LOG = 4096  # changes kept for incremental rendering (more: a full pass)
 NODE_DOWN_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
 
 
@@ -70,6 +72,9 @@ class ClusterView:
 
     # Counts the changes applied: equal versions mean an unchanged view (nothing to render).
     version: int = 0
+    # The latest changes, (version, kind, name): what changed since a version (changes_since).
+    log: deque[tuple[int, Kind, str]] = field(
+        default_factory=lambda: deque(maxlen=CHANGE_LOG), repr=False, compare=False)
 
     def apply(self, kind: Kind, etype: EventType, obj: Obj) -> bool:
         """Apply one watch event; return whether the view changed."""
@@ -78,14 +83,23 @@ class ClusterView:
         if etype is EventType.DELETED:
             if store.pop(name, None) is None:
                 return False
-            self.version += 1
-            return True
-        old = store.get(name)
-        if old is not None and _rv(old) == _rv(obj):
-            return False
-        store[name] = obj
+        else:
+            old = store.get(name)
+            if old is not None and _rv(old) == _rv(obj):
+                return False
+            store[name] = obj
         self.version += 1
+        self.log.append((self.version, kind, name))
         return True
+
+    def changes_since(self, version: int) -> list[tuple[Kind, str]] | None:
+        """(kind, name) of every change after `version`; None if the log no longer reaches
+        back that far."""
+        if version == self.version:
+            return []
+        if not self.log or self.log[0][0] > version + 1:
+            return None
+        return [(k, n) for v, k, n in self.log if v > version]
 
     @property
     def synced(self) -> bool:

@@ -283,3 +283,49 @@ def test_a_memo_gives_the_same_result_as_judging_every_pod_again() -> None:
     assert after == fresh and after.left_out["w-0"] is Unusable.NOT_READY
     assert "w-2" not in memo.judged
     assert v.version == 11  # 8 objects added, 3 changes
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_incremental_renders_equal_full_ones_over_random_changes(seed: int) -> None:
+    """Pods come, flip, move between IPs (some shared), go; nodes go down and up; pods retire;
+    hosts get first owners: after every step the memo's render equals a full one."""
+    import random
+
+    rng = random.Random(seed)
+    v = ClusterView()
+    memo = discovery.Memo()
+    first_owner: dict[str, str] = {}
+    retiring: frozenset[str] = frozenset()
+    rv = iter(range(10, 10**6))
+    for name in ("node-0", "node-1", "node-2"):
+        v.apply(Kind.NODE, EventType.ADDED, node(name))
+    for step in range(150):
+        op = rng.random()
+        name = f"w-{rng.randrange(12)}"
+        if op < 0.45:
+            p = pod(name, ip=rng.choice([f"10.1.0.{rng.randrange(20)}", None]),
+                    node=f"node-{rng.randrange(4)}", uid=f"uid-{name}-{rng.randrange(3)}")
+            if rng.random() < 0.3:
+                p = with_condition(p, "Ready", "False")
+            if rng.random() < 0.1:
+                p = deleting(p)
+            p["metadata"]["resourceVersion"] = str(next(rv))
+            v.apply(Kind.POD, EventType.MODIFIED if name in v.pods else EventType.ADDED, p)
+        elif op < 0.6 and name in v.pods:
+            v.apply(Kind.POD, EventType.DELETED, v.pods[name])
+        elif op < 0.75:
+            n = node(f"node-{rng.randrange(3)}")
+            if rng.random() < 0.5:
+                n = with_condition(n, "Ready", "False")
+            n["metadata"]["resourceVersion"] = str(next(rv))
+            v.apply(Kind.NODE, EventType.MODIFIED, n)
+        elif op < 0.85:
+            retiring = frozenset(rng.sample(sorted(v.pods), min(2, len(v.pods))))
+        else:
+            for host, owner in discovery.render(v, 1, HostMode.POD_IP, first_owner,
+                                                retiring=retiring).hosts.items():
+                first_owner.setdefault(host, v.pods[owner]["metadata"]["uid"])
+        got = discovery.render(v, 1, HostMode.POD_IP, first_owner, retiring=retiring,
+                               memo=memo)
+        want = discovery.render(v, 1, HostMode.POD_IP, first_owner, retiring=retiring)
+        assert got == want, f"step {step}"
