@@ -157,7 +157,7 @@ def render(
     if memo is None:
         memo = Memo()
     args = _Args(slots, mode, first_owner, retiring)
-    inputs = (slots, mode, retiring, id(first_owner), len(first_owner))
+    inputs = (id(view), slots, mode, retiring, id(first_owner), len(first_owner))
     changes = (view.changes_since(memo.version)
                if memo.version is not None and memo.inputs == inputs else None)
     if changes is None or not _update(memo, view, changes, args):

@@ -97,7 +97,7 @@ class ClusterView:
         back that far."""
         if version == self.version:
             return []
-        if not self.log or self.log[0][0] > version + 1:
+        if version > self.version or not self.log or self.log[0][0] > version + 1:
             return None
         return [(k, n) for v, k, n in self.log if v > version]
 
