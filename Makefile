@@ -12,7 +12,7 @@ help:
 	@echo "make test         lint + the whole test suite (unit, integration, e2e)"
 	@echo "make test-unit    only the fast pure tests"
 	@echo "make cluster-up   run the local control plane until Ctrl-C, print its kubeconfig"
-	@echo "make bench        benchmarks -> bench/results.json (a few minutes)"
+	@echo "make bench        benchmarks -> bench/results.json, bench/out/scale.png (~25 min)"
 	@echo "make kind-up      kind cluster: one control plane, three workers (needs docker, kind)"
 	@echo "make kind-load    build both images and load them into the kind nodes"
 	@echo "make kind-deploy  ssh key + kubectl apply -k manifests/overlays/kind"
