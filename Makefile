@@ -13,7 +13,7 @@ help:
 	@echo "make test-unit    only the fast pure tests"
 	@echo "make cluster-up   run the local control plane until Ctrl-C, print its kubeconfig"
 	@echo "make images       build the images for real nodes (cached), print name -> tarball"
-	@echo "make bench        benchmarks -> bench/results.json (a few minutes)"
+	@echo "make bench        benchmarks -> bench/results.json, bench/out/scale.png (~25 min)"
 	@echo "make kind-up      kind cluster: one control plane, three workers (needs docker, kind)"
 	@echo "make kind-load    build both images and load them into the kind nodes"
 	@echo "make kind-deploy  ssh key + kubectl apply -k manifests/overlays/kind"

@@ -1,7 +1,8 @@
-"""`make bench`: run the benchmarks and write bench/results.json, then print a table.
+"""`make bench`: run the benchmarks and write bench/results.json and bench/out/scale.png, then
+print a table.
 
 Keys not measured stay null (never invented). `--only NAME` runs one benchmark and keeps the
-others' stored numbers.
+others' stored numbers (`--only plot` only redraws the PNG from results.json).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import platform
 import sys
 from pathlib import Path
 
-from bench import discovery, e2e, replacement, versus
+from bench import discovery, e2e, plot, replacement, versus
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
 
@@ -35,9 +36,9 @@ def machine() -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("--sizes", default="10,100,1000",
-                        help="worker counts for the discovery benchmark (default 10,100,1000)")
-    parser.add_argument("--only", choices=("discovery", "replacement", "baseline", "e2e"),
+    parser.add_argument("--sizes", default=",".join(map(str, discovery.SIZES)),
+                        help="worker counts for the discovery benchmark (default %(default)s)")
+    parser.add_argument("--only", choices=("discovery", "replacement", "baseline", "e2e", "plot"),
                         help="run one benchmark; keys of the others keep their stored values")
     parser.add_argument("--baseline-workers", type=int, default=versus.Plan.workers,
                         help="worker count of the poller comparison (default %(default)s)")
@@ -50,13 +51,15 @@ def main(argv: list[str] | None = None) -> int:
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "discovery_latency_ms": None,
+        "discovery_details": None,
         "baseline_poll_latency_ms": None,
         "baseline_poll_api_requests_per_min": None,
         "speedup_vs_poll_p99": None,
         "baseline_poll_details": None,
         "replacement_latency_ms": None,
-        "supervisor_rss_mb_1000": None,
-        "supervisor_cpu_percent_idle_1000": None,
+        **{f"{key}_{n}": None for n in discovery.SIZES
+           for key in ("supervisor_rss_mb", "supervisor_cpu_percent_idle", "startup_s")},
+        "supervisor_rss_mb_per_1000_workers": None,
         "e2e": {"resume_after_kill_s": None, "resume_after_freeze_s": None,
                 "full_size_after_replacement_s": None, "steps_rerun_max": None},
         "e2e_details": None,
@@ -64,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     if RESULTS.exists() and args.only:
         stored = json.loads(RESULTS.read_text())
         results.update({k: v for k, v in stored.items() if k in results and k != "when"})
+        if args.only == "plot":
+            results["when"] = stored.get("when")
     if args.only in (None, "discovery"):
         results.update(discovery.main(sizes))
     if args.only in (None, "replacement"):
@@ -73,19 +78,34 @@ def main(argv: list[str] | None = None) -> int:
                                                       args.baseline_changes)))
     if args.only in (None, "e2e"):
         results.update(e2e.main())
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"\nwrote {RESULTS}\n")
-    print(f"{'workers':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'samples':>8}")
-    for n, r in (results["discovery_latency_ms"] or {}).items():
-        print(f"{n:>8} {r['p50']:>8} {r['p99']:>8} {r['max']:>8} {r['n']:>8}")
+    if args.only != "plot":
+        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"\nwrote {RESULTS}")
+    if results["discovery_details"]:
+        print(f"wrote {plot.main(results)}\n")
+    print_discovery(results)
     if rl := results["replacement_latency_ms"]:
-        print(f"replacement (failure -> new pod): p50 {rl['p50']} ms, p99 {rl['p99']} ms, "
-              f"max {rl['max']} ms over {rl['n']}")
-    print(f"supervisor RSS at 1000 workers: {results['supervisor_rss_mb_1000']} MB; "
-          f"idle CPU: {results['supervisor_cpu_percent_idle_1000']}%")
+        print(f"replacement (failure -> new pod) at {rl.get('workers', 50)} workers: p50 "
+              f"{rl['p50']} ms, p99 {rl['p99']} ms, max {rl['max']} ms over {rl['n']}")
     print_baseline(results)
     print_e2e(results)
     return 0
+
+
+def print_discovery(results: dict[str, object]) -> None:
+    details = results["discovery_details"]
+    if not isinstance(details, dict):
+        return
+    print(f"{'workers':>8} {'nodes':>6} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'n':>4} "
+          f"{'start s':>7} {'RSS MB':>6} {'idle %':>6} {'storm %':>7} {'storm MB':>8} "
+          f"{'req/min':>7} {'load':>9}")
+    for n, d in details.items():
+        r, load = d["latency_ms"], d["load_average_1min"]["samples"]
+        print(f"{n:>8} {d['nodes']:>6} {r['p50']:>7} {r['p99']:>7} {r['max']:>7} {r['n']:>4} "
+              f"{d['startup_s']:>7} {d['idle']['rss_mb']:>6} {d['idle']['cpu_percent']:>6} "
+              f"{d['storm']['cpu_percent']:>7} {d['storm']['rss_mb_peak']:>8} "
+              f"{d['api_requests']['per_min']:>7} {min(load):>4}-{max(load):<4}")
+    print(f"RSS growth: {results['supervisor_rss_mb_per_1000_workers']} MB per 1000 workers")
 
 
 def print_baseline(results: dict[str, object]) -> None:

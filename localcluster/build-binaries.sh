@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Builds the pinned Kubernetes control plane, the node components (kubelet, kube-proxy), etcd and
-# kubectl with the machine's Go, from the Go module proxy, through the wrapper module in gobuild/. Idempotent: the result is cached under
-# $ES_CACHE/k8s/<kube>-<etcd>/bin and reused when every binary is present and reports its version.
+# kubectl with the machine's Go, from the Go module proxy, through the wrapper module in gobuild/;
+# and kwok's controller (simulated nodes and pods for the benchmarks) through gobuild-kwok/, a
+# module of its own because kwok pins newer k8s.io libraries than the control plane's.
+# Idempotent: the results are cached under $ES_CACHE/k8s/<kube>-<etcd>/bin and
+# $ES_CACHE/kwok/<kwok>/bin and reused when every binary is present and reports its version.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -10,14 +13,30 @@ cache=${ES_CACHE:-$HOME/.cache/elastic-supervisor}
 out="$cache/k8s/$KUBE_VERSION-etcd$ETCD_VERSION/bin"
 bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy etcd)
 
-command -v go >/dev/null || { echo "build-binaries: Go toolchain not found (need go >= 1.24 on PATH)" >&2; exit 1; }
+command -v go >/dev/null || { echo "build-binaries: Go toolchain not found (need go >= 1.26 on PATH: kwok needs 1.26)" >&2; exit 1; }
+
+build_kwok() {
+  local kout="$cache/kwok/$KWOK_VERSION/bin"
+  # `kwok --version` prints e.g. "kwok version v0.8.0 go1.26.8 (linux/amd64)".
+  case "$("$kout/kwok" --version 2>/dev/null || true)" in
+    *" $KWOK_VERSION "*) echo "kwok cached: $kout/kwok"; return ;;
+  esac
+  mkdir -p "$kout"
+  echo "building kwok $KWOK_VERSION into $kout (first time: a few minutes on 2 cores)"
+  (cd "$here/gobuild-kwok" && GOFLAGS=-buildvcs=false CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" \
+    -o "$kout/kwok.partial" sigs.k8s.io/kwok/cmd/kwok)
+  mv -f "$kout/kwok.partial" "$kout/kwok"
+  "$kout/kwok" --version
+}
 
 complete=1
 for b in "${bins[@]}"; do [ -x "$out/$b" ] || complete=0; done
 # Versions are captured, never piped into head/grep -q: under pipefail the writer can die of
 # SIGPIPE when the reader exits first, which fails the step by chance.
+
 if [ $complete = 1 ] && [ "$("$out/kube-apiserver" --version 2>/dev/null || true)" = "Kubernetes $KUBE_VERSION" ]; then
   echo "control-plane binaries cached: $out"
+  build_kwok
   exit 0
 fi
 
@@ -45,3 +64,4 @@ rmdir "$tmp"
 "$out/kube-apiserver" --version
 etcd_version=$("$out/etcd" --version)
 echo "${etcd_version%%$'\n'*}"
+build_kwok

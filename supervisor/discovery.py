@@ -14,15 +14,17 @@ host string an earlier pod (other UID) already had, it is left out and reported 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from supervisor.config import HostMode
-from supervisor.observe import ClusterView, Obj, Unusable, pod_problem
+from supervisor.observe import ClusterView, Kind, Obj, Unusable, pod_problem
 
 
 @dataclass(frozen=True)
@@ -32,9 +34,11 @@ class Rendered:
     lines: tuple[str, ...]
     hosts: Mapping[str, str]  # host -> pod name, for the usable workers
     left_out: Mapping[str, Unusable]
+    live: int = 0  # worker pods neither terminal nor being deleted (for a metric)
 
-    @property
+    @cached_property
     def content(self) -> str:
+        """The file's text (made once: at 10,000 workers every pass compares it)."""
         return "".join(f"{line}\n" for line in self.lines)
 
     def slots(self, per_worker: int) -> int:
@@ -54,34 +58,173 @@ def host_of(pod: Obj, mode: HostMode) -> str | None:
     return f"{spec.get('hostname') or meta['name']}.{subdomain}.{meta['namespace']}.svc"
 
 
+class Memo:
+    """What `render` concluded, kept between passes, so that a pass after a few changes costs
+    what the changes cost, not what 10,000 workers cost.
+
+    Per pod: the judgement (problem, host, live) with the pod and node objects it was made of
+    (identity: the view replaces an object when it changes). And the last result, which the
+    next render updates for the pods the view's change log names (plus the pods on a changed
+    node), as long as nothing else it depends on changed (slots, host mode, retiring, the
+    first-owner map, which may only grow) and no host is claimed twice; else a full pass over
+    the pods, still reusing the judgements of unchanged ones. Same result either way.
+    """
+
+    def __init__(self) -> None:
+        # pod name -> (pod object, node object, problem, host, live)
+        self.judged: dict[str, tuple[Obj, Obj | None, Unusable | None, str | None, bool]] = {}
+        self.on_node: dict[str, set[str]] = {}  # node name -> pods judged on it
+        self.version: int | None = None  # the view's version the result below is of
+        self.inputs: tuple[object, ...] = ()
+        self.hosts: dict[str, str] = {}
+        self.left_out: dict[str, Unusable] = {}
+        self.lines: list[str] = []  # sorted
+        self.live = 0
+        self.shadowed = False  # a usable pod lost its host to another: full passes only
+
+    def judge(self, name: str, pod: Obj, nodes: Mapping[str, Obj], mode: HostMode,
+              ) -> tuple[Unusable | None, str | None, bool]:
+        """The pod's judgement, made again only if its object or its node's changed."""
+        node_name = pod.get("spec", {}).get("nodeName") or ""
+        node = nodes.get(node_name)
+        seen = self.judged.get(name)
+        if seen is not None and seen[0] is pod and seen[1] is node:
+            return seen[2], seen[3], seen[4]
+        problem, host, live = _judge(pod, nodes, mode)
+        if seen is not None:
+            self._unindex(name, seen[0])
+        self.judged[name] = (pod, node, problem, host, live)
+        self.on_node.setdefault(node_name, set()).add(name)
+        return problem, host, live
+
+    def forget(self, name: str) -> None:
+        seen = self.judged.pop(name, None)
+        if seen is not None:
+            self._unindex(name, seen[0])
+
+    def _unindex(self, name: str, pod: Obj) -> None:
+        node_name = pod.get("spec", {}).get("nodeName") or ""
+        names = self.on_node.get(node_name)
+        if names is not None:
+            names.discard(name)
+            if not names:
+                del self.on_node[node_name]
+
+
+def _judge(pod: Obj, nodes: Mapping[str, Obj], mode: HostMode,
+           ) -> tuple[Unusable | None, str | None, bool]:
+    """(why the pod is unusable or None, its host string, whether it is live)."""
+    problem = pod_problem(pod, nodes)
+    host = host_of(pod, mode)
+    if problem is None and host is None:
+        problem = Unusable.NO_ADDRESS
+    live = not pod["metadata"].get("deletionTimestamp") and pod.get("status", {}).get(
+        "phase") not in ("Succeeded", "Failed")
+    return problem, host, live
+
+
+@dataclass(frozen=True)
+class _Args:
+    """What a render depends on besides the view."""
+
+    slots: int
+    mode: HostMode
+    first_owner: Mapping[str, str]
+    retiring: frozenset[str]
+
+    def placed(self, name: str, pod: Obj, problem: Unusable | None,
+               host: str | None) -> Unusable | None:
+        """The problem after the checks that depend on more than the pod and its node."""
+        if problem is None and (owner := self.first_owner.get(host)) is not None and (  # type: ignore[arg-type]
+                owner != pod["metadata"]["uid"]):
+            return Unusable.HOST_REUSED
+        if problem is None and name in self.retiring:
+            return Unusable.SCALING_IN
+        return problem
+
+
 def render(
-    view: ClusterView, slots: int, mode: HostMode, first_owner: Mapping[str, str],
-    retiring: frozenset[str] = frozenset(),
+    view: ClusterView, slots: int, mode: HostMode, first_owner: Mapping[str, str], *,
+    retiring: frozenset[str] = frozenset(), memo: Memo | None = None,
 ) -> Rendered:
     """Return the sorted `host:slots` lines of the usable workers in `view`.
 
     `first_owner` maps every host string ever published to the UID of the pod that had it; a
     different pod with the same string is left out (Horovod would treat it as blacklisted).
     `retiring`: pods being scaled in, left out first so that horovodrun lets them go.
+    `memo`: reuse what earlier calls concluded (see Memo; the result is the same).
     """
+    if memo is None:
+        memo = Memo()
+    args = _Args(slots, mode, first_owner, retiring)
+    inputs = (id(view), slots, mode, retiring, id(first_owner), len(first_owner))
+    changes = (view.changes_since(memo.version)
+               if memo.version is not None and memo.inputs == inputs else None)
+    if changes is None or not _update(memo, view, changes, args):
+        _full(memo, view, args)
+    memo.version, memo.inputs = view.version, inputs
+    return Rendered(lines=tuple(memo.lines), hosts=dict(memo.hosts),
+                    left_out=dict(memo.left_out), live=memo.live)
+
+
+def _full(memo: Memo, view: ClusterView, args: _Args) -> None:
     hosts: dict[str, str] = {}
     left_out: dict[str, Unusable] = {}
+    live_count = usable = 0
     for name, pod in view.pods.items():
-        problem = pod_problem(pod, view.nodes)
-        host = host_of(pod, mode)
-        if problem is None and host is None:
-            problem = Unusable.NO_ADDRESS
-        if problem is None and first_owner.get(host, pod["metadata"]["uid"]) != pod[
-                "metadata"]["uid"]:
-            problem = Unusable.HOST_REUSED
-        if problem is None and name in retiring:
-            problem = Unusable.SCALING_IN
+        problem, host, live = memo.judge(name, pod, view.nodes, args.mode)
+        live_count += live
+        problem = args.placed(name, pod, problem, host)
         if problem is None:
-            hosts[host] = name
+            hosts[host] = name  # type: ignore[index]
+            usable += 1
         else:
             left_out[name] = problem
-    lines = tuple(sorted(f"{h}:{slots}" for h in hosts))
-    return Rendered(lines=lines, hosts=hosts, left_out=left_out)
+    memo.shadowed = usable > len(hosts)
+    for name in [n for n in memo.judged if n not in view.pods]:
+        memo.forget(name)
+    memo.hosts, memo.left_out, memo.live = hosts, left_out, live_count
+    memo.lines = sorted(f"{h}:{args.slots}" for h in hosts)
+
+
+def _update(memo: Memo, view: ClusterView, changes: list[tuple[Kind, str]],
+            args: _Args) -> bool:
+    """Update the memo's last result for the changed pods and nodes; False if only a full
+    pass can say (a host claimed by two pods: which one wins depends on the view's order)."""
+    if memo.shadowed:
+        return False
+    names: set[str] = set()
+    for kind, name in changes:
+        if kind is Kind.POD:
+            names.add(name)
+        else:
+            names |= memo.on_node.get(name, set())
+    for name in names:
+        seen = memo.judged.get(name)
+        if seen is not None:  # take out what it counted for
+            memo.live -= seen[4]
+            if memo.left_out.pop(name, None) is None and seen[3] is not None and \
+                    memo.hosts.get(seen[3]) == name:
+                del memo.hosts[seen[3]]
+                line = f"{seen[3]}:{args.slots}"
+                i = bisect.bisect_left(memo.lines, line)
+                if i < len(memo.lines) and memo.lines[i] == line:
+                    del memo.lines[i]
+        pod = view.pods.get(name)
+        if pod is None:
+            memo.forget(name)
+            continue
+        problem, host, live = memo.judge(name, pod, view.nodes, args.mode)
+        memo.live += live
+        problem = args.placed(name, pod, problem, host)
+        if problem is not None:
+            memo.left_out[name] = problem
+        elif host in memo.hosts:
+            return False
+        else:
+            memo.hosts[host] = name  # type: ignore[index]
+            bisect.insort(memo.lines, f"{host}:{args.slots}")
+    return True
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ The view is mutated only by the reconcile thread that owns it.
 
 from __future__ import annotations
 
+import sys
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -15,6 +17,7 @@ from typing import Any
 
 Obj = Mapping[str, Any]
 
+CHANGE_LOG = 4096  # changes kept for incremental rendering (more: a full pass)
 NODE_DOWN_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
 
 
@@ -67,17 +70,36 @@ class ClusterView:
     health: dict[Kind, SourceHealth] = field(
         default_factory=lambda: {Kind.POD: SourceHealth(), Kind.NODE: SourceHealth()})
 
+    # Counts the changes applied: equal versions mean an unchanged view (nothing to render).
+    version: int = 0
+    # The latest changes, (version, kind, name): what changed since a version (changes_since).
+    log: deque[tuple[int, Kind, str]] = field(
+        default_factory=lambda: deque(maxlen=CHANGE_LOG), repr=False, compare=False)
+
     def apply(self, kind: Kind, etype: EventType, obj: Obj) -> bool:
         """Apply one watch event; return whether the view changed."""
         store = self.pods if kind is Kind.POD else self.nodes
         name = obj["metadata"]["name"]
         if etype is EventType.DELETED:
-            return store.pop(name, None) is not None
-        old = store.get(name)
-        if old is not None and _rv(old) == _rv(obj):
-            return False
-        store[name] = obj
+            if store.pop(name, None) is None:
+                return False
+        else:
+            old = store.get(name)
+            if old is not None and _rv(old) == _rv(obj):
+                return False
+            store[name] = obj
+        self.version += 1
+        self.log.append((self.version, kind, name))
         return True
+
+    def changes_since(self, version: int) -> list[tuple[Kind, str]] | None:
+        """(kind, name) of every change after `version`; None if the log no longer reaches
+        back that far."""
+        if version == self.version:
+            return []
+        if version > self.version or not self.log or self.log[0][0] > version + 1:
+            return None
+        return [(k, n) for v, k, n in self.log if v > version]
 
     @property
     def synced(self) -> bool:
@@ -90,18 +112,19 @@ class ClusterView:
 
 # What the supervisor keeps of each object (like client-go's informer transforms): everything
 # the usability rules and failure classification read, nothing else. managedFields alone is
-# often half a pod; a node's status.images can be tens of kB.
+# often half a pod; a node's status.images can be tens of kB. Of the conditions only Ready and
+# DisruptionTarget are read (type, status, reason); of a container status its name, restart
+# count and states (a terminated state: exit code, reason, signal). Timestamps, messages and
+# image names are dropped.
 _POD_KEEP = {
     "metadata": ("name", "namespace", "uid", "resourceVersion", "labels", "annotations",
-                 "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
-                 "ownerReferences"),
+                 "deletionTimestamp", "deletionGracePeriodSeconds", "ownerReferences"),
     "spec": ("nodeName", "hostname", "subdomain", "restartPolicy"),
     "status": ("phase", "reason", "message", "podIP", "conditions", "containerStatuses",
-               "initContainerStatuses", "startTime"),
+               "initContainerStatuses"),
 }
 _NODE_KEEP = {
-    "metadata": ("name", "uid", "resourceVersion", "labels", "creationTimestamp",
-                 "deletionTimestamp"),
+    "metadata": ("name", "uid", "resourceVersion", "labels", "deletionTimestamp"),
     "spec": ("taints", "unschedulable"),
     "status": ("conditions",),
 }
@@ -111,23 +134,107 @@ _LEASE_KEEP = {
 }
 _CONFIGMAP_KEEP = {"metadata": ("name", "resourceVersion"), "data": None}
 _DROP_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
+_CONDITION_TYPES = frozenset({"Ready", "DisruptionTarget"})
+_CONDITION_KEEP = ("type", "status", "reason")
+_TERMINATED_KEEP = ("exitCode", "reason", "signal")
+_SHARED_VALUES = {("metadata", "namespace"), ("spec", "nodeName"), ("spec", "restartPolicy"),
+                  ("spec", "subdomain"), ("status", "phase"), ("status", "reason")}
+
+
+class _Shared:
+    """Keeps ONE copy of the small values that thousands of pods have alike (their labels, a
+    Ready=True condition list, a running container's statuses): at 10,000 workers the copies
+    cost more than the rest of the view. The shared values are read-only like every object of
+    the view; at most `limit` are kept (then new ones are simply not shared)."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._values: dict[Any, Any] = {}
+
+    def __call__(self, key: Any, make: Any) -> Any:
+        found = self._values.get(key)
+        if found is None:
+            found = make()
+            if len(self._values) < self.limit:
+                self._values[key] = found
+        return found
+
+
+_shared_values = _Shared()
+
+
+def _one(value: Any) -> Any:
+    return sys.intern(value) if isinstance(value, str) else value
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable key for a JSON value (dicts and lists become sorted tuples)."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def _conditions(conds: Any) -> list[dict[str, Any]]:
+    kept = [{k: _one(c[k]) for k in _CONDITION_KEEP if k in c} for c in conds or ()
+            if isinstance(c, Mapping) and c.get("type") in _CONDITION_TYPES]
+    return _shared_values(("conditions", _frozen(kept)), lambda: kept)
+
+
+def _state(state: Any) -> dict[str, Any]:
+    """A container state ({running|waiting|terminated: {...}}) without its timestamps."""
+    out: dict[str, Any] = {}
+    for key, detail in (state or {}).items():
+        if key == "terminated" and isinstance(detail, Mapping):
+            out["terminated"] = {f: _one(detail[f]) for f in _TERMINATED_KEEP if f in detail}
+        else:
+            out[sys.intern(key)] = {}
+    return out
+
+
+def _containers(statuses: Any) -> list[dict[str, Any]]:
+    out = []
+    for cs in statuses or ():
+        if not isinstance(cs, Mapping):
+            continue
+        c: dict[str, Any] = {"name": _one(cs.get("name", "")),
+                             "restartCount": cs.get("restartCount", 0)}
+        for key in ("state", "lastState"):
+            if cs.get(key):
+                c[key] = _state(cs[key])
+        out.append(c)
+    return _shared_values(("containers", _frozen(out)), lambda: out)
 
 
 def slim(kind: Kind, obj: Obj) -> dict[str, Any]:
-    """Return `obj` reduced to the fields the supervisor reads (a new dict)."""
+    """Return `obj` reduced to the fields the supervisor reads (a new dict whose nested values
+    may be shared with other slim objects: read-only, like the whole view)."""
     keep = {Kind.POD: _POD_KEEP, Kind.NODE: _NODE_KEEP, Kind.LEASE: _LEASE_KEEP,
             Kind.SCALE: _CONFIGMAP_KEEP}[kind]
     out: dict[str, Any] = {"kind": obj.get("kind") or KIND_NAMES[kind]}
     for section, fields in keep.items():
         src = obj.get(section) or {}
-        out[section] = dict(src) if fields is None else {f: src[f] for f in fields if f in src}
-    annotations = out["metadata"].get("annotations")
-    if annotations:
-        out["metadata"]["annotations"] = {k: v for k, v in annotations.items()
-                                          if k not in _DROP_ANNOTATIONS}
-    if kind is Kind.POD and "spec" in obj:
-        out["spec"]["containers"] = [{"name": c.get("name")}
-                                     for c in obj["spec"].get("containers") or ()]
+        out[section] = dict(src) if fields is None else {
+            f: _one(src[f]) if (section, f) in _SHARED_VALUES else src[f]
+            for f in fields if f in src}
+    meta = out["metadata"]
+    if annotations := meta.get("annotations"):
+        meta["annotations"] = {k: v for k, v in annotations.items()
+                               if k not in _DROP_ANNOTATIONS}
+    if labels := meta.get("labels"):
+        meta["labels"] = _shared_values(("labels", _frozen(labels)), lambda: dict(labels))
+    status = out.get("status")
+    if status is not None and "conditions" in status:
+        status["conditions"] = _conditions(status["conditions"])
+    if kind is Kind.POD:
+        for key in ("containerStatuses", "initContainerStatuses"):
+            if key in status:
+                status[key] = _containers(status[key])
+        if "spec" in obj:
+            names = tuple(c.get("name") for c in obj["spec"].get("containers") or ())
+            out["spec"]["containers"] = _shared_values(
+                ("spec.containers", names), lambda: [{"name": n} for n in names])
     return out
 
 

@@ -212,8 +212,14 @@ def test_slim_keeps_what_decisions_read_and_drops_the_rest() -> None:
     for key in ("name", "uid", "resourceVersion", "labels", "deletionTimestamp",
                 "deletionGracePeriodSeconds"):
         assert s["metadata"][key] == full["metadata"][key]
-    assert s["status"]["containerStatuses"] == full["status"]["containerStatuses"]
-    assert s["status"]["conditions"] == full["status"]["conditions"]
+    # Container statuses: name, restart count, states without timestamps.
+    assert s["status"]["containerStatuses"] == [
+        {"name": "worker", "restartCount": 0, "state": {"running": {}}}]
+    # Conditions: only the ones decisions read (Ready, DisruptionTarget), type/status/reason.
+    assert s["status"]["conditions"] == [
+        {k: c[k] for k in ("type", "status", "reason") if k in c}
+        for c in full["status"]["conditions"] if c["type"] in ("Ready", "DisruptionTarget")]
+    assert [c["type"] for c in s["status"]["conditions"]] == ["Ready"]
     assert s["spec"] == {"nodeName": full["spec"]["nodeName"],
                          "restartPolicy": full["spec"]["restartPolicy"],
                          "containers": [{"name": "worker"}]}
@@ -221,7 +227,8 @@ def test_slim_keeps_what_decisions_read_and_drops_the_rest() -> None:
     n["status"]["images"] = [{"names": ["big"], "sizeBytes": 1}]
     sn = slim(Kind.NODE, n)
     assert sn["spec"]["taints"] == n["spec"]["taints"]
-    assert sn["status"] == {"conditions": n["status"]["conditions"]}
+    assert sn["status"] == {"conditions": [
+        {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}]}
     # Every usability rule gives the same answer on the slim objects.
     for pod_shape, node_shape in [("pod_running_ready", "node_ready"),
                                   ("pod_running_ready", "node_unreachable"),
@@ -229,3 +236,96 @@ def test_slim_keeps_what_decisions_read_and_drops_the_rest() -> None:
         p, nd = load(pod_shape), load(node_shape)
         nodes, slim_nodes = {"node-a": nd}, {"node-a": slim(Kind.NODE, nd)}
         assert pod_problem(slim(Kind.POD, p), slim_nodes) == pod_problem(p, nodes)
+
+
+def test_slim_keeps_exit_codes_and_shares_what_pods_have_alike() -> None:
+    crashed = load("pod_running_ready")
+    crashed["status"]["containerStatuses"][0]["state"] = {"terminated": {
+        "exitCode": 137, "reason": "OOMKilled", "signal": 9, "startedAt": "t", "finishedAt": "t",
+        "containerID": "local://1"}}
+    assert slim(Kind.POD, crashed)["status"]["containerStatuses"] == [
+        {"name": "worker", "restartCount": 0,
+         "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled", "signal": 9}}}]
+    a, b = load("pod_running_ready"), load("pod_running_ready")
+    b["metadata"]["name"], b["status"]["podIP"] = "other", "10.9.9.9"
+    sa, sb = slim(Kind.POD, a), slim(Kind.POD, b)
+    # One copy of what thousands of workers have alike (memory at 10,000 workers).
+    assert sa["status"]["conditions"] is sb["status"]["conditions"]
+    assert sa["status"]["containerStatuses"] is sb["status"]["containerStatuses"]
+    assert sa["metadata"]["labels"] is sb["metadata"]["labels"]
+    assert sa["status"]["podIP"] != sb["status"]["podIP"]
+
+
+def test_a_memo_gives_the_same_result_as_judging_every_pod_again() -> None:
+    pods = [pod(f"w-{i}", ip=f"10.1.0.{i}", node=f"node-{i % 2}") for i in range(6)]
+    v = view_of(*pods, node("node-0"), node("node-1"))
+    memo = discovery.Memo()
+
+    def both() -> tuple[discovery.Rendered, discovery.Rendered]:
+        return (discovery.render(v, 1, HostMode.POD_IP, {}, memo=memo),
+                discovery.render(v, 1, HostMode.POD_IP, {}))
+
+    first, fresh = both()
+    assert first == fresh and len(first.lines) == 6
+    # A node change reaches every pod on it although their objects are unchanged.
+    down = with_condition(node("node-1"), "Ready", "False")
+    down["metadata"]["resourceVersion"] = "2"
+    v.apply(Kind.NODE, EventType.MODIFIED, down)
+    after, fresh = both()
+    assert after == fresh
+    assert after.left_out == {f"w-{i}": Unusable.NODE_NOT_READY for i in (1, 3, 5)}
+    # A changed pod object is judged again; a deleted pod leaves the memo.
+    flipped = with_condition(pods[0], "Ready", "False")
+    flipped["metadata"]["resourceVersion"] = "2"
+    v.apply(Kind.POD, EventType.MODIFIED, flipped)
+    v.apply(Kind.POD, EventType.DELETED, pods[2])
+    after, fresh = both()
+    assert after == fresh and after.left_out["w-0"] is Unusable.NOT_READY
+    assert "w-2" not in memo.judged
+    assert v.version == 11  # 8 objects added, 3 changes
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_incremental_renders_equal_full_ones_over_random_changes(seed: int) -> None:
+    """Pods come, flip, move between IPs (some shared), go; nodes go down and up; pods retire;
+    hosts get first owners: after every step the memo's render equals a full one."""
+    import random
+
+    rng = random.Random(seed)
+    v = ClusterView()
+    memo = discovery.Memo()
+    first_owner: dict[str, str] = {}
+    retiring: frozenset[str] = frozenset()
+    rv = iter(range(10, 10**6))
+    for name in ("node-0", "node-1", "node-2"):
+        v.apply(Kind.NODE, EventType.ADDED, node(name))
+    for step in range(150):
+        op = rng.random()
+        name = f"w-{rng.randrange(12)}"
+        if op < 0.45:
+            p = pod(name, ip=rng.choice([f"10.1.0.{rng.randrange(20)}", None]),
+                    node=f"node-{rng.randrange(4)}", uid=f"uid-{name}-{rng.randrange(3)}")
+            if rng.random() < 0.3:
+                p = with_condition(p, "Ready", "False")
+            if rng.random() < 0.1:
+                p = deleting(p)
+            p["metadata"]["resourceVersion"] = str(next(rv))
+            v.apply(Kind.POD, EventType.MODIFIED if name in v.pods else EventType.ADDED, p)
+        elif op < 0.6 and name in v.pods:
+            v.apply(Kind.POD, EventType.DELETED, v.pods[name])
+        elif op < 0.75:
+            n = node(f"node-{rng.randrange(3)}")
+            if rng.random() < 0.5:
+                n = with_condition(n, "Ready", "False")
+            n["metadata"]["resourceVersion"] = str(next(rv))
+            v.apply(Kind.NODE, EventType.MODIFIED, n)
+        elif op < 0.85:
+            retiring = frozenset(rng.sample(sorted(v.pods), min(2, len(v.pods))))
+        else:
+            for host, owner in discovery.render(v, 1, HostMode.POD_IP, first_owner,
+                                                retiring=retiring).hosts.items():
+                first_owner.setdefault(host, v.pods[owner]["metadata"]["uid"])
+        got = discovery.render(v, 1, HostMode.POD_IP, first_owner, retiring=retiring,
+                               memo=memo)
+        want = discovery.render(v, 1, HostMode.POD_IP, first_owner, retiring=retiring)
+        assert got == want, f"step {step}"
