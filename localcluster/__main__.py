@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--node-grace", type=int, default=20,
                     help="node-monitor grace period in seconds (default 20; the kubelets renew "
                          "their Leases every 10 s)")
+    up.add_argument("--images", action="store_true",
+                    help="also build (cached) and import the launcher and worker images into "
+                         "every node (a few minutes)")
     up.add_argument("--keep", action="store_true", help="keep the work directory on exit")
     sub.add_parser("demo", help="run the main job with scripted faults (make demo)")
     sub.add_parser("images", help="build the images (cached), print name -> tarball (make images)")
@@ -63,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_cluster(args: argparse.Namespace, stop: threading.Event) -> int:
-    cluster = Cluster(ClusterSettings(nodes=args.nodes,
+    extra = tuple(sorted(set(images.build().values()))) if args.images else ()
+    cluster = Cluster(ClusterSettings(nodes=args.nodes, images=extra,
                                       node_monitor_grace_period_s=args.node_grace))
     try:
         cluster.start()

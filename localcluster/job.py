@@ -66,7 +66,7 @@ def render(namespace: str, *, args: Sequence[str] | None = None,
             continue
         if meta.get("namespace") == BASE_NAMESPACE:
             meta["namespace"] = namespace
-        if kind == "ClusterRoleBinding":
+        elif kind in ("ClusterRoleBinding", "RoleBinding") and namespace != BASE_NAMESPACE:
             meta["name"] = f"{meta['name']}-{namespace}"  # one per job namespace
         for subject in doc.get("subjects") or ():
             if subject.get("namespace") == BASE_NAMESPACE:
@@ -160,17 +160,18 @@ class MainJob:
             self.transform(docs)
         manifest = self.out / f"manifests-{self.namespace}.yaml"
         manifest.write_text(yaml.safe_dump_all(docs))
-        self.kubectl("apply", "-f", str(manifest))
+        self.kubectl("apply", "-f", str(manifest), namespaced=False)
         self.applied_at = time.time()
         self._follower = threading.Thread(target=self._follow, name="launcher-logs",
                                           daemon=True)
         self._follower.start()
         return self
 
-    def kubectl(self, *args: str, check: bool = True,
-                timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 120,
+                namespaced: bool = True) -> subprocess.CompletedProcess[str]:
+        ns = ["-n", self.namespace] if namespaced else []
         res = subprocess.run([str(_kubectl_path()), "--kubeconfig", str(self.cluster.kubeconfig),
-                              "-n", self.namespace, *args], capture_output=True, text=True,
+                              *ns, *args], capture_output=True, text=True,
                              check=False, timeout=timeout, stdin=subprocess.DEVNULL)
         if check and res.returncode != 0:
             raise JobError(f"kubectl {' '.join(args)}: {res.stderr.strip()}")
@@ -217,6 +218,10 @@ class MainJob:
             if crb.metadata.name.endswith(f"-{self.namespace}"):
                 with contextlib.suppress(ApiException):
                     rbac.delete_cluster_role_binding(crb.metadata.name)
+        for rb in rbac.list_role_binding_for_all_namespaces().items:
+            if rb.metadata.name.endswith(f"-{self.namespace}"):
+                with contextlib.suppress(ApiException):
+                    rbac.delete_namespaced_role_binding(rb.metadata.name, rb.metadata.namespace)
 
     # -- what happened --------------------------------------------------------------------------
 
