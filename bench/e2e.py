@@ -1,9 +1,10 @@
 """End to end: real elastic Horovod training recovering from faults, timed from the job's logs.
 
 Runs the main job exactly as `make demo` does (localcluster/demo.py: manifests/overlays/local on
-a fresh local control plane with the node agent; the supervisor in the launcher pod with a token
-of the manifests' ServiceAccount; horovodrun training worker_image/train.py on 2 worker pods over
-ssh) and injects, one at a time once the job is back at full size, the faults of PLAN. From
+the local cluster with three real nodes and the real images; the supervisor in the launcher pod
+with the manifests' ServiceAccount; horovodrun training worker_image/train.py on 2 worker pods
+over ssh), once per run in a namespace of its own on one cluster, and injects, one at a
+time once the job is back at full size, the faults of PLAN. From
 the launcher's log (rank 0's step lines, the supervisor's decisions and discovery changes),
 over RUNS runs of the job:
 - resume after a kill / a freeze: fault injected -> rank 0's first step after the reset;
@@ -46,14 +47,15 @@ def summary(samples: list[float]) -> dict[str, Any] | None:
 def main(plan: tuple[str, ...] = PLAN, runs: int = RUNS) -> dict[str, Any]:
     faults: list[tuple[str, demo.Fault]] = []
     rerun: list[int] = []
-    for i in range(runs):
-        out = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
-        print(f"bench e2e: run {i + 1} of {runs}, logs in {out}")
-        result = demo.run_job(out, plan)
-        if result.code != 0:
-            raise SystemExit(f"bench e2e: the launcher exited {result.code}; logs in {out}")
-        faults += list(zip(plan, result.faults, strict=False))
-        rerun += rollbacks(result.run.steps)
+    with demo.started_cluster() as cluster:
+        for i in range(runs):
+            out = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
+            print(f"bench e2e: run {i + 1} of {runs}, logs in {out}")
+            result = demo.run_job(out, plan, cluster, namespace=f"bench-e2e-{i + 1}")
+            if result.code != 0:
+                raise SystemExit(f"bench e2e: the launcher exited {result.code}; logs in {out}")
+            faults += list(zip(plan, result.faults, strict=False))
+            rerun += rollbacks(result.run.steps)
 
     def resumed(key: str) -> list[float]:
         return [f.resumed - f.at for k, f in faults if k == key and f.resumed is not None]

@@ -15,12 +15,14 @@ PNG (world size and step rate, faults marked) and everything stopped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,9 +106,9 @@ class Run:
         return self.steps[-1]["size"] if self.steps else 0
 
 
-def worker_pods(core: client.CoreV1Api) -> list[client.V1Pod]:
+def worker_pods(core: client.CoreV1Api, namespace: str) -> list[client.V1Pod]:
     pods = core.list_namespaced_pod(
-        NAMESPACE, label_selector=f"elastic-supervisor/job={JOB},elastic-supervisor/role=worker")
+        namespace, label_selector=f"elastic-supervisor/job={JOB},elastic-supervisor/role=worker")
     return sorted((p for p in pods.items if p.status.phase == "Running"
                    and not p.metadata.deletion_timestamp), key=lambda p: p.metadata.name)
 
@@ -146,24 +148,37 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if result.code == 0 else 1
 
 
-def run_job(out: Path, plan: tuple[str, ...]) -> Result:
-    """Run the main job on a fresh local cluster with the faults of `plan`, in order."""
+def run_job(out: Path, plan: tuple[str, ...], cluster: Cluster | None = None,
+            namespace: str = NAMESPACE) -> Result:
+    """Run the main job with the faults of `plan`, in order, in `namespace` of `cluster` (or
+    of a fresh local cluster, stopped afterwards)."""
     out.mkdir(parents=True, exist_ok=True)
-    print("demo: building (or reusing) the launcher and worker images")
-    tarballs = images.build()
-    print("demo: starting the local cluster: control plane and 3 real nodes")
-    cluster = Cluster(ClusterSettings(nodes=3, images=tuple(sorted(set(tarballs.values())))))
-    cluster.start()
-    job: MainJob | None = None
+    if cluster is None:
+        with started_cluster() as fresh:
+            return run_job(out, plan, fresh, namespace)
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    job = MainJob(cluster, api, namespace, out)
     try:
-        api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-        job = MainJob(cluster, api, NAMESPACE, out)
-        print("demo: kubectl apply -k manifests/overlays/local")
+        print(f"demo: kubectl apply -k manifests/overlays/local (namespace {namespace})")
         job.apply()
         return drive(job, plan)
     finally:
-        if job is not None:
-            job.close()
+        job.close()
+        api.close()
+
+
+@contextlib.contextmanager
+def started_cluster() -> Iterator[Cluster]:
+    """A fresh local cluster (3 real nodes) with the launcher and worker images in every node."""
+    print("demo: building (or reusing) the launcher and worker images")
+    tarballs = images.build()
+    print("demo: starting the local cluster: control plane and 3 real nodes, importing the "
+          "images into each (a few minutes)")
+    cluster = Cluster(ClusterSettings(nodes=3, images=tuple(sorted(set(tarballs.values())))))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
         problems = cluster.stop()
         print("demo: stopped the cluster" + (f"; host state NOT restored: {problems}"
                                              if problems else ""))
@@ -204,7 +219,7 @@ def drive(job: MainJob, plan: tuple[str, ...]) -> Result:
             reset = next((r for r in run.resets[::-1] if r >= since), None)
             stepped = reset is not None and any(
                 s["time"] >= reset and s["size"] == n for s in run.steps[-50:])
-            return stepped and len(worker_pods(core)) == n
+            return stepped and len(worker_pods(core, job.namespace)) == n
         return check
 
     def fault(name: str, desired: int, act: Any) -> None:
@@ -222,7 +237,7 @@ def drive(job: MainJob, plan: tuple[str, ...]) -> Result:
     def victim() -> client.V1Pod:
         """The last worker not on the launcher's node (a lost node must not take the
         supervisor with it)."""
-        workers = worker_pods(core)
+        workers = worker_pods(core, job.namespace)
         launcher = job.launcher()
         launcher_node = launcher["spec"].get("nodeName") if launcher else None
         others = [p for p in workers if p.spec.node_name != launcher_node]
@@ -235,7 +250,7 @@ def drive(job: MainJob, plan: tuple[str, ...]) -> Result:
 
     def scale(n: int) -> None:
         subprocess.run([sys.executable, "-m", "supervisor", "scale", "--job", JOB,
-                        "--namespace", NAMESPACE, "--workers", str(n)], check=True,
+                        "--namespace", job.namespace, "--workers", str(n)], check=True,
                        env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
                        stdout=subprocess.DEVNULL)
 

@@ -126,6 +126,34 @@ def log_time(rec: Record) -> float:
         return 0.0
 
 
+def _cri_lines(data: bytes) -> tuple[bytes, bytes]:
+    """The text of CRI log lines (`<time> <stream> <P|F> <text>`): partial (P) lines joined
+    to the full line that follows; returns (complete text, the pending partial text)."""
+    out, pending = bytearray(), b""
+    for line in data.splitlines():
+        parts = line.split(b" ", 3)
+        if len(parts) < 3:
+            continue
+        text = parts[3] if len(parts) == 4 else b""
+        if parts[2] == b"P":
+            pending += text
+        else:
+            out += pending + text + b"\n"
+            pending = b""
+    return bytes(out), pending
+
+
+def _namespace_pid(pid: int) -> int | None:
+    """The process's pid inside its own PID namespace (NSpid's last field)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+    except OSError:
+        return None
+    return None
+
+
 @dataclass
 class MainJob:
     """The main job in `namespace` of `cluster`; its launchers' logs go to `out`."""
@@ -143,10 +171,8 @@ class MainJob:
         self.core = client.CoreV1Api(self.api)
         self.out.mkdir(parents=True, exist_ok=True)
         self.log = self.out / f"launcher-{self.namespace}.log"
-        self._followed: set[str] = set()
         self._stop = threading.Event()
         self._follower: threading.Thread | None = None
-        self._procs: list[subprocess.Popen[bytes]] = []
         self.applied_at = 0.0
 
     # -- deploy ---------------------------------------------------------------------------------
@@ -178,35 +204,47 @@ class MainJob:
         return res
 
     def _follow(self) -> None:
-        """Append every launcher pod's log to self.log, each once, as they appear."""
-        while not self._stop.wait(0.5):
-            with contextlib.suppress(ApiException, OSError, ValueError):
+        """Copy every launcher pod's container log into self.log as it grows, read from the
+        node's log directory on this machine (a stopped or frozen kubelet cannot cut it off,
+        as it would `kubectl logs -f`)."""
+        offsets: dict[Path, int] = {}
+        partials: dict[Path, bytes] = {}
+        while not self._stop.wait(0.25):
+            with contextlib.suppress(ApiException, OSError, ValueError, StopIteration):
+                out = bytearray()
                 for pod in self.launchers():
-                    name = pod["metadata"]["name"]
-                    statuses = pod.get("status", {}).get("containerStatuses") or []
-                    started = statuses and ("running" in statuses[0].get("state", {})
-                                            or "terminated" in statuses[0].get("state", {}))
-                    if name in self._followed or not started:
-                        continue
-                    self._followed.add(name)
+                    for path in self._log_files(pod):
+                        with path.open("rb") as f:
+                            f.seek(offsets.get(path, 0))
+                            chunk = f.read()
+                        end = chunk.rfind(b"\n") + 1
+                        if not end:
+                            continue
+                        if path not in offsets:
+                            out += f"# ---- launcher pod {pod['metadata']['name']}\n".encode()
+                        offsets[path] = offsets.get(path, 0) + end
+                        text, partials[path] = _cri_lines(partials.get(path, b"") + chunk[:end])
+                        out += text
+                if out:
                     with self.log.open("ab") as f:
-                        f.write(f"# ---- launcher pod {name}\n".encode())
-                        f.flush()
-                        self._procs.append(subprocess.Popen(
-                            [str(_kubectl_path()), "--kubeconfig",
-                             str(self.cluster.kubeconfig), "-n", self.namespace, "logs",
-                             "-f", name], stdout=f, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL))
+                        f.write(out)
+
+    def _log_files(self, pod: dict[str, Any]) -> list[Path]:
+        """The container log files of a launcher pod on its node, oldest first."""
+        node = pod.get("spec", {}).get("nodeName")
+        if not node:
+            return []
+        meta = pod["metadata"]
+        d = (self.cluster.node(node).dir / "pod-logs"
+             / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / "launcher")
+        if not d.is_dir():
+            return []
+        return sorted(d.glob("*.log"), key=lambda p: int(p.stem) if p.stem.isdigit() else 0)
 
     def close(self) -> None:
         self._stop.set()
         if self._follower is not None:
             self._follower.join(5)
-        for p in self._procs:
-            if p.poll() is None:
-                p.terminate()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(5)
 
     def delete(self) -> None:
         """Delete the job's namespace (its pods go with it) and its cluster-scoped binding."""
@@ -348,15 +386,16 @@ class MainJob:
         return out
 
     def kill_container(self, pod: str, sig: int = signal.SIGKILL) -> int:
-        """Signal the worker container's main process (sshd, PID 1 in the container): the
-        container ends with 128+sig, the pod (restartPolicy Never) fails."""
-        pids = self.processes(pod, lambda argv: bool(argv) and argv[0].endswith("sshd")
-                              and "-D" in argv)
-        if not pids:
-            raise JobError(f"{pod}: no sshd -D process found")
-        for pid in pids:
+        """Signal the pod's container's main process (PID 1 in the container's PID namespace,
+        not the sandbox's pause): the container ends with 128+sig; with restartPolicy Never the
+        pod fails."""
+        pids = self.processes(pod, lambda argv: bool(argv) and argv[0] != "/pause")
+        main = [pid for pid in pids if _namespace_pid(pid) == 1]
+        if not main:
+            raise JobError(f"{pod}: no container main process found among {pids}")
+        for pid in main:
             os.kill(pid, sig)
-        return len(pids)
+        return len(main)
 
     def kill_training(self, pod: str, sig: int = signal.SIGKILL) -> int:
         """Signal the training processes in the pod (python ... train.py), not the container."""

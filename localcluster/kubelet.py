@@ -4,7 +4,9 @@
 Leases like a kubelet, so the real node-lifecycle controller keeps them Ready; `stop(node)`
 makes a node go silent (the controller then marks it Unknown and taints it).
 The pod helpers patch pod status the way a kubelet does (phase, podIP, conditions,
-containerStatuses). The node agent of the end-to-end tests builds on this.
+containerStatuses). For integration tests of the supervisor's decisions on exact object shapes
+and for the discovery benchmarks' hand-timed writes; never for end-to-end tests, which run on
+real nodes (localcluster/nodes.py).
 """
 
 from __future__ import annotations

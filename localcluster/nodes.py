@@ -395,6 +395,8 @@ def _kubelet_config(d: Path, socket: Path, s: NodeSpec, ca: Path,
         "containerRuntimeEndpoint": f"unix://{socket}",
         "imageServiceEndpoint": f"unix://{socket}",
         "podLogsDir": str(d / "pod-logs"), "volumePluginDir": str(d / "volume-plugins"),
+        # Tests and the demo read container logs from here: no rotation within a run.
+        "containerLogMaxSize": "1Gi",
         # Low thresholds: the shared test disk and memory are not this node's alone.
         "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%",
                          "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
@@ -637,6 +639,9 @@ class Cluster:
         if self.workdir != Path():
             unmount_below(self.workdir)
             if keep:
+                # Logs and configuration stay; the image stores (gigabytes each) do not.
+                for node in self.nodes:
+                    shutil.rmtree(node.dir / "containerd" / "root", ignore_errors=True)
                 print(f"localcluster: kept {self.workdir} (logs: */*.log)", file=sys.stderr)
             else:
                 shutil.rmtree(self.workdir, ignore_errors=True)

@@ -3,7 +3,10 @@
 horovodrun reaches a worker by `ssh <host> -p PORT -i KEY ...`; a fake host is an sshd listening
 only on its own loopback address, key-only login, with its own host key, in a temporary
 directory. `KeyPair` makes the client key pair (the job's ssh Secret plays this role in a cluster).
-Used by tests and by the node agent (localcluster/nodeagent.py: worker pods as sshd trees).
+Only for tests that need real ssh sessions or real horovodrun without Kubernetes, quickly:
+the supervisor's ssh-client handling (tests/integration/test_ssh_clients.py), the worker image's
+sshd configuration and train.py under horovodrun (tests/e2e/test_train_script.py). Nothing that
+claims to be end to end runs on them: that is the real nodes' job (localcluster/nodes.py).
 """
 
 from __future__ import annotations

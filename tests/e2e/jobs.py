@@ -45,16 +45,11 @@ class Job(MainJob):
     """A MainJob with the waits and picks the scenarios share."""
 
     def victim(self) -> tuple[str, dict[str, Any]]:
-        """A live worker pod that neither hosts rank 0 (so that rank 0's output stays whole)
-        nor shares the launcher's node (a lost node must not take the supervisor with it)."""
+        """A live worker pod that does not host rank 0 (so that rank 0's output stays whole;
+        workers never share the launcher's node here: see workers_avoid_the_launcher)."""
         last = self.last_step()
         rank0 = str(last["host"]) if last else ""
-        launcher = self.launcher()
-        launcher_node = (launcher or {}).get("spec", {}).get("nodeName")
         live = sorted(self.live_workers().items())
-        for name, pod in live:
-            if pod["status"].get("podIP") != rank0 and pod["spec"]["nodeName"] != launcher_node:
-                return name, pod
         for name, pod in live:
             if pod["status"].get("podIP") != rank0:
                 return name, pod
@@ -112,6 +107,20 @@ def shared_checkpoint(docs: list[dict[str, Any]], host_dir: Path) -> None:
 Transform = Callable[[list[dict[str, Any]]], None]
 
 
+def workers_avoid_the_launcher(docs: list[dict[str, Any]]) -> None:
+    """Keep workers off the launcher's node, so that a node fault never takes the supervisor
+    with it (a test arrangement: in production they may share nodes)."""
+    for doc in docs:
+        if doc["kind"] == "ConfigMap" and "worker-template.yaml" in (doc.get("data") or {}):
+            template = yaml.safe_load(doc["data"]["worker-template.yaml"])
+            affinity = template["spec"].setdefault("affinity", {})
+            anti = affinity.setdefault("podAntiAffinity", {})
+            anti.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append({
+                "topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {"matchLabels": {"elastic-supervisor/role": "launcher"}}})
+            doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)
+
+
 @contextlib.contextmanager
 def main_job(cluster: Cluster, api: client.ApiClient, out: Path, *, steps: int,
              extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
@@ -121,7 +130,7 @@ def main_job(cluster: Cluster, api: client.ApiClient, out: Path, *, steps: int,
     directory every worker mounts, where rank 0 keeps the committed state."""
     namespace = f"e2e-{uuid.uuid4().hex[:6]}"
     args = train_args(steps, *extra_args)
-    changes = [transform] if transform is not None else []
+    changes = [workers_avoid_the_launcher, *([transform] if transform is not None else [])]
     if checkpoint is not None:
         checkpoint.mkdir(parents=True, exist_ok=True)
         checkpoint.chmod(0o777)

@@ -26,6 +26,8 @@ from tests.e2e.jobs import COMMIT_EVERY, Job, check_training
 from tests.helpers import CLUSTER_NODE_GRACE_S
 
 STEPS = 300
+# Faults found only after the node controller's grace need a job that is still training then.
+LONG = 1000
 MakeJob = Callable[..., Job]
 
 
@@ -126,7 +128,7 @@ def test_a_frozen_node_is_found_its_worker_fenced_and_replaced_on_another_node(
         make_job: MakeJob) -> None:
     """The hang Horovod alone never leaves: the frozen worker's TCP connections stay open (its
     kernel answers), its ssh session never ends, its kubelet is frozen too."""
-    job = training(make_job)
+    job = training(make_job, steps=LONG)
     victim, pod = job.victim()
     node = job.cluster.node(pod["spec"]["nodeName"])
     t0 = time.time()
@@ -143,7 +145,7 @@ def test_a_frozen_node_is_found_its_worker_fenced_and_replaced_on_another_node(
     assert victim not in job.workers(), "the stranded pod was force-deleted"
     replacement = job.workers()[victim[:-1] + "2"]
     assert replacement["spec"]["nodeName"] != node.name
-    check_training(job.records(), STEPS, final_size=2)
+    check_training(job.records(), LONG, final_size=2)
 
 
 def test_a_node_whose_kubelet_stopped_loses_its_worker_to_a_replacement(
@@ -151,7 +153,7 @@ def test_a_node_whose_kubelet_stopped_loses_its_worker_to_a_replacement(
     """The node controller marks the node NotReady after its grace (real 10 s Lease
     renewals); the worker still runs (no kubelet to stop it), so the supervisor must cut it
     off: its ssh client killed, its pod force-deleted, a replacement elsewhere."""
-    job = training(make_job)
+    job = training(make_job, steps=LONG)
     victim, pod = job.victim()
     node = job.cluster.node(pod["spec"]["nodeName"])
     t0 = time.time()
@@ -165,7 +167,7 @@ def test_a_node_whose_kubelet_stopped_loses_its_worker_to_a_replacement(
     d = job.decision(victim)
     assert (d["cause"], d["action"]) == ("NodeNotReady", "Restart"), d
     assert job.workers()[victim[:-1] + "2"]["spec"]["nodeName"] != node.name
-    check_training(job.records(), STEPS, final_size=2)
+    check_training(job.records(), LONG, final_size=2)
 
 
 def test_scale_out_and_in_while_training(make_job: MakeJob) -> None:

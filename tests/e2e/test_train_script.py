@@ -1,7 +1,9 @@
-"""worker_image/train.py under real horovodrun (elastic, Gloo) on worker pods of the node agent.
+"""worker_image/train.py under real horovodrun (elastic, Gloo), without Kubernetes.
 
-The workers are real pods on the local control plane: sshds on their pod IPs, reached by
-horovodrun over ssh with the job's key. The discovery script `cat`s a file the test writes.
+The workers are fake hosts of this machine (localcluster.sshd: an OpenSSH sshd each on its own
+loopback address, reached by horovodrun over ssh with a key): what is tested here is the training
+script and Horovod, quickly; the same script in the real images on real nodes under the
+supervisor is tests/e2e/test_main_job.py. The discovery script `cat`s a file the test writes.
 """
 
 from __future__ import annotations
@@ -16,22 +18,31 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
-from kubernetes import client
 
-from localcluster.controlplane import ControlPlane
-from tests.e2e.training import COMMIT_EVERY, TRAIN, horovod_records, steps_of
+from localcluster.job import horovod_records
+from localcluster.sshd import FakeHost, KeyPair
+from tests.e2e.jobs import COMMIT_EVERY, steps_of
 from tests.helpers import wait_for
-from tests.pods import SSH_PORT, AgentPods, agent_pods, container_state, worker_pod
 
 BIN = Path(sys.executable).parent
+TRAIN = Path(__file__).resolve().parents[2] / "worker_image" / "train.py"
+SSH_PORT = 2222
+
+
+def tree(host: FakeHost) -> list[psutil.Process]:
+    """The fake host's sshd and everything below it (its sessions call setsid)."""
+    assert host.proc is not None
+    root = psutil.Process(host.proc.pid)
+    return [root, *root.children(recursive=True)]
 
 
 class Training:
     """One horovodrun run of train.py; rank 0's JSON lines are collected as they come."""
 
-    def __init__(self, workdir: Path, pods: AgentPods, steps: int) -> None:
-        self.workdir, self.pods = workdir, pods
+    def __init__(self, workdir: Path, key: KeyPair, steps: int) -> None:
+        self.workdir = workdir
         self.hostfile = workdir / "hostfile"
         script = workdir / "discover_hosts.sh"
         script.write_text(f"#!/bin/sh\nexec cat {self.hostfile}\n")
@@ -39,7 +50,7 @@ class Training:
         self.argv = [
             str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
             "--slots-per-host", "1", "--host-discovery-script", str(script),
-            "--ssh-port", str(SSH_PORT), "--ssh-identity-file", str(pods.key.private),
+            "--ssh-port", str(SSH_PORT), "--ssh-identity-file", str(key.private),
             # Without it horovodrun probes NICs over ssh and wants >= 2 hosts to start.
             "--network-interface", "lo",
             # A replacement must finish hvd.init() within it; survivors of a dead peer may
@@ -97,27 +108,26 @@ class Training:
 
 
 @pytest.fixture
-def pods(control_plane: ControlPlane, core: client.CoreV1Api, namespace: str,
-         tmp_path: Path) -> Iterator[AgentPods]:
-    with agent_pods(control_plane, core, namespace, tmp_path / "keys") as p:
-        yield p
+def key(tmp_path: Path) -> KeyPair:
+    return KeyPair.generate(tmp_path / "keys")
 
 
 @pytest.fixture
-def workers(pods: AgentPods) -> dict[str, str]:
-    """Two running worker pods: name -> pod IP."""
-    for name in ("w0", "w1"):
-        pods.core.create_namespaced_pod(pods.namespace,
-                                        worker_pod(name, pods.agent.node_selector))
-    return {name: pods.wait_running(name)["status"]["podIP"] for name in ("w0", "w1")}
+def workers(key: KeyPair, tmp_path: Path) -> Iterator[dict[str, FakeHost]]:
+    """Two fake hosts, sshd on 127.0.0.2 and 127.0.0.3: address -> host."""
+    hosts = {a: FakeHost(a, SSH_PORT, key, tmp_path / a).start()
+             for a in ("127.0.0.2", "127.0.0.3")}
+    yield hosts
+    for h in hosts.values():
+        h.stop()
 
 
 @pytest.fixture
-def training(tmp_path: Path, pods: AgentPods) -> Iterator[Any]:
+def training(tmp_path: Path, key: KeyPair) -> Iterator[Any]:
     made: list[Training] = []
 
     def make(steps: int) -> Training:
-        made.append(Training(tmp_path, pods, steps))
+        made.append(Training(tmp_path, key, steps))
         return made[-1]
 
     yield make
@@ -125,42 +135,42 @@ def training(tmp_path: Path, pods: AgentPods) -> Iterator[Any]:
         t.close()
 
 
-def test_trains_to_the_target_on_two_worker_pods(
-        pods: AgentPods, workers: dict[str, str], training: Any) -> None:
+def test_trains_to_the_target_on_two_hosts(
+        workers: dict[str, FakeHost], training: Any) -> None:
     run = training(steps=30)
-    run.set_hosts(list(workers.values()))
+    run.set_hosts(list(workers))
     run.start()
 
-    def trains_in(pod: str) -> bool:
-        return any("train.py" in " ".join(p.cmdline()) for p in pods.processes(pod))
+    def trains_in(host: FakeHost) -> bool:
+        return any("train.py" in " ".join(p.cmdline()) for p in tree(host))
 
-    wait_for(lambda: trains_in("w0") and trains_in("w1"), 60,
-             what="a train.py process inside each worker pod's tree")
+    wait_for(lambda: all(trains_in(h) for h in workers.values()), 60,
+             what="a train.py process below each fake host's sshd")
     assert run.wait(90) == 0, run.tail()
 
     steps = steps_of(run.records())
     assert [r["step"] for r in steps] == list(range(1, 31)), run.tail()
     assert {r["size"] for r in steps} == {2}
     assert {r["lr"] for r in steps} == {0.02}, "base lr x world size"
-    assert {r["host"] for r in steps} <= set(workers.values())
+    assert {r["host"] for r in steps} <= set(workers)
     assert [r["step"] for r in steps if r["committed"]] == [5, 10, 15, 20, 25, 30]
     assert [r for r in run.records() if r.get("event") == "reset"] == []
     assert run.records()[-1] | {"time": 0} == {"event": "done", "step": 30, "size": 2, "time": 0}
 
 
-def test_a_killed_worker_pod_is_dropped_and_training_continues_without_losing_commits(
-        pods: AgentPods, workers: dict[str, str], training: Any) -> None:
+def test_a_killed_worker_host_is_dropped_and_training_continues_without_losing_commits(
+        workers: dict[str, FakeHost], training: Any) -> None:
     target = 120
     run = training(steps=target)
-    run.set_hosts(list(workers.values()))
+    run.set_hosts(list(workers))
     run.start()
     wait_for(lambda: run.last_step() >= 12, 60, what="training past step 12")
 
-    # Kill the pod that does NOT host rank 0, so that rank 0's output stays complete.
+    # Kill the host that does NOT run rank 0, so that rank 0's output stays complete.
     rank0 = steps_of(run.records())[-1]["host"]
-    victim = next(name for name, ip in workers.items() if ip != rank0)
-    pods.agent.kill(pods.ref(victim), signal.SIGKILL)
-    assert container_state(pods.wait_terminated(victim))["terminated"]["exitCode"] == 137
+    victim = next(h for a, h in workers.items() if a != rank0)
+    for proc in tree(victim):  # the whole "pod": sshd, sessions, the training process
+        proc.kill()
     run.set_hosts([rank0])  # what the supervisor does when it sees the pod failed
 
     assert run.wait(90) == 0, run.tail()

@@ -347,9 +347,9 @@ def wait_reason(api: client.ApiClient, namespace: str, reason: str,
                     timeout, what=f"a {reason} Event")
 
 
-def scrape(port: int) -> dict[str, float]:
+def scrape(port: int, host: str = "127.0.0.1") -> dict[str, float]:
     """Samples from the supervisor's /metrics endpoint, keyed by name{labels} as printed."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
     out = {}
     for line in text.splitlines():
