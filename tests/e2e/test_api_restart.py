@@ -34,8 +34,10 @@ def test_training_survives_a_kube_apiserver_restart(
     cp = restartable_control_plane
     namespace = make_namespace(client.CoreV1Api(api))
     port = free_ports(1)[0]
+    # The default leader lease (60 s) rides out the restart, not the scenarios' short one.
     with elastic_job(cp, api, namespace, tmp_path, steps=STEPS,
-                     SUPERVISOR_METRICS_PORT=str(port)) as job:
+                     SUPERVISOR_METRICS_PORT=str(port),
+                     SUPERVISOR_LEADER_LEASE_SECONDS="60") as job:
         job.start()
         job.wait_training(past=10, size=2, timeout=240)
         before = scrape(port)

@@ -95,6 +95,9 @@ class ElasticJob:
             "SUPERVISOR_GLOO_TIMEOUT_SECONDS": "60",
             "SUPERVISOR_HOROVODRUN_EXTRA_ARGS": "--start-timeout 60 --elastic-timeout 120",
             "SUPERVISOR_LOG_LEVEL": "info",
+            # The scenarios look at the workers after the end (the cleanup has its own tests),
+            # and a launcher restarted after a SIGKILL waits out the killed one's lease.
+            "SUPERVISOR_CLEAN_POD_POLICY": "None", "SUPERVISOR_LEADER_LEASE_SECONDS": "10",
             **self.env,
         }
         sup = SupervisorProcess(self.cp, self.namespace, self.tmp, command=self.command,
