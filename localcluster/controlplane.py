@@ -339,6 +339,8 @@ class ControlPlane:
             f"--tls-private-key-file={self.pki.server_key}",
             f"--client-ca-file={self.pki.ca_cert}",
             "--authorization-mode=Node,RBAC",
+            # As hardened clusters (OpenShift): blockOwnerDeletion needs the owner's finalizers.
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
             "--service-cluster-ip-range=10.0.0.0/24",
             f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
             f"--service-account-key-file={self.pki.sa_pub}",

@@ -3,12 +3,18 @@
 The loop never blocks on the API: it hands `SaveState`, `CreatePod` and `DeletePod` to
 `Actuator.submit`; a single thread runs them in FIFO order (so the state that records a new
 incarnation is always saved before that incarnation's pod is created) and reports each outcome to
-the loop's queue as an `ActionDone`. Retryable errors (connection, 429, 5xx) are retried with
-jittered exponential backoff, reported once; "already exists" on create and "gone" on delete count
-as done (the operations are idempotent by pod name and UID). A 403 is fatal. A Conflict on the
-state means another writer: if the stored writer is someone else, that is fatal (two supervisors
-must never share a job's budgets); if it is us (our write landed but its answer was lost), the
-write is retried on the new version.
+the loop's queue as an `ActionDone`. Retryable errors (connection, timeouts, 429, 5xx) are
+retried with jittered exponential backoff, reported once; "already exists" on create and "gone"
+on delete count as done (the operations are idempotent by pod name and UID).
+
+What is fatal: a denial of the supervisor's own verbs (RBAC 403), a state another supervisor
+wrote (a Conflict whose stored writer is not us: two supervisors must never share a job's
+budgets), and a state save that fails for good (the pods queued behind it would belong to
+incarnations no state records). After a fatal outcome nothing queued runs. A state ConfigMap
+that is gone (404 on update) is created again. A create that admission refuses (ResourceQuota,
+LimitRange, PodSecurity) is reported as `refused` and not retried here: the loop decides whether
+and when that pod is still wanted. Nothing runs while `may_act` says this supervisor is not the
+job's leader.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from supervisor.kube import Conflict, Forbidden, KubeError, NotFound
+from supervisor.kube import AlreadyExists, Conflict, Forbidden, KubeError, NotFound, Refused
 from supervisor.model import ActionDone
 
 
@@ -63,12 +69,14 @@ class Actuator:
     def __init__(self, pods: PodsApi, store: StateApi, *, resource_version: str | None,
                  writer: str, sink: Callable[[ActionDone], None],
                  clock: Callable[[], float] = time.monotonic,
-                 backoff_initial_s: float = 0.2, backoff_max_s: float = 5.0) -> None:
+                 backoff_initial_s: float = 0.2, backoff_max_s: float = 5.0,
+                 may_act: Callable[[], bool] = lambda: True) -> None:
         self.pods, self.store, self.rv, self.writer = pods, store, resource_version, writer
-        self.sink, self.clock = sink, clock
+        self.sink, self.clock, self.may_act = sink, clock, may_act
         self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
         self.queue: queue.Queue[Op | None] = queue.Queue()
         self._stop = threading.Event()
+        self._abandoned = 0
         self._thread = threading.Thread(target=self._run, name="actuator", daemon=True)
 
     def start(self) -> Actuator:
@@ -84,38 +92,55 @@ class Actuator:
         self._thread.join(timeout)
         self._stop.set()
         self._thread.join(2.0)
-        return self.queue.qsize()
+        left = []
+        while True:
+            try:
+                left.append(self.queue.get_nowait())
+            except queue.Empty:
+                break
+        return self._abandoned + sum(op is not None for op in left)
 
     def _run(self) -> None:
-        while (op := self.queue.get()) is not None:
-            if self._stop.is_set():
+        while not self._stop.is_set():
+            op = self.queue.get()
+            if op is None:
                 return
-            self._execute(op)
+            if not self.may_act():  # no longer the job's leader: nothing more may change
+                self._abandoned += 1
+                self._stop.set()
+                return
+            if self._execute(op).fatal:
+                self._stop.set()
 
-    def _execute(self, op: Op) -> None:
+    def _execute(self, op: Op) -> ActionDone:
         what, name = _describe(op)
         started = self.clock()
-        delay, reported = self.backoff_initial_s, False
+        delay, reported, note = self.backoff_initial_s, False, ""
         while True:
             try:
                 self._once(op)
-                self.sink(ActionDone(what, name, at=self.clock(), started_at=started))
-                return
+                done = ActionDone(what, name, at=self.clock(), started_at=started, note=note)
+                self.sink(done)
+                return done
             except KubeError as e:
-                done = self._classify(op, e)
-                if done is not None:
-                    self.sink(done)
-                    return
+                if isinstance(op, SaveState) and isinstance(e, NotFound) and self.rv:
+                    self.rv, note = None, "recreated: the ConfigMap was deleted"
+                    continue  # create it at once: the state must be stored before what follows
+                final = self._classify(op, e)
+                if final is not None:
+                    self.sink(final)
+                    return final
                 if not reported:  # retryable: say so once, then keep trying
                     self.sink(ActionDone(what, name, at=self.clock(), started_at=started,
                                          error=str(e), retrying=True))
                     reported = True
             except Exception as e:  # a bug must reach the loop, not kill this thread
-                self.sink(ActionDone(what, name, at=self.clock(), started_at=started,
-                                     error=f"{type(e).__name__}: {e}", fatal=True, note="bug"))
-                return
+                bug = ActionDone(what, name, at=self.clock(), started_at=started,
+                                 error=f"{type(e).__name__}: {e}", fatal=True, note="bug")
+                self.sink(bug)
+                return bug
             if self._stop.wait(delay * (0.5 + random.random())):
-                return
+                return ActionDone(what, name, at=self.clock(), error="stopped", fatal=True)
             delay = min(self.backoff_max_s, delay * 2)
 
     def _once(self, op: Op) -> None:
@@ -133,6 +158,8 @@ class Actuator:
         at = self.clock()
         if isinstance(e, Forbidden):
             return ActionDone(what, name, at=at, error=str(e), fatal=True)
+        if isinstance(op, CreatePod) and isinstance(e, Refused):
+            return ActionDone(what, name, at=at, error=e.detail, refused=True)
         if isinstance(op, SaveState) and isinstance(e, Conflict):
             try:
                 stored, rv = self.store.load()
@@ -145,12 +172,13 @@ class Actuator:
                     f"({self.writer!r}): two supervisors must not run one job"))
             self.rv = rv
             return None
-        if isinstance(op, CreatePod) and isinstance(e, Conflict):
+        if isinstance(op, CreatePod) and isinstance(e, AlreadyExists):
             return ActionDone(what, name, at=at, note="already exists")
         if isinstance(op, DeletePod) and isinstance(e, NotFound | Conflict):
             return ActionDone(what, name, at=at, note="already gone")
         if not e.retryable:
-            return ActionDone(what, name, at=at, error=str(e))
+            # A state that cannot be stored must stop what was queued behind it.
+            return ActionDone(what, name, at=at, error=str(e), fatal=isinstance(op, SaveState))
         return None
 
 

@@ -13,14 +13,18 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import sys
+import tempfile
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from supervisor import __version__, fleet, kube, operate, proc
+from supervisor import __version__, cleanup, discovery, fleet, kube, operate, proc, startup
 from supervisor.actuator import Actuator
 from supervisor.config import (
     DEFAULT_SELECTOR,
@@ -31,9 +35,10 @@ from supervisor.config import (
 )
 from supervisor.fence import FenceServer
 from supervisor.launch import horovodrun_argv
+from supervisor.leader import LeaderElector, lease_name
 from supervisor.logs import make_logger
 from supervisor.metrics import make_metrics, serve
-from supervisor.model import EventSpec, ExitCode, SourceState
+from supervisor.model import EventSpec, ExitCode, LeadershipLost, SourceState
 from supervisor.observe import Kind, NodeLeases, slim
 from supervisor.policy import DEFAULT_RULES
 from supervisor.reconcile import Supervisor
@@ -206,20 +211,46 @@ def scale_command(api: Any, job: str, namespace: str, args: argparse.Namespace) 
 
 
 def _preflight(cfg: Config) -> list[str]:
-    """Return problems with the files `run` relies on (one line each)."""
+    """Return problems with the files `run` relies on (one line each). Never writes or
+    removes a file that is there already."""
     problems = []
     script = cfg.discovery_script
     if not (script.is_file() and os.access(script, os.X_OK)):
         problems.append(f"SUPERVISOR_DISCOVERY_SCRIPT={str(script)!r}: expected an executable "
                         "file (the shipped discover_hosts.sh)")
-    try:
-        cfg.discovery_file.parent.mkdir(parents=True, exist_ok=True)
-        if not os.access(cfg.discovery_file.parent, os.W_OK):
-            raise PermissionError("not writable")
-    except OSError as e:
-        problems.append(f"SUPERVISOR_DISCOVERY_FILE={str(cfg.discovery_file)!r}: its directory "
-                        f"cannot be written ({e})")
+    hr = cfg.horovodrun
+    wanted = "expected the horovodrun executable (a name on PATH or an absolute path)"
+    if "/" in hr and not (os.path.isfile(hr) and os.access(hr, os.X_OK)):
+        problems.append(f"SUPERVISOR_HOROVODRUN={hr!r}: not an executable file; {wanted}")
+    elif "/" not in hr and shutil.which(hr) is None:
+        problems.append(f"SUPERVISOR_HOROVODRUN={hr!r}: not found on PATH; {wanted}")
+    problems += _discovery_file_problems(cfg.discovery_file)
     return problems
+
+
+def _discovery_file_problems(path: Path) -> list[str]:
+    var = f"SUPERVISOR_DISCOVERY_FILE={str(path)!r}"
+    wanted = "expected a file path in a writable directory (an emptyDir)"
+    if path.is_dir():
+        return [f"{var}: is a directory; {wanted}"]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Only a real write tells (root passes os.access, a read-only mount does not).
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as e:
+        return [f"{var}: its directory cannot be written ([Errno {e.errno}] {e.strerror}); "
+                f"{wanted}"]
+    try:
+        content = discovery.read_current(path)
+    except (OSError, UnicodeDecodeError) as e:
+        return [f"{var}: exists and cannot be read as a host list ({e}); refusing to replace "
+                "it: point it at a file of its own (an emptyDir)"]
+    if content is not None and (line := discovery.foreign_line(content)) is not None:
+        return [f"{var}: exists and is not a host list the supervisor wrote (line "
+                f"{content.splitlines().index(line) + 1}: {line[:60]!r}); refusing to replace "
+                "it: point it at a file of its own (an emptyDir)"]
+    return []
 
 
 def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
@@ -251,43 +282,183 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
 
 def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: Any,
          metrics: Any, fence: FenceServer) -> int:
+    """The start sequence (supervisor.startup), then the loop; map every way out to a code."""
     try:
         api = kube.make_api_client()
     except kube.KubeError as e:
         log.error("kube.fatal", reason=str(e))
         return ExitCode.KUBE_FATAL
+    stopping = startup.Stopping()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stopping.handle)
+    instance = cfg.pod_name or f"{cfg.job_name}-{socket.gethostname()}"
+    identity = f"{instance}/{os.getpid()}"
+    retry = startup.ApiRetry(cfg.start_timeout_s, log=log, stopping=stopping)
+    lost = Relay()
+    elector = LeaderElector(kube.Leases(api, cfg.namespace, cfg.api_timeout_s),
+                            lease_name(cfg.job_name), identity, cfg.leader_lease_s,
+                            api_timeout_s=cfg.api_timeout_s,
+                            on_lost=lambda why: lost(LeadershipLost(why)))
 
     def event_failed(err: kube.KubeError) -> None:
         log.warning("event.failed", reason=str(err), retryable=err.retryable)
 
-    # Events regard the launcher pod; without one (a local run), the job's launcher Job.
-    regarding = {"apiVersion": "batch/v1", "kind": "Job", "namespace": cfg.namespace,
-                 "name": cfg.job_name}
-    if cfg.pod_name:
-        try:
-            regarding = kube.pod_reference(api, cfg.namespace, cfg.pod_name)
-        except kube.KubeError as e:
-            log.warning("event.no_regarding", pod=cfg.pod_name, reason=str(e))
-    instance = cfg.pod_name or f"{cfg.job_name}-{socket.gethostname()}"
-    recorder = kube.EventRecorder(api, cfg.namespace, regarding=regarding, instance=instance,
-                                  on_error=event_failed)
-
-    owner = regarding if regarding.get("kind") == "Pod" else None
-    store = kube.StateStore(api, cfg.namespace, fleet.state_name(cfg.job_name), owner)
-    workers, rv = None, None
-    if cfg.worker_template is not None:
-        try:
-            workers, rv = load_fleet(cfg, store)
-        except (kube.KubeError, ValueError) as e:
-            log.error("kube.fatal", reason=str(e))
+    recorder = None
+    try:
+        regarding, owner = _references(cfg, api, retry)
+        recorder = kube.EventRecorder(api, cfg.namespace, regarding=regarding,
+                                      instance=instance, on_error=event_failed,
+                                      timeout_s=cfg.api_timeout_s)
+        _lead(cfg, elector, retry, stopping, log=log, events=recorder.record)
+        elector.start()
+        store = kube.StateStore(api, cfg.namespace, fleet.state_name(cfg.job_name), owner,
+                                timeout_s=cfg.api_timeout_s)
+        workers, rv = None, None
+        if cfg.worker_template is not None:
+            workers, rv, stored = retry.call("read the state", lambda: load_fleet(cfg, store))
+            rv = _adopt(cfg, api, store, stored, rv, owner=owner, identity=identity,
+                        retry=retry, log=log, events=recorder.record)
+        stopping.check()
+        return _supervise(cfg, command, env, api=api, log=log, metrics=metrics, fence=fence,
+                          recorder=recorder, elector=elector, lost=lost, stopping=stopping,
+                          store=store, workers=workers, rv=rv, identity=identity, owner=owner)
+    except startup.Stopped as e:
+        log.info("start.stopped", signal=e.signum, leader=elector.is_leader())
+        return 128 + e.signum
+    except startup.StartTimedOut as e:
+        log.error("start.timeout", reason=str(e))
+        if recorder is not None:
+            recorder.record(EventSpec("Warning", "StartTimeout", "Start", str(e)))
+        return ExitCode.START_TIMEOUT
+    except LauncherMissing as e:
+        print(f"elastic-supervisor: {e}", file=sys.stderr)
+        return ExitCode.CONFIG
+    except (kube.KubeError, ValueError) as e:
+        log.error("kube.fatal", reason=str(e))
+        if recorder is not None:
             recorder.record(EventSpec("Warning", "KubernetesAccessDenied"
                                       if isinstance(e, kube.Forbidden) else "StateDamaged",
                                       "Start", str(e)))
+        return ExitCode.KUBE_FATAL
+    finally:
+        if elector.release():
+            log.info("leader.released", lease=elector.name)
+        if recorder is not None:
             recorder.close()
-            api.close()
-            return ExitCode.KUBE_FATAL
-    actuator = Actuator(kube.Pods(api, cfg.namespace), store, resource_version=rv,
-                        writer=f"{instance}/{os.getpid()}", sink=lambda _: None)
+        api.close()
+
+
+class LauncherMissing(Exception):
+    """SUPERVISOR_POD_NAME names no pod: bad input (exit 2)."""
+
+
+class Relay:
+    """Holds what an early thread reports until the loop can take it (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: list[Any] = []
+        self._sink: Callable[[Any], None] | None = None
+
+    def __call__(self, item: Any) -> None:
+        with self._lock:
+            if self._sink is None:
+                self._held.append(item)
+                return
+        self._sink(item)
+
+    def attach(self, sink: Callable[[Any], None]) -> None:
+        with self._lock:
+            self._sink, held, self._held = sink, self._held, []
+        for item in held:
+            sink(item)
+
+
+def _references(cfg: Config, api: Any,
+                retry: startup.ApiRetry) -> tuple[dict[str, str], dict[str, str] | None]:
+    """Return (what Events regard, the owner of workers and state). In a pod: the pod, and
+    the Job that made it (else the pod); a local run: the Job by name, and no owner."""
+    if not cfg.pod_name:
+        return {"apiVersion": "batch/v1", "kind": "Job", "namespace": cfg.namespace,
+                "name": cfg.job_name}, None
+    try:
+        return retry.call("read the launcher pod", lambda: kube.launcher_refs(
+            api, cfg.namespace, cfg.pod_name, cfg.api_timeout_s))  # type: ignore[arg-type]
+    except kube.NotFound as e:
+        raise LauncherMissing(
+            f"SUPERVISOR_POD_NAME={cfg.pod_name!r}: no such pod in namespace {cfg.namespace}; "
+            "expected the launcher pod's own name (downward API metadata.name)") from e
+
+
+def _lead(cfg: Config, elector: LeaderElector, retry: startup.ApiRetry,
+          stopping: startup.Stopping, *, log: Any, events: Callable[[EventSpec], None]) -> None:
+    """Acquire the job's leader Lease; a standby waits here (until it is released, expires, or
+    a signal arrives). Nothing of the job is touched before."""
+    since = time.monotonic()
+    shown, next_log = None, 0.0
+    while not retry.call("acquire the leader lease", elector.attempt):
+        now = time.monotonic()
+        if elector.holder != shown or now >= next_log:
+            log.info("leader.waiting", holder=elector.holder, lease=elector.name,
+                     waited_s=round(now - since, 1))
+            if shown is None:
+                events(EventSpec("Normal", "LeaderWaiting", "Lead",
+                                 f"standby: job {cfg.job_name} is driven by {elector.holder} "
+                                 f"(Lease {elector.name}); waiting until it ends or its lease "
+                                 "expires"))
+            shown, next_log = elector.holder, now + 30
+        stopping.event.wait(elector.retry_s)
+        stopping.check()
+    log.info("leader.acquired", lease=elector.name, identity=elector.me,
+             transitions=elector.transitions, waited_s=round(time.monotonic() - since, 1))
+
+
+def _adopt(cfg: Config, api: Any, store: kube.StateStore, stored: dict[str, Any] | None,
+           rv: str | None, *, owner: Mapping[str, str] | None, identity: str,
+           retry: startup.ApiRetry, log: Any, events: Callable[[EventSpec], None]
+           ) -> str | None:
+    """Re-own the job's workers and state that another owner (an older launcher pod) holds;
+    return the state's resourceVersion after it."""
+    if owner is None:
+        return rv
+    pods = kube.Pods(api, cfg.namespace, cfg.api_timeout_s)
+    found = retry.call("list the workers", lambda: kube.list_pods(
+        api, cfg.namespace, cfg.worker_selector, cfg.api_timeout_s))
+    moved = []
+    for name, uid, refs in startup.to_adopt(found, cfg.job_name, owner):
+        try:
+            retry.call(f"re-own pod {name}",
+                       lambda name=name, uid=uid, refs=refs: pods.set_owners(name, uid, refs))
+            moved.append(name)
+        except kube.KubeError as e:
+            if e.status not in (404, 409, 422):  # gone, or another pod of that name now
+                raise
+    state = stored is not None and not store.owned()
+    if state:
+        def save() -> str:
+            try:
+                return store.save({**(stored or {}), "writer": identity}, rv)
+            except kube.Conflict as e:  # nobody else may write it while we lead
+                raise kube.KubeError(f"{e}: written by someone else during the start") from e
+        rv = retry.call("re-own the state", save)
+    if moved or state:
+        log.info("owner.adopted", owner=f"{owner['kind']}/{owner['name']}", pods=moved,
+                 state=state)
+        events(EventSpec("Normal", "Adopted", "Start",
+                         f"owned by {owner['kind']} {owner['name']} now: "
+                         f"{len(moved)} worker pods{' and the state' if state else ''}"))
+    return rv
+
+
+def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, api: Any,
+               log: Any, metrics: Any, fence: FenceServer, recorder: kube.EventRecorder,
+               elector: LeaderElector, lost: Relay, stopping: startup.Stopping,
+               store: kube.StateStore, workers: fleet.Fleet | None, rv: str | None,
+               identity: str, owner: Mapping[str, str] | None) -> int:
+    """Run the loop as the job's leader; clean up (CLEAN_POD_POLICY) on the way out."""
+    actuator = Actuator(kube.Pods(api, cfg.namespace, cfg.api_timeout_s), store,
+                        resource_version=rv, writer=identity, sink=lambda _: None,
+                        may_act=elector.is_leader)
     proc.become_subreaper()
     leases = NodeLeases() if cfg.node_lease_s is not None else None
     sup = Supervisor(cfg, log=log, metrics=metrics, events=recorder.record,
@@ -298,6 +469,7 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
                      workers=workers, owner=owner, leases=leases)
     actuator.sink = sup.submit
     actuator.start()
+    lost.attach(sup.submit)
     settings = kube.WatchSettings(read_timeout_s=cfg.watch_read_timeout_s)
     reflectors = [
         kube.Reflector(kind, kube.lister(api, kind, cfg.namespace, cfg.worker_selector),
@@ -321,6 +493,8 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
             settings, transform=slim))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, sup.handle_signal)
+    if stopping.signum is not None:  # arrived between the start and the handlers above
+        sup.handle_signal(stopping.signum)
     log.info("supervisor.started", version=__version__, namespace=cfg.namespace,
              selector=cfg.worker_selector, np=cfg.np, min_np=cfg.min_np, max_np=cfg.max_np)
     for r in reflectors:
@@ -349,19 +523,46 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
             r.stop()
         if abandoned := actuator.close():
             log.warning("actuator.abandoned", operations=abandoned)
-        recorder.close()
-        api.close()
+        if cfg.worker_template is not None and elector.is_leader():
+            clean_up(cfg, kube.Pods(api, cfg.namespace, cfg.api_timeout_s), log=log,
+                     events=recorder.record)
     return int(outcome_code)
 
 
-def load_fleet(cfg: Config, store: kube.StateStore) -> tuple[fleet.Fleet, str | None]:
-    """Return the stored fleet (or a new one) and its resourceVersion; raise KubeError or
-    ValueError naming the ConfigMap when the stored state cannot be used."""
+def clean_up(cfg: Config, pods: kube.Pods, *, log: Any,
+             events: Callable[[EventSpec], None]) -> None:
+    """Delete the worker pods SUPERVISOR_CLEAN_POD_POLICY removes (never raises)."""
+    policy = cfg.clean_pod_policy
+    chosen = cleanup.selectors(policy, cfg.job_name)
+    if chosen is None:
+        log.info("cleanup.done", policy=policy.value, deleted=[])
+        return
+    try:
+        deleted = pods.delete_all(*chosen)
+    except kube.KubeError as e:
+        log.error("cleanup.failed", policy=policy.value, reason=str(e))
+        events(EventSpec("Warning", "CleanupFailed", "Cleanup",
+                         f"SUPERVISOR_CLEAN_POD_POLICY={policy.value}: could not delete the "
+                         f"workers: {e}"))
+        return
+    log.info("cleanup.done", policy=policy.value, deleted=deleted)
+    if deleted:
+        shown = ", ".join(deleted[:20]) + (f" and {len(deleted) - 20} more"
+                                           if len(deleted) > 20 else "")
+        events(EventSpec("Normal", "WorkersCleanedUp", "Cleanup",
+                         f"SUPERVISOR_CLEAN_POD_POLICY={policy.value}: deleted {len(deleted)} "
+                         f"worker pods: {shown}"))
+
+
+def load_fleet(cfg: Config, store: kube.StateStore
+               ) -> tuple[fleet.Fleet, str | None, dict[str, Any] | None]:
+    """Return the stored fleet (or a new one), its resourceVersion and the stored state as
+    read; raise KubeError or ValueError naming the ConfigMap when it cannot be used."""
     stored, rv = store.load()
     if stored is None:
-        return fleet.initial(fleet.workers_for(cfg.np, cfg.slots_per_worker)), None
+        return fleet.initial(fleet.workers_for(cfg.np, cfg.slots_per_worker)), None, None
     try:
-        return fleet.fleet_from_dict(stored), rv
+        return fleet.fleet_from_dict(stored), rv, stored
     except ValueError as e:
         raise ValueError(f"configmap {cfg.namespace}/{store.name}: {store.KEY}: {e}; fix or "
                          "delete it deliberately (deleting resets the restart budgets)") from e

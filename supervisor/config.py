@@ -50,6 +50,14 @@ class LogLevel(StrEnum):
     ERROR = "error"
 
 
+class CleanPodPolicy(StrEnum):
+    """Which worker pods go when the run ends (mpi-operator's cleanPodPolicy names)."""
+
+    RUNNING = "Running"  # the workers still Running or Pending: none is left running sshd
+    ALL = "All"  # every worker pod, finished ones too
+    NONE = "None"  # none
+
+
 class HostMode(StrEnum):
     """What a worker is called in the discovery file (and so by Horovod, ssh and its blacklist)."""
 
@@ -103,6 +111,9 @@ class Config:
     node_lease_s: float | None = None  # None: node Leases are not watched
     scale_out_timeout_s: float = 600.0
     scale_in_timeout_s: float = 60.0
+    clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
+    api_timeout_s: float = 30.0  # client timeout of every API call but watches
+    leader_lease_s: float = 60.0  # the leader Lease's duration
     # variable name -> "env" | "default" | "derived: ..." (for `explain`)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -149,10 +160,25 @@ def _seconds(lo: float, *, allow_zero: bool = False) -> Callable[[str], float]:
     return parse
 
 
-def _enum(kind: type[StrEnum]) -> Callable[[str], StrEnum]:
+def _seconds_in(lo: float, hi: float) -> Callable[[str], float]:
+    accepted = f"a number of seconds from {lo:g} to {hi:g}"
+
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise ValueError(accepted) from None
+        if not lo <= value <= hi:  # also refuses nan
+            raise ValueError(accepted)
+        return value
+
+    return parse
+
+
+def _enum(kind: type[StrEnum], *, fold: bool = True) -> Callable[[str], StrEnum]:
     def parse(raw: str) -> StrEnum:
         try:
-            return kind(raw.strip().lower())
+            return kind(raw.strip().lower() if fold else raw.strip())
         except ValueError:
             raise ValueError("one of " + "|".join(m.value for m in kind)) from None
 
@@ -244,7 +270,8 @@ VARIABLES: tuple[Var, ...] = (
     Var("HOST_MODE", "ip", "How workers are named to Horovod: `ip` (pod IP) or `dns` "
         "(<hostname>.<subdomain>.<namespace>.svc, needs a headless Service)."),
     Var("STALENESS_SECONDS", "60", "If the watch is broken longer than this, the discovery file "
-        "is withdrawn so the script fails instead of printing stale hosts."),
+        "is withdrawn so the script fails instead of printing stale hosts. 1 to 3600, above "
+        "RESYNC_SECONDS."),
     Var("START_TIMEOUT_SECONDS", "600", "How long to wait for MIN_NP usable slots before "
         "giving up (exit 3)."),
     Var("SHUTDOWN_GRACE_SECONDS", "30", "After forwarding SIGTERM/SIGINT to horovodrun, how "
@@ -261,7 +288,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("WATCH_READ_TIMEOUT_SECONDS", "90", "Client read timeout of a watch connection: a "
         "silently dead connection is noticed after this long (> 60: bookmarks come each ~60 s)."),
     Var("RESYNC_SECONDS", "1", "Period of the reconcile tick (staleness checks, reaping) even "
-        "without events."),
+        "without events. 0.05 to 60."),
     Var("LOG_FORMAT", "json", "Log format: json or console."),
     Var("LOG_LEVEL", "info", "Log level: debug, info, warning or error."),
     Var("METRICS_PORT", "9400", "Port of the Prometheus /metrics endpoint; 0 disables it."),
@@ -297,6 +324,16 @@ VARIABLES: tuple[Var, ...] = (
         "within this long is deleted again (rollback, Warning Event)."),
     Var("SCALE_IN_TIMEOUT_SECONDS", "60", "A worker removed by `scale` leaves the discovery "
         "file first; it is deleted when horovodrun's ssh clients to it are gone, or after this."),
+    Var("CLEAN_POD_POLICY", "Running", "Worker pods deleted when the run ends, whatever the "
+        "way out (mpi-operator's names): Running (those still Running or Pending), All, or "
+        "None. Only pods the supervisor created (WORKER_TEMPLATE)."),
+    Var("API_TIMEOUT_SECONDS", "30", "Client timeout of every Kubernetes API call except "
+        "watches (state, Events, creates, deletes, the leader Lease); 1 to 300. A call that "
+        "stalls is given up and retried."),
+    Var("LEADER_LEASE_SECONDS", "60", "Duration of the job's leader Lease "
+        "(<job>-supervisor-leader): a second launcher waits as a standby; a leader that cannot "
+        "renew it for 2/3 of this stops horovodrun (exit 7); a standby takes over a dead "
+        "leader's job after this. 2 to 3600."),
 )
 KNOWN = {PREFIX + v.name for v in VARIABLES}
 DEFAULT_SELECTOR = "elastic-supervisor/job={job},elastic-supervisor/role=worker"
@@ -398,7 +435,7 @@ def parse_config(
         discovery_script = packaged_discovery_script()
         sources[f"{PREFIX}DISCOVERY_SCRIPT"] = "derived: packaged script"
     host_mode = get("HOST_MODE", _enum(HostMode))
-    staleness = get("STALENESS_SECONDS", _seconds(0))
+    staleness = get("STALENESS_SECONDS", _seconds_in(1, 3600))
     start_timeout = get("START_TIMEOUT_SECONDS", _seconds(0))
     grace = get("SHUTDOWN_GRACE_SECONDS", _seconds(0, allow_zero=True))
     horovodrun = get("HOROVODRUN", _nonempty)
@@ -412,7 +449,11 @@ def parse_config(
         raw = env.get(PREFIX + "WATCH_READ_TIMEOUT_SECONDS")
         problems.append(f"{PREFIX}WATCH_READ_TIMEOUT_SECONDS={raw!r}: expected more than 60 "
                         "seconds (watch bookmarks come about once a minute)")
-    resync = get("RESYNC_SECONDS", _seconds(0))
+    resync = get("RESYNC_SECONDS", _seconds_in(0.05, 60))
+    if isinstance(staleness, float) and isinstance(resync, float) and staleness <= resync:
+        problems.append(f"{PREFIX}STALENESS_SECONDS={staleness:g} <= {PREFIX}RESYNC_SECONDS="
+                        f"{resync:g}: expected the staleness bound above the resync period (it "
+                        "is checked on each tick)")
     log_format = get("LOG_FORMAT", _enum(LogFormat))
     log_level = get("LOG_LEVEL", _enum(LogLevel))
     metrics_port = get("METRICS_PORT", _int_in(0, 65535))
@@ -428,6 +469,11 @@ def parse_config(
     node_lease = get("NODE_LEASE_SECONDS", _seconds(0))
     scale_out = get("SCALE_OUT_TIMEOUT_SECONDS", _seconds(0))
     scale_in = get("SCALE_IN_TIMEOUT_SECONDS", _seconds(0, allow_zero=True))
+    clean = get("CLEAN_POD_POLICY", _enum(CleanPodPolicy, fold=False))
+    api_timeout = get("API_TIMEOUT_SECONDS", _seconds_in(1, 300))
+    leader_lease = get("LEADER_LEASE_SECONDS", _seconds_in(2, 3600))
+    if isinstance(job, str) and isinstance(max_np, int) and isinstance(slots, int):
+        _check_pod_names(job, max_np, slots, env, problems)
     template_file = get("WORKER_TEMPLATE", _abs_path)
     template = None
     if template_file is not None and selector is not None:
@@ -453,11 +499,31 @@ def parse_config(
         policy_file=policy_file,
         worker_template=template, worker_template_file=template_file, node_grace_s=node_grace,
         node_lease_s=node_lease, scale_out_timeout_s=scale_out, scale_in_timeout_s=scale_in,
+        clean_pod_policy=clean, api_timeout_s=api_timeout, leader_lease_s=leader_lease,
         sources=dict(sources),
     )  # type: ignore[arg-type]
 
 
 _MISSING = object()
+# Digits kept free for a slot's incarnation in its pod name (a million replacements).
+INCARNATION_DIGITS = 6
+
+
+def _check_pod_names(job: str, max_np: int, slots: int, env: Mapping[str, str],
+                     problems: list[str]) -> None:
+    """Add a problem if the longest worker pod name of `job` would exceed 63 characters.
+
+    Slot numbers stay below twice the most workers (a scale-out while a scale-in is still
+    retiring slots adds new ones); pod names are never truncated, which could make two jobs
+    share names.
+    """
+    workers = max(1, max_np // slots)
+    room = 63 - len(f"-w{2 * workers}-") - INCARNATION_DIGITS
+    if len(job) > room:
+        raw = env.get(PREFIX + "JOB_NAME")
+        problems.append(f"{PREFIX}JOB_NAME={raw!r}: expected at most {room} characters: "
+                        "worker pods are named <job>-w<slot>-<incarnation>, at most 63 "
+                        f"characters, for up to {workers} workers")
 
 
 def _load_yaml(var: str, path: Path, read_text: Callable[[Path], str],
@@ -576,6 +642,9 @@ def effective_values(cfg: Config) -> list[tuple[str, str, str]]:
         "NODE_GRACE_SECONDS": cfg.node_grace_s, "NODE_LEASE_SECONDS": cfg.node_lease_s,
         "SCALE_OUT_TIMEOUT_SECONDS": cfg.scale_out_timeout_s,
         "SCALE_IN_TIMEOUT_SECONDS": cfg.scale_in_timeout_s,
+        "CLEAN_POD_POLICY": cfg.clean_pod_policy.value,
+        "API_TIMEOUT_SECONDS": cfg.api_timeout_s,
+        "LEADER_LEASE_SECONDS": cfg.leader_lease_s,
     }
     rows = []
     for v in VARIABLES:

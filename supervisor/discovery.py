@@ -4,7 +4,8 @@ PURE part: `render` turns the cluster view into sorted `host:slots` lines, and `
 whether to publish them or withdraw the file (view not synced, watch stale, or no usable worker:
 horovodrun treats empty output as "every host is gone", but keeps its previous host set when the
 script fails). ADAPTER part, the only file I/O here: `write_atomic` (temp file in the same
-directory, fsync, rename, fsync of the directory) and `withdraw`.
+directory, fsync, rename, fsync of the directory) and `withdraw`; `foreign_line` tells a file the
+supervisor wrote from someone else's, which it must never replace or remove.
 
 Host names: by default a worker is its pod IP (HostMode.POD_IP). A pod IP is routable at once,
 needs no DNS, and a replacement pod gets a new one. Horovod blacklists a failed host string for
@@ -17,6 +18,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -274,6 +276,15 @@ def withdraw(path: Path) -> bool:
         return False
     _fsync_dir(path.parent)
     return True
+
+
+HOST_LINE = re.compile(r"^\S+:\d+$")
+
+
+def foreign_line(content: str) -> str | None:
+    """Return the first line of `content` that is not a `host:slots` line (so the file is not a
+    host list this supervisor wrote), or None."""
+    return next((line for line in content.splitlines() if not HOST_LINE.match(line)), None)
 
 
 def read_current(path: Path) -> str | None:

@@ -3,7 +3,11 @@
 Owns: building an API client (in-cluster or kubeconfig), the `Reflector` (list + watch with
 paging, bookmarks, resume from the last resourceVersion, relist-and-diff on 410 Gone, jittered
 exponential backoff, a client read timeout), the `EventRecorder` (events.k8s.io/v1 Events posted
-from a background thread) and the mapping of client errors to our own `KubeError`s.
+from a background thread), the state ConfigMap, worker pods and the leader Lease, and the
+mapping of client errors to our own `KubeError`s: an RBAC denial of our own verbs (`Forbidden`)
+is permanent, an admission refusal of an object (`Refused`: quota, LimitRange, PodSecurity) is
+not. Every call but a watch has a client timeout (connect and read), so a connection that
+stalls mid-request is given up instead of holding the caller forever.
 
 Objects cross this boundary as API-shaped dicts (camelCase JSON), never client model classes:
 lists and watches are read with `_preload_content=False` and parsed with `json`, which is also
@@ -19,6 +23,7 @@ import json
 import os
 import queue
 import random
+import re
 import threading
 import time
 import uuid
@@ -34,6 +39,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from supervisor.model import EventSpec, SourceState, WatchEvent
 from supervisor.observe import KIND_NAMES, EventType, Kind
+from supervisor.workers import owner_reference
 
 REPORTING_CONTROLLER = "elastic-supervisor.io/supervisor"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
@@ -50,10 +56,19 @@ class KubeError(Exception):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.detail = message  # the API's own words (e.g. for an Event note)
 
 
 class Forbidden(KubeError):
+    """403 from the authorizer: the supervisor's own permission is missing. Permanent."""
+
     retryable = False
+
+
+class Refused(KubeError):
+    """403 from admission: the request was allowed, this object was not (ResourceQuota
+    exceeded, LimitRange, PodSecurity, a webhook). Freed quota or a relabelled namespace can
+    admit it later: wait and retry, never fail the job for it. `detail` is the API's reason."""
 
 
 class Gone(KubeError):
@@ -65,33 +80,60 @@ class NotFound(KubeError):
 
 
 class Conflict(KubeError):
-    """409: someone else wrote first (optimistic concurrency) or the object exists."""
+    """409: someone else wrote first (optimistic concurrency, or a quota being updated)."""
+
+
+class AlreadyExists(Conflict):
+    """409 AlreadyExists: an object of that name is there (a create already done)."""
+
+
+# The authorizer's denial: 'User "system:serviceaccount:ns:sa" cannot create resource "pods"
+# in API group "" in the namespace "ns"'. OwnerReferencesPermissionEnforcement's: "cannot set
+# blockOwnerDeletion if an ownerReference refers to a resource you can't set finalizers on" /
+# "cannot set an ownerRef on a resource you can't delete": also our own permission.
+_DENIED = re.compile(r'\bcannot \w+ resource "|\bcannot set (blockOwnerDeletion|an ownerRef)\b')
 
 
 def map_error(e: Exception, what: str) -> KubeError:
     """Return our error for a client exception raised while doing `what`."""
     if isinstance(e, ApiException):
         status = e.status
-        reason = _status_message(e)
-        if status == 403:
-            return Forbidden(f"{what}: forbidden: {reason}", 403)
-        if status == 410:
-            return Gone(f"{what}: resourceVersion expired (410 Gone)", 410)
-        if status == 404:
-            return NotFound(f"{what}: not found: {reason}", 404)
-        if status == 409:
-            return Conflict(f"{what}: conflict: {reason}", 409)
-        err = KubeError(f"{what}: HTTP {status}: {reason}", status)
-        err.retryable = status in (429,) or (status or 0) >= 500 or status == 0
+        reason, why = _status(e)
+        err: KubeError
+        if status == 403 and not _DENIED.search(reason):
+            err = Refused(f"{what}: refused by admission: {reason}", 403)
+        elif status == 403:
+            err = Forbidden(f"{what}: forbidden: {reason}", 403)
+        elif status == 410:
+            err = Gone(f"{what}: resourceVersion expired (410 Gone)", 410)
+        elif status == 404:
+            err = NotFound(f"{what}: not found: {reason}", 404)
+        elif status == 409 and why == "AlreadyExists":
+            err = AlreadyExists(f"{what}: already exists: {reason}", 409)
+        elif status == 409:
+            err = Conflict(f"{what}: conflict: {reason}", 409)
+        else:
+            err = KubeError(f"{what}: HTTP {status}: {reason}", status)
+            err.retryable = status in (429,) or (status or 0) >= 500 or status == 0
+        err.detail = reason
         return err
-    return KubeError(f"{what}: {type(e).__name__}: {e}")
+    err = KubeError(f"{what}: {type(e).__name__}: {e}")
+    err.detail = f"{type(e).__name__}: {e}"
+    return err
 
 
-def _status_message(e: ApiException) -> str:
+def _status(e: ApiException) -> tuple[str, str]:
+    """Return the Status message (else the HTTP reason) and the Status reason of `e`."""
     try:
-        return json.loads(e.body or "{}").get("message") or e.reason or ""
+        body = json.loads(e.body or "{}")
+        return body.get("message") or e.reason or "", body.get("reason") or ""
     except (ValueError, AttributeError):
-        return str(e.reason)
+        return str(e.reason), ""
+
+
+def request_timeout(timeout_s: float) -> tuple[float, float]:
+    """The client's (connect, read) timeout for a call that may take `timeout_s` seconds."""
+    return min(5.0, timeout_s), timeout_s
 
 
 # ---- client -------------------------------------------------------------------------------------
@@ -401,15 +443,17 @@ class EventRecorder:
     """Posts events.k8s.io/v1 Events about the launcher pod from a background thread.
 
     `record` never blocks the caller; if the API is slow, up to `capacity` events queue up and
-    further ones are dropped (counted). Failures are reported through `on_error`.
+    further ones are dropped (counted). Failures are reported through `on_error`; a post that
+    stalls is given up after `timeout_s`.
     """
 
     def __init__(self, api: client.ApiClient, namespace: str, *,
                  regarding: Mapping[str, str], instance: str,
-                 on_error: Callable[[KubeError], None], capacity: int = 1000) -> None:
+                 on_error: Callable[[KubeError], None], capacity: int = 1000,
+                 timeout_s: float = 30.0) -> None:
         self.events = client.EventsV1Api(api)
         self.namespace, self.regarding, self.instance = namespace, regarding, instance
-        self.on_error = on_error
+        self.on_error, self.timeout = on_error, request_timeout(timeout_s)
         self.queue: queue.Queue[EventSpec | None] = queue.Queue(capacity)
         self.dropped = 0
         self.posted = 0
@@ -442,30 +486,73 @@ class EventRecorder:
                 "regarding": dict(self.regarding),
             }
             try:
-                self.events.create_namespaced_event(self.namespace, body)
+                self.events.create_namespaced_event(self.namespace, body,
+                                                    _request_timeout=self.timeout)
                 self.posted += 1
             except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
                 self.on_error(map_error(e, "create events.k8s.io/v1 Event"))
 
 
+# ---- ownership ----------------------------------------------------------------------------------
+
+def launcher_refs(api: client.ApiClient, namespace: str, pod: str,
+                  timeout_s: float = 30.0) -> tuple[dict[str, str], dict[str, str]]:
+    """Return (the launcher pod, the owner of the job's objects) as references.
+
+    The owner is the batch/v1 Job that controls the launcher pod: its next pod (a Job retry)
+    has the same one, and a finished launcher pod can go (PodGC, node removal) without taking
+    the workers or the budgets. A launcher pod without a Job owns them itself. NotFound if the
+    pod does not exist."""
+    what = f"get pod {namespace}/{pod}"
+    try:
+        resp = client.CoreV1Api(api).read_namespaced_pod(
+            pod, namespace, _preload_content=False, _request_timeout=request_timeout(timeout_s))
+        obj = json.loads(resp.data)
+    except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+        raise map_error(e, what) from e
+    regarding = {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": pod,
+                 "uid": obj["metadata"]["uid"]}
+    for ref in obj["metadata"].get("ownerReferences") or ():
+        if ref.get("controller") and (ref.get("apiVersion"), ref.get("kind")) == (
+                "batch/v1", "Job"):
+            return regarding, {"apiVersion": "batch/v1", "kind": "Job", "namespace": namespace,
+                               "name": ref["name"], "uid": ref["uid"]}
+    return regarding, regarding
+
+
+def pod_reference(api: client.ApiClient, namespace: str, name: str,
+                  timeout_s: float = 30.0) -> dict[str, str]:
+    """Return an ObjectReference to the pod `name` (with its UID); raise KubeError."""
+    return launcher_refs(api, namespace, name, timeout_s)[0]
+
+
+# ---- state --------------------------------------------------------------------------------------
+
 class StateStore:
     """The supervisor's persisted state: ConfigMap `name` (key state.json), owned by the
-    launcher pod so it goes with the job, written with optimistic concurrency.
+    launcher Job so it goes with the job, written with optimistic concurrency.
 
     `save` with the resourceVersion `load` returned; a Conflict means someone (an earlier or a
-    second supervisor) wrote meanwhile: load again and re-apply, never overwrite blindly.
+    second supervisor) wrote meanwhile: load again and re-apply, never overwrite blindly. A
+    save writes `owner` as the only owner (re-owning a state an older launcher pod owned);
+    without one, it keeps the owners it loaded. NotFound on an update: the ConfigMap was
+    deleted; save again with None to create it.
     """
 
     def __init__(self, api: client.ApiClient, namespace: str, name: str,
-                 owner: Mapping[str, str] | None, key: str = "state.json") -> None:
+                 owner: Mapping[str, str] | None, key: str = "state.json", *,
+                 timeout_s: float = 30.0) -> None:
         self.core = client.CoreV1Api(api)
         self.namespace, self.name, self.owner, self.KEY = namespace, name, owner, key
+        self.timeout = request_timeout(timeout_s)
+        self.owners: list[dict[str, Any]] = []  # the ownerReferences last loaded or saved
 
     def load(self) -> tuple[dict[str, Any] | None, str | None]:
         """Return (state, resourceVersion), or (None, None) if nothing is stored yet."""
         try:
             resp = self.core.read_namespaced_config_map(self.name, self.namespace,
-                                                        _preload_content=False)
+                                                        _preload_content=False,
+                                                        _request_timeout=self.timeout)
             cm = json.loads(resp.data)
         except ApiException as e:
             if e.status == 404:
@@ -473,6 +560,7 @@ class StateStore:
             raise map_error(e, f"get configmap {self.namespace}/{self.name}") from e
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise map_error(e, f"get configmap {self.namespace}/{self.name}") from e
+        self.owners = list(cm["metadata"].get("ownerReferences") or ())
         raw = (cm.get("data") or {}).get(self.KEY)
         try:
             state = json.loads(raw) if raw is not None else None
@@ -481,14 +569,18 @@ class StateStore:
                             f"({e}); fix or delete it deliberately") from e
         return state, cm["metadata"]["resourceVersion"]
 
+    def owned(self) -> bool:
+        """Whether the ConfigMap loaded is owned as `save` would own it."""
+        return self.owner is None or self.owners == [owner_reference(self.owner)]
+
     def save(self, state: Mapping[str, Any], resource_version: str | None) -> str:
         """Store `state` if the ConfigMap is still at `resource_version` (None: create it);
         return the new resourceVersion; raise Conflict if someone wrote meanwhile."""
         meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace,
                                 "labels": {"app.kubernetes.io/managed-by": "elastic-supervisor"}}
-        if self.owner is not None:
-            ref = {k: self.owner[k] for k in ("apiVersion", "kind", "name", "uid")}
-            meta["ownerReferences"] = [{**ref, "controller": True}]
+        owners = [owner_reference(self.owner)] if self.owner is not None else self.owners
+        if owners:
+            meta["ownerReferences"] = owners
         body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
                 "data": {self.KEY: json.dumps(state, sort_keys=True)}}
         what = f"{'create' if resource_version is None else 'update'} configmap " \
@@ -496,53 +588,51 @@ class StateStore:
         try:
             if resource_version is None:
                 resp = self.core.create_namespaced_config_map(self.namespace, body,
-                                                              _preload_content=False)
+                                                              _preload_content=False,
+                                                              _request_timeout=self.timeout)
             else:
                 meta["resourceVersion"] = resource_version
                 resp = self.core.replace_namespaced_config_map(self.name, self.namespace, body,
-                                                               _preload_content=False)
-            return json.loads(resp.data)["metadata"]["resourceVersion"]
+                                                               _preload_content=False,
+                                                               _request_timeout=self.timeout)
+            saved = json.loads(resp.data)["metadata"]
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
             raise map_error(e, what) from e
+        self.owners = list(saved.get("ownerReferences") or ())
+        return saved["resourceVersion"]
 
 
-def pod_reference(api: client.ApiClient, namespace: str, name: str) -> dict[str, str]:
-    """Return an ObjectReference to the pod `name` (with its UID); raise KubeError."""
+def list_pods(api: client.ApiClient, namespace: str, selector: str,
+              timeout_s: float = 30.0) -> list[dict[str, Any]]:
+    """Return the pods matching `selector` as dicts (status, cleanup, adoption)."""
     try:
-        resp = client.CoreV1Api(api).read_namespaced_pod(name, namespace, _preload_content=False)
-        pod = json.loads(resp.data)
-    except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
-        raise map_error(e, f"get pod {namespace}/{name}") from e
-    return {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name,
-            "uid": pod["metadata"]["uid"]}
-
-
-def list_pods(api: client.ApiClient, namespace: str, selector: str) -> list[dict[str, Any]]:
-    """Return the pods matching `selector` as dicts (for status)."""
-    try:
-        resp = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=selector,
-                                                         _preload_content=False)
+        resp = client.CoreV1Api(api).list_namespaced_pod(
+            namespace, label_selector=selector, _preload_content=False,
+            _request_timeout=request_timeout(timeout_s))
         return json.loads(resp.data).get("items") or []
     except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
         raise map_error(e, f"list pods in {namespace}") from e
 
 
-def list_events(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
+def list_events(api: client.ApiClient, namespace: str,
+                timeout_s: float = 30.0) -> list[dict[str, Any]]:
     """Return the events.k8s.io/v1 Events of `namespace` as dicts (for status and tests)."""
     try:
-        resp = client.EventsV1Api(api).list_namespaced_event(namespace, _preload_content=False)
+        resp = client.EventsV1Api(api).list_namespaced_event(
+            namespace, _preload_content=False, _request_timeout=request_timeout(timeout_s))
         return json.loads(resp.data).get("items") or []
     except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
         raise map_error(e, f"list events in {namespace}") from e
 
 
 class Pods:
-    """Creates and deletes worker pods (bodies are API-shaped dicts); raises KubeError."""
+    """Creates, deletes and re-owns worker pods (bodies are API-shaped dicts); raises
+    KubeError."""
 
     def __init__(self, api: client.ApiClient, namespace: str,
                  request_timeout_s: float = 30.0) -> None:
         self.core = client.CoreV1Api(api)
-        self.namespace, self.timeout = namespace, request_timeout_s
+        self.namespace, self.timeout = namespace, request_timeout(request_timeout_s)
 
     def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
         what = f"create pod {self.namespace}/{body['metadata']['name']}"
@@ -565,3 +655,73 @@ class Pods:
                                             _request_timeout=self.timeout)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
             raise map_error(e, what) from e
+
+    def delete_all(self, label_selector: str, field_selector: str = "") -> list[str]:
+        """Delete every pod matching the selectors in one call (graceful); return their
+        names, sorted."""
+        what = f"delete pods {self.namespace} ({label_selector} {field_selector})".strip()
+        try:
+            resp = self.core.delete_collection_namespaced_pod(
+                self.namespace, label_selector=label_selector,
+                field_selector=field_selector or None, _preload_content=False,
+                _request_timeout=self.timeout)
+            body = json.loads(resp.data)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+            raise map_error(e, what) from e
+        return sorted(item["metadata"]["name"] for item in body.get("items") or ())
+
+    def set_owners(self, name: str, uid: str, owners: list[Mapping[str, Any]]) -> None:
+        """Replace the ownerReferences of pod `name`, if it is still the pod with `uid`."""
+        what = f"patch pod {self.namespace}/{name} ownerReferences"
+        patch = [{"op": "test", "path": "/metadata/uid", "value": uid},
+                 {"op": "add", "path": "/metadata/ownerReferences", "value": list(owners)}]
+        try:
+            self.core.patch_namespaced_pod(name, self.namespace, patch, _preload_content=False,
+                                           _request_timeout=self.timeout)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            raise map_error(e, what) from e
+
+
+# ---- the leader Lease ---------------------------------------------------------------------------
+
+class Leases:
+    """Reads and writes coordination.k8s.io/v1 Leases in `namespace` (dicts); raises KubeError.
+    `replace` carries the resourceVersion of the body (optimistic concurrency: Conflict)."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, timeout_s: float = 30.0) -> None:
+        self.coordination = client.CoordinationV1Api(api)
+        self.namespace, self.timeout_s = namespace, timeout_s
+
+    def get(self, name: str, timeout_s: float | None = None) -> dict[str, Any] | None:
+        """Return the Lease, or None if there is none."""
+        try:
+            resp = self.coordination.read_namespaced_lease(
+                name, self.namespace, _preload_content=False,
+                _request_timeout=request_timeout(timeout_s or self.timeout_s))
+            return json.loads(resp.data)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise map_error(e, f"get lease {self.namespace}/{name}") from e
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise map_error(e, f"get lease {self.namespace}/{name}") from e
+
+    def create(self, body: Mapping[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+        name = body["metadata"]["name"]
+        try:
+            resp = self.coordination.create_namespaced_lease(
+                self.namespace, body, _preload_content=False,
+                _request_timeout=request_timeout(timeout_s or self.timeout_s))
+            return json.loads(resp.data)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            raise map_error(e, f"create lease {self.namespace}/{name}") from e
+
+    def replace(self, body: Mapping[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+        name = body["metadata"]["name"]
+        try:
+            resp = self.coordination.replace_namespaced_lease(
+                name, self.namespace, body, _preload_content=False,
+                _request_timeout=request_timeout(timeout_s or self.timeout_s))
+            return json.loads(resp.data)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            raise map_error(e, f"update lease {self.namespace}/{name}") from e

@@ -2,8 +2,9 @@
 
 Triggers are what the reconcile loop consumes from its queue: watch events and reflector news
 (put there by the reflector threads), the child's exit (child-waiter thread), signals (main
-thread's handlers). EventSpec is a Kubernetes Event to post; ExitCode lists the supervisor's own,
-documented exit codes (horovodrun's own code is passed through otherwise).
+thread's handlers), a lost leader Lease (the elector's thread). EventSpec is a Kubernetes Event
+to post; ExitCode lists the supervisor's own, documented exit codes (horovodrun's own code is
+passed through otherwise).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class ExitCode(IntEnum):
     KUBE_FATAL = 4  # the Kubernetes API refused us for good (403, no credentials)
     POLICY_FAILED = 5  # a FailJob rule matched a worker failure
     WORKERS_LOST = 6  # too few workers left to reach MIN_NP (dropped, restart limits used up)
+    LEADERSHIP_LOST = 7  # the leader Lease could not be renewed: horovodrun stopped at once
     INTERNAL = 70  # a bug: an unexpected exception in the supervisor
 
 
@@ -72,7 +74,15 @@ class ActionDone:
     error: str | None = None  # None: done
     fatal: bool = False  # the run cannot go on (403, another writer, a bug)
     retrying: bool = False  # a retryable error; the actuator keeps trying
+    refused: bool = False  # admission refused the pod (quota, PodSecurity): not retried here
     note: str = ""  # e.g. "already exists"
+
+
+@dataclass(frozen=True)
+class LeadershipLost:
+    """The leader Lease could not be renewed in time (or another launcher holds it)."""
+
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -85,7 +95,7 @@ class PolicyChanged:
 
 
 Trigger = (WatchEvent | SourceState | ChildExited | SignalReceived | ActionDone
-           | PolicyChanged)
+           | PolicyChanged | LeadershipLost)
 
 
 @dataclass(frozen=True)

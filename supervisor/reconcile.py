@@ -30,7 +30,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from supervisor import discovery, fleet, reload
+from supervisor import admission, discovery, fleet, reload
 from supervisor.actuator import CreatePod, DeletePod, Op, SaveState
 from supervisor.classify import (
     Cause,
@@ -52,6 +52,7 @@ from supervisor.model import (
     ChildExited,
     EventSpec,
     ExitCode,
+    LeadershipLost,
     PolicyChanged,
     SignalReceived,
     SourceState,
@@ -123,6 +124,7 @@ class LoopState:
     failing: tuple[int, str] | None = None  # the run is ending with this code and reason
     scale_request: int | None = None  # desired workers asked for, not applied yet
     scale_version: str | None = None  # resourceVersion of the last scale request seen
+    blocked: dict[str, admission.Refusal] = field(default_factory=dict)  # creates refused
 
 
 class Supervisor:
@@ -285,6 +287,8 @@ class Supervisor:
                 exited = item.code
             elif isinstance(item, SignalReceived):
                 self._on_signal(item.signum, now)
+            elif isinstance(item, LeadershipLost):
+                self._leadership_lost(item.reason, now)
         return earliest, exited
 
     # -- failures ------------------------------------------------------------------------------
@@ -380,7 +384,7 @@ class Supervisor:
                 self.log.warning("worker.create_unseen", pod=name,
                                  waited_s=round(now - since, 1))
                 del st.expected[name]
-        existing = set(st.view.pods) | set(st.expected)
+        existing = set(st.view.pods) | set(st.expected) | admission.waiting(st.blocked, now)
         for c in fleet.wanted(st.fleet, cfg.job_name, existing, wall):
             body = worker_pod(cfg.worker_template, job=cfg.job_name,  # type: ignore[arg-type]
                               slot=c.slot, incarnation=c.incarnation, owner=self.owner,
@@ -573,6 +577,9 @@ class Supervisor:
             self.log.warning("kube.retrying", action=done.what, name=done.name,
                              reason=done.error)
             return
+        if done.refused:
+            self._create_refused(done.name, done.error or "", now)
+            return
         if done.error is not None:
             self.log.error("worker.create_failed" if done.what == "create" else "kube.failed",
                            action=done.what, name=done.name, reason=done.error)
@@ -586,16 +593,47 @@ class Supervisor:
             latency = None if started is None else max(0.0, done.at - started)
             if latency is not None:
                 self.metrics.replacement_latency.observe(latency)
+            blocked = st.blocked.pop(done.name, None)
             self.log.info("worker.created", pod=done.name, note=done.note or None,
                           replacement_latency_ms=None if latency is None
-                          else round(latency * 1000, 2))
+                          else round(latency * 1000, 2),
+                          refused_before=blocked.attempts if blocked else 0)
             self.events(EventSpec("Normal", "WorkerCreated", "Create",
                                   f"created worker pod {done.name}"
                                   + (f" ({done.note})" if done.note else "")))
         elif done.what == "delete":
             self.log.info("worker.deleted", pod=done.name, note=done.note or None)
+        elif done.note:  # the ConfigMap had been deleted: stored again, budgets included
+            self.log.warning("state.recreated", note=done.note)
+            self.events(EventSpec("Warning", "StateRecreated", "Save",
+                                  f"state ConfigMap {fleet.state_name(self.cfg.job_name)}: "
+                                  f"{done.note}; created again from the supervisor's memory"))
         else:
             self.log.debug("state.saved")
+
+    def _create_refused(self, name: str, reason: str, now: float) -> None:
+        """Admission refused worker `name`: not fatal; try again after a backoff."""
+        st = self.state
+        st.expected.pop(name, None)
+        before = st.blocked.get(name)
+        r = st.blocked[name] = admission.refused(before, reason, now)
+        wait = r.retry_at - now
+        self.log.warning("worker.create_blocked", pod=name, reason=reason, attempt=r.attempts,
+                         retry_in_s=round(wait, 1))
+        if before is None or before.reason != reason:
+            self.events(EventSpec("Warning", "ReplacementBlocked", "Create",
+                                  f"cannot create worker {name}: {reason}; trying again in "
+                                  f"{wait:.0f}s, then with backoff (refused {r.attempts} "
+                                  "times); training goes on with the workers it has"))
+
+    def _leadership_lost(self, reason: str, now: float) -> None:
+        """Another launcher may drive the workers now: stop horovodrun at once (no grace)."""
+        self.log.error("leader.lost", reason=reason)
+        self.events(EventSpec("Warning", "LeadershipLost", "Lead",
+                              f"{reason}; horovodrun stopped at once, exiting "
+                              f"{int(ExitCode.LEADERSHIP_LOST)}"))
+        self._fail(ExitCode.LEADERSHIP_LOST, f"leadership lost: {reason}", now, event=False)
+        self._kill_tree("leadership lost")
 
     def _drop_slot_of(self, name: str, why: str) -> None:
         st = self.state

@@ -3,8 +3,9 @@
 Owns the labels that identify a worker (job, role, slot, incarnation), the validation of the
 template (checked once at start, precise errors), and `worker_pod`: a new pod for a slot with a
 name unique to its incarnation (Horovod never sees a host name twice), an ownerReference to the
-launcher pod (the cluster deletes workers with their job) and a preferred node anti-affinity
-away from the node that just failed. No I/O: the template arrives as a loaded YAML document.
+launcher Job (the cluster deletes workers with their job, not with one launcher pod) and a
+preferred node anti-affinity away from the node that just failed. No I/O: the template arrives
+as a loaded YAML document.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ def validate_template(doc: Any, selector: Mapping[str, str]) -> dict[str, Any]:
                         + "|".join(RESTART_POLICIES))
     if spec.get("nodeName"):
         problems.append("template.spec.nodeName: must be empty (the scheduler places workers)")
+    if spec.get("hostname"):
+        problems.append("template.spec.hostname: must be empty (every worker would get the "
+                        "same host name)")
     meta = doc.get("metadata") or {}
     if not isinstance(meta, dict):
         problems.append("template.metadata: expected a mapping")
@@ -77,12 +81,25 @@ def validate_template(doc: Any, selector: Mapping[str, str]) -> dict[str, Any]:
     return {"metadata": copy.deepcopy(meta), "spec": copy.deepcopy(spec)}
 
 
+def owner_reference(owner: Mapping[str, str]) -> dict[str, Any]:
+    """Return the ownerReference the workers and the state carry: garbage with their owner
+    (the launcher Job), blocking its foreground deletion until they are gone. Not
+    `controller`: the Job controller releases pods it controls that its selector does not
+    match (it would strip the reference)."""
+    return {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["name"],
+            "uid": owner["uid"], "blockOwnerDeletion": True}
+
+
 def pod_name(job: str, slot: int, incarnation: int) -> str:
-    """Return the worker pod name: unique per incarnation, a DNS label (<= 63 characters)."""
-    suffix = f"-w{slot}-{incarnation}"
-    name = f"{job[:63 - len(suffix)].rstrip('-')}{suffix}"
-    if not DNS_LABEL.match(name):
-        raise ValueError(f"cannot name a worker of job {job!r}: {name!r} is not a DNS label")
+    """Return the worker pod name: unique per incarnation, a DNS label (<= 63 characters).
+
+    Never truncated (two jobs could then share names): the configuration refuses job names
+    that leave no room (config.INCARNATION_DIGITS).
+    """
+    name = f"{job}-w{slot}-{incarnation}"
+    if len(name) > 63 or not DNS_LABEL.match(name):
+        raise ValueError(f"cannot name a worker of job {job!r}: {name!r} is not a DNS label "
+                         "(longer than 63 characters?)")
     return name
 
 
@@ -98,7 +115,8 @@ def worker_pod(
 ) -> dict[str, Any]:
     """Return a new worker pod for `slot` from a validated template.
 
-    `owner` is the launcher pod (apiVersion/kind/name/uid) or None when running locally;
+    `owner` is the launcher Job (apiVersion/kind/name/uid; or the launcher pod when no Job
+    made it) or None when running locally;
     `avoid_node` the node the previous incarnation failed on (a preferred anti-affinity);
     `lost_nodes` nodes the supervisor already counts as lost (a required anti-affinity: the
     node controller taints them only 40-50 s after their kubelet went silent).
@@ -112,9 +130,7 @@ def worker_pod(
     meta["labels"] = {**(meta.get("labels") or {}), LABEL_JOB: job, LABEL_ROLE: "worker",
                       LABEL_SLOT: str(slot), LABEL_INCARNATION: str(incarnation)}
     if owner is not None:
-        meta["ownerReferences"] = [{
-            "apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["name"],
-            "uid": owner["uid"], "controller": True, "blockOwnerDeletion": True}]
+        meta["ownerReferences"] = [owner_reference(owner)]
     if avoid_node:
         affinity = spec.setdefault("affinity", {})
         node_aff = affinity.setdefault("nodeAffinity", {})

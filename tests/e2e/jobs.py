@@ -141,7 +141,11 @@ def main_job(cluster: Cluster, api: client.ApiClient, out: Path, *, steps: int,
         for change in changes:
             change(docs)
 
-    job = Job(cluster, api, namespace, out, args=args, env=env or {}, transform=apply_all)
+    # The scenarios look at the workers after the end (the cleanup has its own tests), and a
+    # launcher started again after a SIGKILL waits out the killed one's lease.
+    env = {"SUPERVISOR_CLEAN_POD_POLICY": "None", "SUPERVISOR_LEADER_LEASE_SECONDS": "10",
+           **(env or {})}
+    job = Job(cluster, api, namespace, out, args=args, env=env, transform=apply_all)
     try:
         job.apply()
         yield job

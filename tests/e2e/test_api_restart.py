@@ -16,7 +16,9 @@ METRICS_PORT = 9400  # the manifests' SUPERVISOR_METRICS_PORT, on the launcher p
 
 
 def test_training_survives_a_kube_apiserver_restart(make_job: Callable[..., Job]) -> None:
-    job = make_job(steps=STEPS)
+    # The manifests' leader lease (60 s) rides out the restart; a 10 s one would end the run
+    # with exit 7 (leadership lost), which is right but not what this checks.
+    job = make_job(steps=STEPS, env={"SUPERVISOR_LEADER_LEASE_SECONDS": "60"})
     job.wait_training(past=10, size=2, timeout=420)
     launcher = job.launcher()
     assert launcher is not None

@@ -190,6 +190,8 @@ class SupervisorProcess:
             "SUPERVISOR_HOROVODRUN": str(STANDIN), "SUPERVISOR_METRICS_PORT": "0",
             "SUPERVISOR_LOG_FORMAT": "json", "SUPERVISOR_LOG_LEVEL": "debug",
             "SUPERVISOR_RESYNC_SECONDS": "0.2", "FAKE_RECORD": str(self.record),
+            # A restart after a SIGKILL waits this out (the killed one never released it).
+            "SUPERVISOR_LEADER_LEASE_SECONDS": "10",
             **env,
         }
         self.proc: subprocess.Popen[bytes] | None = None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import queue
+import time
 from pathlib import Path
 
 from kubernetes import client
@@ -54,11 +56,15 @@ def test_state_written_by_another_supervisor_is_fatal_never_overwritten(
         assert stored == {"n": 1, "writer": "a"}
         other.save({"n": 99, "writer": "b"}, rv)
         act.submit(SaveState({"n": 2}))
+        act.submit(CreatePod(pod_body("p1")))  # behind the fatal save: must never run
         result = done.get(timeout=10)
+        time.sleep(1)
     finally:
         act.close()
     assert result.fatal and "written by 'b'" in (result.error or "")
     assert other.load()[0] == {"n": 99, "writer": "b"}
+    assert done.empty()
+    assert client.CoreV1Api(api_client).list_namespaced_pod(namespace).items == []
 
 
 def test_a_conflict_with_our_own_lost_write_is_retried(api_client: client.ApiClient,
@@ -95,3 +101,29 @@ def test_forbidden_create_is_fatal_and_names_the_permission(
         limited.close()
     assert result.fatal
     assert 'cannot create resource "pods"' in (result.error or "")
+
+
+def test_a_state_save_that_fails_for_good_stops_the_operations_queued_behind_it(
+        api_client: client.ApiClient, namespace: str) -> None:
+    # Someone made the state immutable: every update is refused (422) and retrying never helps.
+    # The pod behind the save belongs to an incarnation the state does not record: never create
+    # it.
+    core = client.CoreV1Api(api_client)
+    core.create_namespaced_config_map(namespace, {
+        "metadata": {"name": "job1-supervisor-state"}, "immutable": True,
+        "data": {"state.json": json.dumps({"n": 0, "writer": "a"})}})
+    _, rv = kube.StateStore(api_client, namespace, "job1-supervisor-state", None).load()
+    act, done = make(api_client, namespace, writer="a", rv=rv)
+    try:
+        act.submit(SaveState({"n": 1}))
+        act.submit(CreatePod(pod_body("p1")))
+        act.submit(DeletePod("p0", None, 0))
+        save = done.get(timeout=10)
+        time.sleep(1)
+    finally:
+        abandoned = act.close()
+    assert (save.what, save.fatal) == ("save", True), save
+    assert "immutable" in (save.error or "")
+    assert done.empty(), done.get_nowait()
+    assert abandoned == 2
+    assert [p.metadata.name for p in core.list_namespaced_pod(namespace).items] == []

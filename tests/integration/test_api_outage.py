@@ -104,8 +104,11 @@ def test_supervisor_withdraws_the_file_when_stale_then_recovers(
     restartable_control_plane: ControlPlane, api: client.ApiClient, ns: str, tmp_path: Path
 ) -> None:
     job = Job(api, ns)
+    # The default leader lease (60 s: renewals may fail for 40 s) rides out the restart; the
+    # harness's short one would end the run (exit 7), as it should for a longer outage.
     sup = SupervisorProcess(restartable_control_plane, ns, tmp_path, SUPERVISOR_NP="2",
-                            SUPERVISOR_STALENESS_SECONDS="2")
+                            SUPERVISOR_STALENESS_SECONDS="2",
+                            SUPERVISOR_LEADER_LEASE_SECONDS="60")
     try:
         job.worker("w0", job.node("n1"))
         job.worker("w1", job.node("n2"))

@@ -19,7 +19,9 @@ import json
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,10 @@ import yaml
 from kubernetes import client, config
 
 from localcluster.controlplane import ControlPlane, Settings, read_versions
+from localcluster.kubelet import pod_status_running
 from supervisor.config import DEFAULT_SELECTOR, KNOWN, PREFIX, ConfigError, parse_config
+from supervisor.fleet import scale_name, state_name
+from supervisor.leader import lease_name
 from supervisor.model import ExitCode
 from supervisor.policy import Action, PolicyError, policy_from_document
 from supervisor.workers import (
@@ -37,7 +42,6 @@ from supervisor.workers import (
     validate_template,
     worker_pod,
 )
-from tests.conftest import make_namespace
 from tests.helpers import wait_for
 from tests.integration.harness import AutoKubelet, Job, SupervisorProcess
 
@@ -48,47 +52,73 @@ NAMESPACE = "elastic-supervisor"  # where the manifests put the job
 JOB = "<job namespace>"  # stands for the job's namespace in the permission tables below
 CLUSTER = None  # cluster-scoped
 
-Permission = tuple[str, str, str, str | None]  # (API group, resource, verb, namespace)
+# (API group, resource, verb, namespace, object name or None for any)
+Permission = tuple[str, str, str, str | None, str | None]
+STATE = state_name("elastic-train")  # the job's own ConfigMaps and Lease
+SCALE = scale_name("elastic-train")
+LEADER = lease_name("elastic-train")
 
 # Every Kubernetes API method supervisor/kube.py calls -> what it needs of the supervisor's
 # ServiceAccount. None: not called by `run` (tests, and a `status` run with a user's own
 # credentials). A new call fails test_every_kube_call_is_accounted_for until it is added here
 # and, if `run` makes it, to manifests/base/rbac.yaml.
 KUBE_CALLS: dict[str, list[Permission] | None] = {
-    "list_namespaced_pod": [("", "pods", "list", JOB), ("", "pods", "watch", JOB)],
-    "read_namespaced_pod": [("", "pods", "get", JOB)],
-    "list_node": [("", "nodes", "list", CLUSTER), ("", "nodes", "watch", CLUSTER)],
-    "create_namespaced_event": [("events.k8s.io", "events", "create", JOB)],
-    "read_namespaced_config_map": [("", "configmaps", "get", JOB)],
-    "list_namespaced_config_map": [("", "configmaps", "list", JOB),
-                                   ("", "configmaps", "watch", JOB)],
-    "create_namespaced_config_map": [("", "configmaps", "create", JOB)],
-    "replace_namespaced_config_map": [("", "configmaps", "update", JOB)],
-    "create_namespaced_pod": [("", "pods", "create", JOB)],
-    "delete_namespaced_pod": [("", "pods", "delete", JOB)],
-    "list_namespaced_lease": [("coordination.k8s.io", "leases", "list", "kube-node-lease"),
-                              ("coordination.k8s.io", "leases", "watch", "kube-node-lease")],
+    "list_namespaced_pod": [("", "pods", "list", JOB, None), ("", "pods", "watch", JOB, None)],
+    "read_namespaced_pod": [("", "pods", "get", JOB, None)],
+    "patch_namespaced_pod": [("", "pods", "patch", JOB, None)],
+    "list_node": [("", "nodes", "list", CLUSTER, None), ("", "nodes", "watch", CLUSTER, None)],
+    "create_namespaced_event": [("events.k8s.io", "events", "create", JOB, None)],
+    "read_namespaced_config_map": [("", "configmaps", "get", JOB, STATE)],
+    "list_namespaced_config_map": [("", "configmaps", "list", JOB, SCALE),
+                                   ("", "configmaps", "watch", JOB, SCALE)],
+    "create_namespaced_config_map": [("", "configmaps", "create", JOB, None)],
+    "replace_namespaced_config_map": [("", "configmaps", "update", JOB, STATE)],
+    "create_namespaced_pod": [("", "pods", "create", JOB, None)],
+    "delete_namespaced_pod": [("", "pods", "delete", JOB, None)],
+    "delete_collection_namespaced_pod": [("", "pods", "deletecollection", JOB, None)],
+    "list_namespaced_lease": [
+        ("coordination.k8s.io", "leases", "list", "kube-node-lease", None),
+        ("coordination.k8s.io", "leases", "watch", "kube-node-lease", None)],
+    "read_namespaced_lease": [("coordination.k8s.io", "leases", "get", JOB, LEADER)],
+    "create_namespaced_lease": [("coordination.k8s.io", "leases", "create", JOB, None)],
+    "replace_namespaced_lease": [("coordination.k8s.io", "leases", "update", JOB, LEADER)],
     "list_namespaced_event": None,
 }
+# What admission (not a call) asks of the supervisor: OwnerReferencesPermissionEnforcement lets
+# only who may set finalizers on the owner (the launcher Job) set blockOwnerDeletion on a
+# reference to it, and only who may delete an object change its ownerReferences (re-owning the
+# state of an older launcher pod; pods are deletable anyway).
+ADMISSION: list[Permission] = [
+    ("batch", "jobs/finalizers", "update", JOB, "elastic-train"),
+    ("", "configmaps", "delete", JOB, STATE),
+]
 # The API classes kube.py uses (so create_namespaced_event is known to be events.k8s.io).
 KUBE_API_CLASSES = {"CoreV1Api", "EventsV1Api", "CoordinationV1Api"}
 DENIED: list[Permission] = [
-    # Nothing the code does not use: no patching pods, no single reads of nodes or Leases.
-    ("", "pods", "patch", JOB), ("", "nodes", "get", CLUSTER),
-    ("coordination.k8s.io", "leases", "get", "kube-node-lease"),
-    ("", "pods", "update", JOB), ("", "pods", "deletecollection", JOB),
-    ("", "pods", "list", "default"), ("", "pods/exec", "create", JOB),
-    ("", "configmaps", "delete", JOB), ("", "configmaps", "list", "default"),
-    ("", "secrets", "get", JOB), ("events.k8s.io", "events", "delete", JOB),
-    ("", "events", "create", JOB), ("batch", "jobs", "get", JOB),
-    ("", "nodes", "patch", CLUSTER), ("", "nodes", "delete", CLUSTER),
-    ("coordination.k8s.io", "leases", "list", "default"),
-    ("coordination.k8s.io", "leases", "update", "kube-node-lease"),
+    # Nothing the code does not use: no single reads of nodes or node Leases, no other
+    # ConfigMap, Lease or Job than the job's own.
+    ("", "nodes", "get", CLUSTER, None),
+    ("coordination.k8s.io", "leases", "get", "kube-node-lease", None),
+    ("", "pods", "update", JOB, None), ("", "pods", "deletecollection", "default", None),
+    ("", "pods", "list", "default", None), ("", "pods/exec", "create", JOB, None),
+    ("", "configmaps", "delete", JOB, None), ("", "configmaps", "delete", JOB, SCALE),
+    ("", "configmaps", "update", JOB, None), ("", "configmaps", "update", JOB, SCALE),
+    ("", "configmaps", "update", JOB, "elastic-supervisor-policy"),
+    ("", "configmaps", "get", JOB, "elastic-supervisor-worker-template"),
+    ("", "configmaps", "list", JOB, None), ("", "configmaps", "list", "default", None),
+    ("", "secrets", "get", JOB, None), ("events.k8s.io", "events", "delete", JOB, None),
+    ("", "events", "create", JOB, None), ("batch", "jobs", "get", JOB, None),
+    ("batch", "jobs/finalizers", "update", JOB, "another-job"),
+    ("", "nodes", "patch", CLUSTER, None), ("", "nodes", "delete", CLUSTER, None),
+    ("coordination.k8s.io", "leases", "list", "default", None),
+    ("coordination.k8s.io", "leases", "update", "kube-node-lease", None),
+    ("coordination.k8s.io", "leases", "update", JOB, "another-job-supervisor-leader"),
+    ("coordination.k8s.io", "leases", "delete", JOB, LEADER),
 ]
 
 
 def needed() -> set[Permission]:
-    return {p for perms in KUBE_CALLS.values() for p in perms or ()}
+    return {p for perms in KUBE_CALLS.values() for p in perms or ()} | set(ADMISSION)
 
 
 # ---- building ----------------------------------------------------------------------------------
@@ -229,7 +259,7 @@ def test_an_unknown_variable_in_an_overlay_is_caught(manifests: Path) -> None:
     doctored.mkdir()
     (doctored / "kustomization.yaml").write_text(yaml.safe_dump({
         "resources": ["../../base"],
-        "patches": [{"patch": yaml.safe_dump({
+        "patches": [{"target": {"kind": "Job", "name": "elastic-train"}, "patch": yaml.safe_dump({
             "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "elastic-train"},
             "spec": {"template": {"spec": {"containers": [{"name": "launcher", "env": [
                 {"name": "SUPERVISOR_RESTART_LIMMIT", "value": "3"}]}]}}}})}]}))
@@ -379,8 +409,9 @@ def test_every_kube_call_is_accounted_for() -> None:
     assert classes == KUBE_API_CLASSES
 
 
-def granted(docs: list[dict[str, Any]]) -> set[Permission]:
-    """Every (group, resource, verb, namespace) the manifests grant their supervisor account."""
+def granted(docs: list[dict[str, Any]], namespace: str = NAMESPACE) -> set[Permission]:
+    """Every (group, resource, verb, namespace, name) the manifests grant their supervisor
+    account; `namespace` is the job's."""
     roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d["rules"]
              for d in docs if d["kind"] in ("Role", "ClusterRole")}
     out: set[Permission] = set()
@@ -393,9 +424,10 @@ def granted(docs: list[dict[str, Any]]) -> set[Permission]:
         ns = binding["metadata"].get("namespace")
         ref = binding["roleRef"]
         rules = roles[(ref["kind"], ns if ref["kind"] == "Role" else None, ref["name"])]
-        where = JOB if ns == NAMESPACE else ns
-        out |= {(g, r, v, where) for rule in rules for g in rule["apiGroups"]
-                for r in rule["resources"] for v in rule["verbs"]}
+        where = JOB if ns == namespace else ns
+        out |= {(g, r, v, where, n) for rule in rules for g in rule["apiGroups"]
+                for r in rule["resources"] for v in rule["verbs"]
+                for n in rule.get("resourceNames") or [None]}
     return out
 
 
@@ -406,52 +438,74 @@ def test_the_manifests_grant_exactly_what_the_supervisor_needs(
 
 def test_one_verb_too_many_is_caught(built: dict[str, list[dict[str, Any]]]) -> None:
     docs = copy.deepcopy(built["base"])
-    one(docs, "Role", "elastic-supervisor")["rules"][1]["verbs"].append("delete")
-    assert granted(docs) - needed() == {("", "configmaps", "delete", JOB)}
+    [scale] = [r for r in one(docs, "Role", "elastic-supervisor")["rules"]
+               if r.get("resourceNames") == [SCALE]]
+    scale["verbs"].append("update")
+    assert granted(docs) - needed() == {("", "configmaps", "update", JOB, SCALE)}
 
 
-def apply_rbac(cp: ControlPlane, core: client.CoreV1Api, docs: list[dict[str, Any]],
-               path: Path) -> tuple[Path, str, str]:
-    """Apply the RBAC objects of `docs` for real into a fresh namespace; return a kubeconfig
-    with a token of its ServiceAccount, that namespace, and the applied listing (to delete)."""
-    ns = make_namespace(core)
-    rbac = [retarget(d, ns) for d in docs
-            if d["kind"] in ("ServiceAccount", "Role", "RoleBinding", "ClusterRole",
-                             "ClusterRoleBinding")]
-    listing = json.dumps({"apiVersion": "v1", "kind": "List", "items": rbac})
+def for_namespace(manifests: Path, ns: str, dest: Path) -> list[dict[str, Any]]:
+    """The base built for a job in namespace `ns`, changed the documented way (the name in
+    base/namespace.yaml, nothing else)."""
+    tree = dest / f"manifests-{ns}"
+    shutil.copytree(manifests, tree)
+    path = tree / "base" / "namespace.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["metadata"]["name"] = ns
+    path.write_text(yaml.safe_dump(doc))
+    return build(tree / "base")
+
+
+RBAC_KINDS = ("Namespace", "ServiceAccount", "Role", "RoleBinding", "ClusterRole",
+              "ClusterRoleBinding")
+
+
+@dataclass
+class Applied:
+    """The manifests' RBAC applied for real for a job in namespace `ns`."""
+
+    kubeconfig: Path  # a token of the job's ServiceAccount
+    ns: str
+    docs: list[dict[str, Any]]  # everything the base builds for `ns`
+    listing: str  # what was applied (to delete)
+
+    @property
+    def token(self) -> tuple[Path, str]:
+        return self.kubeconfig, self.ns
+
+
+def apply_rbac(cp: ControlPlane, core: client.CoreV1Api, manifests: Path, tmp: Path,
+               doctor: Callable[[list[dict[str, Any]]], None] | None = None) -> Applied:
+    """Build the base for a fresh namespace, apply its Namespace and RBAC objects for real
+    (after `doctor` changed the documents, if given) and return a token of its
+    ServiceAccount."""
+    ns = f"t-{uuid.uuid4().hex[:8]}"
+    docs = for_namespace(manifests, ns, tmp)
+    if doctor is not None:
+        doctor(docs)
+    listing = json.dumps({"apiVersion": "v1", "kind": "List",
+                          "items": [d for d in docs if d["kind"] in RBAC_KINDS]})
     kubectl("apply", "-f", "-", kubeconfig=cp.kubeconfig, stdin=listing)
+    wait_for(lambda: any(sa.metadata.name == "default"
+                         for sa in core.list_namespaced_service_account(ns).items), 30,
+             what=f"ServiceAccount {ns}/default")  # the test's worker pods use it
     token = core.create_namespaced_service_account_token(
         "elastic-supervisor", ns, {"spec": {"audiences": [], "expirationSeconds": 600}})
-    return cp.write_token_kubeconfig(path, token.status.token, ns), ns, listing
+    path = cp.write_token_kubeconfig(tmp / f"{ns}.kubeconfig", token.status.token, ns)
+    return Applied(path, ns, docs, listing)
 
 
 @pytest.fixture(scope="module")
 def supervisor_token(control_plane: ControlPlane, api_client: client.ApiClient,
-                     built: dict[str, list[dict[str, Any]]],
+                     manifests: Path,
                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
-    """The manifests' RBAC applied for real into a fresh namespace; yields a kubeconfig with a
-    token of its ServiceAccount, and that namespace."""
-    core = client.CoreV1Api(api_client)
-    path, ns, listing = apply_rbac(control_plane, core, built["base"],
-                                   tmp_path_factory.mktemp("rbac") / "supervisor.kubeconfig")
-    yield path, ns
+    """The manifests' RBAC applied for real for a job in a fresh namespace; yields a
+    kubeconfig with a token of its ServiceAccount, and that namespace."""
+    applied = apply_rbac(control_plane, client.CoreV1Api(api_client), manifests,
+                         tmp_path_factory.mktemp("rbac"))
+    yield applied.token
     kubectl("delete", "-f", "-", "--wait=false", kubeconfig=control_plane.kubeconfig,
-            stdin=listing)
-    core.delete_namespace(ns)
-
-
-def retarget(doc: dict[str, Any], ns: str) -> dict[str, Any]:
-    """`doc` moved from the manifests' namespace to `ns`; cluster-wide bindings renamed apart."""
-    doc = copy.deepcopy(doc)
-    meta = doc["metadata"]
-    if meta.get("namespace") == NAMESPACE:
-        meta["namespace"] = ns
-    if doc["kind"] in ("ClusterRoleBinding", "RoleBinding") and meta.get("namespace") != ns:
-        meta["name"] = f"{meta['name']}-{ns}"
-    for subject in doc.get("subjects", []):
-        if subject.get("namespace") == NAMESPACE:
-            subject["namespace"] = ns
-    return doc
+            stdin=applied.listing)
 
 
 def refused_or_allowed(token: tuple[Path, str], permissions: list[Permission],
@@ -463,10 +517,10 @@ def refused_or_allowed(token: tuple[Path, str], permissions: list[Permission],
     out = []
     try:
         for p in permissions:
-            group, resource, verb, ns = p
+            group, resource, verb, ns, name = p
             resource, _, sub = resource.partition("/")
             attrs = {"group": group, "resource": resource, "verb": verb, "subresource": sub,
-                     "namespace": job_ns if ns == JOB else ns}
+                     "namespace": job_ns if ns == JOB else ns, "name": name}
             review = authz.create_self_subject_access_review(
                 {"spec": {"resourceAttributes": {k: v for k, v in attrs.items() if v}}})
             if bool(review.status.allowed) is not want:
@@ -501,29 +555,32 @@ def test_the_kind_cluster_has_three_workers_on_the_tested_kubernetes_minor() -> 
     assert {n["image"].split(":")[1].rsplit(".", 1)[0] for n in cluster["nodes"]} == {minor}
 
 
-def replacement_run(cp: ControlPlane, api: client.ApiClient, docs: list[dict[str, Any]],
-                    tmp: Path) -> tuple[SupervisorProcess, Job]:
-    """A supervisor with a token of `docs`' ServiceAccount owning 2 workers; one is killed."""
-    kubeconfig, ns, _ = apply_rbac(cp, client.CoreV1Api(api), docs, tmp / "sa.kubeconfig")
-    job = Job(api, ns)
+def replacement_run(cp: ControlPlane, api: client.ApiClient, manifests: Path, tmp: Path,
+                    doctor: Callable[[list[dict[str, Any]]], None] | None = None,
+                    ) -> tuple[SupervisorProcess, Job]:
+    """A supervisor of job elastic-train (the name the RBAC's resourceNames are for) with a
+    token of the manifests' ServiceAccount, owning 2 workers."""
+    applied = apply_rbac(cp, client.CoreV1Api(api), manifests, tmp, doctor)
+    job = Job(api, applied.ns, name="elastic-train")
     job.node("n1")
-    sup = SupervisorProcess(cp, ns, tmp, KUBECONFIG=str(kubeconfig),
+    sup = SupervisorProcess(cp, applied.ns, tmp, KUBECONFIG=str(applied.kubeconfig),
+                            SUPERVISOR_JOB_NAME="elastic-train",
                             SUPERVISOR_WORKER_TEMPLATE=str(job.template(tmp / "worker.json")))
     return sup, job
 
 
 def test_the_manifests_rbac_is_enough_for_a_replacement(
-        control_plane: ControlPlane, api_client: client.ApiClient,
-        built: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
-    sup, job = replacement_run(control_plane, api_client, built["base"], tmp_path)
+        control_plane: ControlPlane, api_client: client.ApiClient, manifests: Path,
+        tmp_path: Path) -> None:
+    sup, job = replacement_run(control_plane, api_client, manifests, tmp_path)
     kubelet = AutoKubelet(job)
     try:
         sup.start()
         wait_for(lambda: len(job.live()) == 2 and all(
             job.pods()[n].get("status", {}).get("phase") == "Running" for n in job.live()),
             30, what="2 running workers")
-        job.terminate("job1-w0-1", 137)
-        sup.wait_log("worker.created", timeout=20, pod="job1-w0-2")
+        job.terminate("elastic-train-w0-1", 137)
+        sup.wait_log("worker.created", timeout=20, pod="elastic-train-w0-2")
         assert "forbidden" not in sup.output().lower()
     finally:
         sup.close()
@@ -532,13 +589,14 @@ def test_the_manifests_rbac_is_enough_for_a_replacement(
 
 
 def test_one_verb_less_fails_the_run_naming_the_permission(
-        control_plane: ControlPlane, api_client: client.ApiClient,
-        built: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
-    docs = copy.deepcopy(built["base"])
-    for rule in one(docs, "Role", "elastic-supervisor")["rules"]:
-        if "pods" in rule["resources"]:
-            rule["verbs"].remove("create")
-    sup, job = replacement_run(control_plane, api_client, docs, tmp_path)
+        control_plane: ControlPlane, api_client: client.ApiClient, manifests: Path,
+        tmp_path: Path) -> None:
+    def doctor(docs: list[dict[str, Any]]) -> None:
+        for rule in one(docs, "Role", "elastic-supervisor")["rules"]:
+            if "pods" in rule["resources"]:
+                rule["verbs"].remove("create")
+
+    sup, job = replacement_run(control_plane, api_client, manifests, tmp_path, doctor)
     try:
         assert sup.start().wait_exit(30) == ExitCode.KUBE_FATAL
         fatal = sup.wait_log("kube.fatal", action="create")
@@ -546,3 +604,146 @@ def test_one_verb_less_fails_the_run_naming_the_permission(
     finally:
         sup.close()
         job.close()
+
+
+# ---- least privilege that survives real use ---------------------------------------------------
+
+def test_writes_are_limited_to_the_jobs_own_configmap_lease_and_job(
+        supervisor_token: tuple[Path, str]) -> None:
+    mine = [("", "configmaps", "update", JOB, STATE),
+            ("coordination.k8s.io", "leases", "update", JOB, LEADER),
+            ("batch", "jobs/finalizers", "update", JOB, "elastic-train")]
+    others = [("", "configmaps", "update", JOB, "elastic-supervisor-policy"),
+              ("", "configmaps", "update", JOB, None),
+              ("coordination.k8s.io", "leases", "update", JOB, "other-supervisor-leader"),
+              ("batch", "jobs/finalizers", "update", JOB, "other")]
+    assert refused_or_allowed(supervisor_token, mine, want=True) == []
+    assert refused_or_allowed(supervisor_token, others, want=False) == []
+
+
+def cluster_wide(docs: list[dict[str, Any]], ns: str) -> set[tuple[str, str | None, str]]:
+    """(kind, namespace, name) of the objects outside the job's namespace."""
+    return {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs
+            if d["metadata"].get("namespace") != ns and d["kind"] != "Namespace"}
+
+
+def test_two_jobs_in_two_namespaces_do_not_break_each_other(
+        control_plane: ControlPlane, api_client: client.ApiClient, manifests: Path,
+        tmp_path: Path) -> None:
+    core = client.CoreV1Api(api_client)
+    a = apply_rbac(control_plane, core, manifests, tmp_path)
+    b = apply_rbac(control_plane, core, manifests, tmp_path)
+    try:
+        for applied in (a, b):
+            namespaced = [d for d in applied.docs if d["kind"] in RBAC_KINDS
+                          and d["kind"] not in ("Namespace", "ClusterRole",
+                                                "ClusterRoleBinding")]
+            assert {d["metadata"]["namespace"] for d in namespaced} == {
+                applied.ns, "kube-node-lease"}
+        shared = cluster_wide(a.docs, a.ns) & cluster_wide(b.docs, b.ns)
+        assert {kind for kind, _, _ in shared} == {"PriorityClass"}, sorted(shared)
+        for applied in (a, b):
+            assert refused_or_allowed(applied.token, sorted(needed(), key=str), want=True) == []
+        # Job a goes away with everything its manifests applied: job b keeps its permissions.
+        kubectl("delete", "-f", "-", "--wait=false", kubeconfig=control_plane.kubeconfig,
+                stdin=a.listing)
+        assert refused_or_allowed(b.token, sorted(needed(), key=str), want=True) == []
+    finally:
+        kubectl("delete", "-f", "-", "--wait=false", "--ignore-not-found",
+                kubeconfig=control_plane.kubeconfig, stdin=b.listing)
+
+
+def pods_selected(policy: dict[str, Any], labels: dict[str, str]) -> bool:
+    want = policy["spec"]["podSelector"].get("matchLabels") or {}
+    return all(labels.get(k) == v for k, v in want.items())
+
+
+def ingress_ports(policy: dict[str, Any], labels: dict[str, str], *,
+                  same_namespace: bool = True) -> set[Any]:
+    """Ports `policy` lets in from a pod with `labels` (in the policy's namespace, or another
+    one whose labels no selector names); {"all"} when every port is open to it."""
+    def selects(selector: dict[str, Any] | None, have: dict[str, str]) -> bool:
+        return all(have.get(k) == v for k, v in ((selector or {}).get("matchLabels") or {})
+                   .items()) and not (selector or {}).get("matchExpressions")
+
+    def peer_matches(src: dict[str, Any]) -> bool:
+        # Only an empty namespaceSelector ({}: every namespace) selects a namespace whose
+        # labels no selector names; without one, a peer is in the policy's own namespace.
+        ns_ok = (selects(src["namespaceSelector"], {}) if "namespaceSelector" in src
+                 else same_namespace)
+        return ns_ok and ("podSelector" not in src or selects(src["podSelector"], labels))
+
+    out: set[Any] = set()
+    for rule in policy["spec"].get("ingress") or ():
+        sources = rule.get("from")
+        if sources is not None and not any(peer_matches(src) for src in sources):
+            continue
+        if not rule.get("ports"):
+            return {"all"}
+        out |= {p["port"] for p in rule["ports"]}
+    return out
+
+
+def test_network_policies_let_only_the_job_reach_its_ports(
+        built: dict[str, list[dict[str, Any]]]) -> None:
+    docs = built["base"]
+    policies = find(docs, "NetworkPolicy")
+    job_pod = one(docs, "Job")["spec"]["template"]
+    launcher_labels = job_pod["metadata"]["labels"]
+    template = config_file(docs, "worker-template.yaml")
+    worker_labels = template["metadata"]["labels"]
+    env = resolved_env(launcher(docs))
+    metrics, fence = int(env["SUPERVISOR_METRICS_PORT"]), int(env["SUPERVISOR_FENCE_PORT"])
+    ssh = next(p["containerPort"] for p in template["spec"]["containers"][0]["ports"]
+               if p["name"] == "ssh")
+    assert ssh == int(env["SUPERVISOR_SSH_PORT"])
+    [for_launcher] = [p for p in policies if pods_selected(p, launcher_labels)]
+    [for_workers] = [p for p in policies if pods_selected(p, worker_labels)]
+    assert not pods_selected(for_launcher, worker_labels)
+    assert not pods_selected(for_workers, launcher_labels)
+    for p in (for_launcher, for_workers):
+        assert p["spec"]["policyTypes"] == ["Ingress"]
+    stranger = {"app": "something-else"}
+    # Workers: the launcher (ssh, then horovodrun's task services) and each other (Gloo) only.
+    assert ingress_ports(for_workers, launcher_labels) == {"all"}
+    assert ingress_ports(for_workers, worker_labels) == {"all"}
+    assert ingress_ports(for_workers, stranger) == set()
+    assert ingress_ports(for_workers, worker_labels, same_namespace=False) == set()
+    # Launcher: the workers (fence, horovodrun's driver service), metrics from anywhere.
+    assert ingress_ports(for_launcher, worker_labels) == {"all"}
+    elsewhere = ingress_ports(for_launcher, worker_labels, same_namespace=False)
+    assert ingress_ports(for_launcher, stranger) == elsewhere == {metrics}
+    assert fence not in elsewhere
+
+
+def test_a_drain_cannot_evict_the_launcher(
+        control_plane: ControlPlane, api_client: client.ApiClient, manifests: Path,
+        tmp_path: Path) -> None:
+    core = client.CoreV1Api(api_client)
+    applied = apply_rbac(control_plane, core, manifests, tmp_path)
+    ns = applied.ns
+    pdb = one(applied.docs, "PodDisruptionBudget")
+    job_pod = one(applied.docs, "Job")["spec"]["template"]
+    try:
+        kubectl("apply", "-f", "-", kubeconfig=control_plane.kubeconfig, stdin=json.dumps(pdb))
+        core.create_namespaced_pod(ns, {
+            "metadata": {"name": "elastic-train-x7k2p", "labels": job_pod["metadata"]["labels"]},
+            "spec": {"nodeName": "nowhere", "containers": [{"name": "launcher",
+                                                            "image": "launcher:local"}]}})
+        core.patch_namespaced_pod_status("elastic-train-x7k2p", ns, {
+            "status": pod_status_running("10.9.9.9", container="launcher")})
+        policy = client.PolicyV1Api(api_client)
+
+        def counted() -> bool:
+            s = policy.read_namespaced_pod_disruption_budget(pdb["metadata"]["name"], ns).status
+            return bool(s and s.current_healthy == 1 and s.disruptions_allowed == 0)
+
+        wait_for(counted, 30, what="the disruption controller counting the launcher")
+        with pytest.raises(client.ApiException) as refused:
+            core.create_namespaced_pod_eviction("elastic-train-x7k2p", ns, {
+                "metadata": {"name": "elastic-train-x7k2p", "namespace": ns}})
+        assert refused.value.status == 429
+        assert "disruption budget" in refused.value.body
+    finally:
+        kubectl("delete", "-f", "-", "--wait=false", kubeconfig=control_plane.kubeconfig,
+                stdin=applied.listing)

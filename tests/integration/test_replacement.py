@@ -129,7 +129,9 @@ def test_lost_node_pod_is_force_deleted_and_replaced_on_another_node(
 def test_exhausted_restart_limit_fails_the_job_below_min_np(
         job: Job, supervisor, api_client: client.ApiClient, namespace: str) -> None:
     job.node("n1")
-    sup = supervisor(SUPERVISOR_RESTART_LIMIT="1", SUPERVISOR_SHUTDOWN_GRACE_SECONDS="5")
+    # CLEAN_POD_POLICY None: every pod ever created is still there to be counted at the end.
+    sup = supervisor(SUPERVISOR_RESTART_LIMIT="1", SUPERVISOR_SHUTDOWN_GRACE_SECONDS="5",
+                     SUPERVISOR_CLEAN_POD_POLICY="None")
     running(job, 2)
     wait_for(lambda: sup.records("start"), 10, what="the stand-in horovodrun running")
     job.terminate("job1-w0-1", 137)
@@ -153,7 +155,7 @@ def test_fail_job_rule_stops_horovodrun_with_the_documented_code(
     job.node("n1")
     policy = tmp_path / "policy.yaml"
     policy.write_text("faultTolerantPolicy:\n- exitCodes: 3\n  action: FailJob\n")
-    sup = supervisor(SUPERVISOR_POLICY_FILE=str(policy))
+    sup = supervisor(SUPERVISOR_POLICY_FILE=str(policy), SUPERVISOR_CLEAN_POD_POLICY="None")
     running(job, 2)
     wait_for(lambda: sup.records("start"), 10, what="the stand-in horovodrun running")
     job.terminate("job1-w1-1", 3)

@@ -188,6 +188,8 @@ def test_a_restarted_supervisor_adopts_workers_and_writes_the_same_file(
     wait_for(lambda: not pid_alive(standin_pid), 10, what="stand-in gone with its supervisor")
 
     second = supervisor(SUPERVISOR_NP="2").start()
+    # It waits until the killed one's leader Lease expires (SUPERVISOR_LEADER_LEASE_SECONDS).
+    second.wait_log("leader.acquired", timeout=30)
     wait_for(lambda: second.records("start"), 10, what="second horovodrun")
     assert second.content() == content
     assert second.records("discover")[0]["out"] == content
@@ -216,6 +218,8 @@ def test_missing_permission_is_fatal_and_named(
     kubeconfig = service_account_kubeconfig(control_plane, api_client, namespace, [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+         "verbs": ["get", "create", "update"]},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]}],
         tmp_path / "sa.kubeconfig")
     job.worker("w0", job.node("n1"))

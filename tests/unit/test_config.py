@@ -9,6 +9,7 @@ import pytest
 from supervisor.classify import Cause, Failure
 from supervisor.config import (
     VARIABLES,
+    CleanPodPolicy,
     Config,
     ConfigError,
     HostMode,
@@ -85,6 +86,8 @@ def test_every_variable_set_explicitly() -> None:
         "SUPERVISOR_BACKOFF_MAX_SECONDS": "10", "SUPERVISOR_DISRUPTIONS_FREE": "true",
         "SUPERVISOR_NODE_GRACE_SECONDS": "0", "SUPERVISOR_NODE_LEASE_SECONDS": "5",
         "SUPERVISOR_SCALE_OUT_TIMEOUT_SECONDS": "120", "SUPERVISOR_SCALE_IN_TIMEOUT_SECONDS": "0",
+        "SUPERVISOR_CLEAN_POD_POLICY": "All", "SUPERVISOR_API_TIMEOUT_SECONDS": "10",
+        "SUPERVISOR_LEADER_LEASE_SECONDS": "30",
     }, read_text=lambda _: TEMPLATE.replace("app: x", "app: bert\n    role: worker"))
     assert (cfg.worker_selector, cfg.slots_per_worker, cfg.np, cfg.min_np, cfg.max_np) == (
         "app=bert,role=worker", 2, 4, 2, 8)
@@ -97,6 +100,8 @@ def test_every_variable_set_explicitly() -> None:
         LogFormat.CONSOLE, LogLevel.DEBUG, 0, "bert-launcher-x", 9401)
     assert cfg.worker_template is not None and cfg.node_grace_s == 0.0
     assert (cfg.node_lease_s, cfg.scale_out_timeout_s, cfg.scale_in_timeout_s) == (5, 120, 0)
+    assert (cfg.clean_pod_policy, cfg.api_timeout_s, cfg.leader_lease_s) == (
+        CleanPodPolicy.ALL, 10, 30)
     assert cfg.policy.budgets == Budgets(restart_limit=5, per_slot_limit=2,
                                          backoff_initial_s=0.5, backoff_max_s=10.0,
                                          disruptions_free=True)
@@ -144,7 +149,7 @@ BAD = [
     ("SUPERVISOR_HOST_MODE", "hostname", "SUPERVISOR_HOST_MODE='hostname': expected one of"
      " ip|dns"),
     ("SUPERVISOR_STALENESS_SECONDS", "0", "SUPERVISOR_STALENESS_SECONDS='0': expected a number"
-     " of seconds > 0"),
+     " of seconds from 1 to 3600"),
     ("SUPERVISOR_START_TIMEOUT_SECONDS", "nan", "SUPERVISOR_START_TIMEOUT_SECONDS='nan':"
      " expected a number of seconds > 0"),
     ("SUPERVISOR_SHUTDOWN_GRACE_SECONDS", "-1", "SUPERVISOR_SHUTDOWN_GRACE_SECONDS='-1':"
@@ -164,7 +169,7 @@ BAD = [
     ("SUPERVISOR_WATCH_READ_TIMEOUT_SECONDS", "30", "SUPERVISOR_WATCH_READ_TIMEOUT_SECONDS="
      "'30': expected more than 60 seconds"),
     ("SUPERVISOR_RESYNC_SECONDS", "inf", "SUPERVISOR_RESYNC_SECONDS='inf': expected a number of"
-     " seconds > 0"),
+     " seconds from 0.05 to 60"),
     ("SUPERVISOR_LOG_FORMAT", "xml", "SUPERVISOR_LOG_FORMAT='xml': expected one of"
      " json|console"),
     ("SUPERVISOR_LOG_LEVEL", "trace", "SUPERVISOR_LOG_LEVEL='trace': expected one of"
@@ -203,6 +208,12 @@ BAD = [
      "number of seconds > 0"),
     ("SUPERVISOR_NODE_GRACE_SECONDS", "-5", "SUPERVISOR_NODE_GRACE_SECONDS='-5': expected a "
      "number of seconds >= 0"),
+    ("SUPERVISOR_CLEAN_POD_POLICY", "Always", "SUPERVISOR_CLEAN_POD_POLICY='Always': expected "
+     "one of Running|All|None"),
+    ("SUPERVISOR_API_TIMEOUT_SECONDS", "0", "SUPERVISOR_API_TIMEOUT_SECONDS='0': expected a "
+     "number of seconds from 1 to 300"),
+    ("SUPERVISOR_LEADER_LEASE_SECONDS", "1", "SUPERVISOR_LEADER_LEASE_SECONDS='1': expected a "
+     "number of seconds from 2 to 3600"),
 ]
 
 
@@ -211,6 +222,35 @@ def test_each_bad_value_gets_one_precise_line(var: str, value: str, message: str
     found = problems({**BASE, var: value})
     assert len(found) == 1, found
     assert found[0].startswith(message), found[0]
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    pytest.param({"SUPERVISOR_RESYNC_SECONDS": "0.01"}, "SUPERVISOR_RESYNC_SECONDS='0.01': "
+                 "expected a number of seconds from 0.05 to 60", id="resync: a busy loop"),
+    pytest.param({"SUPERVISOR_RESYNC_SECONDS": "600"}, "SUPERVISOR_RESYNC_SECONDS='600': "
+                 "expected a number of seconds from 0.05 to 60", id="resync: no tick at all"),
+    pytest.param({"SUPERVISOR_STALENESS_SECONDS": "86400"}, "SUPERVISOR_STALENESS_SECONDS="
+                 "'86400': expected a number of seconds from 1 to 3600",
+                 id="staleness: stale hosts for a day"),
+    pytest.param({"SUPERVISOR_STALENESS_SECONDS": "2", "SUPERVISOR_RESYNC_SECONDS": "5"},
+                 "SUPERVISOR_STALENESS_SECONDS=2 <= SUPERVISOR_RESYNC_SECONDS=5: expected the "
+                 "staleness bound above the resync period (it is checked on each tick)",
+                 id="staleness shorter than a tick"),
+    pytest.param({"SUPERVISOR_JOB_NAME": "a" * 54},
+                 "SUPERVISOR_JOB_NAME='" + "a" * 54 + "': expected at most 53 characters: "
+                 "worker pods are named <job>-w<slot>-<incarnation>, at most 63 characters, "
+                 "for up to 4 workers", id="job name too long for its pod names"),
+    pytest.param({"SUPERVISOR_JOB_NAME": "a" * 52, "SUPERVISOR_MAX_NP": "1000"},
+                 "SUPERVISOR_JOB_NAME='" + "a" * 52 + "': expected at most 50 characters: "
+                 "worker pods are named <job>-w<slot>-<incarnation>, at most 63 characters, "
+                 "for up to 1000 workers", id="the longest slot number counts"),
+])
+def test_values_out_of_range_together(env: dict[str, str], message: str) -> None:
+    assert problems({**BASE, **env}) == [message]
+
+
+def test_a_job_name_that_leaves_room_for_its_pod_names_is_accepted() -> None:
+    assert parse(SUPERVISOR_JOB_NAME="a" * 53).job_name == "a" * 53
 
 
 def test_every_variable_is_covered_by_the_bad_value_table() -> None:

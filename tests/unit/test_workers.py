@@ -30,7 +30,7 @@ spec:
       command: [/usr/sbin/sshd, -D]
 """)
 SELECTOR = {"elastic-supervisor/job": "bert", "elastic-supervisor/role": "worker"}
-LAUNCHER = {"apiVersion": "v1", "kind": "Pod", "name": "bert-launcher", "uid": "u-1"}
+LAUNCHER = {"apiVersion": "batch/v1", "kind": "Job", "name": "bert", "uid": "u-1"}
 
 
 def test_a_replacement_pod() -> None:
@@ -40,8 +40,9 @@ def test_a_replacement_pod() -> None:
         "name": "bert-w2-5",
         "labels": {"team": "ml", "elastic-supervisor/job": "bert",
                    "elastic-supervisor/role": "worker", LABEL_SLOT: "2", LABEL_INCARNATION: "5"},
-        "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "bert-launcher",
-                             "uid": "u-1", "controller": True, "blockOwnerDeletion": True}],
+        # The launcher Job, not as controller (its controller would release the pod).
+        "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "bert",
+                             "uid": "u-1", "blockOwnerDeletion": True}],
     }
     assert pod["spec"]["affinity"] == {"nodeAffinity": {
         "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
@@ -94,8 +95,9 @@ def test_nodes_already_lost_are_excluded_in_every_required_term() -> None:
 
 def test_names_are_unique_per_incarnation_and_dns_labels() -> None:
     assert pod_name("bert", 0, 1) != pod_name("bert", 0, 2)
-    long = pod_name("a" * 70, 12, 345)
-    assert len(long) <= 63 and long.endswith("-w12-345")
+    assert pod_name("a" * 54, 1, 12345) == "a" * 54 + "-w1-12345"
+    with pytest.raises(ValueError, match="longer than 63"):
+        pod_name("a" * 55, 1, 12345)  # never truncated: two jobs would share pod names
 
 
 @pytest.mark.parametrize(("mutate", "message"), [
@@ -109,6 +111,8 @@ def test_names_are_unique_per_incarnation_and_dns_labels() -> None:
      "template.spec.restartPolicy: 'Sometimes': expected one of Never|OnFailure|Always"),
     (lambda t: t["spec"].update(nodeName="n1"),
      "template.spec.nodeName: must be empty (the scheduler places workers)"),
+    (lambda t: t["spec"].update(hostname="worker"),
+     "template.spec.hostname: must be empty (every worker would get the same host name)"),
     (lambda t: t["metadata"]["labels"].update({LABEL_SLOT: "1"}),
      f"template.metadata.labels.{LABEL_SLOT}: set by the supervisor; remove it"),
 ])

@@ -1,0 +1,123 @@
+"""One driver per job: leader election on a coordination.k8s.io Lease, with real supervisor
+processes on the real control plane. A second launcher of the same job waits as a standby and
+never runs horovodrun or touches the workers; it takes over (adopting workers and budgets) when
+the leader dies; a leader that cannot renew its lease stops horovodrun before anyone else may
+take over."""
+
+from __future__ import annotations
+
+import datetime as dt
+import signal
+import time
+from pathlib import Path
+
+from localcluster.controlplane import ControlPlane
+from supervisor.model import ExitCode
+from tests.helpers import wait_for
+from tests.integration.harness import Job, SupervisorProcess, event_reasons, pid_alive
+from tests.integration.managed import (  # noqa: F401 (job and supervisor fixtures)
+    job_fixture,
+    running,
+    supervisor_fixture,
+)
+from tests.integration.proxy import TcpProxy
+
+
+def second(control_plane: ControlPlane, namespace: str, tmp: Path, *, job: Job,
+           **env: str) -> SupervisorProcess:
+    """Another launcher of job1: its own directory (its own pod), the same template."""
+    own = tmp / "second"
+    own.mkdir(exist_ok=True)
+    return SupervisorProcess(control_plane, namespace, own, **{
+        "SUPERVISOR_WORKER_TEMPLATE": str(job.template(own / "worker.json")),
+        "SUPERVISOR_BACKOFF_INITIAL_SECONDS": "0.5", **env}).start()
+
+
+def uids(job: Job) -> dict[str, str]:
+    return {n: p["metadata"]["uid"] for n, p in job.pods().items()}
+
+
+def test_a_second_launcher_waits_as_a_standby_and_never_drives_the_job(
+        job: Job, supervisor, control_plane: ControlPlane, namespace: str,
+        tmp_path: Path) -> None:
+    job.node("n1")
+    first = supervisor()
+    running(job, 2)
+    first.wait_log("horovodrun.started")
+    before = uids(job)
+    other = second(control_plane, namespace, tmp_path, job=job)
+    try:
+        waiting = other.wait_log("leader.waiting", timeout=15)
+        assert waiting["holder"].startswith("job1-")  # the first launcher's identity
+        time.sleep(3)
+        assert other.records("start") == [], "a standby started horovodrun"
+        assert other.proc.poll() is None
+        assert uids(job) == before, "a standby created or deleted workers"
+        assert not other.discovery_file.exists()
+        assert "LeaderWaiting" in event_reasons(job.api, namespace)
+        # A standby told to stop leaves the leader's workers alone.
+        other.signal(signal.SIGTERM)
+        assert other.wait_exit(15) == 143
+        assert uids(job) == before and job.live() == sorted(before)
+        assert first.proc.poll() is None
+    finally:
+        other.close()
+
+
+def test_a_standby_takes_over_when_the_leader_dies(
+        job: Job, supervisor, control_plane: ControlPlane, namespace: str,
+        tmp_path: Path) -> None:
+    job.node("n1")
+    first = supervisor(SUPERVISOR_LEADER_LEASE_SECONDS="4")
+    running(job, 2)
+    first.wait_log("horovodrun.started")
+    before = uids(job)
+    other = second(control_plane, namespace, tmp_path, job=job,
+                   SUPERVISOR_LEADER_LEASE_SECONDS="4")
+    try:
+        other.wait_log("leader.waiting", timeout=15)
+        first.signal(signal.SIGKILL)  # no release: the standby waits out the lease
+        killed_at = time.monotonic()
+        first.wait_exit(10)
+        acquired = other.wait_log("leader.acquired", timeout=20)
+        took = time.monotonic() - killed_at
+        assert 2 <= took < 15, f"took over {took:.1f}s after the leader died (lease 4s)"
+        assert acquired["transitions"] == 1
+        wait_for(lambda: other.records("start"), 20, what="the new leader's horovodrun")
+        assert uids(job) == before, "the new leader must adopt, not recreate"
+        other.wait_content([job.line(n) for n in sorted(before)])
+    finally:
+        other.close()
+
+
+def test_a_leader_that_cannot_renew_stops_horovodrun_before_a_standby_takes_over(
+        job: Job, control_plane: ControlPlane, namespace: str, tmp_path: Path) -> None:
+    job.node("n1")
+    proxy = TcpProxy(control_plane.ports["apiserver"]).forward()
+    kubeconfig = proxy.kubeconfig(control_plane.kubeconfig, tmp_path / "proxied.kubeconfig")
+    leader = SupervisorProcess(control_plane, namespace, tmp_path, **{
+        "KUBECONFIG": str(kubeconfig), "SUPERVISOR_LEADER_LEASE_SECONDS": "6",
+        "SUPERVISOR_WORKER_TEMPLATE": str(job.template(tmp_path / "worker.json"))}).start()
+    other = None
+    try:
+        running(job, 2)
+        leader.wait_log("horovodrun.started")
+        standin = wait_for(lambda: leader.records("start"), 10, what="stand-in")[0]["pid"]
+        other = second(control_plane, namespace, tmp_path, job=job,
+                       SUPERVISOR_LEADER_LEASE_SECONDS="6")
+        other.wait_log("leader.waiting", timeout=15)
+        proxy.stall()  # the leader is cut off from the API; the standby is not
+        assert leader.wait_exit(30) == ExitCode.LEADERSHIP_LOST
+        lost = leader.wait_log("leader.lost")
+        started = wait_for(lambda: other.records("start"), 30, what="the standby's horovodrun")
+        assert not pid_alive(standin)
+        lost_at = dt.datetime.fromisoformat(lost["timestamp"]).timestamp()
+        exited_at = dt.datetime.fromisoformat(
+            leader.wait_log("supervisor.exited")["timestamp"]).timestamp()
+        assert lost_at < exited_at < started[0]["t"], "two drivers at once"
+        assert len(job.pods()) == 2
+    finally:
+        leader.close()
+        if other is not None:
+            other.close()
+        proxy.close()
