@@ -59,15 +59,18 @@ def render(namespace: str, *, args: Sequence[str] | None = None,
     if out.returncode != 0:
         raise JobError(f"kubectl kustomize {OVERLAY}: {out.stderr.strip()}")
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
-    result = []
+    suffix = f".{BASE_NAMESPACE}"  # cluster-wide objects are named <name>.<namespace>
     for doc in docs:
         kind, meta = doc["kind"], doc["metadata"]
         if kind == "Namespace":
-            continue
+            meta["name"] = namespace
         if meta.get("namespace") == BASE_NAMESPACE:
             meta["namespace"] = namespace
-        elif kind in ("ClusterRoleBinding", "RoleBinding") and namespace != BASE_NAMESPACE:
-            meta["name"] = f"{meta['name']}-{namespace}"  # one per job namespace
+        if meta["name"].endswith(suffix):
+            meta["name"] = meta["name"][:-len(suffix)] + f".{namespace}"
+        ref = doc.get("roleRef") or {}
+        if ref.get("name", "").endswith(suffix):
+            ref["name"] = ref["name"][:-len(suffix)] + f".{namespace}"
         for subject in doc.get("subjects") or ():
             if subject.get("namespace") == BASE_NAMESPACE:
                 subject["namespace"] = namespace
@@ -80,8 +83,7 @@ def render(namespace: str, *, args: Sequence[str] | None = None,
                 for name, value in env.items():
                     current[name] = {"name": name, "value": value}
                 container["env"] = list(current.values())
-        result.append(doc)
-    return result
+    return docs
 
 
 def _kubectl_path() -> Path:
@@ -179,8 +181,6 @@ class MainJob:
 
     def apply(self) -> MainJob:
         ensure_ssh_key()
-        with contextlib.suppress(ApiException):
-            self.core.create_namespace({"metadata": {"name": self.namespace}})
         docs = render(self.namespace, args=self.args, env=self.env)
         if self.transform is not None:
             self.transform(docs)
@@ -246,18 +246,35 @@ class MainJob:
         if self._follower is not None:
             self._follower.join(5)
 
-    def delete(self) -> None:
-        """Delete the job's namespace (its pods go with it) and its cluster-scoped binding."""
+    def delete(self, timeout: float = 90) -> None:
+        """Delete the job's pods (at once: the next job must find the nodes' resources free),
+        its namespace and its cluster-wide objects."""
         self.close()
+        with contextlib.suppress(ApiException):  # else its controller makes a new launcher
+            client.BatchV1Api(self.api).delete_namespaced_job(
+                JOB, self.namespace, propagation_policy="Orphan")
+        with contextlib.suppress(ApiException):
+            self.core.delete_collection_namespaced_pod(self.namespace, grace_period_seconds=0)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ApiException):
+                if not self.core.list_namespaced_pod(self.namespace).items:
+                    break
+            time.sleep(0.5)
         with contextlib.suppress(ApiException):
             self.core.delete_namespace(self.namespace)
         rbac = client.RbacAuthorizationV1Api(self.api)
+        mine = f".{self.namespace}"
         for crb in rbac.list_cluster_role_binding().items:
-            if crb.metadata.name.endswith(f"-{self.namespace}"):
+            if crb.metadata.name.endswith(mine):
                 with contextlib.suppress(ApiException):
                     rbac.delete_cluster_role_binding(crb.metadata.name)
+        for cr in rbac.list_cluster_role().items:
+            if cr.metadata.name.endswith(mine):
+                with contextlib.suppress(ApiException):
+                    rbac.delete_cluster_role(cr.metadata.name)
         for rb in rbac.list_role_binding_for_all_namespaces().items:
-            if rb.metadata.name.endswith(f"-{self.namespace}"):
+            if rb.metadata.name.endswith(mine):
                 with contextlib.suppress(ApiException):
                     rbac.delete_namespaced_role_binding(rb.metadata.name, rb.metadata.namespace)
 
