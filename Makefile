@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 
 help:
 	@echo "make demo         set up what is missing, then run the main job locally with faults"
-	@echo "make setup        install everything (idempotent; first run ~10 min, warm ~35 s)"
+	@echo "make setup        install everything (idempotent; first run ~15 min, warm ~40 s)"
 	@echo "make test         lint + the whole test suite (unit, integration, e2e)"
 	@echo "make test-unit    only the fast pure tests"
 	@echo "make cluster-up   run the local control plane until Ctrl-C, print its kubeconfig"

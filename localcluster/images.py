@@ -136,6 +136,15 @@ def image_names(version: str) -> Names:
                  pause=f"localhost/elastic-supervisor-pause:{PAUSE_VERSION}")
 
 
+def containerd_ref(name: str) -> str:
+    """Return the reference containerd stores an image under (what `ctr` needs; the kubelet
+    normalizes a pod's image the same way): a name without a registry is Docker Hub's."""
+    first, _, rest = name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return name
+    return f"docker.io/{name}" if rest else f"docker.io/library/{name}"
+
+
 def digest(*parts: object) -> str:
     """Return a sha256 hex digest of JSON-encoded parts (a cache key)."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()

@@ -5,7 +5,9 @@
 #   preflight (root, cgroup v1, overlayfs, namespaces, bridges, iptables nat: one line naming
 #   what is missing);  2. uv (from PyPI) in the cache;  3. .venv with the project (editable),
 #   torch and the test tools (hadolint too);  4. Horovod built from its sdist (cached wheel);
-#   5. the pinned Kubernetes binaries + etcd, and kwok, built with Go (cached).
+#   5. the pinned Kubernetes binaries + etcd, and kwok, built with Go (cached);  6. the images
+#   real nodes run (launcher, worker, pause: localcluster/images.py, cached; ~4 min cold,
+#   seconds warm).
 # Heavy artefacts live in $ES_CACHE (default ~/.cache/elastic-supervisor), so a warm machine
 # finishes in about a minute and a fresh clone reuses them.
 set -euo pipefail
@@ -113,4 +115,5 @@ step "uv" uv_bootstrap
 step "python env ($VENV)" python_env
 step "horovod (CPU, Gloo + PyTorch)" horovod
 step "kubernetes control plane binaries and kwok" localcluster/build-binaries.sh
+step "images (launcher, worker, pause)" "$VENV/bin/python" -m localcluster images
 echo "setup done in $(since "$t_all")"

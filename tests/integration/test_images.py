@@ -1,5 +1,8 @@
-"""The images' parts with the real tools, without Docker: hadolint on both Dockerfiles, and the
-worker's entrypoint running the real OpenSSH sshd with worker_image/sshd_config on loopback.
+"""The images with the real tools: hadolint on both Dockerfiles; the worker's entrypoint running
+the real OpenSSH sshd with worker_image/sshd_config on loopback; then the built images (smoke
+tests) run as real nodes run them, by containerd with `ctr run`: the launcher's `explain` and
+`horovodrun --check-build`, the worker's sshd with the job's key, the pause image's signals; and
+a build by the project's Docker daemon leaving no state on the host.
 
 The entrypoint test runs as this machine's user (root here) while the image runs it as `worker`:
 it overrides only what a root sshd in /tmp needs (PermitRootLogin, StrictModes) and the listen
@@ -9,17 +12,23 @@ image's.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from localcluster import images
 from localcluster.controlplane import free_ports
 from localcluster.sshd import KeyPair, ssh_client_args
+from tests.containerd import ScratchContainerd
 from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,3 +140,218 @@ def test_the_worker_without_the_secret_says_so(tmp_path: Path) -> None:
                             timeout=30, check=False)
     assert result.returncode == 1
     assert f"no public key at {tmp_path / 'not-mounted'}" in result.stderr
+
+
+# ---- the built images, run by the runtime real nodes use -----------------------------------
+# localcluster.images builds them (cached: seconds on a warm machine, minutes cold) and the
+# tests import the archives into a throwaway containerd and start containers with `ctr run`,
+# on the host network. No Docker daemon is needed or left running.
+
+SMOKE_ENV = {"SUPERVISOR_JOB_NAME": "smoke", "SUPERVISOR_NP": "2",
+             "SUPERVISOR_NAMESPACE": "default"}
+
+
+@pytest.fixture(scope="module")
+def tarballs() -> dict[str, Path]:
+    return images.build(log=lambda line: print(f"images: {line}", flush=True))
+
+
+@pytest.fixture(scope="module")
+def names() -> images.Names:
+    return images.image_names(images.project_version((ROOT / "pyproject.toml").read_text()))
+
+
+@pytest.fixture(scope="module")
+def runtime(tarballs: dict[str, Path]) -> Iterator[ScratchContainerd]:
+    with ScratchContainerd() as containerd:
+        for archive in sorted(set(tarballs.values())):
+            containerd.ctr("images", "import", str(archive))
+        yield containerd
+
+
+def ctr_run(runtime: ScratchContainerd, image: str, *command: str,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(runtime.run_argv(images.containerd_ref(image),
+                                           f"smoke-{uuid.uuid4().hex[:8]}", *command, env=env),
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_the_images_are_imported_under_the_names_pods_use(runtime: ScratchContainerd,
+                                                          names: images.Names) -> None:
+    listed = set(runtime.ctr("images", "ls", "-q").stdout.split())
+    # containerd normalizes a pod's `image: elastic-supervisor-launcher:0.1.0` the same way.
+    assert {f"docker.io/library/{names.launcher}", f"docker.io/library/{names.worker}",
+            names.pause} <= listed
+    assert {images.containerd_ref(n) for n in (names.launcher, names.worker, names.pause)} \
+        <= listed
+
+
+def test_the_launcher_and_worker_archive_stores_the_training_layers_once(
+        tarballs: dict[str, Path], names: images.Names) -> None:
+    archive = tarballs[names.launcher]
+    assert tarballs[names.worker] == archive
+    with tarfile.open(archive) as tar:
+        manifest = {tuple(e["RepoTags"]): e["Layers"]
+                    for e in json.load(tar.extractfile("manifest.json"))}  # type: ignore[arg-type]
+        layer_files = [m.name for m in tar.getmembers() if m.name.endswith("/layer.tar")]
+    launcher, worker = manifest[(names.launcher,)], manifest[(names.worker,)]
+    shared = [a for a, b in zip(launcher, worker, strict=False) if a == b]
+    assert len(shared) >= 4  # base, the training scripts, torch + numpy, Horovod
+    assert shared == launcher[:len(shared)] == worker[:len(shared)]
+    assert len(layer_files) == len(set(launcher) | set(worker))
+
+
+def test_the_launcher_runs_explain(runtime: ScratchContainerd, names: images.Names) -> None:
+    done = ctr_run(runtime, names.launcher, "elastic-supervisor", "explain", "--",
+                   "python", "/workspace/train.py", env=SMOKE_ENV)
+    assert done.returncode == 0, done.stderr
+    assert "SUPERVISOR_JOB_NAME" in done.stdout
+    assert "horovodrun argv (executed directly, never through a shell):" in done.stdout
+    argv_line = done.stdout.split("never through a shell):\n", 1)[1].splitlines()[0]
+    assert argv_line.strip().startswith("horovodrun ")
+    assert argv_line.strip().endswith("python /workspace/train.py")
+
+
+def test_the_launcher_without_its_settings_says_so(runtime: ScratchContainerd,
+                                                   names: images.Names) -> None:
+    done = ctr_run(runtime, names.launcher, "elastic-supervisor", "explain")
+    assert done.returncode != 0
+    assert "SUPERVISOR_JOB_NAME: required" in done.stderr
+
+
+def test_the_launchers_horovod_has_pytorch_and_gloo(runtime: ScratchContainerd,
+                                                    names: images.Names) -> None:
+    done = ctr_run(runtime, names.launcher, "horovodrun", "--check-build")
+    assert done.returncode == 0, done.stderr
+    lines = [line.strip() for line in done.stdout.splitlines()]
+    assert "[X] PyTorch" in lines
+    assert "[X] Gloo" in lines
+    assert "[ ] MPI" in lines  # CPU-only, Gloo: no MPI
+
+
+def test_the_images_run_unprivileged(runtime: ScratchContainerd, names: images.Names) -> None:
+    for image, user in ((names.launcher, "supervisor"), (names.worker, "worker")):
+        done = ctr_run(runtime, image, "sh", "-c", "id -u; id -un; pwd")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["1000", user, "/workspace"]
+
+
+@pytest.fixture
+def job_key_files(tmp_path: Path) -> tuple[Path, Path]:
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True,
+                   stdin=subprocess.DEVNULL)
+    authorized = tmp_path / "secret" / "authorized_keys"
+    authorized.parent.mkdir()
+    authorized.write_bytes(key.with_suffix(".pub").read_bytes())
+    authorized.chmod(0o644)  # the container's user (1000) reads the mounted Secret
+    authorized.parent.chmod(0o755)
+    return key, authorized
+
+
+def _ssh(key: Path, port: int, command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["ssh", "-i", str(key), "-p", str(port), "-o", "BatchMode=yes",
+         "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+         "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=5", "worker@127.0.0.1", command],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False)
+
+
+def test_the_worker_sshd_accepts_the_job_key(runtime: ScratchContainerd, names: images.Names,
+                                             job_key_files: tuple[Path, Path],
+                                             tmp_path: Path) -> None:
+    key, authorized = job_key_files
+    port = free_ports(1)[0]
+    name = f"smoke-worker-{uuid.uuid4().hex[:8]}"
+    log = tmp_path / "worker.log"
+    argv = runtime.run_argv(images.containerd_ref(names.worker), name,
+                            env={"SSHD_PORT": str(port)}, detach=True,
+                            mounts=(f"type=bind,src={authorized.parent},dst=/etc/edl/ssh,"
+                                    "options=rbind:ro",))
+    argv.insert(argv.index("--detach"), f"--log-uri=file://{log}")
+    subprocess.run(argv, check=True, capture_output=True, timeout=60)
+    try:
+        wait_for(lambda: log.exists() and "Server listening" in log.read_text(), 30,
+                 what="the worker's sshd listening")
+        # As horovodrun runs a training process: cd to the launcher's directory, then python
+        # (the image's venv: sshd gives sessions the image's PATH).
+        done = _ssh(key, port, "cd /workspace && echo ok from $(id -un) in $(pwd); "
+                               "python -c 'import horovod.torch, torch; print(torch.__version__)'")
+        assert done.returncode == 0, done.stderr + log.read_text()
+        out = done.stdout.splitlines()
+        assert out[0] == "ok from worker in /workspace"
+        assert out[1].startswith("2.13.0")
+        assert "Accepted publickey for worker" in log.read_text()
+        stranger = tmp_path / "stranger"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)],
+                       check=True, stdin=subprocess.DEVNULL)
+        refused = _ssh(stranger, port, "echo no")
+        assert refused.returncode == 255
+        assert "Permission denied (publickey)" in refused.stderr
+    finally:
+        runtime.ctr("tasks", "kill", "-s", "SIGKILL", name, check=False)
+        wait_for(lambda: runtime.ctr("tasks", "delete", name, check=False).returncode == 0
+                 or name not in runtime.ctr("tasks", "ls", "-q", check=False).stdout, 30,
+                 what="the worker's task gone")
+        runtime.ctr("containers", "delete", name, check=False)
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_the_pause_image_runs_and_exits_0_on(signame: str, runtime: ScratchContainerd,
+                                             names: images.Names) -> None:
+    name = f"smoke-pause-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen(runtime.run_argv(images.containerd_ref(names.pause), name),
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: "RUNNING" in runtime.ctr("tasks", "ls", check=False).stdout
+                 and name in runtime.ctr("tasks", "ls", check=False).stdout, 30,
+                 what="the pause container running")
+        time.sleep(0.3)
+        assert proc.poll() is None  # it sleeps until told to stop
+        runtime.ctr("tasks", "kill", "-s", signame, name)
+        assert proc.wait(30) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            runtime.ctr("tasks", "kill", "-s", "SIGKILL", name, check=False)
+            proc.wait(30)
+
+
+# ---- the project's Docker daemon leaves the host as it found it ----------------------------
+
+
+def _host_state(settings: images.Settings) -> dict[str, object]:
+    """What a Docker daemon changes on a host when it is let: forwarding, DOCKER iptables chains,
+    its bridges, its directories and mounts, its cgroups. (Other iptables rules, links and
+    mounts belong to whatever else runs here and may change meanwhile: not compared.)"""
+    iptables = subprocess.run(["iptables-save"], capture_output=True, text=True, check=True)
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
+    mounts = Path("/proc/self/mountinfo").read_text()
+    return {
+        "ip_forward": Path("/proc/sys/net/ipv4/ip_forward").read_text().strip(),
+        "iptables DOCKER": [x for x in iptables.stdout.splitlines() if "DOCKER" in x],
+        "docker links": [x for x in links.stdout.split() if x.startswith(("docker0", "br-"))],
+        "/etc/docker": sorted(p.name for p in Path("/etc/docker").glob("*")),
+        "/run/docker": Path("/run/docker").exists(),
+        "run dir": settings.docker_run_dir.exists(),
+        "mounts": [x for x in mounts.splitlines()
+                   if str(settings.docker_run_dir) in x or str(settings.cache / "docker") in x],
+        "cgroups": sorted(str(p) for p in Path("/sys/fs/cgroup").glob(f"*/{images.CGROUP_PARENT}")),
+    }
+
+
+def test_a_build_leaves_no_host_state(tarballs: dict[str, Path], tmp_path: Path) -> None:
+    # A real daemon, a real build with a RUN step (a container) on the project's base image.
+    del tarballs  # the base image exists once the images are built
+    settings = images.Settings()
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {images.BASE_IMAGE}\nRUN python3 -c 'print(42)' > /answer\n")
+    before = _host_state(settings)
+    with images.build_lock(settings), images.DockerDaemon(settings, print) as docker:
+        during = _host_state(settings)
+        docker.build(images.docker_build_argv(dockerfile="Dockerfile", tag="es-hoststate:1",
+                                              args={}), context=tmp_path,
+                     logfile=tmp_path / "build.log")
+        docker.docker("image", "rm", "es-hoststate:1", what="docker image rm")
+    assert during["run dir"] is True and during["mounts"]  # the check can see a daemon
+    assert _host_state(settings) == before

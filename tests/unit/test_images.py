@@ -492,3 +492,13 @@ def test_dockerd_leaves_the_hosts_network_alone() -> None:
                  f"--cgroup-parent={images.CGROUP_PARENT}"):
         assert flag in argv
     assert argv[:4] == ["setpriv", "--pdeathsig", "TERM", "--"]
+
+
+@pytest.mark.parametrize(("name", "ref"), [
+    ("elastic-supervisor-launcher:0.1.0", "docker.io/library/elastic-supervisor-launcher:0.1.0"),
+    ("someone/image:1", "docker.io/someone/image:1"),
+    ("localhost/elastic-supervisor-pause:3.10", "localhost/elastic-supervisor-pause:3.10"),
+    ("registry.example:5000/team/image:2", "registry.example:5000/team/image:2"),
+], ids=["official", "docker hub user", "localhost", "a registry"])
+def test_the_reference_containerd_stores(name: str, ref: str) -> None:
+    assert images.containerd_ref(name) == ref
