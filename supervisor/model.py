@@ -25,6 +25,8 @@ class ExitCode(IntEnum):
     KUBE_FATAL = 4  # the Kubernetes API refused us for good (403, no credentials)
     POLICY_FAILED = 5  # a FailJob rule matched a worker failure
     WORKERS_LOST = 6  # too few workers left to reach MIN_NP (dropped, restart limits used up)
+    HOOK_REFUSED = 7  # horovodrun's driver could not be hardened (elastic_supervisor_hook)
+    STALLED = 8  # training stalled again after STALL_RESTART_LIMIT restarts of horovodrun
     INTERNAL = 70  # a bug: an unexpected exception in the supervisor
 
 
@@ -54,6 +56,7 @@ class SourceState:
 @dataclass(frozen=True)
 class ChildExited:
     code: int
+    pid: int | None = None  # which child (a restarted horovodrun's predecessor is ignored)
 
 
 @dataclass(frozen=True)
