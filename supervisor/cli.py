@@ -18,10 +18,12 @@ import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from supervisor import __version__, fleet, kube, operate, proc
 from supervisor.actuator import Actuator
+from supervisor.channel import HookChannel
 from supervisor.config import (
     DEFAULT_SELECTOR,
     Config,
@@ -29,7 +31,6 @@ from supervisor.config import (
     effective_values,
     parse_config,
 )
-from supervisor.fence import FenceServer
 from supervisor.launch import horovodrun_argv
 from supervisor.logs import make_logger
 from supervisor.metrics import make_metrics, serve
@@ -238,19 +239,25 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
                   f"listen ({e}); set another port or 0 to disable", file=sys.stderr)
             return ExitCode.CONFIG
     try:
-        fence = FenceServer(cfg.fence_port)
+        channel = HookChannel(cfg.fence_port, dead_file=dead_file(cfg),
+                              worker_hook=cfg.worker_hook).start()
     except OSError as e:
         print(f"elastic-supervisor: SUPERVISOR_FENCE_PORT={cfg.fence_port}: cannot listen "
-              f"({e}); set another port or 0 for any free one", file=sys.stderr)
+              f"(UDP: {e}); set another port or 0 for any free one", file=sys.stderr)
         return ExitCode.CONFIG
     try:
-        return _run(cfg, command, env, log=log, metrics=metrics, fence=fence)
+        return _run(cfg, command, env, log=log, metrics=metrics, channel=channel)
     finally:
-        fence.close()
+        channel.close()
+
+
+def dead_file(cfg: Config) -> Path:
+    """The hosts declared dead, for horovodrun's driver: next to the discovery file."""
+    return cfg.discovery_file.with_name(cfg.discovery_file.name + ".dead")
 
 
 def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: Any,
-         metrics: Any, fence: FenceServer) -> int:
+         metrics: Any, channel: HookChannel) -> int:
     try:
         api = kube.make_api_client()
     except kube.KubeError as e:
@@ -294,7 +301,7 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
                      start_child=proc.Child.start, base_env=env, act=actuator.submit,
                      kill_ssh_clients=proc.kill_ssh_clients,
                      count_ssh_clients=lambda pid, host: len(proc.ssh_clients_for(pid, host)),
-                     fence=fence.add, fence_port=fence.port,
+                     channel=channel,
                      workers=workers, owner=owner, leases=leases)
     actuator.sink = sup.submit
     actuator.start()

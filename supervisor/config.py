@@ -103,6 +103,10 @@ class Config:
     node_lease_s: float | None = None  # None: node Leases are not watched
     scale_out_timeout_s: float = 600.0
     scale_in_timeout_s: float = 60.0
+    worker_hook: bool = True
+    heartbeat_timeout_s: float = 3.0
+    stall_timeout_s: float = 1800.0
+    stall_restart_limit: int = 3
     # variable name -> "env" | "default" | "derived: ..." (for `explain`)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -143,6 +147,21 @@ def _seconds(lo: float, *, allow_zero: bool = False) -> Callable[[str], float]:
         if math.isnan(value) or math.isinf(value):
             raise ValueError(accepted)
         if (value < 0) if allow_zero else (value <= lo):
+            raise ValueError(accepted)
+        return value
+
+    return parse
+
+
+def _at_least(lo: float, why: str) -> Callable[[str], float]:
+    accepted = f"a number of seconds >= {lo:g} ({why})"
+
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise ValueError(accepted) from None
+        if math.isnan(value) or math.isinf(value) or value < lo:
             raise ValueError(accepted)
         return value
 
@@ -265,10 +284,9 @@ VARIABLES: tuple[Var, ...] = (
     Var("LOG_FORMAT", "json", "Log format: json or console."),
     Var("LOG_LEVEL", "info", "Log level: debug, info, warning or error."),
     Var("METRICS_PORT", "9400", "Port of the Prometheus /metrics endpoint; 0 disables it."),
-    Var("FENCE_PORT", "0", "Port of the fence endpoint (GET /fenced: the hosts declared dead), "
-        "which training scripts using supervisor.fence.WorkerFence poll while a step is stalled, "
-        "to leave a collective a dead worker holds; 0: any free port (workers learn it from "
-        "horovodrun's environment)."),
+    Var("FENCE_PORT", "0", "UDP port of the hook channel: heartbeats of the training "
+        "processes in, the hosts declared dead out (HMAC-authenticated datagrams, no "
+        "connections); 0: any free port (the workers learn it from horovodrun's environment)."),
     Var("POD_NAME", None, "The launcher pod's name (downward API), the object Events refer to "
         "(without it: the batch Job named JOB_NAME). Default: HOSTNAME when running in a pod."),
     Var("WORKER_TEMPLATE", None, "Worker pod template (YAML Pod, e.g. from a ConfigMap). Set: "
@@ -280,7 +298,8 @@ VARIABLES: tuple[Var, ...] = (
         "128-255`; every other code drops it. Default: 128-255 restart, others drop."),
     Var("FAIL_EXIT_CODES", None, "Exit codes that fail the whole job (exit 5), checked first."),
     Var("RESTART_EVENTS", None, "Causes that replace the worker, from NodeNotReady, "
-        "PodForceDeleted, PodDeleted, Evicted, Preempted; the others drop it. Default: all."),
+        "PodForceDeleted, PodDeleted, Evicted, Preempted, Hung; the others drop it. Default: "
+        "all."),
     Var("RESTART_LIMIT", "100", "Replacements allowed for the whole job."),
     Var("SLOT_RESTART_LIMIT", None, "Replacements allowed per worker slot. Default: no limit."),
     Var("BACKOFF_INITIAL_SECONDS", "1", "Wait before a slot's second replacement; doubles "
@@ -297,6 +316,16 @@ VARIABLES: tuple[Var, ...] = (
         "within this long is deleted again (rollback, Warning Event)."),
     Var("SCALE_IN_TIMEOUT_SECONDS", "60", "A worker removed by `scale` leaves the discovery "
         "file first; it is deleted when horovodrun's ssh clients to it are gone, or after this."),
+    Var("WORKER_HOOK", "true", "Load the hook into every training process horovodrun starts "
+        "(fence, heartbeats, hang detection; no change to the script). false: training "
+        "processes are left alone (horovodrun's driver is hardened either way)."),
+    Var("HEARTBEAT_TIMEOUT_SECONDS", "3", "A training process whose heartbeats (every 0.5 s) "
+        "stopped this long, while its peers wait in a collective and none completes, is Hung."),
+    Var("STALL_TIMEOUT_SECONDS", "1800", "No collective completed anywhere for this long while "
+        "the training processes heartbeat: horovodrun is restarted (longer than any step, "
+        "checkpoint or evaluation without collectives)."),
+    Var("STALL_RESTART_LIMIT", "3", "Restarts of horovodrun for a stall before the job fails "
+        "(exit 8)."),
 )
 KNOWN = {PREFIX + v.name for v in VARIABLES}
 DEFAULT_SELECTOR = "elastic-supervisor/job={job},elastic-supervisor/role=worker"
@@ -428,6 +457,10 @@ def parse_config(
     node_lease = get("NODE_LEASE_SECONDS", _seconds(0))
     scale_out = get("SCALE_OUT_TIMEOUT_SECONDS", _seconds(0))
     scale_in = get("SCALE_IN_TIMEOUT_SECONDS", _seconds(0, allow_zero=True))
+    worker_hook = get("WORKER_HOOK", _bool)
+    heartbeat_timeout = get("HEARTBEAT_TIMEOUT_SECONDS", _at_least(1.5, "three heartbeats"))
+    stall_timeout = get("STALL_TIMEOUT_SECONDS", _at_least(10, "a few steps"))
+    stall_limit = get("STALL_RESTART_LIMIT", _int_in(0))
     template_file = get("WORKER_TEMPLATE", _abs_path)
     template = None
     if template_file is not None and selector is not None:
@@ -453,7 +486,8 @@ def parse_config(
         policy_file=policy_file,
         worker_template=template, worker_template_file=template_file, node_grace_s=node_grace,
         node_lease_s=node_lease, scale_out_timeout_s=scale_out, scale_in_timeout_s=scale_in,
-        sources=dict(sources),
+        worker_hook=worker_hook, heartbeat_timeout_s=heartbeat_timeout,
+        stall_timeout_s=stall_timeout, stall_restart_limit=stall_limit, sources=dict(sources),
     )  # type: ignore[arg-type]
 
 
@@ -576,6 +610,10 @@ def effective_values(cfg: Config) -> list[tuple[str, str, str]]:
         "NODE_GRACE_SECONDS": cfg.node_grace_s, "NODE_LEASE_SECONDS": cfg.node_lease_s,
         "SCALE_OUT_TIMEOUT_SECONDS": cfg.scale_out_timeout_s,
         "SCALE_IN_TIMEOUT_SECONDS": cfg.scale_in_timeout_s,
+        "WORKER_HOOK": str(cfg.worker_hook).lower(),
+        "HEARTBEAT_TIMEOUT_SECONDS": cfg.heartbeat_timeout_s,
+        "STALL_TIMEOUT_SECONDS": cfg.stall_timeout_s,
+        "STALL_RESTART_LIMIT": cfg.stall_restart_limit,
     }
     rows = []
     for v in VARIABLES:

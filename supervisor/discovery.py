@@ -55,14 +55,16 @@ def host_of(pod: Obj, mode: HostMode) -> str | None:
 
 
 def render(
-    view: ClusterView, slots: int, mode: HostMode, first_owner: Mapping[str, str],
-    retiring: frozenset[str] = frozenset(),
+    view: ClusterView, slots: int, mode: HostMode, first_owner: Mapping[str, str], *,
+    retiring: frozenset[str] = frozenset(), failed: frozenset[str] = frozenset(),
 ) -> Rendered:
     """Return the sorted `host:slots` lines of the usable workers in `view`.
 
     `first_owner` maps every host string ever published to the UID of the pod that had it; a
     different pod with the same string is left out (Horovod would treat it as blacklisted).
     `retiring`: pods being scaled in, left out first so that horovodrun lets them go.
+    `failed`: UIDs of pods the supervisor found failed while they still look Running and
+    Ready (Hung), never listed again.
     """
     hosts: dict[str, str] = {}
     left_out: dict[str, Unusable] = {}
@@ -76,12 +78,25 @@ def render(
             problem = Unusable.HOST_REUSED
         if problem is None and name in retiring:
             problem = Unusable.SCALING_IN
+        if problem is None and pod["metadata"].get("uid") in failed:
+            problem = Unusable.HUNG
         if problem is None:
             hosts[host] = name
         else:
             left_out[name] = problem
     lines = tuple(sorted(f"{h}:{slots}" for h in hosts))
     return Rendered(lines=lines, hosts=hosts, left_out=left_out)
+
+
+def hold_back(rendered: Rendered, hosts: frozenset[str], slots: int) -> Rendered:
+    """Return `rendered` without `hosts` (left out as HELD; see regroup.py)."""
+    if not hosts:
+        return rendered
+    kept = {h: name for h, name in rendered.hosts.items() if h not in hosts}
+    left_out = {**rendered.left_out,
+                **{name: Unusable.HELD for h, name in rendered.hosts.items() if h in hosts}}
+    return Rendered(lines=tuple(sorted(f"{h}:{slots}" for h in kept)), hosts=kept,
+                    left_out=left_out)
 
 
 @dataclass(frozen=True)
