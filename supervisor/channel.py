@@ -73,11 +73,15 @@ class Beat:
 
 @dataclass(frozen=True)
 class Driver:
-    """What horovodrun's driver hook said last (None: nothing yet)."""
+    """What horovodrun's driver hook said last (None: nothing yet): its state, and the hosts of
+    the last assignment it made (the world of the next rendezvous) with when it came."""
 
     ok: bool
     at: float
     problems: tuple[str, ...] = ()
+    world: frozenset[str] = frozenset()
+    world_seq: int = 0
+    world_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -280,8 +284,7 @@ class HookChannel:
                     reply = {"t": "exit", "run": str(body.get("run")),
                              "why": "this run of horovodrun was restarted"}
             elif body["t"] == "driver":
-                r.driver = Driver(bool(body.get("ok")), now,
-                                  tuple(map(str, body.get("problems") or ())))
+                r.driver = _driver(r.driver, body, now)
             else:
                 beat = _update(r.beats.get(body["s"]), body, addr, now)
                 if beat is not None:
@@ -301,6 +304,16 @@ class HookChannel:
             if now - b.last_seen > FORGET_S or (b.bye_at is not None
                                                  and now - b.bye_at > FORGET_S):
                 del r.beats[s]
+
+
+def _driver(old: Driver | None, body: Mapping[str, Any], now: float) -> Driver:
+    """PURE: the driver's record after one of its datagrams."""
+    seq = _int(body.get("wseq"))
+    same = old is not None and old.world_seq == seq
+    world = old.world if same and old is not None else frozenset(
+        str(h) for h in body.get("world") or ())
+    return Driver(bool(body.get("ok")), now, tuple(map(str, body.get("problems") or ())),
+                  world, seq, old.world_at if same and old is not None else now)
 
 
 def _int(v: Any, default: int = 0) -> int:

@@ -106,7 +106,7 @@ class Config:
     worker_hook: bool = True
     heartbeat_timeout_s: float = 3.0
     stall_timeout_s: float = 1800.0
-    stall_restart_limit: int = 3
+    horovodrun_restart_limit: int = 3
     # variable name -> "env" | "default" | "derived: ..." (for `explain`)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -324,8 +324,8 @@ VARIABLES: tuple[Var, ...] = (
     Var("STALL_TIMEOUT_SECONDS", "1800", "No collective completed anywhere for this long while "
         "the training processes heartbeat: horovodrun is restarted (longer than any step, "
         "checkpoint or evaluation without collectives)."),
-    Var("STALL_RESTART_LIMIT", "3", "Restarts of horovodrun for a stall before the job fails "
-        "(exit 8)."),
+    Var("HOROVODRUN_RESTART_LIMIT", "3", "Restarts of horovodrun (a stalled job, a rendezvous "
+        "a dead worker broke) before the job fails instead (exit 8)."),
 )
 KNOWN = {PREFIX + v.name for v in VARIABLES}
 DEFAULT_SELECTOR = "elastic-supervisor/job={job},elastic-supervisor/role=worker"
@@ -460,7 +460,7 @@ def parse_config(
     worker_hook = get("WORKER_HOOK", _bool)
     heartbeat_timeout = get("HEARTBEAT_TIMEOUT_SECONDS", _at_least(1.5, "three heartbeats"))
     stall_timeout = get("STALL_TIMEOUT_SECONDS", _at_least(10, "a few steps"))
-    stall_limit = get("STALL_RESTART_LIMIT", _int_in(0))
+    restart_limit = get("HOROVODRUN_RESTART_LIMIT", _int_in(0))
     template_file = get("WORKER_TEMPLATE", _abs_path)
     template = None
     if template_file is not None and selector is not None:
@@ -487,7 +487,8 @@ def parse_config(
         worker_template=template, worker_template_file=template_file, node_grace_s=node_grace,
         node_lease_s=node_lease, scale_out_timeout_s=scale_out, scale_in_timeout_s=scale_in,
         worker_hook=worker_hook, heartbeat_timeout_s=heartbeat_timeout,
-        stall_timeout_s=stall_timeout, stall_restart_limit=stall_limit, sources=dict(sources),
+        stall_timeout_s=stall_timeout, horovodrun_restart_limit=restart_limit,
+        sources=dict(sources),
     )  # type: ignore[arg-type]
 
 
@@ -613,7 +614,7 @@ def effective_values(cfg: Config) -> list[tuple[str, str, str]]:
         "WORKER_HOOK": str(cfg.worker_hook).lower(),
         "HEARTBEAT_TIMEOUT_SECONDS": cfg.heartbeat_timeout_s,
         "STALL_TIMEOUT_SECONDS": cfg.stall_timeout_s,
-        "STALL_RESTART_LIMIT": cfg.stall_restart_limit,
+        "HOROVODRUN_RESTART_LIMIT": cfg.horovodrun_restart_limit,
     }
     rows = []
     for v in VARIABLES:

@@ -13,6 +13,13 @@ and whether it is inside one. From the last heartbeat of each process and `now`:
   does one whose peers go on completing collectives (a lost heartbeat route).
 - the job is `stalled` when no process completed a collective for `stall_s` while some still
   heartbeat: everybody is alive and nobody progresses (a deadlock the first rule cannot see).
+- a rendezvous is `broken` when a host of the world horovodrun's driver last assigned (the
+  driver hook reports each assignment) failed after that assignment, processes still wait in
+  an init, and no new assignment came for BROKEN_AFTER_S: Horovod 0.28 cannot finish that
+  rendezvous without the host (e.g. a replacement killed while it joins), and the waiting
+  processes abort (std::terminate) at the Gloo timeout, taking the job with them. Only a new
+  horovodrun helps. (A host that fails while the world trains is not that: the survivors reset
+  and the driver assigns a new world without it within about a second.)
 - hosts listed for long without any heartbeat, and the hook's own problems, are reported so
   that the supervisor can say hang detection is off for them.
 No I/O, no clock: `now` and all times are monotonic seconds passed in.
@@ -26,6 +33,7 @@ from dataclasses import dataclass
 from supervisor.channel import Beat
 
 BEAT_S = 0.5  # the hook's heartbeat period (elastic_supervisor_hook.worker.BEAT_S)
+BROKEN_AFTER_S = 5.0  # a failed member and no new world for this long: the rendezvous is broken
 UNMONITORED_AFTER_S = 60.0  # horovodrun has run this long: every listed host should heartbeat
 
 
@@ -54,9 +62,16 @@ class Stall:
 
 
 @dataclass(frozen=True)
+class Broken:
+    host: str  # the host that failed during the rendezvous
+    waiting: int  # processes waiting in it
+
+
+@dataclass(frozen=True)
 class Verdict:
     hung: tuple[Hung, ...] = ()
     stall: Stall | None = None
+    broken: Broken | None = None
     unmonitored: tuple[str, ...] = ()  # listed hosts that never sent a heartbeat
     problems: tuple[tuple[str, str], ...] = ()  # (host, the hook's problem)
 
@@ -66,10 +81,13 @@ def _fresh(b: Beat, now: float, s: HangSettings) -> bool:
 
 
 def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: float,
-           settings: HangSettings, now: float) -> Verdict:
+           settings: HangSettings, now: float, failed_at: Mapping[str, float] | None = None,
+           world: tuple[frozenset[str], float] | None = None) -> Verdict:
     """Return what the heartbeats of one run of horovodrun say about the `watched` hosts
     (listed in the discovery file and not being scaled in, with since when);
-    `started_at`: when that run of horovodrun started."""
+    `started_at`: when that run of horovodrun started; `failed_at`: when hosts were found
+    failed (in this run); `world`: the hosts of the driver's last assignment and when it came
+    (None: the driver hook did not say)."""
     s = settings
     all_beats = list(beats)
     fresh = [b for b in all_beats if _fresh(b, now, s)]
@@ -98,9 +116,18 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
     stall = None
     if fresh and now - last_progress >= s.stall_s:
         stall = Stall(now - last_progress, len(fresh))
+    broken = None
+    if world is not None:
+        members, assigned_at = world
+        for host, at in sorted((failed_at or {}).items(), key=lambda x: x[1]):
+            stuck = [b for b in fresh if b.waiting == "i" and b.host != host]
+            if (host in members and at > assigned_at and now - at >= BROKEN_AFTER_S
+                    and stuck):
+                broken = Broken(host, len(stuck))
+                break
     seen = {b.host for b in all_beats}
     unmonitored = tuple(sorted(
         h for h, since in watched.items()
         if h not in seen and now - max(since, started_at) >= UNMONITORED_AFTER_S))
     problems = tuple(sorted({(b.host, p) for b in all_beats for p in b.problems}))
-    return Verdict(tuple(hung[h] for h in sorted(hung)), stall, unmonitored, problems)
+    return Verdict(tuple(hung[h] for h in sorted(hung)), stall, broken, unmonitored, problems)

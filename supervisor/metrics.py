@@ -30,7 +30,7 @@ class Metrics:
     replacement_latency: Histogram
     heartbeating_processes: Gauge
     last_progress_age: Gauge
-    stall_restarts: Counter
+    horovodrun_restarts: Counter
     hook_datagrams: Gauge
 
 
@@ -77,8 +77,9 @@ def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
                                      "hook heartbeats now", registry=r),
         last_progress_age=Gauge(f"{p}last_progress_age_seconds", "Seconds since a training "
                                 "process last completed a collective", registry=r),
-        stall_restarts=Counter(f"{p}stall_restarts", "Restarts of horovodrun because no "
-                               "collective completed for the stall timeout", registry=r),
+        horovodrun_restarts=Counter(f"{p}horovodrun_restarts", "Restarts of horovodrun (a "
+                                    "stalled job, a rendezvous a dead worker broke)", ["reason"],
+                                    registry=r),
         hook_datagrams=Gauge(f"{p}hook_datagrams", "Datagrams of the hook channel since start, "
                              "by outcome (received, rejected: not authentic or replayed, "
                              "stale: an earlier run, pushed: fence pushes sent, replies)",

@@ -26,7 +26,7 @@ class ExitCode(IntEnum):
     POLICY_FAILED = 5  # a FailJob rule matched a worker failure
     WORKERS_LOST = 6  # too few workers left to reach MIN_NP (dropped, restart limits used up)
     HOOK_REFUSED = 7  # horovodrun's driver could not be hardened (elastic_supervisor_hook)
-    STALLED = 8  # training stalled again after STALL_RESTART_LIMIT restarts of horovodrun
+    STALLED = 8  # horovodrun needed restarting more than HOROVODRUN_RESTART_LIMIT times
     INTERNAL = 70  # a bug: an unexpected exception in the supervisor
 
 

@@ -106,7 +106,8 @@ class HangWatch:
     reported: set[str] = field(default_factory=set)  # one-time warnings of this run
     hung: set[str] = field(default_factory=set)  # UIDs of pods found Hung: never listed again
     regroup: regroup.Pending | None = None  # a failure the survivors have not regrouped from
-    stall_restarts: int = 0  # restarts of horovodrun for a stall (whole supervisor life)
+    failed_at: dict[str, float] = field(default_factory=dict)  # host -> found failed (this run)
+    horovodrun_restarts: int = 0  # restarts of horovodrun for a stall (whole supervisor life)
 
 
 @dataclass
@@ -393,6 +394,8 @@ class Supervisor:
         if failures and st.child is not None and self.channel is not None:
             # New workers wait until the survivors regrouped (regroup.py).
             st.hangs.regroup = regroup.pending(self.channel.snapshot().beats.values(), now)
+            for host in hosts:
+                st.hangs.failed_at.setdefault(host, now)
         if st.fleet is None or st.failing is not None:
             if st.scale_request is not None:
                 self._refuse_scale(st.scale_request, "the supervisor does not own the workers "
@@ -472,8 +475,11 @@ class Supervisor:
         h.listed_since = {host: h.listed_since.get(host, now) for host in listed}
         snap = self.channel.snapshot()
         started = h.run_started_at if h.run_started_at is not None else now
+        world = ((snap.driver.world, snap.driver.world_at)
+                 if snap.driver is not None and snap.driver.world_seq else None)
         verdict = hang.assess(snap.beats.values(), h.listed_since, started_at=started,
-                              settings=self.hang_settings, now=now)
+                              settings=self.hang_settings, now=now, failed_at=h.failed_at,
+                              world=world)
         fresh = sum(1 for b in snap.beats.values()
                     if b.bye_at is None and now - b.last_seen < self.hang_settings.silence_s)
         self.metrics.heartbeating_processes.set(fresh)
@@ -501,8 +507,18 @@ class Supervisor:
                              silent_s=round(hung.silent_s, 2), detail=hung.detail)
             self.events(EventSpec("Warning", "WorkerHung", "Detect",
                                   f"worker {name} ({hung.host}): {hung.detail}"))
-        if verdict.stall is not None:
-            self._restart_for_stall(verdict.stall, now)
+        if verdict.broken is not None:
+            b = verdict.broken
+            self._restart_horovodrun(
+                "RendezvousBroken", f"worker {b.host} failed while {b.waiting} training "
+                f"process(es) waited for it in the rendezvous of horovodrun's world: Horovod "
+                f"0.28 cannot finish that rendezvous (they would abort at the Gloo timeout)", now)
+        elif verdict.stall is not None:
+            stall = verdict.stall
+            self._restart_horovodrun(
+                "TrainingStalled", f"no collective completed for {stall.since_s:.0f}s while "
+                f"{stall.alive} training process(es) heartbeat (SUPERVISOR_STALL_TIMEOUT_"
+                f"SECONDS={self.cfg.stall_timeout_s:g})", now)
         elif progress and now - max(progress) >= STALL_LOG_AFTER_S:
             if "stall-logged" not in h.reported:
                 h.reported.add("stall-logged")
@@ -543,32 +559,33 @@ class Supervisor:
                 "or -S, PYTHONPATH replaced, or SUPERVISOR_HOROVODRUN is not horovodrun): a "
                 "frozen or partitioned worker can hang it for good"))
 
-    def _restart_for_stall(self, stall: hang.Stall, now: float) -> None:
-        """No collective completed for STALL_TIMEOUT_SECONDS while the processes heartbeat:
-        restart horovodrun (its whole tree; the start gate again), a bounded number of times."""
+    def _restart_horovodrun(self, reason: str, why: str, now: float) -> None:
+        """Training cannot go on in this run of horovodrun: restart it (the processes told to
+        exit, its whole tree killed, the start gate again), at most HOROVODRUN_RESTART_LIMIT
+        times; then fail (exit 8). `reason`: the Event's reason (TrainingStalled,
+        RendezvousBroken)."""
         st, cfg, h = self.state, self.cfg, self.state.hangs
-        h.stall_restarts += 1
-        self.metrics.stall_restarts.inc()
-        why = (f"no collective completed for {stall.since_s:.0f}s while {stall.alive} training "
-               f"process(es) heartbeat (SUPERVISOR_STALL_TIMEOUT_SECONDS="
-               f"{cfg.stall_timeout_s:g})")
-        if h.stall_restarts > cfg.stall_restart_limit:
-            self._fail(ExitCode.STALLED, f"{why}; horovodrun was restarted "
-                       f"{cfg.stall_restart_limit} times for a stall already", now)
+        if st.failing is not None or st.stop_signal is not None or st.child is None:
             return
-        self.log.error("training.stalled", seconds=round(stall.since_s), alive=stall.alive,
-                       restart=h.stall_restarts, limit=cfg.stall_restart_limit)
-        self.events(EventSpec("Warning", "TrainingStalled", "Restart",
-                              f"{why}: restarting horovodrun ({h.stall_restarts} of "
-                              f"{cfg.stall_restart_limit}); the script resumes from its "
+        h.horovodrun_restarts += 1
+        self.metrics.horovodrun_restarts.labels(reason).inc()
+        if h.horovodrun_restarts > cfg.horovodrun_restart_limit:
+            self._fail(ExitCode.STALLED, f"{why}; horovodrun was restarted "
+                       f"{cfg.horovodrun_restart_limit} times already", now)
+            return
+        self.log.error("horovodrun.restarting", reason=reason, why=why,
+                       restart=h.horovodrun_restarts, limit=cfg.horovodrun_restart_limit)
+        self.events(EventSpec("Warning", reason, "Restart",
+                              f"{why}: restarting horovodrun ({h.horovodrun_restarts} of "
+                              f"{cfg.horovodrun_restart_limit}); the script resumes from its "
                               "checkpoint if it keeps one"))
-        assert self.channel is not None and st.child is not None
-        self.channel.exit_run("training stalled: horovodrun is restarted")
+        assert self.channel is not None
+        self.channel.exit_run(f"{reason}: horovodrun is restarted")
         killed = st.child.kill_tree()
-        self.log.info("horovodrun.killed", reason="stall", processes=killed)
+        self.log.info("horovodrun.killed", reason=reason, processes=killed)
         st.child = None
         st.gate_since = now
-        st.hangs = replace(h, run_started_at=None, reported=set())
+        st.hangs = replace(h, run_started_at=None, reported=set(), failed_at={}, regroup=None)
         self.metrics.horovodrun_up.set(0)
 
     def _driver_refused(self) -> str:
@@ -908,7 +925,8 @@ class Supervisor:
                 if self.channel is not None else None)
         child = self.start_child(argv, horovodrun_env(cfg, self.base_env, hook))
         st.child = child
-        st.hangs = replace(st.hangs, run_started_at=self.clock(), reported=set())
+        st.hangs = replace(st.hangs, run_started_at=self.clock(), reported=set(), failed_at={},
+                           regroup=None)
         if self.channel is None or not cfg.worker_hook:
             why = ("SUPERVISOR_WORKER_HOOK=false" if self.channel is not None
                    else "the hook is not installed")

@@ -104,7 +104,8 @@ def test_horovodruns_driver_is_hardened_and_says_hello() -> None:
             from horovod.runner.elastic.driver import ElasticDriver
             import time
             print(network.socket.socket.__name__,
-                  hasattr(ElasticDriver.get_worker_client, "__wrapped__"))
+                  hasattr(ElasticDriver.get_worker_client, "__wrapped__")
+                  and hasattr(ElasticDriver._update_host_assignments, "__wrapped__"))
             time.sleep(0.5)  # the hello thread is a daemon
         """, pythonpath=[HOOK_DIR], port=sock.getsockname()[1])
         assert got.returncode == 0, got.stderr
@@ -129,6 +130,7 @@ def stand_in_horovod(root: Path, version: str, *, get_worker_client: bool = True
             "from horovod.runner.common.util import network\nclass ElasticDriver:\n"
             + ("    def get_worker_client(self, s): pass\n" if get_worker_client else "")
             + "    def _notify_workers_host_changes(self): pass\n"
+            "    def _update_host_assignments(self, hosts): pass\n"
             "    def get_coordinator_info(self): pass\n"),
         "horovod/runner/launch.py": "import horovod.runner.elastic.driver\nprint('ran')\n",
     }

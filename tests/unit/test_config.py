@@ -86,7 +86,7 @@ def test_every_variable_set_explicitly() -> None:
         "SUPERVISOR_NODE_GRACE_SECONDS": "0", "SUPERVISOR_NODE_LEASE_SECONDS": "5",
         "SUPERVISOR_SCALE_OUT_TIMEOUT_SECONDS": "120", "SUPERVISOR_SCALE_IN_TIMEOUT_SECONDS": "0",
         "SUPERVISOR_WORKER_HOOK": "false", "SUPERVISOR_HEARTBEAT_TIMEOUT_SECONDS": "2.5",
-        "SUPERVISOR_STALL_TIMEOUT_SECONDS": "900", "SUPERVISOR_STALL_RESTART_LIMIT": "0",
+        "SUPERVISOR_STALL_TIMEOUT_SECONDS": "900", "SUPERVISOR_HOROVODRUN_RESTART_LIMIT": "0",
     }, read_text=lambda _: TEMPLATE.replace("app: x", "app: bert\n    role: worker"))
     assert (cfg.worker_selector, cfg.slots_per_worker, cfg.np, cfg.min_np, cfg.max_np) == (
         "app=bert,role=worker", 2, 4, 2, 8)
@@ -100,7 +100,7 @@ def test_every_variable_set_explicitly() -> None:
     assert cfg.worker_template is not None and cfg.node_grace_s == 0.0
     assert (cfg.node_lease_s, cfg.scale_out_timeout_s, cfg.scale_in_timeout_s) == (5, 120, 0)
     assert (cfg.worker_hook, cfg.heartbeat_timeout_s, cfg.stall_timeout_s,
-            cfg.stall_restart_limit) == (False, 2.5, 900.0, 0)
+            cfg.horovodrun_restart_limit) == (False, 2.5, 900.0, 0)
     assert cfg.policy.budgets == Budgets(restart_limit=5, per_slot_limit=2,
                                          backoff_initial_s=0.5, backoff_max_s=10.0,
                                          disruptions_free=True)
@@ -212,8 +212,8 @@ BAD = [
      "expected a number of seconds >= 1.5 (three heartbeats)"),
     ("SUPERVISOR_STALL_TIMEOUT_SECONDS", "5", "SUPERVISOR_STALL_TIMEOUT_SECONDS='5': expected a "
      "number of seconds >= 10 (a few steps)"),
-    ("SUPERVISOR_STALL_RESTART_LIMIT", "-1", "SUPERVISOR_STALL_RESTART_LIMIT='-1': expected an "
-     "integer >= 0"),
+    ("SUPERVISOR_HOROVODRUN_RESTART_LIMIT", "-1", "SUPERVISOR_HOROVODRUN_RESTART_LIMIT='-1': "
+     "expected an integer >= 0"),
 ]
 
 

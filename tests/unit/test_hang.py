@@ -8,11 +8,12 @@ times of the last heartbeat and of the last growth of the completed-collectives 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from supervisor.channel import Beat
-from supervisor.hang import HangSettings, Hung, Stall, Verdict, assess
+from supervisor.hang import Broken, HangSettings, Hung, Stall, Verdict, assess
 
 S = HangSettings(silence_s=3.0, stall_s=600.0)
 NOW = 1000.0
@@ -125,3 +126,31 @@ def test_with_no_progress_ever_a_stall_counts_from_the_first_heartbeat(
                      first_seen=first_seen)]
     verdict = assess(beats, LISTED, started_at=NOW - 800, settings=S, now=NOW)
     assert verdict.stall == expected
+
+
+FAILED = NOW - 6.0  # the member that died
+WORLD = (frozenset({"10.0.0.1", "10.0.0.3"}), NOW - 10.0)  # assigned before it died
+
+
+@pytest.mark.parametrize(("beats", "failed_at", "world", "expected"), [
+    pytest.param([beat("10.0.0.1", wait=8.0, kind="i", progress=None)], {"10.0.0.3": FAILED},
+                 WORLD, Broken("10.0.0.3", 1),
+                 id="a member died while the others wait in its rendezvous: broken"),
+    pytest.param([beat("10.0.0.1", wait=8.0, kind="i", progress=None)],
+                 {"10.0.0.3": NOW - 3.0}, WORLD, None,
+                 id="not for BROKEN_AFTER_S yet: the driver may still assign a new world"),
+    pytest.param([beat("10.0.0.1", wait=5.0, kind="i", progress=None)], {"10.0.0.3": FAILED},
+                 (frozenset({"10.0.0.1"}), NOW - 5.5), None,
+                 id="the driver assigned a world without it since: a normal reset"),
+    pytest.param([beat("10.0.0.1", wait=0.2, kind="c")], {"10.0.0.3": FAILED}, WORLD, None,
+                 id="nobody waits in an init: a failure in training, the survivors reset"),
+    pytest.param([beat("10.0.0.1", wait=8.0, kind="i", progress=None)], {"10.0.0.2": FAILED},
+                 WORLD, None, id="the failed host was not a member of the world"),
+    pytest.param([beat("10.0.0.1", wait=8.0, kind="i", progress=None)], {"10.0.0.3": FAILED},
+                 None, None, id="no word from the driver hook: not judged"),
+])
+def test_a_rendezvous_broken_by_a_dead_member(beats: list[Beat], failed_at: dict[str, float],
+                                              world: Any, expected: Broken | None) -> None:
+    verdict = assess(beats, LISTED, started_at=NOW - 30, settings=S, now=NOW,
+                     failed_at=failed_at, world=world)
+    assert verdict.broken == expected

@@ -250,3 +250,14 @@ def test_new_run_puts_the_hook_first_on_pythonpath_and_keeps_the_users(
     assert bytes.fromhex(env["ELASTIC_SUPERVISOR_HOOK_KEY"]) == channel.key
     assert int(env["ELASTIC_SUPERVISOR_HOOK_PORT"]) == channel.port
     assert json.loads(Path(env["ELASTIC_SUPERVISOR_HOOK_DEAD_FILE"]).read_text()) == []
+
+
+def test_the_drivers_world_is_timed_from_its_first_report() -> None:
+    from supervisor.channel import _driver
+
+    first = _driver(None, {"ok": True, "world": ["b", "a"], "wseq": 1}, 10.0)
+    again = _driver(first, {"ok": True, "world": ["b", "a"], "wseq": 1}, 15.0)  # a hello
+    new = _driver(again, {"ok": True, "world": ["a"], "wseq": 2}, 20.0)
+    assert (first.world, first.world_at) == (frozenset({"a", "b"}), 10.0)
+    assert (again.world, again.world_at, again.at) == (frozenset({"a", "b"}), 10.0, 15.0)
+    assert (new.world, new.world_at, new.world_seq) == (frozenset({"a"}), 20.0, 2)

@@ -142,10 +142,24 @@ class DriverHook:
         self.key, self.port, self.run, self.dead_file = key, port, run, dead_file
         self.results: dict[str, str] = {}
         self.sender, self.seq = wire.new_sender_id(), 0
+        self.current_world: tuple[int, list[str]] = (0, [])
 
     def patches(self) -> dict[str, Patch]:
-        return {NETWORK: driver.timed_sockets,
-                DRIVER: lambda m: driver.skip_dead(m, lambda: driver.read_dead(self.dead_file))}
+        return {NETWORK: driver.timed_sockets, DRIVER: self.patch_driver}
+
+    def patch_driver(self, module: Any) -> None:
+        driver.skip_dead(module, lambda: driver.read_dead(self.dead_file))
+        driver.report_worlds(module, self.world)
+
+    def world(self, hosts: list[str]) -> None:
+        """The driver assigned hosts for the next rendezvous: tell the supervisor now."""
+        self.current_world = (self.current_world[0] + 1, hosts)
+        self.say("driver", self.hello())
+
+    def hello(self) -> dict[str, Any]:
+        seq, hosts = self.current_world
+        return {"ok": True, "version": _horovod_version(), "connect_s": driver.CONNECT_S,
+                "read_s": driver.READ_S, "world": hosts, "wseq": seq}
 
     def patched(self, name: str, problem: str) -> None:
         self.results[name] = problem
@@ -184,8 +198,7 @@ class DriverHook:
 
     def _hello(self) -> None:
         while True:
-            self.say("driver", {"ok": True, "version": _horovod_version(),
-                                "connect_s": driver.CONNECT_S, "read_s": driver.READ_S})
+            self.say("driver", self.hello())
             time.sleep(DRIVER_HELLO_S)
 
 

@@ -12,6 +12,8 @@ dead or partitioned host waits for the OS's SYN timeout, attempt after attempt.
 - `skip_dead`: the driver notifies only the coordinator (rank 0) of host changes; a coordinator
   on a host the supervisor declared dead (a JSON list of host strings in the file
   ELASTIC_SUPERVISOR_HOOK_DEAD_FILE, written atomically) is not contacted at all.
+- `report_worlds`: each host assignment the driver makes (the world of the next rendezvous) is
+  reported to the supervisor, which can then tell a rendezvous a dead member broke.
 
 Why these values: a healthy notification service answers in milliseconds (the handler only
 queues the message; the GIL is released at least every 5 ms), and a connect on a cluster network
@@ -95,3 +97,24 @@ def skip_dead(driver_module: types.ModuleType, dead: Callable[[], frozenset[str]
 
     get_worker_client.__wrapped__ = original  # type: ignore[attr-defined]
     cls.get_worker_client = get_worker_client
+
+
+def report_worlds(driver_module: types.ModuleType, report: Callable[[list[str]], None]) -> None:
+    """Make ElasticDriver call `report(hosts)` after each host assignment it makes."""
+    cls = getattr(driver_module, "ElasticDriver", None)
+    if cls is None or not hasattr(cls, "_update_host_assignments"):
+        raise RuntimeError("horovod.runner.elastic.driver.ElasticDriver: "
+                           "_update_host_assignments not found")
+    original = cls._update_host_assignments
+
+    def _update_host_assignments(self: Any, current_hosts: Any) -> Any:
+        pending = original(self, current_hosts)
+        try:
+            report(sorted(getattr(self, "_host_assignments", {}) or {}))
+        except Exception as e:  # never break the driver for a report
+            print(f"elastic-supervisor hook: cannot report the assignment: {e!r}",
+                  file=sys.stderr, flush=True)
+        return pending
+
+    _update_host_assignments.__wrapped__ = original  # type: ignore[attr-defined]
+    cls._update_host_assignments = _update_host_assignments
