@@ -14,7 +14,7 @@ import platform
 import sys
 from pathlib import Path
 
-from bench import discovery, e2e, replacement, versus
+from bench import discovery, e2e, e2e_stock, fence, replacement, versus
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
 
@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--sizes", default="10,100,1000",
                         help="worker counts for the discovery benchmark (default 10,100,1000)")
-    parser.add_argument("--only", choices=("discovery", "replacement", "baseline", "e2e"),
+    parser.add_argument("--only", choices=("discovery", "replacement", "baseline", "e2e",
+                                           "e2e_stock", "fence"),
                         help="run one benchmark; keys of the others keep their stored values")
     parser.add_argument("--baseline-workers", type=int, default=versus.Plan.workers,
                         help="worker count of the poller comparison (default %(default)s)")
@@ -60,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         "e2e": {"resume_after_kill_s": None, "resume_after_freeze_s": None,
                 "full_size_after_replacement_s": None, "steps_rerun_max": None},
         "e2e_details": None,
+        "e2e_stock": {"resumed_after_hang_s": None, "resumed_after_sigkill_s": None,
+                      "longest_interval_without_a_step_s": None, "steps_rerun_max": None},
+        "e2e_stock_details": None,
+        "fence": None,
     }
     if RESULTS.exists() and args.only:
         stored = json.loads(RESULTS.read_text())
@@ -73,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
                                                       args.baseline_changes)))
     if args.only in (None, "e2e"):
         results.update(e2e.main())
+    if args.only in (None, "e2e_stock"):
+        results.update(e2e_stock.main())
+    if args.only in (None, "fence"):
+        results.update(fence.main())
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {RESULTS}\n")
     print(f"{'workers':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'samples':>8}")
@@ -85,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
           f"idle CPU: {results['supervisor_cpu_percent_idle_1000']}%")
     print_baseline(results)
     print_e2e(results)
+    print_stock(results)
     return 0
 
 
@@ -120,6 +130,20 @@ def print_e2e(results: dict[str, object]) -> None:
             f["detected_s"], f["resumed_s"], f["replacement_usable_s"], f["full_size_s"])]
         print(f"{f['fault']:<40} {cells[0]:>9} {cells[1]:>9} {cells[2]:>12} {cells[3]:>10}")
     print(f"e2e: {results['e2e']}")
+
+
+def print_stock(results: dict[str, object]) -> None:
+    details = results["e2e_stock_details"]
+    if isinstance(details, dict):
+        print(f"\n{'fault (stock script, defaults)':<40} {'resumed':>9} {'full size':>10} "
+              f"{'rerun':>6}")
+        for job in details["jobs"]:
+            for f in job["faults"]:
+                print(f"{f['fault']:<40} {f['resumed_s']:>7.1f} s {f['full_size_s']:>8.1f} s "
+                      f"{max(f['steps_rerun'], default=0):>6}")
+        print(f"e2e_stock: {results['e2e_stock']}")
+    if isinstance(results["fence"], dict):
+        print(f"fence: {results['fence']}")
 
 
 if __name__ == "__main__":

@@ -76,6 +76,7 @@ PROGRESS_EVERY_S = 5.0
 EXPECTATION_TIMEOUT_S = 60.0  # a created pod not seen on the watch by then is created again
 DRIVER_HELLO_WAIT_S = 30.0  # horovodrun's driver hook should have said hello by then
 STALL_LOG_AFTER_S = 60.0  # no collective completed this long: said once in the log
+HUNG_NODE_AVOID_S = 300.0  # replacements prefer other nodes this long after a hang on one
 
 
 class ChildProcess(Protocol):
@@ -105,6 +106,7 @@ class HangWatch:
     listed_since: dict[str, float] = field(default_factory=dict)  # host -> in the file since
     reported: set[str] = field(default_factory=set)  # one-time warnings of this run
     hung: set[str] = field(default_factory=set)  # UIDs of pods found Hung: never listed again
+    hung_nodes: dict[str, float] = field(default_factory=dict)  # node -> a worker hung there
     regroup: regroup.Pending | None = None  # a failure the survivors have not regrouped from
     failed_at: dict[str, float] = field(default_factory=dict)  # host -> found failed (this run)
     horovodrun_restarts: int = 0  # restarts of horovodrun for a stall (whole supervisor life)
@@ -392,10 +394,13 @@ class Supervisor:
         for failure, pod, seen_at in failures:
             self._on_failure(failure, pod, seen_at, wall, now, ssh_killed=killed)
         if failures and st.child is not None and self.channel is not None:
-            # New workers wait until the survivors regrouped (regroup.py).
-            st.hangs.regroup = regroup.pending(self.channel.snapshot().beats.values(), now)
+            snap = self.channel.snapshot()
             for host in hosts:
                 st.hangs.failed_at.setdefault(host, now)
+            if regroup.member_failed(hosts, snap.beats.values(),
+                                     snap.driver.world if snap.driver else None):
+                # New workers wait until the survivors regrouped (regroup.py).
+                st.hangs.regroup = regroup.pending(snap.beats.values(), now)
         if st.fleet is None or st.failing is not None:
             if st.scale_request is not None:
                 self._refuse_scale(st.scale_request, "the supervisor does not own the workers "
@@ -420,7 +425,8 @@ class Supervisor:
         for c in fleet.wanted(st.fleet, cfg.job_name, existing, wall):
             body = worker_pod(cfg.worker_template, job=cfg.job_name,  # type: ignore[arg-type]
                               slot=c.slot, incarnation=c.incarnation, owner=self.owner,
-                              avoid_node=c.avoid_node, lost_nodes=sorted(suspects))
+                              avoid_node=c.avoid_node, lost_nodes=sorted(suspects),
+                              suspect_nodes=self._hung_nodes(now))
             st.expected[c.name] = now
             self.act(CreatePod(body))
         usable = len(st.fleet.active()) * cfg.slots_per_worker
@@ -502,6 +508,8 @@ class Supervisor:
                               detail=hung.detail)
             st.failed.add(uid)
             h.hung.add(uid)
+            if failure.node:
+                h.hung_nodes[failure.node] = now
             st.failures.append((failure, pod, now))
             self.log.warning("worker.hung", pod=name, host=hung.host, pid=hung.pid,
                              silent_s=round(hung.silent_s, 2), detail=hung.detail)
@@ -526,6 +534,13 @@ class Supervisor:
                                  stall_timeout_s=self.cfg.stall_timeout_s, heartbeating=fresh)
         else:
             h.reported.discard("stall-logged")
+
+    def _hung_nodes(self, now: float) -> list[str]:
+        """Nodes where a worker hung in the last HUNG_NODE_AVOID_S: replacements prefer others
+        (the node may be the silent one, still Ready in the API for 40-50 s)."""
+        h = self.state.hangs
+        h.hung_nodes = {n: t for n, t in h.hung_nodes.items() if now - t < HUNG_NODE_AVOID_S}
+        return sorted(h.hung_nodes)
 
     def _hang_warnings(self, verdict: Verdict, driver: Any, running_s: float) -> None:
         """The one-time Warning Events of a run: hosts without heartbeats, the hook's problems,

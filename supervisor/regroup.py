@@ -6,12 +6,12 @@ new world, and the survivors wait in the rendezvous until its process has starte
 `import torch`, `hvd.init()`: 3-10 s): no batch is computed meanwhile. The supervisor creates a
 replacement within milliseconds and it is often Ready before the survivors regroup, which was the
 5.4 s worst case after a SIGKILL. So a host that would be added to the file is held back while a
-regroup is pending: from the failure decision until a surviving process reports a new
-`hvd.init()` and a completed collective after it (the hook's heartbeats), for at most
-MAX_HOLD_S. The survivors resume at the smaller size at once and the new host joins right after,
-through Horovod's host-added notification, at a commit point (no rollback). Nothing is held when
-the survivors alone could not reach MIN_NP (the driver would wait for the new host), or when no
-process heartbeats (no hook: nothing would tell when to stop holding).
+regroup is pending: from the failure of a member of the training until a surviving process
+reports a new `hvd.init()` and a completed collective after it (the hook's heartbeats), for at
+most MAX_HOLD_S. The survivors resume at the smaller size at once and the new host joins right
+after, through Horovod's host-added notification, at a commit point (no rollback). Nothing is
+held when the survivors alone could not reach MIN_NP (the driver would wait for the new host),
+or when no process heartbeats (no hook: nothing would tell when to stop holding).
 No I/O, no clock.
 """
 
@@ -32,6 +32,14 @@ class Pending:
 
     since: float
     inits: Mapping[str, int]
+
+
+def member_failed(hosts: Iterable[str], beats: Iterable[Beat],
+                  world: frozenset[str] | None) -> bool:
+    """Whether a failed host was part of the training: in the world horovodrun's driver last
+    assigned, or heard from (a replacement that never started makes nobody regroup)."""
+    heard = {b.host for b in beats}
+    return any(h in heard or (world is not None and h in world) for h in hosts)
 
 
 def pending(beats: Iterable[Beat], now: float) -> Pending:

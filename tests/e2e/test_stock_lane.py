@@ -199,6 +199,8 @@ def test_a_silent_node_with_a_frozen_worker_is_found_without_the_lease_option(
     job, faults = make_job()
     assert "SUPERVISOR_NODE_LEASE_SECONDS" not in job.sup.env
     victim, pod = job.victim()
+    nodes = [p["spec"]["nodeName"] for p in job.live_workers().values()]
+    assert nodes.count(pod["spec"]["nodeName"]) == 1, "the survivor is on another node"
     t0 = time.time()
     faults.silence_node(pod["spec"]["nodeName"])
     hung_then_replaced(job, victim, t0)
@@ -211,7 +213,10 @@ def test_a_partitioned_worker_is_found_and_cut_off(make_job: MakeJob) -> None:
     victim, _ = job.victim()
     with faults.partition(victim):
         t0 = time.time()
-        hung_then_replaced(job, victim, t0)
+        # The partition ends with the pod (the supervisor deletes a hung one): its rules would
+        # otherwise catch whatever reuses its ports later.
+        job.wait("the partitioned pod deleted", lambda: victim not in job.live_workers(), 60)
+    hung_then_replaced(job, victim, t0)
 
 
 # ---- no false positives ----------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from supervisor.channel import Beat
-from supervisor.regroup import MAX_HOLD_S, Pending, held, over, pending
+from supervisor.regroup import MAX_HOLD_S, Pending, held, member_failed, over, pending
 
 NOW = 500.0
 FAILED_AT = NOW - 0.5
@@ -56,3 +56,15 @@ def test_the_regroup_stays_pending_while_no_replacement_exists_yet() -> None:
                 min_np=1, now=NOW) == frozenset()
     assert not over(PENDING, [beat("p1")], NOW), "still pending for the replacement to come"
     assert over(PENDING, [beat("p1", inits=2, progress=NOW)], NOW)
+
+
+@pytest.mark.parametrize(("hosts", "world", "expected"), [
+    pytest.param({"10.0.0.2"}, None, True, id="a host heard from: a member"),
+    pytest.param({"10.0.0.9"}, frozenset({"10.0.0.9", "10.0.0.1"}), True,
+                 id="in the driver's world: a member"),
+    pytest.param({"10.0.0.9"}, frozenset({"10.0.0.1"}), False,
+                 id="a replacement that never started: nobody regroups"),
+])
+def test_only_a_members_failure_makes_the_survivors_regroup(
+        hosts: set[str], world: frozenset[str] | None, expected: bool) -> None:
+    assert member_failed(hosts, BEFORE, world) is expected

@@ -37,6 +37,9 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Tuple
 from . import wire
 
 BEAT_S = 0.5  # heartbeat period
+# The local endpoints are read again after each init (Gloo's connections are made there) and at
+# least this often: reading them costs a scan of the network namespace's TCP table.
+ENDPOINTS_S = 10.0
 STALL_S = 1.0  # inside one collective this long: a dead host's connections are cut
 MAX_PORTS = 2000
 Endpoint = Tuple[str, int]
@@ -172,6 +175,8 @@ class Beater:
         self.dead: list[DeadEntry] = []
         self.fence_version = 0
         self.severed_stall: tuple[float, int] | None = None  # (stall start, fence version)
+        self.endpoints: tuple[list[str], list[int]] = ([], [])
+        self.endpoints_read: tuple[int, float] | None = None  # (inits, when)
         self.replays = wire.Replays(limit=4)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._stop = threading.Event()
@@ -200,11 +205,14 @@ class Beater:
         """The next heartbeat's body (without sender and sequence number)."""
         p, now = self.progress, self.clock()
         start, kind, _ = p.waiting()
-        try:
-            addrs, ports = local_endpoints(self.connections())
-        except Exception as e:  # never let the thread die of psutil
-            addrs, ports = [], []
-            self._problem(f"cannot read this process's connections: {e!r}")
+        last = self.endpoints_read
+        if last is None or last[0] != p.inits or now - last[1] >= ENDPOINTS_S:
+            self.endpoints_read = (p.inits, now)
+            try:
+                self.endpoints = local_endpoints(self.connections())
+            except Exception as e:  # never let the thread die of psutil
+                self._problem(f"cannot read this process's connections: {e!r}")
+        addrs, ports = self.endpoints
         return {"t": "hb", "pid": os.getpid(), "host": self.host, "lr": self.local_rank,
                 "rank": p.rank, "size": p.size, "inits": p.inits, "done": p.done,
                 "wait": None if start is None else round(now - start, 3), "in": kind,
