@@ -53,6 +53,16 @@ def steps_of(records: list[Record]) -> list[Record]:
     return [r for r in records if "loss" in r]
 
 
+def step_after_reset(records: list[Record], t0: float, size: int | None = None) -> Record | None:
+    """Rank 0's first step after the first reset (to world size `size`, if given) that came
+    after wall time `t0`; None if there is none yet."""
+    for i, r in enumerate(records):
+        if r.get("event") == "reset" and r["time"] > t0 and size in (None, r["size"]):
+            later = steps_of(records[i:])
+            return later[0] if later else None
+    return None
+
+
 @dataclass
 class ElasticJob:
     """One training job: worker pods on the node agent, a supervisor process (restartable)."""
@@ -63,6 +73,8 @@ class ElasticJob:
     tmp: Path
     steps: int
     env: dict[str, str]
+    # The training command; None: worker_image/train.py for `steps` steps with a checkpoint.
+    command: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         self.supervisors: list[SupervisorProcess] = []
@@ -70,9 +82,10 @@ class ElasticJob:
         pod = worker_pod("template", self.pods.agent.node_selector)
         del pod["metadata"]["name"]
         self.template.write_text(json.dumps({"apiVersion": "v1", "kind": "Pod", **pod}))
-        self.command = (sys.executable, str(TRAIN), "--steps", str(self.steps),
-                        "--commit-every", str(COMMIT_EVERY),
-                        "--checkpoint", str(self.tmp / "checkpoint.pt"))
+        if self.command is None:
+            self.command = (sys.executable, str(TRAIN), "--steps", str(self.steps),
+                            "--commit-every", str(COMMIT_EVERY),
+                            "--checkpoint", str(self.tmp / "checkpoint.pt"))
 
     @property
     def sup(self) -> SupervisorProcess:
@@ -223,14 +236,14 @@ def check_training(records: list[Record], target: int, *, final_size: int,
 @contextlib.contextmanager
 def elastic_job(cp: ControlPlane, api: client.ApiClient, namespace: str, tmp: Path, *,
                 steps: int, nodes: tuple[str, ...] = ("node-a", "node-b", "node-c"),
-                **env: str) -> Iterator[ElasticJob]:
+                command: tuple[str, ...] | None = None, **env: str) -> Iterator[ElasticJob]:
     """A node agent for `namespace` (its own nodes) and an ElasticJob on it (not started)."""
     core = client.CoreV1Api(api)
     prefix = namespace[-6:]
     with agent_pods(cp, core, namespace, tmp / "keys",
                     nodes=tuple(f"{prefix}-{n}" for n in nodes),
                     workdir=tmp / "agent") as pods:
-        job = ElasticJob(cp, api, pods, tmp, steps, dict(env))
+        job = ElasticJob(cp, api, pods, tmp, steps, dict(env), command)
         try:
             yield job
         finally:
