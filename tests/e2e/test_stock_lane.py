@@ -247,7 +247,7 @@ def test_a_job_that_stalls_is_restarted_then_failed(make_job: MakeJob) -> None:
     assert job.wait_exit(300) == 9, job.tail()
     stalls = notes(job, "TrainingStalled")
     assert len(stalls) == 1 and "restarting horovodrun (1 of 1)" in stalls[0], stalls
-    assert [f["code"] for f in job.logs("job.failing")] == [8]
+    assert [f["code"] for f in job.logs("job.failing")] == [9]
     assert [r["event"] for r in job.records() if r.get("event") == "resumed"] == ["resumed"]
     assert job.logs("worker.hung") == []
     assert sum(1 for e in job.logs("horovodrun.started")) == 2
