@@ -15,7 +15,7 @@ import platform
 import sys
 from pathlib import Path
 
-from bench import discovery, e2e, plot, replacement, versus
+from bench import discovery, e2e, e2e_stock, fence, plot, replacement, versus
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
 
@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--sizes", default=",".join(map(str, discovery.SIZES)),
                         help="worker counts for the discovery benchmark (default %(default)s)")
-    parser.add_argument("--only", choices=("discovery", "replacement", "baseline", "e2e", "plot"),
+    parser.add_argument("--only", choices=("discovery", "replacement", "baseline", "e2e",
+                                           "e2e_stock", "fence", "plot"),
                         help="run one benchmark; keys of the others keep their stored values")
     parser.add_argument("--baseline-workers", type=int, default=versus.Plan.workers,
                         help="worker count of the poller comparison (default %(default)s)")
@@ -63,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         "e2e": {"resume_after_kill_s": None, "resume_after_freeze_s": None,
                 "full_size_after_replacement_s": None, "steps_rerun_max": None},
         "e2e_details": None,
+        "e2e_stock": {"resumed_after_hang_s": None, "resumed_after_sigkill_s": None,
+                      "longest_interval_without_a_step_s": None, "steps_rerun_max": None},
+        "e2e_stock_details": None,
+        "fence": None,
     }
     if RESULTS.exists() and args.only:
         stored = json.loads(RESULTS.read_text())
@@ -78,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
                                                       args.baseline_changes)))
     if args.only in (None, "e2e"):
         results.update(e2e.main())
+    if args.only in (None, "e2e_stock"):
+        results.update(e2e_stock.main())
+    if args.only in (None, "fence"):
+        results.update(fence.main())
     if args.only != "plot":
         RESULTS.write_text(json.dumps(results, indent=2) + "\n")
         print(f"\nwrote {RESULTS}")
@@ -89,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{rl['p50']} ms, p99 {rl['p99']} ms, max {rl['max']} ms over {rl['n']}")
     print_baseline(results)
     print_e2e(results)
+    print_stock(results)
     return 0
 
 
@@ -140,6 +150,20 @@ def print_e2e(results: dict[str, object]) -> None:
             f["detected_s"], f["resumed_s"], f["replacement_usable_s"], f["full_size_s"])]
         print(f"{f['fault']:<40} {cells[0]:>9} {cells[1]:>9} {cells[2]:>12} {cells[3]:>10}")
     print(f"e2e: {results['e2e']}")
+
+
+def print_stock(results: dict[str, object]) -> None:
+    details = results["e2e_stock_details"]
+    if isinstance(details, dict):
+        print(f"\n{'fault (stock script, defaults)':<40} {'resumed':>9} {'full size':>10} "
+              f"{'rerun':>6}")
+        for job in details["jobs"]:
+            for f in job["faults"]:
+                print(f"{f['fault']:<40} {f['resumed_s']:>7.1f} s {f['full_size_s']:>8.1f} s "
+                      f"{max(f['steps_rerun'], default=0):>6}")
+        print(f"e2e_stock: {results['e2e_stock']}")
+    if isinstance(results["fence"], dict):
+        print(f"fence: {results['fence']}")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ class Cause(StrEnum):
     POD_DELETED = "PodDeleted"  # graceful delete by someone else
     EVICTED = "Evicted"
     PREEMPTED = "Preempted"
+    HUNG = "Hung"  # its training process stopped heartbeating while its peers waited (hang.py)
 
 
 # Causes outside the training's control: optionally free of the restart budget.

@@ -26,6 +26,7 @@ from typing import Any
 
 from supervisor import __version__, cleanup, discovery, fleet, kube, operate, proc, startup
 from supervisor.actuator import Actuator
+from supervisor.channel import HookChannel
 from supervisor.config import (
     DEFAULT_SELECTOR,
     Config,
@@ -33,7 +34,6 @@ from supervisor.config import (
     effective_values,
     parse_config,
 )
-from supervisor.fence import FenceServer
 from supervisor.launch import horovodrun_argv
 from supervisor.leader import LeaderElector, lease_name
 from supervisor.logs import make_logger
@@ -269,19 +269,25 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
                   f"listen ({e}); set another port or 0 to disable", file=sys.stderr)
             return ExitCode.CONFIG
     try:
-        fence = FenceServer(cfg.fence_port)
+        channel = HookChannel(cfg.fence_port, dead_file=dead_file(cfg),
+                              worker_hook=cfg.worker_hook).start()
     except OSError as e:
         print(f"elastic-supervisor: SUPERVISOR_FENCE_PORT={cfg.fence_port}: cannot listen "
-              f"({e}); set another port or 0 for any free one", file=sys.stderr)
+              f"(UDP: {e}); set another port or 0 for any free one", file=sys.stderr)
         return ExitCode.CONFIG
     try:
-        return _run(cfg, command, env, log=log, metrics=metrics, fence=fence)
+        return _run(cfg, command, env, log=log, metrics=metrics, channel=channel)
     finally:
-        fence.close()
+        channel.close()
+
+
+def dead_file(cfg: Config) -> Path:
+    """The hosts declared dead, for horovodrun's driver: next to the discovery file."""
+    return cfg.discovery_file.with_name(cfg.discovery_file.name + ".dead")
 
 
 def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: Any,
-         metrics: Any, fence: FenceServer) -> int:
+         metrics: Any, channel: HookChannel) -> int:
     """The start sequence (supervisor.startup), then the loop; map every way out to a code."""
     try:
         api = kube.make_api_client()
@@ -319,7 +325,7 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
             rv = _adopt(cfg, api, store, stored, rv, owner=owner, identity=identity,
                         retry=retry, log=log, events=recorder.record)
         stopping.check()
-        return _supervise(cfg, command, env, api=api, log=log, metrics=metrics, fence=fence,
+        return _supervise(cfg, command, env, api=api, log=log, metrics=metrics, channel=channel,
                           recorder=recorder, elector=elector, lost=lost, stopping=stopping,
                           store=store, workers=workers, rv=rv, identity=identity, owner=owner)
     except startup.Stopped as e:
@@ -451,7 +457,7 @@ def _adopt(cfg: Config, api: Any, store: kube.StateStore, stored: dict[str, Any]
 
 
 def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, api: Any,
-               log: Any, metrics: Any, fence: FenceServer, recorder: kube.EventRecorder,
+               log: Any, metrics: Any, channel: HookChannel, recorder: kube.EventRecorder,
                elector: LeaderElector, lost: Relay, stopping: startup.Stopping,
                store: kube.StateStore, workers: fleet.Fleet | None, rv: str | None,
                identity: str, owner: Mapping[str, str] | None) -> int:
@@ -465,7 +471,7 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
                      start_child=proc.Child.start, base_env=env, act=actuator.submit,
                      kill_ssh_clients=proc.kill_ssh_clients,
                      count_ssh_clients=lambda pid, host: len(proc.ssh_clients_for(pid, host)),
-                     fence=fence.add, fence_port=fence.port,
+                     channel=channel,
                      workers=workers, owner=owner, leases=leases)
     actuator.sink = sup.submit
     actuator.start()

@@ -114,6 +114,10 @@ class Config:
     clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
     api_timeout_s: float = 30.0  # client timeout of every API call but watches
     leader_lease_s: float = 60.0  # the leader Lease's duration
+    worker_hook: bool = True
+    heartbeat_timeout_s: float = 3.0
+    stall_timeout_s: float = 1800.0
+    horovodrun_restart_limit: int = 3
     # variable name -> "env" | "default" | "derived: ..." (for `explain`)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -169,6 +173,21 @@ def _seconds_in(lo: float, hi: float) -> Callable[[str], float]:
         except ValueError:
             raise ValueError(accepted) from None
         if not lo <= value <= hi:  # also refuses nan
+            raise ValueError(accepted)
+        return value
+
+    return parse
+
+
+def _at_least(lo: float, why: str) -> Callable[[str], float]:
+    accepted = f"a number of seconds >= {lo:g} ({why})"
+
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise ValueError(accepted) from None
+        if math.isnan(value) or math.isinf(value) or value < lo:
             raise ValueError(accepted)
         return value
 
@@ -292,10 +311,9 @@ VARIABLES: tuple[Var, ...] = (
     Var("LOG_FORMAT", "json", "Log format: json or console."),
     Var("LOG_LEVEL", "info", "Log level: debug, info, warning or error."),
     Var("METRICS_PORT", "9400", "Port of the Prometheus /metrics endpoint; 0 disables it."),
-    Var("FENCE_PORT", "0", "Port of the fence endpoint (GET /fenced: the hosts declared dead), "
-        "which training scripts using supervisor.fence.WorkerFence poll while a step is stalled, "
-        "to leave a collective a dead worker holds; 0: any free port (workers learn it from "
-        "horovodrun's environment)."),
+    Var("FENCE_PORT", "0", "UDP port of the hook channel: heartbeats of the training "
+        "processes in, the hosts declared dead out (HMAC-authenticated datagrams, no "
+        "connections); 0: any free port (the workers learn it from horovodrun's environment)."),
     Var("POD_NAME", None, "The launcher pod's name (downward API), the object Events refer to "
         "(without it: the batch Job named JOB_NAME). Default: HOSTNAME when running in a pod."),
     Var("WORKER_TEMPLATE", None, "Worker pod template (YAML Pod, e.g. from a ConfigMap). Set: "
@@ -307,7 +325,8 @@ VARIABLES: tuple[Var, ...] = (
         "128-255`; every other code drops it. Default: 128-255 restart, others drop."),
     Var("FAIL_EXIT_CODES", None, "Exit codes that fail the whole job (exit 5), checked first."),
     Var("RESTART_EVENTS", None, "Causes that replace the worker, from NodeNotReady, "
-        "PodForceDeleted, PodDeleted, Evicted, Preempted; the others drop it. Default: all."),
+        "PodForceDeleted, PodDeleted, Evicted, Preempted, Hung; the others drop it. Default: "
+        "all."),
     Var("RESTART_LIMIT", "100", "Replacements allowed for the whole job."),
     Var("SLOT_RESTART_LIMIT", None, "Replacements allowed per worker slot. Default: no limit."),
     Var("BACKOFF_INITIAL_SECONDS", "1", "Wait before a slot's second replacement; doubles "
@@ -334,6 +353,16 @@ VARIABLES: tuple[Var, ...] = (
         "(<job>-supervisor-leader): a second launcher waits as a standby; a leader that cannot "
         "renew it for 2/3 of this stops horovodrun (exit 7); a standby takes over a dead "
         "leader's job after this. 2 to 3600."),
+    Var("WORKER_HOOK", "true", "Load the hook into every training process horovodrun starts "
+        "(fence, heartbeats, hang detection; no change to the script). false: training "
+        "processes are left alone (horovodrun's driver is hardened either way)."),
+    Var("HEARTBEAT_TIMEOUT_SECONDS", "3", "A training process whose heartbeats (every 0.5 s) "
+        "stopped this long, while its peers wait in a collective and none completes, is Hung."),
+    Var("STALL_TIMEOUT_SECONDS", "1800", "No collective completed anywhere for this long while "
+        "the training processes heartbeat: horovodrun is restarted (longer than any step, "
+        "checkpoint or evaluation without collectives)."),
+    Var("HOROVODRUN_RESTART_LIMIT", "3", "Restarts of horovodrun (a stalled job, a rendezvous "
+        "a dead worker broke) before the job fails instead (exit 9)."),
 )
 KNOWN = {PREFIX + v.name for v in VARIABLES}
 DEFAULT_SELECTOR = "elastic-supervisor/job={job},elastic-supervisor/role=worker"
@@ -474,6 +503,10 @@ def parse_config(
     leader_lease = get("LEADER_LEASE_SECONDS", _seconds_in(2, 3600))
     if isinstance(job, str) and isinstance(max_np, int) and isinstance(slots, int):
         _check_pod_names(job, max_np, slots, env, problems)
+    worker_hook = get("WORKER_HOOK", _bool)
+    heartbeat_timeout = get("HEARTBEAT_TIMEOUT_SECONDS", _at_least(1.5, "three heartbeats"))
+    stall_timeout = get("STALL_TIMEOUT_SECONDS", _at_least(10, "a few steps"))
+    restart_limit = get("HOROVODRUN_RESTART_LIMIT", _int_in(0))
     template_file = get("WORKER_TEMPLATE", _abs_path)
     template = None
     if template_file is not None and selector is not None:
@@ -500,6 +533,8 @@ def parse_config(
         worker_template=template, worker_template_file=template_file, node_grace_s=node_grace,
         node_lease_s=node_lease, scale_out_timeout_s=scale_out, scale_in_timeout_s=scale_in,
         clean_pod_policy=clean, api_timeout_s=api_timeout, leader_lease_s=leader_lease,
+        worker_hook=worker_hook, heartbeat_timeout_s=heartbeat_timeout,
+        stall_timeout_s=stall_timeout, horovodrun_restart_limit=restart_limit,
         sources=dict(sources),
     )  # type: ignore[arg-type]
 
@@ -645,6 +680,10 @@ def effective_values(cfg: Config) -> list[tuple[str, str, str]]:
         "CLEAN_POD_POLICY": cfg.clean_pod_policy.value,
         "API_TIMEOUT_SECONDS": cfg.api_timeout_s,
         "LEADER_LEASE_SECONDS": cfg.leader_lease_s,
+        "WORKER_HOOK": str(cfg.worker_hook).lower(),
+        "HEARTBEAT_TIMEOUT_SECONDS": cfg.heartbeat_timeout_s,
+        "STALL_TIMEOUT_SECONDS": cfg.stall_timeout_s,
+        "HOROVODRUN_RESTART_LIMIT": cfg.horovodrun_restart_limit,
     }
     rows = []
     for v in VARIABLES:

@@ -133,6 +133,7 @@ class _Args:
     mode: HostMode
     first_owner: Mapping[str, str]
     retiring: frozenset[str]
+    failed: frozenset[str] = frozenset()
 
     def placed(self, name: str, pod: Obj, problem: Unusable | None,
                host: str | None) -> Unusable | None:
@@ -142,24 +143,29 @@ class _Args:
             return Unusable.HOST_REUSED
         if problem is None and name in self.retiring:
             return Unusable.SCALING_IN
+        if problem is None and pod["metadata"].get("uid") in self.failed:
+            return Unusable.HUNG
         return problem
 
 
 def render(
     view: ClusterView, slots: int, mode: HostMode, first_owner: Mapping[str, str], *,
-    retiring: frozenset[str] = frozenset(), memo: Memo | None = None,
+    retiring: frozenset[str] = frozenset(), failed: frozenset[str] = frozenset(),
+    memo: Memo | None = None,
 ) -> Rendered:
     """Return the sorted `host:slots` lines of the usable workers in `view`.
 
     `first_owner` maps every host string ever published to the UID of the pod that had it; a
     different pod with the same string is left out (Horovod would treat it as blacklisted).
     `retiring`: pods being scaled in, left out first so that horovodrun lets them go.
+    `failed`: UIDs of pods the supervisor found failed while they still look Running and
+    Ready (Hung), never listed again.
     `memo`: reuse what earlier calls concluded (see Memo; the result is the same).
     """
     if memo is None:
         memo = Memo()
-    args = _Args(slots, mode, first_owner, retiring)
-    inputs = (id(view), slots, mode, retiring, id(first_owner), len(first_owner))
+    args = _Args(slots, mode, first_owner, retiring, failed)
+    inputs = (id(view), slots, mode, retiring, failed, id(first_owner), len(first_owner))
     changes = (view.changes_since(memo.version)
                if memo.version is not None and memo.inputs == inputs else None)
     if changes is None or not _update(memo, view, changes, args):
@@ -227,6 +233,17 @@ def _update(memo: Memo, view: ClusterView, changes: list[tuple[Kind, str]],
             memo.hosts[host] = name  # type: ignore[index]
             bisect.insort(memo.lines, f"{host}:{args.slots}")
     return True
+
+
+def hold_back(rendered: Rendered, hosts: frozenset[str], slots: int) -> Rendered:
+    """Return `rendered` without `hosts` (left out as HELD; see regroup.py)."""
+    if not hosts:
+        return rendered
+    kept = {h: name for h, name in rendered.hosts.items() if h not in hosts}
+    left_out = {**rendered.left_out,
+                **{name: Unusable.HELD for h, name in rendered.hosts.items() if h in hosts}}
+    return Rendered(lines=tuple(sorted(f"{h}:{slots}" for h in kept)), hosts=kept,
+                    left_out=left_out, live=rendered.live)
 
 
 @dataclass(frozen=True)

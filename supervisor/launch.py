@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from supervisor.config import Config
-from supervisor.fence import PORT_ENV
 
 
 def horovodrun_argv(cfg: Config, command: Sequence[str]) -> list[str]:
@@ -40,11 +39,11 @@ def horovodrun_argv(cfg: Config, command: Sequence[str]) -> list[str]:
 
 
 def horovodrun_env(cfg: Config, base: Mapping[str, str],
-                   fence_port: int | None = None) -> dict[str, str]:
-    """Return the environment for horovodrun: `base` plus what the discovery script reads and,
-    with a fence endpoint, its port (horovodrun forwards its environment to every worker)."""
+                   hook: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Return the environment for horovodrun: `base` plus what the discovery script reads and
+    the hook's variables (its PYTHONPATH first, the channel's port and key: see
+    channel.HookChannel.new_run). horovodrun forwards its environment to every worker."""
     env = dict(base)
     env["SUPERVISOR_DISCOVERY_FILE"] = str(cfg.discovery_file)
-    if fence_port is not None:
-        env[PORT_ENV] = str(fence_port)
+    env.update(hook or {})
     return env

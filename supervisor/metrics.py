@@ -28,6 +28,10 @@ class Metrics:
     workers_created: Counter
     restart_budget_left: Gauge
     replacement_latency: Histogram
+    heartbeating_processes: Gauge
+    last_progress_age: Gauge
+    horovodrun_restarts: Counter
+    hook_datagrams: Gauge
 
 
 def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
@@ -69,6 +73,17 @@ def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
             f"{p}replacement_latency_seconds",
             "Failure observed -> replacement pod created (without backoff waits)",
             buckets=LATENCY_BUCKETS, registry=r),
+        heartbeating_processes=Gauge(f"{p}heartbeating_processes", "Training processes whose "
+                                     "hook heartbeats now", registry=r),
+        last_progress_age=Gauge(f"{p}last_progress_age_seconds", "Seconds since a training "
+                                "process last completed a collective", registry=r),
+        horovodrun_restarts=Counter(f"{p}horovodrun_restarts", "Restarts of horovodrun (a "
+                                    "stalled job, a rendezvous a dead worker broke)", ["reason"],
+                                    registry=r),
+        hook_datagrams=Gauge(f"{p}hook_datagrams", "Datagrams of the hook channel since start, "
+                             "by outcome (received, rejected: not authentic or replayed, "
+                             "stale: an earlier run, pushed: fence pushes sent, replies)",
+                             ["outcome"], registry=r),
     )
 
 

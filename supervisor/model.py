@@ -27,6 +27,8 @@ class ExitCode(IntEnum):
     POLICY_FAILED = 5  # a FailJob rule matched a worker failure
     WORKERS_LOST = 6  # too few workers left to reach MIN_NP (dropped, restart limits used up)
     LEADERSHIP_LOST = 7  # the leader Lease could not be renewed: horovodrun stopped at once
+    HOOK_REFUSED = 8  # horovodrun's driver could not be hardened (elastic_supervisor_hook)
+    STALLED = 9  # horovodrun needed restarting more than HOROVODRUN_RESTART_LIMIT times
     INTERNAL = 70  # a bug: an unexpected exception in the supervisor
 
 
@@ -56,6 +58,7 @@ class SourceState:
 @dataclass(frozen=True)
 class ChildExited:
     code: int
+    pid: int | None = None  # which child (a restarted horovodrun's predecessor is ignored)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,8 @@ class Unusable(StrEnum):
     NODE_TAINTED = "NodeTaintedDown"
     HOST_REUSED = "HostNameReused"
     SCALING_IN = "ScalingIn"
+    HUNG = "WorkerHung"  # found Hung: it still looks Running and Ready
+    HELD = "HeldUntilRegroup"  # new, kept out until the survivors of a failure regrouped
 
 
 @dataclass

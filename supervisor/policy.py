@@ -6,8 +6,8 @@ causes (exceptionalEvent "nodeNotReady,PodForceDeleted", ...) and has an action:
 (replace the pod), Ignore (drop the worker; the job goes on smaller within min-np) or FailJob
 (stop horovodrun, exit with the documented code). CCE's restartPolicy values ExitCode /
 OnNodeFail / OnNodeFailWithExitCode mean Restart; our `action` field says it directly.
-With no rules configured: Restart on NodeNotReady, PodForceDeleted, Evicted, Preempted and
-PodDeleted, and on exit codes 128-255; Ignore other exit codes.
+With no rules configured: Restart on NodeNotReady, PodForceDeleted, Evicted, Preempted,
+PodDeleted and Hung, and on exit codes 128-255; Ignore other exit codes.
 
 Budgets (the `Ledger`, a frozen value the caller persists): a job-wide restart limit, an
 optional per-slot limit, an optional sliding-window rate limit, and exponential backoff between
@@ -93,9 +93,10 @@ class Rule:
 
 
 DEFAULT_RULES: tuple[Rule, ...] = (
-    Rule("default: node loss, force delete, eviction, preemption, deletion", Action.RESTART,
+    Rule("default: node loss, force delete, eviction, preemption, deletion, hang",
+         Action.RESTART,
          causes=frozenset({Cause.NODE_NOT_READY, Cause.POD_FORCE_DELETED, Cause.EVICTED,
-                           Cause.PREEMPTED, Cause.POD_DELETED})),
+                           Cause.PREEMPTED, Cause.POD_DELETED, Cause.HUNG})),
     Rule("default: exit codes 128-255 (killed by a signal)", Action.RESTART,
          exit_codes=((128, 255),)),
     Rule("default: other exit codes", Action.IGNORE, exit_codes=((0, 127),)),

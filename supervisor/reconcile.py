@@ -30,8 +30,9 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from supervisor import admission, discovery, fleet, reload
+from supervisor import admission, discovery, fleet, hang, regroup, reload
 from supervisor.actuator import CreatePod, DeletePod, Op, SaveState
+from supervisor.channel import HookChannel
 from supervisor.classify import (
     Cause,
     ClassifySettings,
@@ -45,6 +46,7 @@ from supervisor.classify import (
 from supervisor.config import Config
 from supervisor.discovery import Publish, Rendered
 from supervisor.fleet import Fleet
+from supervisor.hang import HangSettings, Verdict
 from supervisor.launch import horovodrun_argv, horovodrun_env
 from supervisor.metrics import Metrics
 from supervisor.model import (
@@ -73,6 +75,9 @@ from supervisor.workers import pod_name, worker_pod
 
 PROGRESS_EVERY_S = 5.0
 EXPECTATION_TIMEOUT_S = 60.0  # a created pod not seen on the watch by then is created again
+DRIVER_HELLO_WAIT_S = 30.0  # horovodrun's driver hook should have said hello by then
+STALL_LOG_AFTER_S = 60.0  # no collective completed this long: said once in the log
+HUNG_NODE_AVOID_S = 300.0  # replacements prefer other nodes this long after a hang on one
 
 
 class ChildProcess(Protocol):
@@ -95,6 +100,20 @@ class Outcome:
 
 
 @dataclass
+class HangWatch:
+    """What the loop remembers of the hook's signals for the current run of horovodrun."""
+
+    run_started_at: float | None = None  # monotonic; None: no horovodrun running
+    listed_since: dict[str, float] = field(default_factory=dict)  # host -> in the file since
+    reported: set[str] = field(default_factory=set)  # one-time warnings of this run
+    hung: set[str] = field(default_factory=set)  # UIDs of pods found Hung: never listed again
+    hung_nodes: dict[str, float] = field(default_factory=dict)  # node -> a worker hung there
+    regroup: regroup.Pending | None = None  # a failure the survivors have not regrouped from
+    failed_at: dict[str, float] = field(default_factory=dict)  # host -> found failed (this run)
+    horovodrun_restarts: int = 0  # restarts of horovodrun for a stall (whole supervisor life)
+
+
+@dataclass
 class LoopState:
     """Mutable state owned by the loop thread."""
 
@@ -103,7 +122,8 @@ class LoopState:
     first_owner: dict[str, str] = field(default_factory=dict)
     published: str | None = None  # current discovery content; None while withdrawn
     rendered: Rendered | None = None
-    rendered_from: tuple[object, ...] = ()  # what `rendered` was made of (view version, ...)
+    listed: Rendered | None = None  # the last render: what the view says is usable
+    rendered_from: tuple[object, ...] = ()  # what `listed` was made of (view version, ...)
     memo: discovery.Memo = field(default_factory=discovery.Memo)
     child: ChildProcess | None = None
     stop_signal: int | None = None
@@ -125,6 +145,8 @@ class LoopState:
     scale_request: int | None = None  # desired workers asked for, not applied yet
     scale_version: str | None = None  # resourceVersion of the last scale request seen
     blocked: dict[str, admission.Refusal] = field(default_factory=dict)  # creates refused
+    gate_since: float = 0.0  # since when the start gate waits for MIN_NP slots
+    hangs: HangWatch = field(default_factory=HangWatch)
 
 
 class Supervisor:
@@ -142,8 +164,7 @@ class Supervisor:
         act: Callable[[Op], None],
         kill_ssh_clients: Callable[[int, Collection[str]], dict[str, list[int]]],
         count_ssh_clients: Callable[[int, str], int],
-        fence: Callable[[str], None] = lambda host: None,
-        fence_port: int | None = None,
+        channel: HookChannel | None = None,
         workers: Fleet | None = None,
         owner: Mapping[str, str] | None = None,
         leases: NodeLeases | None = None,
@@ -154,7 +175,9 @@ class Supervisor:
         self.start_child, self.base_env, self.clock = start_child, base_env, clock
         self.act, self.kill_ssh_clients, self.owner, self.wall = act, kill_ssh_clients, owner, wall
         self.count_ssh_clients = count_ssh_clients
-        self.fence, self.fence_port = fence, fence_port
+        self.channel = channel
+        self.hang_settings = HangSettings(silence_s=cfg.heartbeat_timeout_s,
+                                          stall_s=cfg.stall_timeout_s)
         self.classify_settings = ClassifySettings(node_grace_s=cfg.node_grace_s,
                                                   lease_grace_s=cfg.node_lease_s)
         self.leases = leases if cfg.node_lease_s is not None else None
@@ -178,10 +201,10 @@ class Supervisor:
         """Supervise until horovodrun exits or the start fails; return how it ended."""
         cfg = self.cfg
         argv = horovodrun_argv(cfg, command)
-        env = horovodrun_env(cfg, self.base_env, self.fence_port)
-        started_at = self.clock()
-        next_progress = next_reap = started_at
-        self._sync_discovery(started_at, None)  # withdraw a file left by a previous run
+        st = self.state
+        st.gate_since = self.clock()
+        next_progress = next_reap = st.gate_since
+        self._sync_discovery(st.gate_since, None)  # withdraw a file left by a previous run
         while True:
             batch = self._drain(self._timeout())
             now = self.clock()
@@ -207,6 +230,8 @@ class Supervisor:
             if exited is not None:
                 if st.failing is not None:
                     return self._finish(*st.failing)
+                if exited == ExitCode.HOOK_REFUSED:
+                    return self._finish(exited, self._driver_refused())
                 return self._finish(exited, f"horovodrun exited with {exited}")
             if st.child is None:
                 if st.failing is not None:
@@ -216,12 +241,12 @@ class Supervisor:
                                         f"stopped by signal {st.stop_signal} before start")
                 slots = st.rendered.slots(cfg.slots_per_worker) if st.rendered else 0
                 if st.view.synced and st.published is not None and slots >= cfg.min_np:
-                    self._start(argv, env, slots)
-                elif now - started_at > cfg.start_timeout_s:
+                    self._start(argv, slots)
+                elif now - st.gate_since > cfg.start_timeout_s:
                     why = (f"only {slots} of {cfg.min_np} slots usable after "
                            f"{cfg.start_timeout_s:g}s (synced={st.view.synced})")
                     self.log.error("start.timeout", slots=slots, min_np=cfg.min_np,
-                                   waited_s=round(now - started_at, 1))
+                                   waited_s=round(now - st.gate_since, 1))
                     self.events(EventSpec("Warning", "StartTimeout", "Start", why))
                     return self._finish(ExitCode.START_TIMEOUT, why)
                 elif now >= next_progress:
@@ -229,7 +254,7 @@ class Supervisor:
                     self.log.info("start.waiting", slots=slots, min_np=cfg.min_np,
                                   synced=st.view.synced, workers=len(st.view.pods),
                                   left_out=dict(st.rendered.left_out) if st.rendered else {},
-                                  waited_s=round(now - started_at, 1))
+                                  waited_s=round(now - st.gate_since, 1))
             else:
                 if now >= next_reap:  # a walk of the process table: not on every event
                     st.child.reap()
@@ -240,12 +265,18 @@ class Supervisor:
     def _timeout(self) -> float:
         """How long the next pass may wait for triggers: the tick, or a backoff deadline."""
         st = self.state
-        if st.fleet is None:
-            return self.cfg.resync_s
-        wall = self.wall()
-        due = fleet.next_due(st.fleet, wall)
-        return self.cfg.resync_s if due is None else max(0.005, min(self.cfg.resync_s,
-                                                                     due - wall))
+        timeout = self.cfg.resync_s
+        if st.fleet is not None:
+            wall = self.wall()
+            due = fleet.next_due(st.fleet, wall)
+            if due is not None:
+                timeout = min(timeout, due - wall)
+        if self.channel is not None and st.child is not None:
+            # Look again the moment a process would have been silent for the threshold.
+            silent = self.channel.next_silence(self.hang_settings.silence_s)
+            if silent is not None:
+                timeout = min(timeout, silent - self.clock() + 0.01)
+        return max(0.005, timeout)
 
     def _drain(self, timeout: float) -> list[Trigger]:
         try:
@@ -284,7 +315,8 @@ class Supervisor:
                 if item.synced or item.broken is False:
                     earliest = item.at if earliest is None else min(earliest, item.at)
             elif isinstance(item, ChildExited):
-                exited = item.code
+                if st.child is not None and item.pid in (None, st.child.pid):
+                    exited = item.code  # (a horovodrun restarted for a stall is not news)
             elif isinstance(item, SignalReceived):
                 self._on_signal(item.signum, now)
             elif isinstance(item, LeadershipLost):
@@ -338,6 +370,8 @@ class Supervisor:
             st.synced_at = now
             if st.fleet is not None:
                 st.fleet = fleet.adopt(st.fleet, st.view.pods.values(), cfg.job_name)
+        if st.child is not None and self.channel is not None:
+            self._watch_hangs(now)
         suspects = set(st.node_down)
         if self.leases is not None and cfg.node_lease_s is not None:
             suspects |= self.leases.older_than(cfg.node_lease_s, now)
@@ -357,13 +391,25 @@ class Supervisor:
         wall = self.wall()
         failures, st.failures = st.failures, []
         hosts = {h for _, pod, _ in failures if (h := discovery.host_of(pod, cfg.host_mode))}
-        for host in sorted(hosts):
-            self.fence(host)  # survivors stalled on it leave their collective (fence.py)
+        if hosts and self.channel is not None:
+            # The driver skips them, survivors stalled on them leave their collective.
+            t0 = time.perf_counter()
+            pushed = self.channel.fence(hosts)
+            self.log.info("worker.fenced", hosts=sorted(hosts), pushed_to=pushed,
+                          push_ms=round((time.perf_counter() - t0) * 1000, 2))
         # One walk of horovodrun's tree for all of them (a lost node may take 100 workers).
         killed = (self.kill_ssh_clients(st.child.pid, hosts)
                   if st.child is not None and hosts else {})
         for failure, pod, seen_at in failures:
             self._on_failure(failure, pod, seen_at, wall, now, ssh_killed=killed)
+        if failures and st.child is not None and self.channel is not None:
+            snap = self.channel.snapshot()
+            for host in hosts:
+                st.hangs.failed_at.setdefault(host, now)
+            if regroup.member_failed(hosts, snap.beats.values(),
+                                     snap.driver.world if snap.driver else None):
+                # New workers wait until the survivors regrouped (regroup.py).
+                st.hangs.regroup = regroup.pending(snap.beats.values(), now)
         if st.fleet is None or st.failing is not None:
             if st.scale_request is not None:
                 self._refuse_scale(st.scale_request, "the supervisor does not own the workers "
@@ -388,7 +434,8 @@ class Supervisor:
         for c in fleet.wanted(st.fleet, cfg.job_name, existing, wall):
             body = worker_pod(cfg.worker_template, job=cfg.job_name,  # type: ignore[arg-type]
                               slot=c.slot, incarnation=c.incarnation, owner=self.owner,
-                              avoid_node=c.avoid_node, lost_nodes=sorted(suspects))
+                              avoid_node=c.avoid_node, lost_nodes=sorted(suspects),
+                              suspect_nodes=self._hung_nodes(now))
             st.expected[c.name] = now
             self.act(CreatePod(body))
         usable = len(st.fleet.active()) * cfg.slots_per_worker
@@ -405,10 +452,11 @@ class Supervisor:
         host = discovery.host_of(pod, cfg.host_mode)
         killed = list(ssh_killed.get(host, [])) if host else []
         found = fleet.slot_of(pod, cfg.job_name) if st.fleet is not None else None
-        if (found is not None and f.cause is Cause.NODE_NOT_READY
+        if (found is not None and f.cause in (Cause.NODE_NOT_READY, Cause.HUNG)
                 and pod["metadata"].get("deletionGracePeriodSeconds") != 0):
-            # On a lost node the pod would stay Terminating forever: force it out (also when
-            # an earlier supervisor decided already but did not get to delete it).
+            # On a lost node the pod would stay Terminating forever, and a hung process would
+            # not heed a SIGTERM: force it out (also when an earlier supervisor decided already
+            # but did not get to delete it).
             self.act(DeletePod(f.pod, f.uid, 0))
         why = ("SUPERVISOR_WORKER_TEMPLATE is not set: the supervisor does not create workers"
                if st.fleet is None else "not created by this supervisor (no slot label)")
@@ -428,6 +476,151 @@ class Supervisor:
         if d.action is Action.FAIL_JOB:
             self._fail(ExitCode.POLICY_FAILED, f"{f.pod}: {f.cause.value} "
                        f"({f.detail}) matched {d.rule} -> FailJob", now, event=False)
+
+    # -- hangs (the hook's heartbeats: channel.py, hang.py) -----------------------------------
+
+    def _watch_hangs(self, now: float) -> None:
+        """Read the heartbeats, decide (hang.assess), and turn a hung worker into a failure of
+        the usual path, a stalled job into a restart of horovodrun."""
+        assert self.channel is not None
+        st, h = self.state, self.state.hangs
+        rendered = st.rendered
+        listed = dict(rendered.hosts) if rendered is not None and st.published is not None \
+            else {}
+        h.listed_since = {host: h.listed_since.get(host, now) for host in listed}
+        snap = self.channel.snapshot()
+        started = h.run_started_at if h.run_started_at is not None else now
+        world = ((snap.driver.world, snap.driver.world_at)
+                 if snap.driver is not None and snap.driver.world_seq else None)
+        verdict = hang.assess(snap.beats.values(), h.listed_since, started_at=started,
+                              settings=self.hang_settings, now=now, failed_at=h.failed_at,
+                              world=world)
+        fresh = sum(1 for b in snap.beats.values()
+                    if b.bye_at is None and now - b.last_seen < self.hang_settings.silence_s)
+        self.metrics.heartbeating_processes.set(fresh)
+        c = self.channel.counters
+        for outcome, n in (("received", c.received), ("rejected", c.rejected),
+                           ("stale", c.stale_runs), ("pushed", c.pushed),
+                           ("replies", c.replies)):
+            self.metrics.hook_datagrams.labels(outcome).set(n)
+        progress = [b.progress_at for b in snap.beats.values() if b.progress_at is not None]
+        if progress:
+            self.metrics.last_progress_age.set(max(0.0, now - max(progress)))
+        self._hang_warnings(verdict, snap.driver, now - started)
+        for hung in verdict.hung:
+            name = listed.get(hung.host)
+            pod = st.view.pods.get(name) if name else None
+            if pod is None or pod["metadata"].get("uid", "") in st.failed:
+                continue
+            uid = pod["metadata"].get("uid", "")
+            failure = Failure(Cause.HUNG, name, uid, pod.get("spec", {}).get("nodeName"),
+                              detail=hung.detail)
+            st.failed.add(uid)
+            h.hung.add(uid)
+            if failure.node:
+                h.hung_nodes[failure.node] = now
+            st.failures.append((failure, pod, now))
+            self.log.warning("worker.hung", pod=name, host=hung.host, pid=hung.pid,
+                             silent_s=round(hung.silent_s, 2), detail=hung.detail)
+            self.events(EventSpec("Warning", "WorkerHung", "Detect",
+                                  f"worker {name} ({hung.host}): {hung.detail}"))
+        if verdict.broken is not None:
+            b = verdict.broken
+            self._restart_horovodrun(
+                "RendezvousBroken", f"worker {b.host} failed while {b.waiting} training "
+                f"process(es) waited for it in the rendezvous of horovodrun's world: Horovod "
+                f"0.28 cannot finish that rendezvous (they would abort at the Gloo timeout)", now)
+        elif verdict.stall is not None:
+            stall = verdict.stall
+            self._restart_horovodrun(
+                "TrainingStalled", f"no collective completed for {stall.since_s:.0f}s while "
+                f"{stall.alive} training process(es) heartbeat (SUPERVISOR_STALL_TIMEOUT_"
+                f"SECONDS={self.cfg.stall_timeout_s:g})", now)
+        elif progress and now - max(progress) >= STALL_LOG_AFTER_S:
+            if "stall-logged" not in h.reported:
+                h.reported.add("stall-logged")
+                self.log.warning("training.no_progress", seconds=round(now - max(progress)),
+                                 stall_timeout_s=self.cfg.stall_timeout_s, heartbeating=fresh)
+        else:
+            h.reported.discard("stall-logged")
+
+    def _hung_nodes(self, now: float) -> list[str]:
+        """Nodes where a worker hung in the last HUNG_NODE_AVOID_S: replacements prefer others
+        (the node may be the silent one, still Ready in the API for 40-50 s)."""
+        h = self.state.hangs
+        h.hung_nodes = {n: t for n, t in h.hung_nodes.items() if now - t < HUNG_NODE_AVOID_S}
+        return sorted(h.hung_nodes)
+
+    def _hang_warnings(self, verdict: Verdict, driver: Any, running_s: float) -> None:
+        """The one-time Warning Events of a run: hosts without heartbeats, the hook's problems,
+        a driver that never said the hook was loaded."""
+        h = self.state.hangs
+        if verdict.unmonitored and "unmonitored" not in h.reported:
+            h.reported.add("unmonitored")
+            hosts = list(verdict.unmonitored)
+            self.log.warning("hang_detection.off", hosts=hosts, reason="no heartbeat")
+            self.events(EventSpec(
+                "Warning", "HangDetectionOff", "Detect",
+                f"no heartbeat from {len(hosts)} listed worker(s) {hosts[:10]} after "
+                f"{hang.UNMONITORED_AFTER_S:g}s: the hook is not loaded in their training "
+                "processes (a worker image without the package at the launcher's path, python "
+                "-I or -S, PYTHONPATH replaced), so hang detection and the fence are off for "
+                "them"))
+        for host, problem in verdict.problems:
+            key = f"problem:{problem}"
+            if key not in h.reported:
+                h.reported.add(key)
+                self.log.warning("hook.problem", host=host, problem=problem)
+                self.events(EventSpec("Warning", "HookProblem", "Detect",
+                                      f"the hook in a training process on {host}: {problem}; "
+                                      "no fence and no hang detection for such processes"))
+        if driver is None and running_s >= DRIVER_HELLO_WAIT_S and "driver" not in h.reported:
+            h.reported.add("driver")
+            self.log.error("hook.driver_missing", waited_s=round(running_s, 1))
+            self.events(EventSpec(
+                "Warning", "DriverNotHardened", "Detect",
+                f"horovodrun's driver has not loaded the hook after {running_s:.0f}s (python -I "
+                "or -S, PYTHONPATH replaced, or SUPERVISOR_HOROVODRUN is not horovodrun): a "
+                "frozen or partitioned worker can hang it for good"))
+
+    def _restart_horovodrun(self, reason: str, why: str, now: float) -> None:
+        """Training cannot go on in this run of horovodrun: restart it (the processes told to
+        exit, its whole tree killed, the start gate again), at most HOROVODRUN_RESTART_LIMIT
+        times; then fail (exit 9). `reason`: the Event's reason (TrainingStalled,
+        RendezvousBroken)."""
+        st, cfg, h = self.state, self.cfg, self.state.hangs
+        if st.failing is not None or st.stop_signal is not None or st.child is None:
+            return
+        h.horovodrun_restarts += 1
+        self.metrics.horovodrun_restarts.labels(reason).inc()
+        if h.horovodrun_restarts > cfg.horovodrun_restart_limit:
+            self._fail(ExitCode.STALLED, f"{why}; horovodrun was restarted "
+                       f"{cfg.horovodrun_restart_limit} times already", now)
+            return
+        self.log.error("horovodrun.restarting", reason=reason, why=why,
+                       restart=h.horovodrun_restarts, limit=cfg.horovodrun_restart_limit)
+        self.events(EventSpec("Warning", reason, "Restart",
+                              f"{why}: restarting horovodrun ({h.horovodrun_restarts} of "
+                              f"{cfg.horovodrun_restart_limit}); the script resumes from its "
+                              "checkpoint if it keeps one"))
+        assert self.channel is not None
+        self.channel.exit_run(f"{reason}: horovodrun is restarted")
+        killed = st.child.kill_tree()
+        self.log.info("horovodrun.killed", reason=reason, processes=killed)
+        st.child = None
+        st.gate_since = now
+        st.hangs = replace(h, run_started_at=None, reported=set(), failed_at={}, regroup=None)
+        self.metrics.horovodrun_up.set(0)
+
+    def _driver_refused(self) -> str:
+        """horovodrun exited HOOK_REFUSED: say why, once."""
+        snap = self.channel.snapshot() if self.channel is not None else None
+        problems = list(snap.driver.problems) if snap and snap.driver else []
+        why = ("the hook refused to run horovodrun's elastic driver unhardened: "
+               + ("; ".join(problems) or "see horovodrun's output"))
+        self.log.error("hook.driver_refused", problems=problems)
+        self.events(EventSpec("Warning", "DriverRefused", "Start", why))
+        return why
 
     # -- scaling ---------------------------------------------------------------------------------
 
@@ -697,16 +890,21 @@ class Supervisor:
             for i in st.fleet.retiring())
         # Render only when something it reads changed: at 10,000 workers a render is ~10 ms
         # and the tick comes every RESYNC_SECONDS.
-        inputs = (st.view.version, retiring, len(st.first_owner))
-        if st.rendered is None or inputs != st.rendered_from:
-            rendered = discovery.render(st.view, cfg.slots_per_worker, cfg.host_mode,
-                                        st.first_owner, retiring=retiring, memo=st.memo)
-            self._report_membership(st.rendered, rendered)
-            st.rendered, st.rendered_from = rendered, inputs
+        failed = frozenset(st.hangs.hung)
+        inputs = (st.view.version, retiring, len(st.first_owner), failed)
+        if st.listed is None or inputs != st.rendered_from:
+            st.listed = discovery.render(st.view, cfg.slots_per_worker, cfg.host_mode,
+                                         st.first_owner, retiring=retiring, failed=failed,
+                                         memo=st.memo)
+            st.rendered_from = inputs
             self.metrics.workers_listed.set(len(st.view.pods))
-            self.metrics.workers_live.set(rendered.live)
+            self.metrics.workers_live.set(st.listed.live)
+        # New hosts may be held back while survivors regroup: that depends on the time too.
+        rendered = self._hold_new_hosts(st.listed, now)
+        if rendered is not st.rendered:
+            self._report_membership(st.rendered, rendered)
+            st.rendered = rendered
             self.metrics.workers_usable.set(len(rendered.lines))
-        rendered = st.rendered
         self.metrics.workers_desired.set(len(st.fleet.active()) if st.fleet is not None else 0)
         decision = discovery.decide(st.view.synced, st.view.broken_for(now), cfg.staleness_s,
                                     rendered)
@@ -735,6 +933,32 @@ class Supervisor:
                                       f"host list withdrawn: {decision.reason}"))
             st.published = None
 
+    def _hold_new_hosts(self, rendered: Rendered, now: float) -> Rendered:
+        """Keep new hosts out while the survivors of a failure regroup (regroup.py)."""
+        st, h = self.state, self.state.hangs
+        if h.regroup is None or self.channel is None or st.child is None:
+            h.regroup = None
+            return rendered
+        beats = list(self.channel.snapshot().beats.values())
+        listed = frozenset(line.rsplit(":", 1)[0] for line in (st.published or "").splitlines())
+        held = regroup.held(h.regroup, beats, listed=listed,
+                            usable=frozenset(rendered.hosts),
+                            slots_per_worker=self.cfg.slots_per_worker, min_np=self.cfg.min_np,
+                            now=now)
+        if held:
+            if "held" not in h.reported:
+                h.reported.add("held")
+                self.log.info("discovery.held", hosts=sorted(held),
+                              since_failure_s=round(now - h.regroup.since, 2))
+            return discovery.hold_back(rendered, held, self.cfg.slots_per_worker)
+        if regroup.over(h.regroup, beats, now):
+            if "held" in h.reported:
+                h.reported.discard("held")
+                self.log.info("discovery.released", waited_s=round(now - h.regroup.since, 2),
+                              regrouped=regroup.regrouped(h.regroup, beats))
+            h.regroup = None
+        return rendered
+
     def _report_membership(self, old: Rendered | None, new: Rendered) -> None:
         old_out = dict(old.left_out) if old else {}
         changed = {name: reason.value for name, reason in new.left_out.items()
@@ -759,10 +983,22 @@ class Supervisor:
             if reason is Unusable.HOST_REUSED:
                 self.log.warning("host.reused", pod=name)
 
-    def _start(self, argv: Sequence[str], env: Mapping[str, str], slots: int) -> None:
-        st = self.state
-        child = self.start_child(argv, env)
+    def _start(self, argv: Sequence[str], slots: int) -> None:
+        st, cfg = self.state, self.cfg
+        hook = (self.channel.new_run(self.base_env.get("PYTHONPATH"))
+                if self.channel is not None else None)
+        child = self.start_child(argv, horovodrun_env(cfg, self.base_env, hook))
         st.child = child
+        st.hangs = replace(st.hangs, run_started_at=self.clock(), reported=set(), failed_at={},
+                           regroup=None)
+        if self.channel is None or not cfg.worker_hook:
+            why = ("SUPERVISOR_WORKER_HOOK=false" if self.channel is not None
+                   else "the hook is not installed")
+            self.log.warning("hang_detection.off", reason=why)
+            self.events(EventSpec("Warning", "HangDetectionOff", "Start",
+                                  f"{why}: the training processes are left alone, so no fence "
+                                  "(survivors of a frozen or partitioned worker wait for the "
+                                  "Gloo timeout) and no hang detection"))
         self.metrics.horovodrun_up.set(1)
         self.log.info("horovodrun.started", pid=child.pid, slots=slots, argv=list(argv))
         self.events(EventSpec("Normal", "HorovodrunStarted", "Start",
@@ -772,7 +1008,7 @@ class Supervisor:
                          daemon=True).start()
 
     def _wait_child(self, child: ChildProcess) -> None:
-        self.submit(ChildExited(child.wait()))
+        self.submit(ChildExited(child.wait(), child.pid))
 
     def _on_signal(self, signum: int, now: float) -> None:
         st = self.state

@@ -112,6 +112,7 @@ def worker_pod(
     owner: Mapping[str, str] | None,
     avoid_node: str | None = None,
     lost_nodes: Sequence[str] = (),
+    suspect_nodes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Return a new worker pod for `slot` from a validated template.
 
@@ -119,7 +120,9 @@ def worker_pod(
     made it) or None when running locally;
     `avoid_node` the node the previous incarnation failed on (a preferred anti-affinity);
     `lost_nodes` nodes the supervisor already counts as lost (a required anti-affinity: the
-    node controller taints them only 40-50 s after their kubelet went silent).
+    node controller taints them only 40-50 s after their kubelet went silent);
+    `suspect_nodes` nodes where a worker hung recently (preferred away too: a silent node is
+    still Ready in the API for 40-50 s, and a pod bound there would never start).
     """
     meta = copy.deepcopy(dict(template["metadata"]))
     spec = copy.deepcopy(dict(template["spec"]))
@@ -131,12 +134,13 @@ def worker_pod(
                       LABEL_SLOT: str(slot), LABEL_INCARNATION: str(incarnation)}
     if owner is not None:
         meta["ownerReferences"] = [owner_reference(owner)]
-    if avoid_node:
+    avoid = sorted({*([avoid_node] if avoid_node else []), *suspect_nodes})
+    if avoid:
         affinity = spec.setdefault("affinity", {})
         node_aff = affinity.setdefault("nodeAffinity", {})
         preferred = node_aff.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
         preferred.append({"weight": 100, "preference": {"matchExpressions": [
-            {"key": HOSTNAME_KEY, "operator": "NotIn", "values": [avoid_node]}]}})
+            {"key": HOSTNAME_KEY, "operator": "NotIn", "values": avoid}]}})
     if lost_nodes:
         away = {"key": HOSTNAME_KEY, "operator": "NotIn", "values": sorted(lost_nodes)}
         node_aff = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})

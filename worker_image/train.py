@@ -25,7 +25,6 @@ Run by horovodrun in elastic mode (under `elastic-supervisor run -- python train
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
@@ -37,8 +36,6 @@ import torch
 torch.set_num_threads(1)  # the workers of one machine share its few cores
 
 import horovod.torch as hvd  # noqa: E402  (after set_num_threads, before any torch work)
-
-from supervisor.fence import WorkerFence  # noqa: E402  (in both images, with the supervisor)
 
 FEATURES = 64
 
@@ -122,18 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     state.register_reset_callbacks([on_reset])
     load_checkpoint(args.checkpoint, state)
 
-    # Under elastic-supervisor: leave a collective that a worker declared dead holds, instead
-    # of waiting for the Gloo timeout (supervisor/fence.py). None when run standalone.
-    fence = WorkerFence.from_env()
-
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
         host = os.environ.get("HOROVOD_HOSTNAME", "")
-        if fence is not None:  # called again after every reset: the ring may have changed
-            fence.ring(hvd.allgather_object(host))
         while state.step < args.steps:
-            with fence.step() if fence is not None else contextlib.nullcontext():
-                one_step(state, host)
+            one_step(state, host)
 
     def one_step(state: hvd.elastic.TorchState, host: str) -> None:
         """Train one step; commit every --commit-every steps; pick up host changes."""

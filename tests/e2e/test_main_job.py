@@ -11,7 +11,9 @@ share the launcher's node.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -140,8 +142,15 @@ def test_a_frozen_node_is_found_its_worker_fenced_and_replaced_on_another_node(
     assert job.wait_exit(300) == 0, job.tail()
 
     d = job.decision(victim)
-    assert d["action"] == "Restart", d
+    # Its heartbeats stop: Hung seconds before the node controller marks the node NotReady.
+    assert (d["cause"], d["action"]) == ("Hung", "Restart"), d
     assert d["ssh_clients_killed"], "horovodrun's ssh client to the frozen worker was killed"
+    # The survivor left the collective the frozen worker held (the hook's fence), instead of
+    # waiting for the Gloo timeout.
+    severed = [json.loads(m) for m in re.findall(r'\{"event": "fence\.severed".*?\}',
+                                                 job.text())]
+    assert len(severed) == 1 and severed[0]["connections"] >= 1, severed
+    assert severed[0]["host"] != pod["status"]["podIP"], "cut by the survivor"
     assert victim not in job.workers(), "the stranded pod was force-deleted"
     replacement = job.workers()[victim[:-1] + "2"]
     assert replacement["spec"]["nodeName"] != node.name

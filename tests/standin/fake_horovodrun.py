@@ -31,7 +31,8 @@ def rec(**kw):
 argv = sys.argv[1:]
 script = argv[argv.index("--host-discovery-script") + 1]
 rec(event="start", argv=argv, pid=os.getpid(),
-    discovery_file=os.environ.get("SUPERVISOR_DISCOVERY_FILE"))
+    discovery_file=os.environ.get("SUPERVISOR_DISCOVERY_FILE"),
+    hook={k: v for k, v in os.environ.items() if k.startswith("ELASTIC_SUPERVISOR_HOOK_")})
 
 term_code = int(os.environ.get("FAKE_TERM_CODE", "143"))
 

@@ -88,6 +88,8 @@ def test_every_variable_set_explicitly() -> None:
         "SUPERVISOR_SCALE_OUT_TIMEOUT_SECONDS": "120", "SUPERVISOR_SCALE_IN_TIMEOUT_SECONDS": "0",
         "SUPERVISOR_CLEAN_POD_POLICY": "All", "SUPERVISOR_API_TIMEOUT_SECONDS": "10",
         "SUPERVISOR_LEADER_LEASE_SECONDS": "30",
+        "SUPERVISOR_WORKER_HOOK": "false", "SUPERVISOR_HEARTBEAT_TIMEOUT_SECONDS": "2.5",
+        "SUPERVISOR_STALL_TIMEOUT_SECONDS": "900", "SUPERVISOR_HOROVODRUN_RESTART_LIMIT": "0",
     }, read_text=lambda _: TEMPLATE.replace("app: x", "app: bert\n    role: worker"))
     assert (cfg.worker_selector, cfg.slots_per_worker, cfg.np, cfg.min_np, cfg.max_np) == (
         "app=bert,role=worker", 2, 4, 2, 8)
@@ -102,6 +104,8 @@ def test_every_variable_set_explicitly() -> None:
     assert (cfg.node_lease_s, cfg.scale_out_timeout_s, cfg.scale_in_timeout_s) == (5, 120, 0)
     assert (cfg.clean_pod_policy, cfg.api_timeout_s, cfg.leader_lease_s) == (
         CleanPodPolicy.ALL, 10, 30)
+    assert (cfg.worker_hook, cfg.heartbeat_timeout_s, cfg.stall_timeout_s,
+            cfg.horovodrun_restart_limit) == (False, 2.5, 900.0, 0)
     assert cfg.policy.budgets == Budgets(restart_limit=5, per_slot_limit=2,
                                          backoff_initial_s=0.5, backoff_max_s=10.0,
                                          disruptions_free=True)
@@ -189,7 +193,7 @@ BAD = [
     ("SUPERVISOR_FAIL_EXIT_CODES", "1;2", "SUPERVISOR_FAIL_EXIT_CODES='1;2': expected exit codes"
      " like '137,143,128-255' ('1;2' is not N or N-M)"),
     ("SUPERVISOR_RESTART_EVENTS", "NodeLost", "SUPERVISOR_RESTART_EVENTS='NodeLost': expected "
-     "comma-separated events ('NodeLost' is not one of Evicted|NodeNotReady|PodDeleted|"
+     "comma-separated events ('NodeLost' is not one of Evicted|Hung|NodeNotReady|PodDeleted|"
      "PodForceDeleted|Preempted)"),
     ("SUPERVISOR_RESTART_LIMIT", "-1", "SUPERVISOR_RESTART_LIMIT='-1': expected an integer >= 0"),
     ("SUPERVISOR_SLOT_RESTART_LIMIT", "many", "SUPERVISOR_SLOT_RESTART_LIMIT='many': expected "
@@ -214,6 +218,13 @@ BAD = [
      "number of seconds from 1 to 300"),
     ("SUPERVISOR_LEADER_LEASE_SECONDS", "1", "SUPERVISOR_LEADER_LEASE_SECONDS='1': expected a "
      "number of seconds from 2 to 3600"),
+    ("SUPERVISOR_WORKER_HOOK", "off", "SUPERVISOR_WORKER_HOOK='off': expected true|false"),
+    ("SUPERVISOR_HEARTBEAT_TIMEOUT_SECONDS", "1", "SUPERVISOR_HEARTBEAT_TIMEOUT_SECONDS='1': "
+     "expected a number of seconds >= 1.5 (three heartbeats)"),
+    ("SUPERVISOR_STALL_TIMEOUT_SECONDS", "5", "SUPERVISOR_STALL_TIMEOUT_SECONDS='5': expected a "
+     "number of seconds >= 10 (a few steps)"),
+    ("SUPERVISOR_HOROVODRUN_RESTART_LIMIT", "-1", "SUPERVISOR_HOROVODRUN_RESTART_LIMIT='-1': "
+     "expected an integer >= 0"),
 ]
 
 

@@ -61,7 +61,9 @@ def test_the_cce_seed_policy_loads_unchanged() -> None:
     pytest.param(failure(code=1), "default: other exit codes", Action.IGNORE,
                  id="unlisted ordinary exit: default ignore"),
     pytest.param(failure(Cause.EVICTED), "default: node loss, force delete, eviction, "
-                 "preemption, deletion", Action.RESTART, id="eviction: default restart"),
+                 "preemption, deletion, hang", Action.RESTART, id="eviction: default restart"),
+    pytest.param(failure(Cause.HUNG), "default: node loss, force delete, eviction, "
+                 "preemption, deletion, hang", Action.RESTART, id="hung: default restart"),
 ])
 def test_first_match_then_defaults(f: Failure, rule: str, action: Action) -> None:
     p = policy_from_document(yaml.safe_load(CCE))
@@ -102,8 +104,8 @@ BAD = [
      "faultTolerantPolicy[0]: expected exactly one of exitCodes, exceptionalEvent"),
     ({"faultTolerantPolicy": [{"exitCodes": "1", "action": "Ignore"},
                               {"exceptionalEvent": "diskFull", "action": "Restart"}]},
-     "faultTolerantPolicy[1].exceptionalEvent: 'diskFull' is not one of Evicted|NodeNotReady|"
-     "PodDeleted|PodForceDeleted|Preempted"),
+     "faultTolerantPolicy[1].exceptionalEvent: 'diskFull' is not one of Evicted|Hung|"
+     "NodeNotReady|PodDeleted|PodForceDeleted|Preempted"),
     ({"faultTolerantPolicy": [{"exitCodes": "1"}]},
      "faultTolerantPolicy[0]: expected action (Restart|Ignore|FailJob) or restartPolicy"),
     ({"faultTolerantPolicy": [{"exitCodes": "1", "action": "Retry"}]},

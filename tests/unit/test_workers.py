@@ -129,3 +129,12 @@ def test_the_template_must_match_a_custom_selector() -> None:
         validate_template(TEMPLATE, {"app": "bert", "team": "ml"})
     assert err.value.problems == [
         "template.metadata.labels.app: expected 'bert' to match the worker selector"]
+
+
+def test_nodes_where_a_worker_hung_are_avoided_like_the_failed_one() -> None:
+    pod = worker_pod(validate_template(TEMPLATE, SELECTOR), job="bert", slot=0, incarnation=2,
+                     owner=None, avoid_node="n1", suspect_nodes=["n3", "n1"])
+    assert pod["spec"]["affinity"] == {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
+            "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
+                                  "values": ["n1", "n3"]}]}}]}}

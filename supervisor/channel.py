@@ -1,0 +1,347 @@
+"""ADAPTER: the supervisor's end of the hook channel (UDP): heartbeats in, the dead set out.
+
+One socket on SUPERVISOR_FENCE_PORT (UDP; 0: any free port) and one receiver thread. Every
+datagram is authenticated with the key of this supervisor process (elastic_supervisor_hook.wire:
+HMAC-SHA256, sequence numbers against replays) or dropped and counted; nothing an unauthenticated
+sender does changes anything, and the socket holds no connection. Heartbeats of the current run
+of horovodrun are recorded per process in a store the reconcile loop reads on its tick
+(`snapshot`, like NodeLeases: a thousand workers send 2000 datagrams a second, which must not
+go through the loop's queue). A process of an earlier run is told to exit.
+
+`fence(hosts)` declares hosts dead for the rest of the run: it writes their host strings to the
+dead file next to the discovery file (atomically; horovodrun's driver reads it before notifying
+a coordinator) and pushes the dead set to every process that heartbeats; a heartbeat that shows
+an older fence version gets it again in reply, so a lost push costs one heartbeat period. For
+each dead host the set lists the addresses its processes reported (with their ports where the
+address is a loopback one, shared by every process of the machine) and the host string itself
+when it is an IP address.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from supervisor import discovery
+from supervisor.hook import HOOK_DIR
+from supervisor.hook.elastic_supervisor_hook import (
+    DEAD_ENV,
+    KEY_ENV,
+    PORT_ENV,
+    RUN_ENV,
+    WORKER_ENV,
+    wire,
+)
+
+FENCE_KEEP_S = 600.0  # a dead host stays in the pushed set this long (its peers reset by then)
+FENCE_MAX = 256  # and at most this many, the most recent
+FORGET_S = 600.0  # a process silent this long (or gone with a bye) is dropped from the store
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One training process as its last heartbeat showed it; times are the supervisor's
+    monotonic receipt times."""
+
+    sender: str
+    host: str
+    pid: int
+    local_rank: int
+    first_seen: float
+    last_seen: float
+    progress_at: float | None  # when `done` was last seen to grow (None: not yet)
+    rank: int | None = None
+    size: int | None = None
+    inits: int = 0
+    done: int = 0
+    wait_s: float | None = None  # inside a collective ("c") or an init ("i") this long
+    waiting: str | None = None
+    addrs: tuple[str, ...] = ()
+    ports: tuple[int, ...] = ()
+    problems: tuple[str, ...] = ()
+    bye_at: float | None = None
+    source: tuple[str, int] = ("", 0)
+
+
+@dataclass(frozen=True)
+class Driver:
+    """What horovodrun's driver hook said last (None: nothing yet): its state, and the hosts of
+    the last assignment it made (the world of the next rendezvous) with when it came."""
+
+    ok: bool
+    at: float
+    problems: tuple[str, ...] = ()
+    world: frozenset[str] = frozenset()
+    world_seq: int = 0
+    world_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    run: int
+    started_at: float  # when this run's store was opened (monotonic)
+    beats: Mapping[str, Beat]
+    driver: Driver | None
+    fence_version: int
+
+
+@dataclass
+class Counters:
+    received: int = 0
+    rejected: int = 0  # not authentic, malformed, replayed
+    stale_runs: int = 0  # datagrams of an earlier run of horovodrun
+    pushed: int = 0
+    replies: int = 0
+
+
+def _is_loopback(ip: str) -> bool:
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return False
+
+
+def dead_entries(host: str, beats: Iterable[Beat]) -> list[list[Any]]:
+    """PURE: the fence entries of one dead host: [address, ports or None (every port)]."""
+    exclusive: set[str] = set()
+    shared: dict[str, set[int]] = {}
+    for b in beats:
+        if b.host != host:
+            continue
+        for a in b.addrs:
+            if _is_loopback(a):
+                shared.setdefault(a, set()).update(b.ports)
+            else:
+                exclusive.add(a)
+    try:
+        ipaddress.ip_address(host)
+        if not _is_loopback(host):
+            exclusive.add(host)
+    except ValueError:
+        pass  # a DNS name: its processes' addresses only
+    return ([[a, None] for a in sorted(exclusive)]
+            + [[a, sorted(p)] for a, p in sorted(shared.items())])
+
+
+@dataclass
+class _Run:
+    number: int
+    started_at: float
+    beats: dict[str, Beat] = field(default_factory=dict)
+    fenced: dict[str, float] = field(default_factory=dict)  # host -> when
+    entries: dict[str, list[list[Any]]] = field(default_factory=dict)  # host -> entries
+    version: int = 0
+    driver: Driver | None = None
+    sweep_at: float = 0.0  # next time forgotten processes are dropped
+
+
+class HookChannel:
+    """The UDP endpoint, the store of heartbeats and the dead set (one per supervisor)."""
+
+    def __init__(self, port: int = 0, *, dead_file: Path, worker_hook: bool = True,
+                 clock: Callable[[], float] = time.monotonic, bind: str = "") -> None:
+        self.key = wire.new_key()
+        self.dead_file, self.worker_hook, self.clock = dead_file, worker_hook, clock
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.sock.bind((bind, port))
+        self.port = int(self.sock.getsockname()[1])
+        self.counters = Counters()
+        self._replays = wire.Replays()
+        self._lock = threading.Lock()
+        self._run = _Run(0, clock())
+        self._seq = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._receive, name="hook-channel", daemon=True)
+
+    def start(self) -> HookChannel:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(OSError), socket.socket(socket.AF_INET,
+                                                         socket.SOCK_DGRAM) as s:
+            s.sendto(b"", ("127.0.0.1", self.port))  # wakes the receiver
+        self._thread.join(5)
+        self.sock.close()
+
+    # -- runs of horovodrun ----------------------------------------------------------------------
+
+    def new_run(self, base_pythonpath: str | None) -> dict[str, str]:
+        """Open the store of the next run of horovodrun (the previous run's processes are told
+        to exit when they speak) and return the environment that puts the hook in it."""
+        with self._lock:
+            self._run = _Run(self._run.number + 1, self.clock())
+        discovery.write_atomic(self.dead_file, "[]")
+        return {
+            "PYTHONPATH": ":".join(p for p in (str(HOOK_DIR), base_pythonpath) if p),
+            KEY_ENV: self.key.hex(), PORT_ENV: str(self.port), RUN_ENV: str(self._run.number),
+            WORKER_ENV: "1" if self.worker_hook else "0", DEAD_ENV: str(self.dead_file),
+        }
+
+    def exit_run(self, why: str) -> int:
+        """Ask every process of the current run to exit (the run is being restarted)."""
+        with self._lock:
+            run, targets = self._run.number, {b.source for b in self._run.beats.values()}
+        for addr in targets:
+            for _ in range(2):
+                self._send({"t": "exit", "run": str(run), "why": why}, addr)
+        return len(targets)
+
+    # -- the loop's side -------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            r = self._run
+            return Snapshot(r.number, r.started_at, dict(r.beats), r.driver, r.version)
+
+    def next_silence(self, silence_s: float) -> float | None:
+        """The earliest time a process that is heartbeating now would have been silent for
+        `silence_s` (None: no such process): when the loop should look again."""
+        with self._lock:
+            seen = [b.last_seen for b in self._run.beats.values() if b.bye_at is None]
+        now = self.clock()
+        future = [t + silence_s for t in seen if t + silence_s > now]
+        return min(future) if future else None
+
+    def fence(self, hosts: Iterable[str]) -> int:
+        """Declare `hosts` dead: dead file first (the driver), then a push to every process.
+        Returns how many processes the push went to."""
+        now = self.clock()
+        with self._lock:
+            r = self._run
+            new = [h for h in hosts if h not in r.fenced]
+            if not new:
+                return 0
+            for h in new:
+                r.fenced[h] = now
+                r.entries[h] = dead_entries(h, r.beats.values())
+            r.version += 1
+            all_dead = sorted(r.fenced)
+            body = self._fence_body(r, now)
+            targets = {b.source for b in r.beats.values()
+                       if b.host not in r.fenced and b.bye_at is None}
+        discovery.write_atomic(self.dead_file, json.dumps(all_dead))
+        for addr in targets:
+            self._send(dict(body), addr)
+        self.counters.pushed += len(targets)
+        return len(targets)
+
+    def fenced(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._run.fenced)
+
+    # -- the receiver thread ---------------------------------------------------------------------
+
+    def _fence_body(self, r: _Run, now: float) -> dict[str, Any]:
+        recent = sorted((t, h) for h, t in r.fenced.items() if now - t < FENCE_KEEP_S)
+        dead = [e for _, h in recent[-FENCE_MAX:] for e in r.entries[h]]
+        return {"t": "fence", "v": r.version, "dead": dead}
+
+    def _send(self, body: dict[str, Any], addr: tuple[str, int]) -> None:
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+        # A process gone or unreachable: its silence speaks for it.
+        with contextlib.suppress(OSError):
+            self.sock.sendto(wire.encode(self.key, {**body, "s": wire.SUPERVISOR, "n": seq}),
+                             addr)
+
+    def _receive(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data, addr = self.sock.recvfrom(wire.MAX_DATAGRAM)
+            except OSError:
+                if self._stop.is_set():
+                    return
+                continue
+            self.handle(data, addr)
+
+    def handle(self, data: bytes, addr: tuple[str, int]) -> None:
+        """Record one datagram (the receiver thread; tests call it directly)."""
+        self.counters.received += 1
+        body = wire.decode(self.key, data)
+        if body is None or body["s"] == wire.SUPERVISOR or not self._replays.accept(
+                body["s"], body["n"]):
+            self.counters.rejected += 1
+            return
+        now = self.clock()
+        reply = None
+        with self._lock:
+            r = self._run
+            if str(body.get("run")) != str(r.number):
+                self.counters.stale_runs += 1
+                if body["t"] == "hb":
+                    reply = {"t": "exit", "run": str(body.get("run")),
+                             "why": "this run of horovodrun was restarted"}
+            elif body["t"] == "driver":
+                r.driver = _driver(r.driver, body, now)
+            else:
+                beat = _update(r.beats.get(body["s"]), body, addr, now)
+                if beat is not None:
+                    r.beats[body["s"]] = beat
+                    if body["t"] == "hb" and body.get("fv") != r.version and r.version:
+                        reply = self._fence_body(r, now)
+                    self._forget(r, now)
+        if reply is not None:
+            self.counters.replies += 1
+            self._send(reply, addr)
+
+    def _forget(self, r: _Run, now: float) -> None:
+        if now < r.sweep_at:
+            return
+        r.sweep_at = now + 10.0
+        for s, b in list(r.beats.items()):
+            if now - b.last_seen > FORGET_S or (b.bye_at is not None
+                                                 and now - b.bye_at > FORGET_S):
+                del r.beats[s]
+
+
+def _driver(old: Driver | None, body: Mapping[str, Any], now: float) -> Driver:
+    """PURE: the driver's record after one of its datagrams."""
+    seq = _int(body.get("wseq"))
+    same = old is not None and old.world_seq == seq
+    world = old.world if same and old is not None else frozenset(
+        str(h) for h in body.get("world") or ())
+    return Driver(bool(body.get("ok")), now, tuple(map(str, body.get("problems") or ())),
+                  world, seq, old.world_at if same and old is not None else now)
+
+
+def _int(v: Any, default: int = 0) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+
+def _update(old: Beat | None, body: Mapping[str, Any], addr: tuple[str, int],
+            now: float) -> Beat | None:
+    """PURE: the process's record after one authentic datagram of the current run."""
+    if body["t"] == "bye":
+        return None if old is None else replace(old, bye_at=now, last_seen=now, wait_s=None,
+                                                waiting=None)
+    if body["t"] != "hb" or not isinstance(body.get("host"), str):
+        return old
+    done = _int(body.get("done"))
+    wait = body.get("wait")
+    fields = dict(
+        host=body["host"], pid=_int(body.get("pid")), local_rank=_int(body.get("lr")),
+        rank=body.get("rank") if isinstance(body.get("rank"), int) else None,
+        size=body.get("size") if isinstance(body.get("size"), int) else None,
+        inits=_int(body.get("inits")), done=done,
+        wait_s=float(wait) if isinstance(wait, int | float) else None,
+        waiting=body.get("in") if body.get("in") in ("c", "i") else None,
+        addrs=tuple(str(a) for a in body.get("addrs") or ()),
+        ports=tuple(p for p in body.get("ports") or () if isinstance(p, int)),
+        problems=tuple(str(p) for p in body.get("problems") or ()),
+        last_seen=now, source=(addr[0], int(addr[1])))
+    if old is None:
+        return Beat(sender=str(body["s"]), first_seen=now, progress_at=None, **fields)
+    progress = now if done != old.done else old.progress_at
+    return replace(old, progress_at=progress, bye_at=None, **fields)

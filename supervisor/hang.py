@@ -1,0 +1,133 @@
+"""PURE: is training blocked, and by whom? Decided from the hook's heartbeats (channel.Beat).
+
+Every training process sends a heartbeat every 0.5 s with how many collectives it completed
+and whether it is inside one. From the last heartbeat of each process and `now`:
+
+- a process is `Hung` when it had been heartbeating and then fell silent for `silence_s`
+  (no bye: it did not exit cleanly), its host is one the discovery file lists and that is not
+  being scaled in, and training is blocked on it: another process, heartbeating, is waiting in a
+  collective (or an init), and none completed a collective since the silent one's last
+  heartbeat (one heartbeat period of slack each way for what was already in flight). A frozen,
+  deadlocked-with-the-GIL, partitioned or vanished process looks like that; a process that still
+  heartbeats (a long step, a 2-minute checkpoint write, an evaluation) never does, and neither
+  does one whose peers go on completing collectives (a lost heartbeat route).
+- the job is `stalled` when no process completed a collective for `stall_s` while some still
+  heartbeat: everybody is alive and nobody progresses (a deadlock the first rule cannot see).
+- a rendezvous is `broken` when a host of the world horovodrun's driver last assigned (the
+  driver hook reports each assignment) failed after that assignment, processes still wait in
+  an init, and no new assignment came for BROKEN_AFTER_S: Horovod 0.28 cannot finish that
+  rendezvous without the host (e.g. a replacement killed while it joins), and the waiting
+  processes abort (std::terminate) at the Gloo timeout, taking the job with them. Only a new
+  horovodrun helps. (A host that fails while the world trains is not that: the survivors reset
+  and the driver assigns a new world without it within about a second.)
+- hosts listed for long without any heartbeat, and the hook's own problems, are reported so
+  that the supervisor can say hang detection is off for them.
+No I/O, no clock: `now` and all times are monotonic seconds passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from supervisor.channel import Beat
+
+BEAT_S = 0.5  # the hook's heartbeat period (elastic_supervisor_hook.worker.BEAT_S)
+BROKEN_AFTER_S = 5.0  # a failed member and no new world for this long: the rendezvous is broken
+UNMONITORED_AFTER_S = 60.0  # horovodrun has run this long: every listed host should heartbeat
+
+
+@dataclass(frozen=True)
+class HangSettings:
+    """silence_s: SUPERVISOR_HEARTBEAT_TIMEOUT_SECONDS; stall_s: SUPERVISOR_STALL_TIMEOUT_
+    SECONDS; beat_s: the hook's heartbeat period."""
+
+    silence_s: float = 3.0
+    stall_s: float = 1800.0
+    beat_s: float = BEAT_S
+
+
+@dataclass(frozen=True)
+class Hung:
+    host: str
+    pid: int
+    silent_s: float
+    detail: str
+
+
+@dataclass(frozen=True)
+class Stall:
+    since_s: float  # seconds without a completed collective
+    alive: int  # processes still heartbeating
+
+
+@dataclass(frozen=True)
+class Broken:
+    host: str  # the host that failed during the rendezvous
+    waiting: int  # processes waiting in it
+
+
+@dataclass(frozen=True)
+class Verdict:
+    hung: tuple[Hung, ...] = ()
+    stall: Stall | None = None
+    broken: Broken | None = None
+    unmonitored: tuple[str, ...] = ()  # listed hosts that never sent a heartbeat
+    problems: tuple[tuple[str, str], ...] = ()  # (host, the hook's problem)
+
+
+def _fresh(b: Beat, now: float, s: HangSettings) -> bool:
+    return b.bye_at is None and now - b.last_seen < s.silence_s
+
+
+def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: float,
+           settings: HangSettings, now: float, failed_at: Mapping[str, float] | None = None,
+           world: tuple[frozenset[str], float] | None = None) -> Verdict:
+    """Return what the heartbeats of one run of horovodrun say about the `watched` hosts
+    (listed in the discovery file and not being scaled in, with since when);
+    `started_at`: when that run of horovodrun started; `failed_at`: when hosts were found
+    failed (in this run); `world`: the hosts of the driver's last assignment and when it came
+    (None: the driver hook did not say)."""
+    s = settings
+    all_beats = list(beats)
+    fresh = [b for b in all_beats if _fresh(b, now, s)]
+    waiting = [b for b in fresh if b.wait_s is not None]
+    hung: dict[str, Hung] = {}
+    for b in all_beats:
+        silent = now - b.last_seen
+        if (b.host not in watched or b.bye_at is not None or b.problems
+                or silent < s.silence_s or b.host in hung):
+            continue
+        peers = [p for p in waiting if p.sender != b.sender]
+        if not peers:
+            continue
+        progressed = max((p.progress_at for p in fresh
+                          if p.sender != b.sender and p.progress_at is not None), default=None)
+        if progressed is not None and progressed > b.last_seen + 2 * s.beat_s:
+            continue  # the others went on without it: it is not what blocks them
+        longest = max(peers, key=lambda p: p.wait_s or 0.0)
+        where = "an init" if longest.waiting == "i" else "a collective"
+        hung[b.host] = Hung(b.host, b.pid, silent, (
+            f"process {b.pid} (rank {b.rank}) sent no heartbeat for {silent:.1f}s while "
+            f"{len(peers)} peer process(es) waited in {where} (longest {longest.wait_s:.1f}s at "
+            f"its last heartbeat) and none completed one since"))
+    last_progress = max((b.first_seen if b.progress_at is None else b.progress_at
+                         for b in all_beats), default=started_at)
+    stall = None
+    if fresh and now - last_progress >= s.stall_s:
+        stall = Stall(now - last_progress, len(fresh))
+    broken = None
+    if world is not None:
+        members, assigned_at = world
+        for host, at in sorted((failed_at or {}).items(), key=lambda x: x[1]):
+            stuck = [b for b in fresh if b.waiting == "i" and b.host != host]
+            if (host in members and at > assigned_at and now - at >= BROKEN_AFTER_S
+                    and stuck):
+                broken = Broken(host, len(stuck))
+                break
+    seen = {b.host for b in all_beats}
+    unmonitored = tuple(sorted(
+        h for h, since in watched.items()
+        if h not in seen and now - max(since, started_at) >= UNMONITORED_AFTER_S))
+    problems = tuple(sorted({(b.host, p) for b in all_beats for p in b.problems}))
+    return Verdict(tuple(hung[h] for h in sorted(hung)), stall, broken, unmonitored, problems)

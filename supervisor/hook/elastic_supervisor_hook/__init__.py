@@ -1,0 +1,257 @@
+"""elastic-supervisor's hook: Horovod patched in place, right after each module is first imported.
+
+`install()` (called by the hook's sitecustomize when ELASTIC_SUPERVISOR_HOOK_KEY is set) puts a
+finder first on sys.meta_path; it wraps the loader of a few Horovod modules so that a patch runs
+right after the module's own code, before any other module can `from ... import` the patched
+names. Nothing else is touched, so a process that never imports them is unchanged.
+
+- horovodrun's process (the driver): `horovod.runner.common.util.network` gets timed sockets,
+  `horovod.runner.elastic.driver` skips notifying a coordinator the supervisor declared dead
+  (driver.py). Once the driver module is patched, Horovod must be 0.28.x with every patch in
+  place, or the driver refuses to run: one line on stderr and exit REFUSED (a driver that can
+  hang must not run silently). Otherwise it says hello to the supervisor every few seconds.
+- a training process (HOROVOD_HOSTNAME, HOROVOD_LOCAL_RANK and HOROVOD_GLOO_RENDEZVOUS_ADDR set
+  by horovodrun): `horovod.torch.mpi_ops` gets its `synchronize` and `init` wrapped, and the
+  first init starts the heartbeat thread (worker.py). A missing target or another Horovod
+  version is reported on stderr and in the heartbeats, never fatal to training.
+  ELASTIC_SUPERVISOR_HOOK_WORKER=0 (SUPERVISOR_WORKER_HOOK=false) leaves training processes
+  alone; a multiprocessing child (e.g. a DataLoader worker started by spawn) is left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from . import driver, wire, worker
+
+KEY_ENV = "ELASTIC_SUPERVISOR_HOOK_KEY"  # hex; per run of horovodrun
+PORT_ENV = "ELASTIC_SUPERVISOR_HOOK_PORT"  # the supervisor's UDP port
+RUN_ENV = "ELASTIC_SUPERVISOR_HOOK_RUN"  # which run of horovodrun (restarts count up)
+WORKER_ENV = "ELASTIC_SUPERVISOR_HOOK_WORKER"  # "0": training processes are left alone
+DEAD_ENV = "ELASTIC_SUPERVISOR_HOOK_DEAD_FILE"  # the dead hosts, for the driver
+REFUSED = 8  # the driver's exit code when it cannot be hardened (supervisor ExitCode too)
+SUPPORTED = "0.28."
+DRIVER_HELLO_S = 5.0
+
+NETWORK = "horovod.runner.common.util.network"
+DRIVER = "horovod.runner.elastic.driver"
+MPI_OPS = "horovod.torch.mpi_ops"
+Patch = Callable[[Any], None]
+
+
+class _PatchingLoader:
+    """Runs the real loader, then the patch (its failure is recorded, never raised)."""
+
+    def __init__(self, loader: Any, name: str, patch: Patch, done: Callable[[str, str], None]):
+        self._loader, self._name, self._patch, self._done = loader, name, patch, done
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        try:
+            self._patch(module)
+        except Exception as e:
+            self._done(self._name, f"{type(e).__name__}: {e}")
+        else:
+            self._done(self._name, "")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+class _Finder:
+    """A meta path finder for the modules in `patches` (each patched once)."""
+
+    def __init__(self, patches: dict[str, Patch], done: Callable[[str, str], None]) -> None:
+        self.patches, self.done = dict(patches), done
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in self.patches:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _PatchingLoader(spec.loader, name, self.patches.pop(name), self.done)
+        return spec
+
+
+def _env_int(env: dict[str, str], name: str) -> int | None:
+    try:
+        return int(env[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def role(env: dict[str, str], argv: list[str]) -> str | None:
+    """"driver", "worker", or None (leave this process alone)."""
+    if not env.get(KEY_ENV) or _env_int(env, PORT_ENV) is None:
+        return None
+    if "--multiprocessing-fork" in argv:
+        return None
+    if all(env.get(v) for v in ("HOROVOD_HOSTNAME", "HOROVOD_LOCAL_RANK",
+                                "HOROVOD_GLOO_RENDEZVOUS_ADDR")):
+        return None if env.get(WORKER_ENV) == "0" else "worker"
+    return "driver"
+
+
+def install(env: dict[str, str] | None = None) -> str | None:
+    """Install the patches for this process's role; return the role (None: nothing done)."""
+    env = dict(os.environ if env is None else env)
+    which = role(env, sys.argv)
+    if which is None:
+        return None
+    key = bytes.fromhex(env[KEY_ENV])
+    port = int(env[PORT_ENV])
+    run = env.get(RUN_ENV, "0")
+    if which == "driver":
+        hook: Any = DriverHook(key, port, run, env.get(DEAD_ENV))
+    else:
+        hook = WorkerHook(key, port, run, env)
+    sys.meta_path.insert(0, _Finder(hook.patches(), hook.patched))
+    return which
+
+
+def _horovod_version() -> str:
+    try:
+        import horovod
+        return str(getattr(horovod, "__version__", "unknown"))
+    except Exception as e:
+        return f"unknown ({e})"
+
+
+class DriverHook:
+    """horovodrun's process: timed sockets, dead coordinators skipped, refuse if impossible."""
+
+    def __init__(self, key: bytes, port: int, run: str, dead_file: str | None) -> None:
+        self.key, self.port, self.run, self.dead_file = key, port, run, dead_file
+        self.results: dict[str, str] = {}
+        self.sender, self.seq = wire.new_sender_id(), 0
+        self.current_world: tuple[int, list[str]] = (0, [])
+
+    def patches(self) -> dict[str, Patch]:
+        return {NETWORK: driver.timed_sockets, DRIVER: self.patch_driver}
+
+    def patch_driver(self, module: Any) -> None:
+        driver.skip_dead(module, lambda: driver.read_dead(self.dead_file))
+        driver.report_worlds(module, self.world)
+
+    def world(self, hosts: list[str]) -> None:
+        """The driver assigned hosts for the next rendezvous: tell the supervisor now."""
+        self.current_world = (self.current_world[0] + 1, hosts)
+        self.say("driver", self.hello())
+
+    def hello(self) -> dict[str, Any]:
+        seq, hosts = self.current_world
+        return {"ok": True, "version": _horovod_version(), "connect_s": driver.CONNECT_S,
+                "read_s": driver.READ_S, "world": hosts, "wseq": seq}
+
+    def patched(self, name: str, problem: str) -> None:
+        self.results[name] = problem
+        if name == DRIVER:
+            self.armed()
+
+    def problems(self) -> list[str]:
+        found = []
+        version = _horovod_version()
+        if not version.startswith(SUPPORTED):
+            found.append(f"Horovod {version} is not {SUPPORTED}x")
+        for name in (NETWORK, DRIVER):
+            if name not in self.results:
+                found.append(f"{name} was not imported before {DRIVER}")
+            elif self.results[name]:
+                found.append(f"{name}: {self.results[name]}")
+        return found
+
+    def armed(self) -> None:
+        """Refuse (exit REFUSED) unless every patch is in place; else start saying hello."""
+        found = self.problems()
+        if found:
+            print("elastic-supervisor hook: refusing to run horovodrun's elastic driver "
+                  "unhardened (it could hang for good on a frozen or partitioned worker): "
+                  + "; ".join(found) + "; use Horovod 0.28.1", file=sys.stderr, flush=True)
+            self.say("driver", {"ok": False, "problems": found})
+            raise SystemExit(REFUSED)
+        threading.Thread(target=self._hello, name="elastic-supervisor-hook", daemon=True).start()
+
+    def say(self, kind: str, fields: dict[str, Any]) -> None:
+        self.seq += 1
+        body = {"t": kind, "s": self.sender, "n": self.seq, "run": self.run,
+                "pid": os.getpid(), **fields}
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s, contextlib.suppress(OSError):
+            s.sendto(wire.encode(self.key, body), ("127.0.0.1", self.port))
+
+    def _hello(self) -> None:
+        while True:
+            self.say("driver", self.hello())
+            time.sleep(DRIVER_HELLO_S)
+
+
+class WorkerHook:
+    """A training process: progress, heartbeats and the fence (worker.py)."""
+
+    def __init__(self, key: bytes, port: int, run: str, env: dict[str, str]) -> None:
+        self.key, self.port, self.run, self.env = key, port, run, env
+        self.progress = worker.Progress()
+        self.beater: worker.Beater | None = None
+        self.problems: list[str] = []
+        self.module: Any = None
+
+    def patches(self) -> dict[str, Patch]:
+        return {MPI_OPS: self.patch}
+
+    def patch(self, mpi_ops: Any) -> None:
+        self.module = mpi_ops
+        version = _horovod_version()
+        if not version.startswith(SUPPORTED):
+            raise RuntimeError(f"Horovod {version} is not {SUPPORTED}x: not patched")
+        missing = [n for n in ("synchronize", "init", "rank", "size")
+                   if not callable(getattr(mpi_ops, n, None))]
+        if missing:
+            raise RuntimeError(f"{MPI_OPS}: {', '.join(missing)} not found: not patched")
+        mpi_ops.synchronize = self.progress.wrap(mpi_ops.synchronize, "c")
+        mpi_ops.init = self.progress.wrap(mpi_ops.init, "i", after=self.initialised)
+
+    def patched(self, name: str, problem: str) -> None:
+        if problem:
+            self.problems.append(problem)
+            print(f"elastic-supervisor hook: {problem} (no fence, no hang detection for this "
+                  "process)", file=sys.stderr, flush=True)
+            self.start()  # heartbeats carry the problem, so the supervisor can say so
+
+    def initialised(self) -> None:
+        p, m = self.progress, self.module
+        p.inits += 1
+        try:
+            p.rank, p.size = int(m.rank()), int(m.size())
+        except Exception:
+            p.rank = p.size = None
+        self.start()
+
+    def start(self) -> None:
+        if self.beater is not None:
+            return
+        env = self.env
+        addr = env["HOROVOD_GLOO_RENDEZVOUS_ADDR"]
+        keep = [(addr, self.port)]
+        if _env_int(env, "HOROVOD_GLOO_RENDEZVOUS_PORT") is not None:
+            keep.append((addr, int(env["HOROVOD_GLOO_RENDEZVOUS_PORT"])))
+        self.beater = worker.Beater(
+            self.progress, key=self.key, supervisor=(addr, self.port), run=self.run,
+            host=env["HOROVOD_HOSTNAME"], local_rank=int(env["HOROVOD_LOCAL_RANK"]), keep=keep,
+            problems=self.problems).start()

@@ -1,0 +1,305 @@
+"""The worker half, inside every training process: progress, heartbeats and the fence.
+
+`Progress` wraps horovod.torch's blocking wait (`mpi_ops.synchronize`, which every collective
+of horovod.torch ends in) and `mpi_ops.init`: it knows whether the process is inside a
+collective (or an init) and since when, and counts the completed ones (progress).
+
+`Beater`, a daemon thread started by the first `hvd.init()`, sends a heartbeat to the supervisor
+every BEAT_S over UDP (to HOROVOD_GLOO_RENDEZVOUS_ADDR, the launcher, on the channel's port):
+host, pid, rank, size, inits, completed collectives, the current wait, the local endpoints of the
+process's TCP connections, and any problem of the hook. The supervisor answers a heartbeat that
+shows an old fence version, and pushes to every process when the set changes, the hosts it
+declared dead: for each, its addresses, with the TCP ports its processes reported when the
+address is a loopback one (shared by every process of the machine: loopback test hosts).
+
+The fence: once the process has been inside a collective for STALL_S while a dead host is known,
+it shuts down (both ways) its established TCP connections to that host's endpoints (only those;
+never the rendezvous server's), once per stalled collective. The collective library blocked on
+such a socket fails at once, Horovod raises HorovodInternalError, and the elastic loop rolls
+back and resets without the dead host, instead of waiting for the Gloo timeout.
+
+Standard library and psutil (a Horovod dependency) only, Python >= 3.8.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import ipaddress
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable, Iterable, Optional, Sequence, Tuple
+
+from . import wire
+
+BEAT_S = 0.5  # heartbeat period
+# The local endpoints are read again after each init (Gloo's connections are made there) and at
+# least this often: reading them costs a scan of the network namespace's TCP table.
+ENDPOINTS_S = 10.0
+STALL_S = 1.0  # inside one collective this long: a dead host's connections are cut
+MAX_PORTS = 2000
+Endpoint = Tuple[str, int]
+# One fence entry: an address and the ports to match on it (None: every port).
+DeadEntry = Tuple[str, Optional[Tuple[int, ...]]]
+
+
+def _plain(ip: str) -> str:
+    return ip[7:] if ip.startswith("::ffff:") else ip
+
+
+def is_loopback(ip: str) -> bool:
+    try:
+        return ipaddress.ip_address(_plain(ip)).is_loopback
+    except ValueError:
+        return False
+
+
+class Progress:
+    """What the training thread(s) are doing, updated by the wrappers, read by the Beater."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.inflight: dict[object, tuple[float, str]] = {}  # token -> (start, "c" | "i")
+        self.done = 0  # completed collectives and inits
+        self.inits = 0
+        self.rank: int | None = None
+        self.size: int | None = None
+
+    def waiting(self) -> tuple[float | None, str | None, float | None]:
+        """(start of the oldest wait, its kind, start of the oldest collective wait)."""
+        calls = list(self.inflight.values())
+        if not calls:
+            return None, None, None
+        oldest = min(calls)
+        collective = [t for t, kind in calls if kind == "c"]
+        return oldest[0], oldest[1], (min(collective) if collective else None)
+
+    def wrap(self, fn: Callable[..., Any], kind: str,
+             after: Callable[[], None] | None = None) -> Callable[..., Any]:
+        """`fn`, timed as a wait of `kind` ("c": a collective, "i": an init); `after` runs
+        after each successful call."""
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            token = object()
+            self.inflight[token] = (self.clock(), kind)
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                self.inflight.pop(token, None)
+            self.done += 1
+            if after is not None:
+                after()
+            return result
+        return wrapper
+
+
+def local_endpoints(connections: Iterable[Any]) -> tuple[list[str], list[int]]:
+    """The local addresses of established TCP connections, and their local ports on loopback
+    addresses (those are shared by every process of a machine)."""
+    addrs, ports = set(), set()
+    for c in connections:
+        if c.status != "ESTABLISHED" or not c.laddr or not c.raddr:
+            continue
+        ip = _plain(c.laddr[0])
+        addrs.add(ip)
+        if is_loopback(ip):
+            ports.add(int(c.laddr[1]))
+    return sorted(addrs), sorted(ports)[:MAX_PORTS]
+
+
+def severable(connections: Iterable[Any], dead: Sequence[DeadEntry],
+              keep: Iterable[Endpoint]) -> list[int]:
+    """PURE: the fds of established connections whose remote end is a dead host's endpoint
+    (address, and port where the entry lists ports), except those to `keep`."""
+    kept = {(_plain(ip), int(port)) for ip, port in keep}
+    by_addr: dict[str, set | None] = {}
+    for raw, ports in dead:
+        addr = _plain(raw)
+        if ports is None or by_addr.get(addr, set()) is None:
+            by_addr[addr] = None
+        else:
+            by_addr.setdefault(addr, set()).update(ports)  # type: ignore[union-attr]
+    fds = []
+    for c in connections:
+        if c.status != "ESTABLISHED" or not c.raddr or c.fd is None or c.fd < 0:
+            continue
+        ip, port = _plain(c.raddr[0]), int(c.raddr[1])
+        if (ip, port) in kept or ip not in by_addr:
+            continue
+        ports = by_addr[ip]
+        if ports is None or port in ports:
+            fds.append(int(c.fd))
+    return sorted(fds)
+
+
+def sever(fds: Iterable[int]) -> int:
+    """Shut down (both ways) the sockets `fds` of this process; return how many. The shutdown
+    reaches the very socket the collective library blocks on (a dup shares it); nothing is
+    closed, so no descriptor changes owner under the library's feet."""
+    n = 0
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            s = socket.socket(fileno=os.dup(fd))
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                n += 1
+            finally:
+                s.close()  # the dup only
+    return n
+
+
+def _connections() -> list[Any]:
+    import psutil
+    return psutil.Process().net_connections(kind="tcp")
+
+
+class Beater:
+    """The heartbeat thread of one training process; also receives the fence and acts on it."""
+
+    def __init__(self, progress: Progress, *, key: bytes, supervisor: Endpoint, run: str,
+                 host: str, local_rank: int, keep: Sequence[Endpoint],
+                 problems: Sequence[str] = (),
+                 connections: Callable[[], list[Any]] = _connections,
+                 clock: Callable[[], float] = time.monotonic,
+                 exit_process: Callable[[int], None] = os._exit) -> None:
+        self.progress, self.key, self.supervisor, self.run = progress, key, supervisor, run
+        self.host, self.local_rank, self.keep = host, local_rank, tuple(keep)
+        self.problems = list(problems)
+        self.connections, self.clock, self.exit_process = connections, clock, exit_process
+        self.sender = wire.new_sender_id()
+        self.seq = 0
+        self.dead: list[DeadEntry] = []
+        self.fence_version = 0
+        self.severed_stall: tuple[float, int] | None = None  # (stall start, fence version)
+        self.endpoints: tuple[list[str], list[int]] = ([], [])
+        self.endpoints_read: tuple[int, float] | None = None  # (inits, when)
+        self.replays = wire.Replays(limit=4)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="elastic-supervisor-hook",
+                                        daemon=True)
+
+    def start(self) -> Beater:
+        self._thread.start()
+        atexit.register(self.bye)
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+    # -- sending ---------------------------------------------------------------------------------
+
+    def _send(self, body: dict[str, Any]) -> None:
+        self.seq += 1
+        body.update(s=self.sender, n=self.seq, run=self.run)
+        with contextlib.suppress(OSError):
+            self.sock.sendto(wire.encode(self.key, body), self.supervisor)
+
+    def heartbeat(self) -> dict[str, Any]:
+        """The next heartbeat's body (without sender and sequence number)."""
+        p, now = self.progress, self.clock()
+        start, kind, _ = p.waiting()
+        last = self.endpoints_read
+        if last is None or last[0] != p.inits or now - last[1] >= ENDPOINTS_S:
+            self.endpoints_read = (p.inits, now)
+            try:
+                self.endpoints = local_endpoints(self.connections())
+            except Exception as e:  # never let the thread die of psutil
+                self._problem(f"cannot read this process's connections: {e!r}")
+        addrs, ports = self.endpoints
+        return {"t": "hb", "pid": os.getpid(), "host": self.host, "lr": self.local_rank,
+                "rank": p.rank, "size": p.size, "inits": p.inits, "done": p.done,
+                "wait": None if start is None else round(now - start, 3), "in": kind,
+                "addrs": addrs, "ports": ports, "fv": self.fence_version,
+                "problems": self.problems}
+
+    def bye(self) -> None:
+        """Tell the supervisor this process ends on purpose (at interpreter exit)."""
+        for _ in range(2):
+            self._send({"t": "bye", "pid": os.getpid(), "host": self.host,
+                        "lr": self.local_rank})
+
+    def _problem(self, text: str) -> None:
+        if text not in self.problems:
+            self.problems.append(text)
+            print(f"elastic-supervisor hook: {text}", file=sys.stderr, flush=True)
+
+    # -- receiving -------------------------------------------------------------------------------
+
+    def receive(self, data: bytes) -> None:
+        """Handle one datagram from the supervisor."""
+        body = wire.decode(self.key, data)
+        if body is None or body["s"] != wire.SUPERVISOR or not self.replays.accept(
+                body["s"], body["n"]):
+            return
+        if body["t"] == "exit" and body.get("run") == self.run:
+            print(f"elastic-supervisor hook: exiting: {body.get('why', 'asked to')}",
+                  file=sys.stderr, flush=True)
+            self.exit_process(1)
+        elif body["t"] == "fence" and isinstance(body.get("v"), int) \
+                and body["v"] > self.fence_version:
+            dead = []
+            for entry in body.get("dead") or ():
+                with contextlib.suppress(TypeError, ValueError):
+                    addr, ports = entry
+                    dead.append((str(addr), None if ports is None
+                                 else tuple(int(p) for p in ports)))
+            self.dead, self.fence_version = dead, body["v"]
+            self.check()
+
+    def check(self) -> int | None:
+        """Cut the dead hosts' connections if a collective has been stalled STALL_S; return
+        how many were cut (None: nothing to do)."""
+        if not self.dead:
+            return None
+        _, _, since = self.progress.waiting()
+        if since is None or self.clock() - since < STALL_S:
+            return None
+        if self.severed_stall == (since, self.fence_version):
+            return None
+        self.severed_stall = (since, self.fence_version)
+        try:
+            fds = severable(self.connections(), self.dead, self.keep)
+        except Exception as e:
+            self._problem(f"cannot read this process's connections: {e!r}")
+            return None
+        if not fds:
+            return None
+        n = sever(fds)
+        print(f'{{"event": "fence.severed", "host": "{self.host}", "connections": {n}, '
+              f'"stalled_s": {self.clock() - since:.2f}, "time": {time.time():.3f}}}',
+              file=sys.stderr, flush=True)
+        return n
+
+    def _next_wake(self, next_beat: float) -> float:
+        _, _, since = self.progress.waiting()
+        wake = next_beat
+        if self.dead and since is not None and self.severed_stall != (since,
+                                                                        self.fence_version):
+            wake = min(wake, since + STALL_S)
+        return wake
+
+    def _run(self) -> None:
+        next_beat = self.clock()
+        while not self._stop.is_set():
+            now = self.clock()
+            if now >= next_beat:
+                self._send(self.heartbeat())
+                next_beat = now + BEAT_S
+            self.check()
+            self.sock.settimeout(max(0.005, self._next_wake(next_beat) - self.clock()))
+            try:
+                data, _ = self.sock.recvfrom(wire.MAX_DATAGRAM)
+            except (socket.timeout, BlockingIOError):
+                continue
+            except OSError:
+                if self._stop.wait(BEAT_S):
+                    return
+                continue
+            self.receive(data)

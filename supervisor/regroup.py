@@ -1,0 +1,73 @@
+"""PURE: after a failure, new workers are listed only once the survivors have regrouped.
+
+When a worker fails, Horovod's driver regroups the survivors as soon as every worker of the old
+world has reported (its barrier). A host that is in the discovery file at that moment joins the
+new world, and the survivors wait in the rendezvous until its process has started (ssh, Python,
+`import torch`, `hvd.init()`: 3-10 s): no batch is computed meanwhile. The supervisor creates a
+replacement within milliseconds and it is often Ready before the survivors regroup, which was the
+5.4 s worst case after a SIGKILL. So a host that would be added to the file is held back while a
+regroup is pending: from the failure of a member of the training until a surviving process
+reports a new `hvd.init()` and a completed collective after it (the hook's heartbeats), for at
+most MAX_HOLD_S. The survivors resume at the smaller size at once and the new host joins right
+after, through Horovod's host-added notification, at a commit point (no rollback). Nothing is
+held when the survivors alone could not reach MIN_NP (the driver would wait for the new host),
+or when no process heartbeats (no hook: nothing would tell when to stop holding).
+No I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from supervisor.channel import Beat
+
+MAX_HOLD_S = 15.0
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A regroup the survivors owe since `since` (monotonic); `inits`: each process's count of
+    completed hvd.init() calls at that time."""
+
+    since: float
+    inits: Mapping[str, int]
+
+
+def member_failed(hosts: Iterable[str], beats: Iterable[Beat],
+                  world: frozenset[str] | None) -> bool:
+    """Whether a failed host was part of the training: in the world horovodrun's driver last
+    assigned, or heard from (a replacement that never started makes nobody regroup)."""
+    heard = {b.host for b in beats}
+    return any(h in heard or (world is not None and h in world) for h in hosts)
+
+
+def pending(beats: Iterable[Beat], now: float) -> Pending:
+    """The regroup that a failure decided at `now` makes pending."""
+    return Pending(now, {b.sender: b.inits for b in beats})
+
+
+def regrouped(p: Pending, beats: Iterable[Beat]) -> bool:
+    """Whether a process has initialised again since the failure and completed a collective."""
+    return any(b.inits > p.inits.get(b.sender, 0) and b.progress_at is not None
+               and b.progress_at > p.since and b.bye_at is None for b in beats)
+
+
+def over(p: Pending, beats: Iterable[Beat], now: float, max_hold_s: float = MAX_HOLD_S) -> bool:
+    """Whether the regroup is no longer pending: done, given up on, or nobody to tell."""
+    beats = list(beats)
+    return now - p.since >= max_hold_s or not beats or regrouped(p, beats)
+
+
+def held(p: Pending | None, beats: Iterable[Beat], *, listed: frozenset[str],
+         usable: frozenset[str], slots_per_worker: int, min_np: int, now: float,
+         max_hold_s: float = MAX_HOLD_S) -> frozenset[str]:
+    """The usable hosts to keep out of the discovery file for now: those not `listed` in it
+    yet, while the regroup `p` is pending."""
+    beats = list(beats)
+    if p is None or over(p, beats, now, max_hold_s):
+        return frozenset()
+    new = usable - listed
+    if len(usable - new) * slots_per_worker < min_np:
+        return frozenset()
+    return frozenset(new)

@@ -1,0 +1,217 @@
+"""Real horovodrun on fake hosts (sshds on loopback addresses), without Kubernetes.
+
+For the tests of the hook against Horovod itself: `HostSet` starts sshds on addresses
+127.<block>.0.<n>, `HorovodRun` runs horovodrun (elastic, discovery from a file the test writes)
+with the stock training script on them, optionally with the hook in its environment, and
+collects its output; `Channel` plays the supervisor's end of the hook channel (collects
+datagrams, sends fence pushes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from localcluster.sshd import FakeHost, KeyPair
+from supervisor.hook import HOOK_DIR
+from supervisor.hook.elastic_supervisor_hook import wire
+from tests.e2e.training import horovod_records, steps_of
+
+BIN = Path(sys.executable).parent
+STOCK = Path(__file__).resolve().with_name("stock_train.py")
+
+
+class HostSet:
+    """sshds on 127.<block>.0.1.. (one port for all), started on demand, stopped at close."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.key = KeyPair.generate(workdir / "keys")
+        self.block = random.randint(16, 250)
+        with socket.socket() as s:
+            s.bind((f"127.{self.block}.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.hosts: dict[str, FakeHost] = {}
+
+    def start(self, n: int) -> list[str]:
+        """Start `n` more hosts; return their addresses."""
+        made = []
+        for _ in range(n):
+            address = f"127.{self.block}.0.{len(self.hosts) + 1}"
+            self.hosts[address] = FakeHost(address, self.port, self.key,
+                                           self.workdir / f"host-{address}").start()
+            made.append(address)
+        return made
+
+    def training(self, address: str) -> list[psutil.Process]:
+        """The training processes running on a host (its sshd's sessions)."""
+        host = self.hosts[address]
+        assert host.proc is not None
+        out = []
+        for p in psutil.Process(host.proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if STOCK.name in " ".join(p.cmdline()) and p.name().startswith("python"):
+                    out.append(p)
+        return out
+
+    def close(self) -> None:
+        for h in self.hosts.values():
+            if h.proc is not None:  # sessions are in sessions of their own: kill them first
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    for p in psutil.Process(h.proc.pid).children(recursive=True):
+                        with contextlib.suppress(psutil.NoSuchProcess):
+                            p.kill()
+            h.stop()
+
+
+class Channel:
+    """The supervisor's end of the hook channel: a UDP socket collecting what the hook says."""
+
+    def __init__(self) -> None:
+        self.key = wire.new_key()
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.received: list[tuple[float, tuple[str, int], dict[str, Any]]] = []
+        self.seq = 0
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self._stop:
+            try:
+                data, addr = self.sock.recvfrom(wire.MAX_DATAGRAM)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            body = wire.decode(self.key, data)
+            if body is not None:
+                self.received.append((time.monotonic(), addr, body))
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [b for _, _, b in list(self.received) if b["t"] == kind]
+
+    def push(self, body: dict[str, Any]) -> int:
+        """Send `body` (as the supervisor) to every process that sent a heartbeat."""
+        targets = {addr for _, addr, b in list(self.received) if b["t"] == "hb"}
+        for addr in targets:
+            self.seq += 1
+            self.sock.sendto(wire.encode(self.key, {**body, "s": wire.SUPERVISOR,
+                                                    "n": self.seq}), addr)
+        return len(targets)
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join(2)
+        self.sock.close()
+
+
+class HorovodRun:
+    """One horovodrun (elastic) of the stock script on `hosts`; its output is collected."""
+
+    def __init__(self, workdir: Path, hosts: HostSet, *, np: int, min_np: int, max_np: int,
+                 batches: int, channel: Channel | None, worker_hook: bool = True,
+                 gloo_timeout_s: int = 60, script_args: Sequence[str] = ()) -> None:
+        self.workdir, self.hosts = workdir, hosts
+        self.hostfile = workdir / "hostfile"
+        self.dead_file = workdir / "dead.json"
+        script = workdir / "discover_hosts.sh"
+        script.write_text(f"#!/bin/sh\nexec cat {self.hostfile}\n")
+        script.chmod(0o755)
+        self.argv = [
+            str(BIN / "horovodrun"), "-np", str(np), "--min-np", str(min_np),
+            "--max-np", str(max_np), "--slots-per-host", "1",
+            "--host-discovery-script", str(script), "--ssh-port", str(hosts.port),
+            "--ssh-identity-file", str(hosts.key.private), "--network-interface", "lo",
+            "--gloo-timeout-seconds", str(gloo_timeout_s), "--start-timeout", "60",
+            "--elastic-timeout", "120",
+            sys.executable, str(STOCK), "--batches", str(batches), *script_args]
+        self.env = dict(os.environ)
+        if channel is not None:
+            self.env.update({
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(HOOK_DIR),
+                                                            os.environ.get("PYTHONPATH")])),
+                "ELASTIC_SUPERVISOR_HOOK_KEY": channel.key.hex(),
+                "ELASTIC_SUPERVISOR_HOOK_PORT": str(channel.port),
+                "ELASTIC_SUPERVISOR_HOOK_DEAD_FILE": str(self.dead_file),
+                "ELASTIC_SUPERVISOR_HOOK_WORKER": "1" if worker_hook else "0"})
+        self.lines: list[tuple[float, str]] = []
+        self.proc: subprocess.Popen[str] | None = None
+
+    def set_hosts(self, addresses: Sequence[str]) -> None:
+        tmp = self.hostfile.with_suffix(".tmp")
+        tmp.write_text("".join(f"{a}:1\n" for a in addresses))
+        tmp.rename(self.hostfile)
+
+    def declare_dead(self, addresses: Sequence[str]) -> None:
+        tmp = self.dead_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(sorted(addresses)))
+        tmp.rename(self.dead_file)
+
+    def start(self) -> HorovodRun:
+        self.proc = subprocess.Popen(self.argv, cwd=self.workdir, env=self.env,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        threading.Thread(target=self._read, daemon=True).start()
+        return self
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def output(self) -> str:
+        return "\n".join(line for _, line in list(self.lines))
+
+    def records(self) -> list[dict[str, Any]]:
+        return horovod_records(self.output())
+
+    def steps(self) -> list[dict[str, Any]]:
+        return steps_of(self.records())
+
+    def last_step(self) -> dict[str, Any] | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def wait(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def tail(self, n: int = 40) -> str:
+        return "\n".join(line for _, line in list(self.lines)[-n:])
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@contextlib.contextmanager
+def horovod_on_fake_hosts(workdir: Path) -> Iterator[tuple[HostSet, list[HorovodRun]]]:
+    """Hosts and the runs a test makes on them; everything is stopped at the end."""
+    hosts = HostSet(workdir)
+    runs: list[HorovodRun] = []
+    try:
+        yield hosts, runs
+    finally:
+        for r in runs:
+            r.close()
+        hosts.close()

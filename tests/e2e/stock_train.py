@@ -1,0 +1,116 @@
+"""A stock elastic Horovod + PyTorch training script, written the way Horovod's own elastic
+examples are (examples/elastic/pytorch: hvd.elastic.run, TorchState, commit every few batches,
+check_host_updates in between, the learning rate rescaled on reset, rank 0 prints and
+checkpoints). It imports nothing of elastic-supervisor: whatever the supervisor guarantees must
+hold for it as it is. Synthetic data, so that it runs anywhere.
+
+Output (rank 0 only): one JSON line per batch {"step", "size", "loss", "lr", "committed",
+"host", "time"} and events {"event": "reset" | "resumed" | "done", ...}; that is all the tests
+read. --slow-step N:S:KIND (repeatable) makes rank 0 spend S seconds after batch N, once per
+run, sleeping (KIND sleep) or writing and fsyncing a file (KIND write), while the other ranks
+wait in the next allreduce: a slow step, or a long checkpoint.
+"""
+
+import argparse
+import json
+import os
+import time
+
+import horovod.torch as hvd
+import torch
+
+parser = argparse.ArgumentParser(description="stock elastic Horovod training")
+parser.add_argument("--batches", type=int, default=400, help="batches to train in total")
+parser.add_argument("--batches-per-commit", type=int, default=5)
+parser.add_argument("--batches-per-host-check", type=int, default=1)
+parser.add_argument("--batch-size", type=int, default=64)
+parser.add_argument("--lr", type=float, default=0.01)
+parser.add_argument("--checkpoint", default=None, help="rank 0 saves here at every commit")
+parser.add_argument("--sleep", type=float, default=0.0, help="seconds of extra work per batch")
+parser.add_argument("--slow-step", action="append", default=[],
+                    help="N:SECONDS:sleep|write, rank 0 is slow once after batch N")
+args = parser.parse_args()
+
+torch.set_num_threads(1)
+hvd.init()
+torch.manual_seed(42)
+
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
+optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+slow = {int(n): (float(s), kind) for n, s, kind in (x.split(":") for x in args.slow_step)}
+
+
+def log(**fields):
+    if hvd.rank() == 0:
+        print(json.dumps(fields), flush=True)
+
+
+def slow_down(seconds, kind):
+    if kind == "sleep":
+        time.sleep(seconds)
+        return
+    path = f"{args.checkpoint or '/tmp/stock'}.slow.{os.getpid()}"
+    end, block = time.monotonic() + seconds, os.urandom(1 << 20)
+    with open(path, "wb") as f:
+        while time.monotonic() < end:
+            f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+    os.remove(path)
+
+
+def save_checkpoint(state):
+    if hvd.rank() != 0 or not args.checkpoint:
+        return
+    tmp = f"{args.checkpoint}.tmp"
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "batch": state.batch}, tmp)
+    os.replace(tmp, args.checkpoint)
+
+
+@hvd.elastic.run
+def train(state):
+    host = os.environ.get("HOROVOD_HOSTNAME", "")
+    while state.batch < args.batches:
+        g = torch.Generator().manual_seed(state.batch * 1000 + hvd.rank())
+        data = torch.randn(args.batch_size, 64, generator=g)
+        target = data.sum(dim=1, keepdim=True).tanh()
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(data), target)
+        loss.backward()
+        optimizer.step()
+        if args.sleep:
+            time.sleep(args.sleep)
+        if state.batch + 1 in slow and state.batch + 1 not in state.slowed:
+            state.slowed = [*state.slowed, state.batch + 1]
+            if hvd.rank() == 0:
+                slow_down(*slow[state.batch + 1])
+        state.batch += 1
+        committed = state.batch % args.batches_per_commit == 0
+        log(step=state.batch, size=hvd.size(), loss=round(loss.item(), 6),
+            lr=optimizer.param_groups[0]["lr"], committed=committed, host=host, time=time.time())
+        if committed:
+            state.commit()
+            save_checkpoint(state)
+        elif state.batch % args.batches_per_host_check == 0:
+            state.check_host_updates()
+
+
+def on_state_reset():
+    for param_group in optimizer.param_groups:
+        param_group["lr"] = args.lr * hvd.size()
+    log(event="reset", size=hvd.size(), step=state.batch, time=time.time())
+
+
+state = hvd.elastic.TorchState(model, optimizer, batch=0, slowed=[])
+if args.checkpoint and hvd.rank() == 0 and os.path.exists(args.checkpoint):
+    saved = torch.load(args.checkpoint, weights_only=True)
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    state.batch = saved["batch"]
+    state.save()
+    log(event="resumed", step=state.batch, checkpoint=args.checkpoint, time=time.time())
+state.register_reset_callbacks([on_state_reset])
+train(state)
+log(event="done", step=state.batch, size=hvd.size(), time=time.time())

@@ -1,0 +1,130 @@
+"""The hang in horovodrun's driver (notes: "A SECOND HANG"), with real horovodrun and the hook.
+
+Three workers train the stock script on fake hosts; then what happened in the field: rank 0 (the
+coordinator, the only worker the driver notifies of host changes) freezes, or its host is
+partitioned; the supervisor's part is played by the test: it kills horovodrun's ssh client to
+that host and rewrites the discovery file (the dead host out, a replacement in). Horovod's
+driver then notifies the coordinator of the change from its discovery thread, holding the
+host-update lock. Unhardened, that call never returns (the frozen process's kernel accepts the
+connection, nobody answers; a partitioned host never answers a SYN), and when the survivors come
+back from the Gloo timeout the driver cannot take the lock to regroup them: the job hangs for
+good. With the hook the call gives up after its timeouts (or is skipped: the host was declared
+dead), and training resumes at full size with the replacement.
+
+The survivors leave the frozen collective through the Gloo timeout here (10 s; the worker half
+of the hook is off), so the driver alone is what is tested.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from supervisor.proc import kill_ssh_clients
+from tests.e2e.fakehosts import Channel, HorovodRun, HostSet, horovod_on_fake_hosts
+from tests.faults import freeze, partitioned
+from tests.helpers import wait_for
+
+GLOO_TIMEOUT_S = 10
+BATCHES = 300
+# Gloo timeout + the driver's notification (at most 3 attempts x 2 s) + the replacement's start
+# (ssh, Python, torch, hvd.init: 5-10 s on 2 loaded cores) + the reset.
+RESUME_BOUND_S = GLOO_TIMEOUT_S + 6 + 25
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[HostSet, list[HorovodRun]]]:
+    with horovod_on_fake_hosts(tmp_path) as made:
+        yield made
+
+
+def training(tmp_path: Path, hosts: HostSet, runs: list[HorovodRun],
+             channel: Channel | None) -> tuple[HorovodRun, list[str]]:
+    """Three workers at full size past batch 10, and a fourth host for the replacement."""
+    addresses = hosts.start(4)
+    run = HorovodRun(tmp_path, hosts, np=3, min_np=2, max_np=3, batches=BATCHES,
+                     channel=channel, worker_hook=False, gloo_timeout_s=GLOO_TIMEOUT_S,
+                     script_args=["--sleep", "0.05"])
+    runs.append(run)
+    run.set_hosts(addresses[:3])
+    run.start()
+    wait_for(lambda: (s := run.last_step()) and s["size"] == 3 and s["step"] > 10, 120,
+             what=f"training at size 3:\n{run.tail()}")
+    return run, addresses
+
+
+def fail_coordinator(run: HorovodRun, addresses: list[str], *, declare: bool) -> tuple[str, float]:
+    """What the supervisor does about a dead coordinator: (declare it dead,) kill its ssh
+    client, replace it in the discovery file. Returns its address and when."""
+    coordinator = run.last_step()["host"]  # type: ignore[index]
+    if declare:
+        run.declare_dead([coordinator])
+    assert run.proc is not None
+    assert kill_ssh_clients(run.proc.pid, {coordinator}), "its ssh client was found and killed"
+    survivors = [a for a in addresses[:3] if a != coordinator]
+    at = time.time()
+    run.set_hosts([*survivors, addresses[3]])
+    return coordinator, at
+
+
+def resumed_at_full_size(run: HorovodRun, after: float) -> float | None:
+    """When rank 0 reported the first step at size 3 after a reset that came after `after`."""
+    records = run.records()
+    for i, r in enumerate(records):
+        if r.get("event") == "reset" and r["time"] > after and r["size"] == 3:
+            later = [s for s in records[i:] if "loss" in s]
+            return later[0]["time"] if later else None
+    return None
+
+
+@pytest.mark.parametrize(("fault", "declare"), [
+    pytest.param("frozen", False, id="frozen coordinator: its notification times out"),
+    pytest.param("frozen", True, id="frozen coordinator declared dead: not notified at all"),
+    pytest.param("partitioned", False, id="partitioned coordinator: the connect times out"),
+])
+def test_the_hardened_driver_resumes_after_its_coordinator_hangs(
+        tmp_path: Path, cluster: tuple[HostSet, list[HorovodRun]], fault: str,
+        declare: bool) -> None:
+    hosts, runs = cluster
+    channel = Channel()
+    with ExitStack() as stack:
+        stack.callback(channel.close)
+        run, addresses = training(tmp_path, hosts, runs, channel)
+        assert channel.of("driver") and channel.of("driver")[0]["ok"], "the driver hook armed"
+        coordinator = run.last_step()["host"]  # type: ignore[index]
+        victims = [p.pid for p in hosts.training(coordinator)]
+        assert victims, f"no training process on {coordinator}"
+        if fault == "frozen":
+            freeze(victims)
+        else:
+            stack.enter_context(partitioned(victims, coordinator))
+        _, at = fail_coordinator(run, addresses, declare=declare)
+
+        back = wait_for(lambda: resumed_at_full_size(run, at), RESUME_BOUND_S + 30,
+                        what=f"training resumed at size 3:\n{run.tail()}")
+        assert run.wait(120) == 0, run.tail()
+
+    assert back - at <= RESUME_BOUND_S, f"resumed {back - at:.1f}s after the fault"
+    skipped = f"not notifying {coordinator}[0]: the supervisor declared its host dead"
+    assert (skipped in run.output()) is declare, run.tail()
+    steps = run.steps()
+    assert steps[-1]["step"] == BATCHES and steps[-1]["size"] == 3
+    assert coordinator not in {s["host"] for s in steps if s["time"] > back}
+
+
+def test_without_the_hook_the_driver_hangs_for_good(
+        tmp_path: Path, cluster: tuple[HostSet, list[HorovodRun]]) -> None:
+    """The same fault under an unmodified horovodrun: what the hook is for (and proof that the
+    test above can fail)."""
+    hosts, runs = cluster
+    run, addresses = training(tmp_path, hosts, runs, channel=None)
+    freeze(p.pid for p in hosts.training(run.last_step()["host"]))  # type: ignore[index]
+    _, at = fail_coordinator(run, addresses, declare=False)
+    time.sleep(RESUME_BOUND_S + 10)
+    assert run.proc is not None and run.proc.poll() is None, "horovodrun still runs"
+    assert resumed_at_full_size(run, at) is None, "and never regrouped"
+    assert not [s for s in run.steps() if s["time"] > at + GLOO_TIMEOUT_S + 1], run.tail()

@@ -1,0 +1,156 @@
+"""hang.assess: who blocks training, from the hook's heartbeats, on a fake clock.
+
+Each scenario is a few processes as the supervisor's store holds them (channel.Beat: receipt
+times of the last heartbeat and of the last growth of the completed-collectives counter) at
+`now`; the whole Verdict is compared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from supervisor.channel import Beat
+from supervisor.hang import Broken, HangSettings, Hung, Stall, Verdict, assess
+
+S = HangSettings(silence_s=3.0, stall_s=600.0)
+NOW = 1000.0
+LISTED = {"10.0.0.1": 0.0, "10.0.0.2": 0.0, "10.0.0.3": 0.0}
+
+
+def beat(host: str, *, last: float = NOW - 0.2, progress: float | None = NOW - 0.3,
+         wait: float | None = None, kind: str | None = None, bye: float | None = None,
+         pid: int = 100, rank: int = 0, problems: tuple[str, ...] = ()) -> Beat:
+    return Beat(sender=f"{host}/{pid}", host=host, pid=pid, local_rank=0, first_seen=NOW - 60,
+                last_seen=last, progress_at=progress, rank=rank, size=3, inits=1, done=10,
+                wait_s=wait, waiting=kind if wait is not None else None, bye_at=bye,
+                problems=problems)
+
+
+def waiting(host: str, seconds: float, **kw: object) -> Beat:
+    """A healthy process inside a collective for `seconds`, nothing completed since then."""
+    fields: dict[str, object] = {"wait": seconds, "kind": "c", "progress": NOW - seconds - 0.3,
+                                 **kw}
+    return beat(host, **fields)  # type: ignore[arg-type]
+
+
+FROZEN_AT = NOW - 3.4  # its last heartbeat
+
+
+def frozen(host: str = "10.0.0.3", **kw: object) -> Beat:
+    """A process whose heartbeats stopped 3.4 s ago."""
+    fields: dict[str, object] = {"last": FROZEN_AT, "progress": FROZEN_AT - 0.2, "pid": 7,
+                                 "rank": 2, **kw}
+    return beat(host, **fields)  # type: ignore[arg-type]
+
+
+def hung(host: str = "10.0.0.3", peers: int = 2, longest: float = 3.0,
+         where: str = "a collective") -> Hung:
+    return Hung(host, 7, pytest.approx(3.4), (  # type: ignore[arg-type]
+        f"process 7 (rank 2) sent no heartbeat for 3.4s while {peers} peer process(es) waited "
+        f"in {where} (longest {longest:.1f}s at its last heartbeat) and none completed one "
+        "since"))
+
+
+@pytest.mark.parametrize(("beats", "expected"), [
+    pytest.param([beat("10.0.0.1"), beat("10.0.0.2"), beat("10.0.0.3")], Verdict(),
+                 id="everyone heartbeats and progresses: nothing"),
+    pytest.param([waiting("10.0.0.1", 3.0), waiting("10.0.0.2", 2.9), frozen()],
+                 Verdict(hung=(hung(),)),
+                 id="one silent while the others wait and nothing completes: Hung"),
+    pytest.param([waiting("10.0.0.1", 3.0), waiting("10.0.0.2", 2.9),
+                  frozen(last=NOW - 2.9)], Verdict(),
+                 id="silent for less than the threshold: not yet"),
+    pytest.param([waiting("10.0.0.1", 3.0), beat("10.0.0.2", progress=NOW - 3.6), frozen()],
+                 Verdict(hung=(hung(peers=1),)),
+                 id="one peer waiting is enough (another is busy between collectives)"),
+    pytest.param([beat("10.0.0.1"), beat("10.0.0.2"), frozen()], Verdict(),
+                 id="silent but nobody waits: it blocks nothing"),
+    pytest.param([waiting("10.0.0.1", 1.0, progress=NOW - 1.0), waiting("10.0.0.2", 0.5),
+                  frozen()], Verdict(),
+                 id="silent but the others completed collectives since: a lost heartbeat route"),
+    pytest.param([waiting("10.0.0.1", 3.0), waiting("10.0.0.2", 2.9),
+                  frozen(progress=None)], Verdict(hung=(hung(),)),
+                 id="never progressed itself (frozen after its first init): Hung"),
+    pytest.param([waiting("10.0.0.1", 3.0), waiting("10.0.0.2", 2.9),
+                  frozen(bye=FROZEN_AT)], Verdict(),
+                 id="it said bye (a clean exit): never Hung"),
+    pytest.param([waiting("10.0.0.1", 3.0), waiting("10.0.0.2", 2.9), frozen(host="10.0.0.9")],
+                 Verdict(), id="its host is not listed (scaled in, already failed): skip"),
+    pytest.param([waiting("10.0.0.1", 3.0), waiting("10.0.0.2", 2.9),
+                  frozen(problems=("Horovod 0.27.0 is not 0.28.x: not patched",))],
+                 Verdict(problems=(("10.0.0.3", "Horovod 0.27.0 is not 0.28.x: not patched"),)),
+                 id="a process whose hook reported a problem is not judged, it is reported"),
+    pytest.param([waiting("10.0.0.1", 5.0), frozen(host="10.0.0.2"), frozen()],
+                 Verdict(hung=(hung("10.0.0.2", peers=1, longest=5.0),
+                               hung("10.0.0.3", peers=1, longest=5.0))),
+                 id="two frozen at once: both Hung"),
+    pytest.param([beat("10.0.0.1", wait=2.0, kind="i", progress=None),
+                  beat("10.0.0.2", wait=1.8, kind="i", progress=None), frozen(progress=None)],
+                 Verdict(hung=(hung(longest=2.0, where="an init"),)),
+                 id="frozen while the others wait in the rendezvous of a reset: Hung"),
+    pytest.param([beat("10.0.0.1", wait=500.0, kind="c", progress=NOW - 700),
+                  beat("10.0.0.2", progress=NOW - 700), beat("10.0.0.3", progress=NOW - 700)],
+                 Verdict(stall=Stall(700.0, 3)),
+                 id="all heartbeat, nothing completes for the stall timeout: stalled"),
+    pytest.param([beat("10.0.0.1", wait=120.0, kind="c", progress=NOW - 120),
+                  beat("10.0.0.2", wait=119.0, kind="c", progress=NOW - 120),
+                  beat("10.0.0.3", progress=NOW - 120)], Verdict(),
+                 id="a 2-minute checkpoint on rank 2 while the others wait: neither"),
+    pytest.param([beat("10.0.0.1", last=NOW - 900, progress=NOW - 950),
+                  beat("10.0.0.2", last=NOW - 900, progress=NOW - 950)], Verdict(),
+                 id="nobody heartbeats any more: no evidence of a stall"),
+])
+def test_assess(beats: list[Beat], expected: Verdict) -> None:
+    assert assess(beats, LISTED, started_at=NOW - 30, settings=S, now=NOW) == expected
+
+
+def test_listed_hosts_without_a_heartbeat_are_reported_after_a_minute() -> None:
+    beats = [beat("10.0.0.1")]
+    listed = {"10.0.0.1": NOW - 100, "10.0.0.2": NOW - 100, "10.0.0.3": NOW - 10}
+    early = assess(beats, listed, started_at=NOW - 30, settings=S, now=NOW)
+    assert early.unmonitored == (), "horovodrun started 30 s ago: too early to say"
+    late = assess(beats, listed, started_at=NOW - 100, settings=S, now=NOW)
+    assert late.unmonitored == ("10.0.0.2",), "10.0.0.3 was listed only 10 s ago"
+
+
+@pytest.mark.parametrize(("first_seen", "expected"), [
+    pytest.param(NOW - 60, None, id="heartbeating for a minute: not yet"),
+    pytest.param(NOW - 700, Stall(700.0, 1), id="heartbeating for 700 s: stalled"),
+])
+def test_with_no_progress_ever_a_stall_counts_from_the_first_heartbeat(
+        first_seen: float, expected: Stall | None) -> None:
+    beats = [replace(beat("10.0.0.1", progress=None, wait=650.0, kind="c"),
+                     first_seen=first_seen)]
+    verdict = assess(beats, LISTED, started_at=NOW - 800, settings=S, now=NOW)
+    assert verdict.stall == expected
+
+
+FAILED = NOW - 6.0  # the member that died
+WORLD = (frozenset({"10.0.0.1", "10.0.0.3"}), NOW - 10.0)  # assigned before it died
+
+
+@pytest.mark.parametrize(("beats", "failed_at", "world", "expected"), [
+    pytest.param([beat("10.0.0.1", wait=8.0, kind="i", progress=None)], {"10.0.0.3": FAILED},
+                 WORLD, Broken("10.0.0.3", 1),
+                 id="a member died while the others wait in its rendezvous: broken"),
+    pytest.param([beat("10.0.0.1", wait=8.0, kind="i", progress=None)],
+                 {"10.0.0.3": NOW - 3.0}, WORLD, None,
+                 id="not for BROKEN_AFTER_S yet: the driver may still assign a new world"),
+    pytest.param([beat("10.0.0.1", wait=5.0, kind="i", progress=None)], {"10.0.0.3": FAILED},
+                 (frozenset({"10.0.0.1"}), NOW - 5.5), None,
+                 id="the driver assigned a world without it since: a normal reset"),
+    pytest.param([beat("10.0.0.1", wait=0.2, kind="c")], {"10.0.0.3": FAILED}, WORLD, None,
+                 id="nobody waits in an init: a failure in training, the survivors reset"),
+    pytest.param([beat("10.0.0.1", wait=8.0, kind="i", progress=None)], {"10.0.0.2": FAILED},
+                 WORLD, None, id="the failed host was not a member of the world"),
+    pytest.param([beat("10.0.0.1", wait=8.0, kind="i", progress=None)], {"10.0.0.3": FAILED},
+                 None, None, id="no word from the driver hook: not judged"),
+])
+def test_a_rendezvous_broken_by_a_dead_member(beats: list[Beat], failed_at: dict[str, float],
+                                              world: Any, expected: Broken | None) -> None:
+    verdict = assess(beats, LISTED, started_at=NOW - 30, settings=S, now=NOW,
+                     failed_at=failed_at, world=world)
+    assert verdict.broken == expected

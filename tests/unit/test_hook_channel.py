@@ -1,0 +1,263 @@
+"""The hook channel: datagrams, the supervisor's store and dead set, the worker's fence.
+
+Pure parts are tables (wire format, which connections a dead set matches, what a dead host's
+heartbeats say about its endpoints). The rest runs on real loopback sockets in this process: a
+Beater (the worker hook's thread) heartbeats to a HookChannel (the supervisor's end), and a
+thread blocked in recv() on a connection to a "dead" peer, as Gloo is, returns at once when the
+fence push arrives, while a connection to a live peer stays up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from supervisor.channel import Beat, HookChannel, dead_entries
+from supervisor.hook.elastic_supervisor_hook import wire
+from supervisor.hook.elastic_supervisor_hook.worker import (
+    STALL_S,
+    Beater,
+    Progress,
+    local_endpoints,
+    severable,
+)
+from tests.helpers import wait_for
+
+KEY = b"k" * 32
+
+
+def body(**kw: Any) -> dict[str, Any]:
+    return {"t": "hb", "s": "abc", "n": 1, **kw}
+
+
+# ---- wire ---------------------------------------------------------------------------------------
+
+def test_a_datagram_decodes_only_with_its_key_and_untouched() -> None:
+    data = wire.encode(KEY, body(host="10.0.0.1"))
+    assert wire.decode(KEY, data) == body(host="10.0.0.1")
+    assert wire.decode(b"x" * 32, data) is None, "another key"
+    flipped = bytearray(data)
+    flipped[-3] ^= 1
+    assert wire.decode(KEY, bytes(flipped)) is None, "a changed byte"
+    assert wire.decode(KEY, data[:-1]) is None, "cut short"
+    assert wire.decode(KEY, b"ESH1") is None
+
+
+@pytest.mark.parametrize("payload", [
+    pytest.param({"t": "hb", "n": 1}, id="no sender"),
+    pytest.param({"t": "hb", "s": "a", "n": "1"}, id="sequence not an int"),
+    pytest.param({"t": "hb", "s": "a", "n": True}, id="sequence a bool"),
+    pytest.param({"t": "shell", "s": "a", "n": 1}, id="unknown type"),
+    pytest.param([1, 2], id="not an object"),
+])
+def test_authentic_but_malformed_bodies_are_dropped(payload: Any) -> None:
+    raw = json.dumps(payload).encode()
+    data = wire.MAGIC + hmac.new(KEY, raw, hashlib.sha256).digest() + raw
+    assert wire.decode(KEY, data) is None
+
+
+def test_replays_are_refused_per_sender() -> None:
+    r = wire.Replays(limit=2)
+    assert r.accept("a", 1) and r.accept("a", 2) and not r.accept("a", 2)
+    assert not r.accept("a", 1) and r.accept("b", 1)
+
+
+def test_an_oversized_body_is_refused_before_sending() -> None:
+    with pytest.raises(ValueError, match="over"):
+        wire.encode(KEY, body(blob="x" * wire.MAX_DATAGRAM))
+
+
+# ---- which connections a dead set matches (pure) ------------------------------------------------
+
+def conn(laddr: tuple[str, int], raddr: tuple[str, int], fd: int,
+         status: str = "ESTABLISHED") -> SimpleNamespace:
+    return SimpleNamespace(laddr=laddr, raddr=raddr, fd=fd, status=status)
+
+
+CONNS = [
+    conn(("10.0.0.1", 40000), ("10.0.0.9", 5000), 10),  # to the dead pod
+    conn(("10.0.0.1", 40001), ("10.0.0.9", 5001), 11),  # to the dead pod
+    conn(("10.0.0.1", 40002), ("10.0.0.2", 5000), 12),  # to a live pod
+    conn(("10.0.0.1", 40003), ("10.0.0.5", 8000), 13),  # to the launcher (rendezvous)
+    conn(("127.0.0.1", 40004), ("127.0.0.1", 33001), 14),  # loopback: the dead one's port
+    conn(("127.0.0.1", 40005), ("127.0.0.1", 33002), 15),  # loopback: a live one's port
+    conn(("10.0.0.1", 40006), ("10.0.0.9", 5002), 16, status="CLOSE_WAIT"),
+    conn(("::ffff:10.0.0.1", 40007), ("::ffff:10.0.0.9", 5003), 17),  # v4-mapped
+]
+
+
+@pytest.mark.parametrize(("dead", "keep", "fds"), [
+    pytest.param([], [], [], id="nothing dead: nothing cut"),
+    pytest.param([("10.0.0.9", None)], [], [10, 11, 17],
+                 id="a pod address: every established connection to it, only those"),
+    pytest.param([("10.0.0.5", None)], [("10.0.0.5", 8000)], [],
+                 id="the rendezvous server is kept even if its address matched"),
+    pytest.param([("127.0.0.1", (33001,))], [], [14],
+                 id="a loopback address: only the dead process's ports"),
+    pytest.param([("127.0.0.1", ())], [], [], id="a loopback address without ports: nothing"),
+    pytest.param([("127.0.0.1", (33001,)), ("127.0.0.1", None)], [], [14, 15],
+                 id="every port wins over a port list"),
+])
+def test_severable(dead: list[Any], keep: list[tuple[str, int]], fds: list[int]) -> None:
+    assert severable(CONNS, dead, keep) == fds
+
+
+def test_local_endpoints_list_ports_only_on_loopback() -> None:
+    assert local_endpoints(CONNS) == (["10.0.0.1", "127.0.0.1"], [40004, 40005])
+
+
+def test_a_dead_hosts_entries_come_from_what_its_processes_reported() -> None:
+    def b(host: str, addrs: tuple[str, ...], ports: tuple[int, ...]) -> Beat:
+        return Beat(sender=host + str(ports), host=host, pid=1, local_rank=0, first_seen=0.0,
+                    last_seen=0.0, progress_at=None, addrs=addrs, ports=ports)
+
+    beats = [b("10.0.0.9", ("10.0.0.9",), ()), b("10.0.0.2", ("10.0.0.2",), ()),
+             b("127.5.0.3", ("127.0.0.1",), (33001, 33002)),
+             b("127.5.0.3", ("127.0.0.1",), (33003,)), b("127.5.0.4", ("127.0.0.1",), (1,))]
+    assert dead_entries("10.0.0.9", beats) == [["10.0.0.9", None]]
+    assert dead_entries("10.0.0.8", beats) == [["10.0.0.8", None]], "an IP never heard from"
+    assert dead_entries("127.5.0.3", beats) == [["127.0.0.1", [33001, 33002, 33003]]]
+    assert dead_entries("w-1.job.ns.svc", beats) == [], "a name never heard from: nothing"
+
+
+# ---- on real sockets ----------------------------------------------------------------------------
+
+@pytest.fixture
+def channel(tmp_path: Path) -> Iterator[HookChannel]:
+    ch = HookChannel(0, dead_file=tmp_path / "hostfile.dead", bind="127.0.0.1").start()
+    yield ch
+    ch.close()
+
+
+def beater(ch: HookChannel, host: str, progress: Progress | None = None,
+           **kw: Any) -> Beater:
+    run = ch.new_run(None)["ELASTIC_SUPERVISOR_HOOK_RUN"]
+    return Beater(progress or Progress(), key=ch.key, supervisor=("127.0.0.1", ch.port),
+                  run=run, host=host, local_rank=0, keep=[], **kw)
+
+
+def test_heartbeats_reach_the_store_and_forgeries_and_replays_change_nothing(
+        channel: HookChannel) -> None:
+    progress = Progress()
+    b = beater(channel, "10.0.0.1", progress).start()
+    try:
+        progress.done = 5
+        beat = wait_for(lambda: channel.snapshot().beats.get(b.sender), 5, what="a heartbeat")
+        assert (beat.host, beat.done, beat.wait_s) == ("10.0.0.1", 5, None)
+        before = channel.counters.rejected
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            forged = wire.encode(b"f" * 32, {"t": "bye", "s": b.sender, "n": 10**9})
+            s.sendto(forged, ("127.0.0.1", channel.port))
+            replayed = wire.encode(channel.key, {"t": "bye", "s": b.sender, "n": 1, "run": b.run})
+            s.sendto(replayed, ("127.0.0.1", channel.port))
+        wait_for(lambda: channel.counters.rejected == before + 2, 5, what="two rejections")
+        assert channel.snapshot().beats[b.sender].bye_at is None, "nothing changed"
+        b.bye()
+        wait_for(lambda: channel.snapshot().beats[b.sender].bye_at is not None, 5,
+                 what="the bye recorded")
+    finally:
+        b.close()
+
+
+def pair() -> tuple[socket.socket, socket.socket, socket.socket]:
+    """A listener and a connection to it: (listener, our client end, the peer's end)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    cli = socket.create_connection(srv.getsockname())
+    peer, _ = srv.accept()
+    return srv, cli, peer
+
+
+def test_a_fence_push_cuts_the_stalled_collectives_connection_to_the_dead_peer_only(
+        channel: HookChannel) -> None:
+    dead_srv, to_dead, dead_end = pair()
+    live_srv, to_live, live_end = pair()
+    progress = Progress()
+    survivor = beater(channel, "127.5.0.1", progress).start()
+    # The dead peer heartbeated once, reporting its endpoint on the shared loopback address.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.sendto(wire.encode(channel.key, {
+            "t": "hb", "s": "dead-peer", "n": 1, "run": survivor.run, "host": "127.5.0.9",
+            "pid": 9, "lr": 0, "done": 3, "addrs": ["127.0.0.1"],
+            "ports": [dead_end.getsockname()[1]]}), ("127.0.0.1", channel.port))
+    wait_for(lambda: "dead-peer" in channel.snapshot().beats, 5, what="the dead peer's beat")
+    wait_for(lambda: survivor.sender in channel.snapshot().beats, 5, what="the survivor's beat")
+    got: dict[str, Any] = {}
+
+    def collective() -> None:  # Gloo, blocked on the dead peer
+        got["data"] = progress.wrap(to_dead.recv, "c")(100)
+        got["at"] = time.monotonic()
+
+    t = threading.Thread(target=collective, daemon=True)
+    try:
+        t.start()
+        time.sleep(STALL_S + 0.2)
+        pushed_at = time.monotonic()
+        assert channel.fence(["127.5.0.9"]) == 1, "pushed to the survivor only"
+        t.join(5)
+        assert not t.is_alive() and got["data"] == b"", "the blocked recv returned (EOF)"
+        assert got["at"] - pushed_at < 0.5, f"{got['at'] - pushed_at:.2f}s after the push"
+        live_end.sendall(b"ok")
+        assert to_live.recv(10) == b"ok", "the live peer's connection is untouched"
+        assert json.loads(channel.dead_file.read_text()) == ["127.5.0.9"]
+    finally:
+        survivor.close()
+        for s in (dead_srv, to_dead, dead_end, live_srv, to_live, live_end):
+            s.close()
+
+
+def test_a_process_that_missed_the_push_gets_the_dead_set_with_its_next_heartbeat(
+        channel: HookChannel) -> None:
+    b = beater(channel, "10.0.0.1")
+    channel.fence(["10.0.0.9"])  # before it ever spoke: no push reached it
+    b.start()
+    try:
+        wait_for(lambda: b.fence_version == 1, 5, what="the dead set in a reply")
+        assert b.dead == [("10.0.0.9", None)]
+    finally:
+        b.close()
+
+
+def test_a_process_of_an_earlier_run_is_told_to_exit(channel: HookChannel) -> None:
+    exits: list[int] = []
+    old = beater(channel, "10.0.0.1", exit_process=exits.append).start()
+    try:
+        wait_for(lambda: channel.snapshot().beats, 5, what="a heartbeat")
+        channel.new_run(None)  # horovodrun restarted
+        wait_for(lambda: exits, 5, what="the old process told to exit")
+        assert channel.snapshot().beats == {}, "the new run's store is empty"
+        assert channel.counters.stale_runs >= 1
+    finally:
+        old.close()
+
+
+def test_new_run_puts_the_hook_first_on_pythonpath_and_keeps_the_users(
+        channel: HookChannel) -> None:
+    env = channel.new_run("/opt/user")
+    assert env["PYTHONPATH"].split(":")[1:] == ["/opt/user"]
+    assert env["PYTHONPATH"].split(":")[0].endswith("supervisor/hook")
+    assert bytes.fromhex(env["ELASTIC_SUPERVISOR_HOOK_KEY"]) == channel.key
+    assert int(env["ELASTIC_SUPERVISOR_HOOK_PORT"]) == channel.port
+    assert json.loads(Path(env["ELASTIC_SUPERVISOR_HOOK_DEAD_FILE"]).read_text()) == []
+
+
+def test_the_drivers_world_is_timed_from_its_first_report() -> None:
+    from supervisor.channel import _driver
+
+    first = _driver(None, {"ok": True, "world": ["b", "a"], "wseq": 1}, 10.0)
+    again = _driver(first, {"ok": True, "world": ["b", "a"], "wseq": 1}, 15.0)  # a hello
+    new = _driver(again, {"ok": True, "world": ["a"], "wseq": 2}, 20.0)
+    assert (first.world, first.world_at) == (frozenset({"a", "b"}), 10.0)
+    assert (again.world, again.world_at, again.at) == (frozenset({"a", "b"}), 10.0, 15.0)
+    assert (new.world, new.world_at, new.world_seq) == (frozenset({"a"}), 20.0, 2)

@@ -1,0 +1,70 @@
+"""regroup.held: a new host waits for the survivors of a failure to regroup (fake clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.channel import Beat
+from supervisor.regroup import MAX_HOLD_S, Pending, held, member_failed, over, pending
+
+NOW = 500.0
+FAILED_AT = NOW - 0.5
+
+
+def beat(sender: str, *, inits: int = 1, progress: float | None = NOW - 2.0,
+         bye: float | None = None) -> Beat:
+    return Beat(sender=sender, host=f"10.0.0.{sender[-1]}", pid=1, local_rank=0,
+                first_seen=NOW - 60, last_seen=NOW - 0.1, progress_at=progress, inits=inits,
+                bye_at=bye)
+
+
+BEFORE = [beat("p1"), beat("p2")]
+PENDING = pending(BEFORE, FAILED_AT)
+LISTED = frozenset({"10.0.0.1"})  # the survivor; the failed host is out of the file already
+USABLE = frozenset({"10.0.0.1", "10.0.0.7"})  # ... and its replacement is Ready
+
+
+def test_pending_remembers_each_processs_inits() -> None:
+    assert Pending(FAILED_AT, {"p1": 1, "p2": 1}) == PENDING
+
+
+@pytest.mark.parametrize(("p", "beats", "now", "min_np", "expected"), [
+    pytest.param(None, BEFORE, NOW, 1, frozenset(), id="no failure: nothing held"),
+    pytest.param(PENDING, [beat("p1")], NOW, 1, frozenset({"10.0.0.7"}),
+                 id="survivors not regrouped yet: the replacement waits"),
+    pytest.param(PENDING, [beat("p1", inits=2, progress=None)], NOW, 1,
+                 frozenset({"10.0.0.7"}), id="initialised again, no collective yet: still"),
+    pytest.param(PENDING, [beat("p1", inits=2, progress=NOW - 0.1)], NOW, 1, frozenset(),
+                 id="initialised again and a collective completed: released"),
+    pytest.param(PENDING, [beat("p1", inits=1, progress=NOW - 0.1)], NOW, 1,
+                 frozenset({"10.0.0.7"}),
+                 id="a collective of the old world that was in flight is not a regroup"),
+    pytest.param(PENDING, [beat("p1")], FAILED_AT + MAX_HOLD_S, 1, frozenset(),
+                 id="given up after the longest hold"),
+    pytest.param(PENDING, [beat("p1")], NOW, 2, frozenset(),
+                 id="the survivors alone cannot reach MIN_NP: never held"),
+    pytest.param(PENDING, [], NOW, 1, frozenset(), id="nobody heartbeats (no hook): never held"),
+])
+def test_held(p: Pending | None, beats: list[Beat], now: float, min_np: int,
+              expected: frozenset[str]) -> None:
+    assert held(p, beats, listed=LISTED, usable=USABLE, slots_per_worker=1, min_np=min_np,
+                now=now) == expected
+
+
+def test_the_regroup_stays_pending_while_no_replacement_exists_yet() -> None:
+    assert held(PENDING, [beat("p1")], listed=LISTED, usable=LISTED, slots_per_worker=1,
+                min_np=1, now=NOW) == frozenset()
+    assert not over(PENDING, [beat("p1")], NOW), "still pending for the replacement to come"
+    assert over(PENDING, [beat("p1", inits=2, progress=NOW)], NOW)
+
+
+@pytest.mark.parametrize(("hosts", "world", "expected"), [
+    pytest.param({"10.0.0.2"}, None, True, id="a host heard from: a member"),
+    pytest.param({"10.0.0.9"}, frozenset({"10.0.0.9", "10.0.0.1"}), True,
+                 id="in the driver's world: a member"),
+    pytest.param({"10.0.0.9"}, frozenset({"10.0.0.1"}), False,
+                 id="a replacement that never started: nobody regroups"),
+])
+def test_only_a_members_failure_makes_the_survivors_regroup(
+        hosts: set[str], world: frozenset[str] | None, expected: bool) -> None:
+    assert member_failed(hosts, BEFORE, world) is expected
