@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
+from tests.e2e.training import ElasticJob, elastic_job, step_after_reset, steps_of
 
 from localcluster.controlplane import ControlPlane, Settings
 from supervisor import kube
 from tests.conftest import make_namespace
-from tests.e2e.training import ElasticJob, elastic_job, step_after_reset, steps_of
 from tests.faults import PodFaults
 
 STOCK = Path(__file__).resolve().parent.parent / "tests" / "e2e" / "stock_train.py"
