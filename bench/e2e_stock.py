@@ -1,9 +1,12 @@
 """End to end with a stock script: recovery times of unmodified Horovod training, default settings.
 
-The stock-script lane's job (tests/e2e/stock_train.py: imports nothing of this project) on a
-private local control plane with the node agent: the real `elastic-supervisor run` with its
-defaults (no Lease option, the hook on), the real horovodrun, 2 PyTorch workers on 3 nodes.
-RUNS jobs, each injecting the faults of PLAN one at a time through tests.faults.PodFaults, each
+The stock-script lane's job (tests/e2e/stock_train.py: imports nothing of this project, given
+to the workers by a ConfigMap) as the main job of the manifests on the local cluster with three
+real nodes and the real images: the supervisor with its defaults (no Lease option, the hook on),
+the real horovodrun, 2 PyTorch workers (kept off the launcher's node, so that a node fault never
+takes the supervisor). RUNS jobs, one namespace each on one cluster, each injecting the faults of
+PLAN one at a time through tests.faults.PodFaults (real: containers killed, pods force-deleted,
+processes and whole nodes frozen, a pod IP partitioned with iptables), each
 once the job is back at full size and has trained a little. From rank 0's step lines and the
 supervisor's log:
 - resumed: fault injected -> rank 0's first batch after the reset that follows it;
@@ -18,25 +21,24 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
-from tests.e2e.training import ElasticJob, elastic_job, step_after_reset, steps_of
+from kubernetes import client, config
 
-from localcluster.controlplane import ControlPlane, Settings
-from supervisor import kube
-from tests.conftest import make_namespace
+from localcluster import demo
+from localcluster.nodes import Cluster
+from tests.e2e.jobs import STOCK, Job, main_job, step_after_reset, steps_of, stock_script
+from tests.e2e.test_stock_lane import stock_command
 from tests.faults import PodFaults
 
-STOCK = Path(__file__).resolve().parent.parent / "tests" / "e2e" / "stock_train.py"
-# The silent node comes last: its node stays dead, and without the Lease option it is Ready
-# in the API for the node grace (40 s), so a later replacement may be bound there and wait.
+# The silent node comes last: its node stays frozen, and without the Lease option it is Ready
+# in the API for the node grace, so a later replacement may be bound there and wait.
 PLAN = ("kill", "kill rank 0", "freeze process", "partition", "force delete", "kill",
         "silent node")
 HANGS = ("freeze process", "silent node", "partition")
@@ -51,7 +53,7 @@ def summary(samples: list[float]) -> dict[str, Any] | None:
             "n": len(samples), "samples": [round(x, 2) for x in samples]}
 
 
-def rerun_after(job: ElasticJob, t0: float) -> list[int]:
+def rerun_after(job: Job, t0: float) -> list[int]:
     """Batches computed again at each rollback of rank 0's sequence after `t0`."""
     out, prev = [], None
     for s in steps_of(job.records()):
@@ -61,7 +63,7 @@ def rerun_after(job: ElasticJob, t0: float) -> list[int]:
     return out
 
 
-def inject(job: ElasticJob, faults: PodFaults, fault: str,
+def inject(job: Job, faults: PodFaults, fault: str,
            stack: contextlib.ExitStack) -> tuple[str, float]:
     """Inject `fault` on a worker (never rank 0's, except for "kill rank 0"); return it and
     the wall time."""
@@ -89,45 +91,47 @@ def inject(job: ElasticJob, faults: PodFaults, fault: str,
     return victim, t0
 
 
-def one_job(cp: ControlPlane, api: client.ApiClient, work: Path) -> dict[str, Any]:
-    core = client.CoreV1Api(api)
-    ns = make_namespace(core)
+def one_job(cluster: Cluster, api: client.ApiClient, work: Path) -> dict[str, Any]:
     faults_out: list[dict[str, Any]] = []
-    command = (sys.executable, str(STOCK), "--batches", "1000000", "--batches-per-commit", "5",
-               "--checkpoint", str(work / "checkpoint.pt"), "--sleep", "0.02")
     # Backoff capped at 1 s: repeated faults on one slot measure recovery, not the policy.
-    with elastic_job(cp, api, ns, work, steps=0, command=command,
-                     SUPERVISOR_BACKOFF_MAX_SECONDS="1") as job:
-        faults = PodFaults(job.pods, STOCK.name)
-        job.start()
-        job.wait_training(past=20, size=2, timeout=300)
-        for fault in PLAN:
-            past = (job.last_step() or {"step": 0})["step"] + 10
-            job.wait_training(past=past, size=2, timeout=240)
-            partition = contextlib.ExitStack()
-            victim, t0 = inject(job, faults, fault, partition)
-            resumed = job.wait(f"{fault}: resumed",
-                               lambda t0=t0: step_after_reset(job.records(), t0), 120)
-            # A partition ends with the pod it cut off (the supervisor deletes a hung pod):
-            # its rules would otherwise catch whatever reuses its ports later.
-            job.wait(f"{fault}: the victim gone", lambda v=victim: v not in job.live_workers(),
-                     60)
-            partition.close()
-            full = job.wait(f"{fault}: full size",
-                            lambda t0=t0: step_after_reset(job.records(), t0, 2), 240)
-            faults_out.append({"fault": fault, "victim": victim,
-                               "resumed_s": round(resumed["time"] - t0, 2),
-                               "full_size_s": round(full["time"] - t0, 2),
-                               "steps_rerun": rerun_after(job, t0)})
-            print(f"bench e2e_stock: {faults_out[-1]}", flush=True)
-        assert job.sup.proc is not None
-        job.sup.proc.send_signal(signal.SIGTERM)
-        job.wait_exit(120)
+    with main_job(cluster, api, work, steps=0, command=stock_command(1_000_000),
+                  checkpoint=work / "checkpoint", transform=stock_script,
+                  env={"SUPERVISOR_BACKOFF_MAX_SECONDS": "1",
+                       "SUPERVISOR_BACKOFF_INITIAL_SECONDS": "1"}) as job:
+        faults = PodFaults(job, STOCK.name)
+        try:
+            job.wait_training(past=20, size=2, timeout=420)
+            for fault in PLAN:
+                past = (job.last_step() or {"step": 0})["step"] + 10
+                job.wait_training(past=past, size=2, timeout=240)
+                partition = contextlib.ExitStack()
+                victim, t0 = inject(job, faults, fault, partition)
+                resumed = job.wait(f"{fault}: resumed",
+                                   lambda t0=t0: step_after_reset(job.records(), t0), 120)
+                # A partition ends with the pod it cut off (the supervisor deletes a hung pod):
+                # its rules would otherwise catch whatever reuses its IP later.
+                job.wait(f"{fault}: the victim gone",
+                         lambda v=victim: v not in job.live_workers(), 60)
+                partition.close()
+                full = job.wait(f"{fault}: full size",
+                                lambda t0=t0: step_after_reset(job.records(), t0, 2), 240)
+                faults_out.append({"fault": fault, "victim": victim,
+                                   "resumed_s": round(resumed["time"] - t0, 2),
+                                   "full_size_s": round(full["time"] - t0, 2),
+                                   "steps_rerun": rerun_after(job, t0)})
+                print(f"bench e2e_stock: {faults_out[-1]}", flush=True)
+            launcher = job.launcher()
+            assert launcher is not None
+            for pid in job.processes(launcher["metadata"]["name"],
+                                     lambda argv: any("elastic-supervisor" in a
+                                                      for a in argv[:2])):
+                os.kill(pid, signal.SIGTERM)
+            job.wait_exit(120)
+        finally:
+            faults.close()
         steps = steps_of(job.records())
         gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(steps)]
         decisions = [(d["pod"], d["cause"], d["action"]) for d in job.logs("worker.failed")]
-    with contextlib.suppress(Exception):
-        core.delete_namespace(ns)
     return {"faults": faults_out, "longest_interval_without_a_step_s": round(max(gaps), 2),
             "decisions": decisions}
 
@@ -138,14 +142,14 @@ def main(runs: int = RUNS) -> dict[str, Any]:
     out.mkdir(exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="e2e-stock-", dir=out)
     print(f"bench e2e_stock: logs in {tmp}", flush=True)
-    with ControlPlane(Settings(node_monitor_grace_period_s=40)) as cp:
-        api = kube.make_api_client(str(cp.kubeconfig))
+    with demo.started_cluster() as cluster:
+        api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
         try:
             for i in range(runs):
                 work = Path(tmp) / f"run{i}"
                 work.mkdir()
                 print(f"bench e2e_stock: job {i + 1} of {runs}", flush=True)
-                jobs.append(one_job(cp, api, work))
+                jobs.append(one_job(cluster, api, work))
         finally:
             api.close()
     faults = [f for j in jobs for f in j["faults"]]

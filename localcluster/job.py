@@ -322,6 +322,12 @@ class MainJob:
         pods = self.launchers()
         return pods[-1] if pods else None
 
+    def launcher_env(self) -> list[dict[str, Any]]:
+        """The launcher container's env as the newest launcher pod has it."""
+        pod = self.launcher() or {}
+        containers = pod.get("spec", {}).get("containers") or [{}]
+        return list(containers[0].get("env") or ())
+
     def exit_code(self) -> int | None:
         """The newest launcher container's exit code, once it terminated."""
         pod = self.launcher()

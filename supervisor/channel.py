@@ -82,6 +82,8 @@ class Driver:
     world: frozenset[str] = frozenset()
     world_seq: int = 0
     world_at: float = 0.0
+    # host -> (exit code, when first reported) of workers the driver recorded as failed
+    exited: Mapping[str, tuple[int, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -312,8 +314,14 @@ def _driver(old: Driver | None, body: Mapping[str, Any], now: float) -> Driver:
     same = old is not None and old.world_seq == seq
     world = old.world if same and old is not None else frozenset(
         str(h) for h in body.get("world") or ())
+    before = old.exited if old is not None else {}
+    raw = body.get("exited")
+    exited = dict(before)
+    for host, code in (raw.items() if isinstance(raw, dict) else ()):
+        if isinstance(host, str) and host not in exited:
+            exited[host] = (_int(code, 1), now)
     return Driver(bool(body.get("ok")), now, tuple(map(str, body.get("problems") or ())),
-                  world, seq, old.world_at if same and old is not None else now)
+                  world, seq, old.world_at if same and old is not None else now, exited)
 
 
 def _int(v: Any, default: int = 0) -> int:

@@ -74,6 +74,9 @@ from supervisor.policy import Action, Decision
 from supervisor.workers import pod_name, worker_pod
 
 PROGRESS_EVERY_S = 5.0
+# A training process the driver saw fail, in a pod that still looks usable: waited this long
+# for the pod's own status (a container that ended says so, with its real exit code).
+EXITED_GRACE_S = 2.0
 EXPECTATION_TIMEOUT_S = 60.0  # a created pod not seen on the watch by then is created again
 DRIVER_HELLO_WAIT_S = 30.0  # horovodrun's driver hook should have said hello by then
 STALL_LOG_AFTER_S = 60.0  # no collective completed this long: said once in the log
@@ -458,6 +461,12 @@ class Supervisor:
             # not heed a SIGTERM: force it out (also when an earlier supervisor decided already
             # but did not get to delete it).
             self.act(DeletePod(f.pod, f.uid, 0))
+        elif (found is not None and f.cause is Cause.EXIT_CODE
+              and pod.get("status", {}).get("phase") == "Running"
+              and not pod["metadata"].get("deletionTimestamp")):
+            # Its training process died but the container lives on (the driver saw it): an
+            # idle pod Horovod will never use again. A graceful delete: its kubelet is fine.
+            self.act(DeletePod(f.pod, f.uid, None))
         why = ("SUPERVISOR_WORKER_TEMPLATE is not set: the supervisor does not create workers"
                if st.fleet is None else "not created by this supervisor (no slot label)")
         new, d = fleet.on_failure(st.fleet or Fleet(), f, found, cfg.policy, wall,
@@ -524,6 +533,8 @@ class Supervisor:
                              silent_s=round(hung.silent_s, 2), detail=hung.detail)
             self.events(EventSpec("Warning", "WorkerHung", "Detect",
                                   f"worker {name} ({hung.host}): {hung.detail}"))
+        if snap.driver is not None and st.stop_signal is None and st.failing is None:
+            self._exited_processes(snap.driver.exited, listed, now)
         if verdict.broken is not None:
             b = verdict.broken
             self._restart_horovodrun(
@@ -543,6 +554,33 @@ class Supervisor:
                                  stall_timeout_s=self.cfg.stall_timeout_s, heartbeating=fresh)
         else:
             h.reported.discard("stall-logged")
+
+    def _exited_processes(self, exited: Mapping[str, tuple[int, float]],
+                          listed: Mapping[str, str], now: float) -> None:
+        """A worker whose training process horovodrun saw fail while its pod runs on (an OOM
+        kill of the process, a crash, a `pkill`) is useless: Horovod never uses its host again.
+        After EXITED_GRACE_S (the pod's own status wins if it shows the container ended), it
+        is a failure of the usual path (ExitCode: the process's code as the driver saw it)."""
+        st = self.state
+        for host, (code, at) in exited.items():
+            name = listed.get(host)
+            pod = st.view.pods.get(name) if name else None
+            if pod is None or now - at < EXITED_GRACE_S:
+                continue
+            uid = pod["metadata"].get("uid", "")
+            if uid in st.failed:
+                continue
+            detail = (f"its training process on {host} exited with {code} (seen by horovodrun; "
+                      "the pod still runs, and Horovod does not use this host again)")
+            failure = Failure(Cause.EXIT_CODE, name, uid,  # type: ignore[arg-type]
+                              pod.get("spec", {}).get("nodeName"), exit_code=code,
+                              detail=detail)
+            st.failed.add(uid)
+            st.hangs.hung.add(uid)  # out of the discovery file: it looks usable, it is not
+            st.failures.append((failure, pod, now))
+            self.log.warning("worker.process_exited", pod=name, host=host, exit_code=code)
+            self.events(EventSpec("Warning", "WorkerProcessExited", "Detect",
+                                  f"worker {name} ({host}): {detail}"))
 
     def _hung_nodes(self, now: float) -> list[str]:
         """Nodes where a worker hung in the last HUNG_NODE_AVOID_S: replacements prefer others

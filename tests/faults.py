@@ -1,18 +1,13 @@
-"""Fault injection for the hang tests, in one place: what to port when workers are real pods.
+"""Fault injection for the hang tests, in one place.
 
-`PodFaults` is the one interface the end-to-end lanes use on the job's worker pods (kill, force
-delete, freeze the training process, silence a node, partition a pod); below it, the primitives
-for processes and addresses.
-
-On this machine a worker is a set of processes (an sshd's sessions: horovodrun's training
-processes) on a loopback address of its own. All of them share one network namespace, and Gloo
-and Horovod's notification services talk over 127.0.0.1, not over the worker's own address; so
-"partitioning a worker" means dropping every packet of its processes' sockets (by their exact
-endpoints, and, for sockets they open later, by a cgroup v2 path they are moved to) and every
-packet to or from its address (its sshd). With per-pod network namespaces (real nodes),
-`partitioned` becomes two rules on the pod IP.
-
-Every iptables rule lives in a chain of its own, jumped to from OUTPUT and INPUT; the chain and
+`PodFaults` is the interface the stock-script lane uses on the worker pods of a job on the real
+nodes (localcluster.job.MainJob): kill a container, force delete, freeze the training processes
+of a pod, freeze a whole node, partition a pod (iptables on its pod IP: each pod has its own
+network namespace). Below it, the primitives for the fake hosts of the Horovod-level tests
+(tests/e2e/fakehosts.py), where every "host" shares this machine's network namespace and talks
+over 127.0.0.1: partitioning one means dropping every packet of its processes' sockets (by
+their exact endpoints, and, for sockets they open later, by a cgroup v2 path they are moved to)
+and every packet to or from its address. Every rule lives in a chain of its own; the chain and
 the cgroup are removed in a finally, and `partitioned` checks that they are gone.
 """
 
@@ -34,46 +29,47 @@ CGROUP2 = Path("/sys/fs/cgroup/unified")
 
 
 class PodFaults:
-    """Faults on the worker pods of one job, as they happen in a cluster (today: pods of the
-    node agent, `tests.pods.AgentPods`; on real nodes: kubelet pods, same calls)."""
+    """Faults on the worker pods of one job on real nodes, as they happen in a cluster."""
 
-    def __init__(self, pods: Any, script: str) -> None:
-        self.pods, self.script = pods, script  # AgentPods; the training script's file name
+    def __init__(self, job: Any, script: str) -> None:
+        self.job, self.script = job, script  # a MainJob; the training script's file name
+        self.frozen: list[Any] = []  # nodes frozen here, thawed by close()
 
     def kill(self, *names: str, sig: int = signal.SIGKILL) -> None:
-        """Every process of the pods gets `sig` at once (a crash, an OOM kill)."""
+        """The pods' containers get `sig` at once (a crash, an OOM kill): they end 128+sig."""
         for name in names:
-            self.pods.agent.kill(self.pods.ref(name), sig)
+            self.job.kill_container(name, sig)
 
     def force_delete(self, name: str) -> None:
-        self.pods.core.delete_namespaced_pod(name, self.pods.namespace, grace_period_seconds=0)
+        self.job.force_delete(name)
 
-    def training(self, name: str) -> list[psutil.Process]:
-        """The training processes in the pod (horovodrun's workers, not the sshd)."""
-        out = []
-        for p in self.pods.processes(name):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                if self.script in " ".join(p.cmdline()) and p.name().startswith("python"):
-                    out.append(p)
-        return out
+    def training(self, name: str) -> list[int]:
+        """Host pids of the training processes in the pod (horovodrun's workers, not sshd)."""
+        return self.job.processes(name, lambda argv: any(self.script in a for a in argv)
+                                  and "python" in (argv[0] if argv else ""))
 
     def freeze_training(self, name: str) -> list[int]:
         """SIGSTOP the pod's training processes only: a hung process on a healthy node."""
-        pids = [p.pid for p in self.training(name)]
+        pids = self.training(name)
         if not pids:
             raise AssertionError(f"no training process in pod {name}")
         freeze(pids)
         return pids
 
     def silence_node(self, node: str) -> None:
-        """The node's kubelet dies and the node hangs: Lease not renewed, pods frozen."""
-        self.pods.agent.silence(node, freeze=True)
+        """The node hangs whole (the v1 freezer: kubelet, containerd, pods): its Lease is no
+        longer renewed, its pods stop; the kernel still answers TCP. Thawed by close()."""
+        n = self.job.cluster.node(node)
+        n.freeze()
+        self.frozen.append(n)
 
-    def partition(self, name: str) -> contextlib.AbstractContextManager[int]:
+    def partition(self, name: str) -> contextlib.AbstractContextManager[str]:
         """While inside, no packet reaches or leaves the pod (its processes keep running)."""
-        pod = self.pods.read(name)
-        assert pod is not None
-        return partitioned([p.pid for p in self.pods.processes(name)], pod["status"]["podIP"])
+        return self.job.partitioned(name)
+
+    def close(self) -> None:
+        while self.frozen:
+            self.frozen.pop().thaw()
 
 
 def freeze(pids: Iterable[int]) -> None:

@@ -25,10 +25,11 @@ from typing import Any
 
 import psutil
 
+from localcluster.job import horovod_records
 from localcluster.sshd import FakeHost, KeyPair
 from supervisor.hook import HOOK_DIR
 from supervisor.hook.elastic_supervisor_hook import wire
-from tests.e2e.training import horovod_records, steps_of
+from tests.e2e.jobs import steps_of
 
 BIN = Path(sys.executable).parent
 STOCK = Path(__file__).resolve().with_name("stock_train.py")

@@ -41,8 +41,45 @@ def steps_of(records: list[Record]) -> list[Record]:
     return [r for r in records if "loss" in r]
 
 
+def step_after_reset(records: list[Record], t0: float, size: int | None = None) -> Record | None:
+    """Rank 0's first step after the first reset (to world size `size`, if given) that came
+    after wall time `t0`; None if there is none yet."""
+    for i, r in enumerate(records):
+        if r.get("event") == "reset" and r["time"] > t0 and size in (None, r["size"]):
+            later = steps_of(records[i:])
+            return later[0] if later else None
+    return None
+
+
+STOCK = Path(__file__).resolve().with_name("stock_train.py")
+STOCK_DIR = "/opt/stock"  # where the worker pods find it (a ConfigMap volume)
+
+
+def stock_script(docs: list[dict[str, Any]]) -> None:
+    """Give every worker tests/e2e/stock_train.py at STOCK_DIR, from a ConfigMap: a user's own,
+    unmodified script next to the image's."""
+    namespace = next(d["metadata"]["namespace"] for d in docs if d["kind"] == "Job")
+    docs.append({"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": {"name": "stock-train", "namespace": namespace},
+                 "data": {"stock_train.py": STOCK.read_text()}})
+    for doc in docs:
+        if doc["kind"] == "ConfigMap" and "worker-template.yaml" in (doc.get("data") or {}):
+            template = yaml.safe_load(doc["data"]["worker-template.yaml"])
+            spec = template["spec"]
+            spec.setdefault("volumes", []).append(
+                {"name": "stock", "configMap": {"name": "stock-train"}})
+            spec["containers"][0].setdefault("volumeMounts", []).append(
+                {"name": "stock", "mountPath": STOCK_DIR, "readOnly": True})
+            doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)
+
+
 class Job(MainJob):
     """A MainJob with the waits and picks the scenarios share."""
+
+    def rank0_host(self) -> str:
+        last = self.last_step()
+        assert last is not None, "rank 0 reported no step yet"
+        return str(last["host"])
 
     def victim(self) -> tuple[str, dict[str, Any]]:
         """A live worker pod that does not host rank 0 (so that rank 0's output stays whole;
@@ -57,14 +94,7 @@ class Job(MainJob):
 
     def reset_after(self, t0: float, size: int) -> Callable[[], Record | None]:
         """A predicate: training reset to world size `size` after wall time `t0`, and stepped."""
-        def check() -> Record | None:
-            records = self.records()
-            for i, r in enumerate(records):
-                if r.get("event") == "reset" and r["time"] > t0 and r["size"] == size:
-                    later = steps_of(records[i:])
-                    return later[0] if later else None
-            return None
-        return check
+        return lambda: step_after_reset(self.records(), t0, size)
 
     def back_to(self, size: int, t0: float, timeout: float = 240) -> Record:
         return self.wait(f"training reset to world size {size} after the fault",
@@ -124,12 +154,14 @@ def workers_avoid_the_launcher(docs: list[dict[str, Any]]) -> None:
 @contextlib.contextmanager
 def main_job(cluster: Cluster, api: client.ApiClient, out: Path, *, steps: int,
              extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
-             checkpoint: Path | None = None, transform: Transform | None = None
-             ) -> Iterator[Job]:
+             checkpoint: Path | None = None, transform: Transform | None = None,
+             command: list[str] | None = None) -> Iterator[Job]:
     """The main job in a fresh namespace (applied), deleted afterwards. `checkpoint`: a host
-    directory every worker mounts, where rank 0 keeps the committed state."""
+    directory every worker mounts, where rank 0 keeps the committed state (`--checkpoint` is
+    added to the command); `command`: the training command instead of worker_image/train.py's
+    (`steps` and `extra_args` are then not used)."""
     namespace = f"e2e-{uuid.uuid4().hex[:6]}"
-    args = train_args(steps, *extra_args)
+    args = list(command) if command is not None else train_args(steps, *extra_args)
     changes = [workers_avoid_the_launcher, *([transform] if transform is not None else [])]
     if checkpoint is not None:
         checkpoint.mkdir(parents=True, exist_ok=True)

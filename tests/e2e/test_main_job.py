@@ -179,6 +179,51 @@ def test_a_node_whose_kubelet_stopped_loses_its_worker_to_a_replacement(
     check_training(job.records(), LONG, final_size=2)
 
 
+def with_worker_memory_limit(limit: str) -> Callable[[list[dict[str, Any]]], None]:
+    def transform(docs: list[dict[str, Any]]) -> None:
+        for doc in docs:
+            if doc["kind"] == "ConfigMap" and "worker-template.yaml" in (doc.get("data") or {}):
+                template = yaml.safe_load(doc["data"]["worker-template.yaml"])
+                resources = template["spec"]["containers"][0].setdefault("resources", {})
+                resources.setdefault("limits", {})["memory"] = limit
+                resources.setdefault("requests", {})["memory"] = limit
+                doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)
+    return transform
+
+
+def test_a_training_process_oom_killed_inside_its_running_pod_is_replaced(
+        make_job: MakeJob) -> None:
+    """The kernel's OOM killer, enforcing the container's memory limit, kills the training
+    process, not the container (sshd, its PID 1, lives on): the pod stays Running and Ready,
+    and Horovod never uses that host again. horovodrun's driver saw the process fail: the
+    supervisor replaces the pod."""
+    job = make_job(steps=LONG, transform=with_worker_memory_limit("1536Mi"))
+    job.wait_training(past=10, size=2, timeout=420)
+    victim, pod = job.victim()
+    training = job.processes(victim, lambda argv: any(a.endswith("train.py") for a in argv))
+    assert training, "the training process in the victim's container"
+    for pid in training:  # it goes first when the container runs out of memory
+        Path(f"/proc/{pid}/oom_score_adj").write_text("1000")
+    t0 = time.time()
+    # Something else in the container asks for more than the limit leaves.
+    hog = job.kubectl("exec", victim, "--", "python", "-c",
+                      "import time; b = b'x' * (1200 * 2**20); time.sleep(30)",
+                      check=False, timeout=120)
+    job.back_to(2, t0)
+    assert job.wait_exit(400) == 0, job.tail()
+
+    d = job.decision(victim)
+    assert (d["cause"], d["action"]) == ("ExitCode", "Restart"), d
+    assert "its training process" in d["detail"] and "the pod still runs" in d["detail"], d
+    assert [e["pod"] for e in job.logs("worker.process_exited")] == [victim]
+    assert "WorkerProcessExited" in job.reasons()
+    assert victim not in job.live_workers(), "the idle pod was deleted"
+    assert job.workers()[victim[:-1] + "2"]["status"]["podIP"] != pod["status"]["podIP"]
+    check_training(job.records(), LONG, final_size=2)
+    # The kernel killed it (the OOM killer of the container's memory cgroup), not the test.
+    assert hog.returncode == 0, f"the other process was the one killed: {hog.stderr}"
+
+
 def test_scale_out_and_in_while_training(make_job: MakeJob) -> None:
     job = training(make_job, steps=STEPS + 100)
     t0 = time.time()

@@ -1,20 +1,22 @@
-"""The stock-script lane: an unmodified Horovod elastic script under the real supervisor.
+"""The stock-script lane: an unmodified Horovod elastic script under the real supervisor, on real
+nodes.
 
 `stock_train.py` imports nothing of this project; whatever the supervisor promises must hold for
-it as it is. Each test runs the real `elastic-supervisor run` (default settings: no Lease
-option, the hook on), the real horovodrun and PyTorch workers on node-agent pods, injects one
-fault through `tests.faults.PodFaults` (the one place to port to real nodes), and checks that
-the job ends with exit 0 at the expected world size, that no committed batch was lost, that the
-survivors did not sit out the Gloo timeout (60 s here), and that the supervisor's Events explain
-what happened. The times of recovery are measured by `make bench` (bench/e2e_stock.py), not here.
+it as it is. Each test deploys the main job of the manifests (launcher and worker images, default
+settings: no Lease option, the hook on) with the training command replaced by the stock script
+(given to the workers by a ConfigMap, as a user's own script would be), injects one fault on the
+real nodes through `tests.faults.PodFaults`, and checks that the job ends with exit 0 at the
+expected world size, that no committed batch was lost, that the survivors did not sit out the
+Gloo timeout (the manifests' 60 s), and that the supervisor's Events explain what happened. The
+times of recovery are measured by `make bench` (bench/e2e_stock.py), not here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import signal
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,69 +25,70 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from localcluster.controlplane import ControlPlane
-from tests.e2e.training import (
-    ElasticJob,
+from localcluster.nodes import Cluster
+from tests.e2e.jobs import (
+    STOCK,
+    STOCK_DIR,
+    Job,
     check_training,
-    elastic_job,
+    main_job,
     step_after_reset,
     steps_of,
+    stock_script,
 )
 from tests.faults import PodFaults
-from tests.integration.harness import supervisor_events
 
-STOCK = Path(__file__).resolve().with_name("stock_train.py")
 BATCHES = 200
-GLOO_TIMEOUT_S = 60  # ElasticJob's; the fence must make the survivors leave long before
-MakeJob = Callable[..., tuple[ElasticJob, PodFaults]]
+GLOO_TIMEOUT_S = 60  # the manifests'; the fence must make the survivors leave long before
+MakeJob = Callable[..., tuple[Job, PodFaults]]
 
 
-def stock_command(tmp: Path, batches: int, *extra: str) -> tuple[str, ...]:
-    return (sys.executable, str(STOCK), "--batches", str(batches), "--batches-per-commit", "5",
-            "--checkpoint", str(tmp / "stock-checkpoint.pt"), "--sleep", "0.02", *extra)
+def stock_command(batches: int, *extra: str) -> list[str]:
+    return ["python", f"{STOCK_DIR}/{STOCK.name}", "--batches", str(batches),
+            "--batches-per-commit", "5", "--sleep", "0.02", *extra]
 
 
 @pytest.fixture
-def make_job(control_plane: ControlPlane, api_client: client.ApiClient, namespace: str,
+def make_job(cluster: Cluster, cluster_api: client.ApiClient, main_images: dict[str, Path],
              tmp_path: Path) -> Iterator[MakeJob]:
     with contextlib.ExitStack() as stack:
         def make(workers: int = 2, batches: int = BATCHES, script: tuple[str, ...] = (),
-                 **env: str) -> tuple[ElasticJob, PodFaults]:
-            job = stack.enter_context(elastic_job(
-                control_plane, api_client, namespace, tmp_path, steps=batches,
-                command=stock_command(tmp_path, batches, *script),
-                SUPERVISOR_NP=str(workers), **env))
-            job.start()
-            job.wait_training(past=10, size=workers, timeout=240)
-            return job, PodFaults(job.pods, STOCK.name)
+                 **env: str) -> tuple[Job, PodFaults]:
+            job = stack.enter_context(main_job(
+                cluster, cluster_api, tmp_path, steps=batches,
+                command=stock_command(batches, *script), checkpoint=tmp_path / "checkpoint",
+                transform=stock_script, env={"SUPERVISOR_WORKERS": str(workers), **env}))
+            faults = PodFaults(job, STOCK.name)
+            stack.callback(faults.close)
+            job.wait_training(past=10, size=workers, timeout=420)
+            return job, faults
         yield make
 
 
-def resumed_after(job: ElasticJob, t0: float) -> dict[str, Any] | None:
+def resumed_after(job: Job, t0: float) -> dict[str, Any] | None:
     """Rank 0's first batch after a reset that came after wall time `t0`."""
     return step_after_reset(job.records(), t0)
 
 
-def back_to(job: ElasticJob, t0: float, size: int, timeout: float = 180) -> dict[str, Any]:
+def back_to(job: Job, t0: float, size: int, timeout: float = 240) -> dict[str, Any]:
     return job.wait(f"training back at world size {size}",
                     lambda: step_after_reset(job.records(), t0, size), timeout)
 
 
-def decisions(job: ElasticJob) -> dict[str, dict[str, Any]]:
+def decisions(job: Job) -> dict[str, dict[str, Any]]:
     return {d["pod"]: d for d in job.logs("worker.failed")}
 
 
-def notes(job: ElasticJob, reason: str) -> list[str]:
-    return [e.get("note", "") for e in supervisor_events(job.api, job.namespace)
-            if e["reason"] == reason]
+def notes(job: Job, reason: str) -> list[str]:
+    return job.notes(reason)
 
 
-def finished(job: ElasticJob, size: int, batches: int = BATCHES) -> None:
+def finished(job: Job, size: int, batches: int = BATCHES) -> None:
     assert job.wait_exit(300) == 0, job.tail()
     check_training(job.records(), batches, final_size=size)
 
 
-def no_gloo_timeout(job: ElasticJob, t0: float) -> float:
+def no_gloo_timeout(job: Job, t0: float) -> float:
     """Seconds from the fault to rank 0's first batch after the reset: well under the Gloo
     timeout, or the survivors sat it out."""
     first = job.wait("a reset after the fault", lambda: resumed_after(job, t0), 120)
@@ -158,7 +161,7 @@ def test_a_replacement_killed_while_it_joins_is_replaced_again(make_job: MakeJob
     assert d[victim]["action"] == d[replacement]["action"] == "Restart"
     assert victim[:-1] + "3" in job.live_workers()
     broken = notes(job, "RendezvousBroken")
-    ip = job.worker_pods()[replacement]["status"]["podIP"]
+    ip = job.workers()[replacement]["status"]["podIP"]
     assert len(broken) == 1 and f"worker {ip} failed" in broken[0], broken
     resumed = [r for r in job.records() if r.get("event") == "resumed" and r["time"] > t1]
     assert len(resumed) == 1, "the restarted run resumed from the checkpoint"
@@ -166,7 +169,7 @@ def test_a_replacement_killed_while_it_joins_is_replaced_again(make_job: MakeJob
 
 # ---- processes that hang -------------------------------------------------------------------
 
-def hung_then_replaced(job: ElasticJob, victim: str, t0: float) -> dict[str, Any]:
+def hung_then_replaced(job: Job, victim: str, t0: float) -> dict[str, Any]:
     """The checks every hang scenario shares; returns the decision."""
     took = no_gloo_timeout(job, t0)
     back_to(job, t0, 2, timeout=240)
@@ -178,7 +181,7 @@ def hung_then_replaced(job: ElasticJob, victim: str, t0: float) -> dict[str, Any
     hung = notes(job, "WorkerHung")
     assert len(hung) == 1 and victim in hung[0] and "sent no heartbeat" in hung[0], hung
     assert any(victim in n and "Hung" in n for n in notes(job, "WorkerRestarting"))
-    assert victim not in job.worker_pods(), "the hung pod was force-deleted"
+    assert victim not in job.workers(), "the hung pod was force-deleted"
     print(f"{victim}: resumed {took:.2f}s after the fault")
     return d
 
@@ -189,7 +192,7 @@ def test_a_frozen_process_on_a_healthy_node_is_found_by_its_silence(make_job: Ma
     t0 = time.time()
     faults.freeze_training(victim)
     hung_then_replaced(job, victim, t0)
-    node = job.pods.core.read_node(pod["spec"]["nodeName"])
+    node = job.core.read_node(pod["spec"]["nodeName"])
     ready = next(c for c in node.status.conditions if c.type == "Ready")
     assert ready.status == "True", "the node stayed healthy throughout"
 
@@ -197,14 +200,14 @@ def test_a_frozen_process_on_a_healthy_node_is_found_by_its_silence(make_job: Ma
 def test_a_silent_node_with_a_frozen_worker_is_found_without_the_lease_option(
         make_job: MakeJob) -> None:
     job, faults = make_job()
-    assert "SUPERVISOR_NODE_LEASE_SECONDS" not in job.sup.env
+    assert not any(e["name"] == "SUPERVISOR_NODE_LEASE_SECONDS" for e in job.launcher_env())
     victim, pod = job.victim()
     nodes = [p["spec"]["nodeName"] for p in job.live_workers().values()]
     assert nodes.count(pod["spec"]["nodeName"]) == 1, "the survivor is on another node"
     t0 = time.time()
     faults.silence_node(pod["spec"]["nodeName"])
     hung_then_replaced(job, victim, t0)
-    replacement = job.worker_pods()[victim[:-1] + "2"]
+    replacement = job.workers()[victim[:-1] + "2"]
     assert replacement["spec"]["nodeName"] != pod["spec"]["nodeName"]
 
 
@@ -265,8 +268,14 @@ def test_without_the_worker_hook_the_job_trains_and_says_hang_detection_is_off(
 def test_sigterm_reaches_a_stock_script_and_the_supervisor_exits_with_it(
         make_job: MakeJob) -> None:
     job, _ = make_job(batches=100_000)
-    assert job.sup.proc is not None
-    job.sup.proc.send_signal(signal.SIGTERM)
+    launcher = job.launcher()
+    assert launcher is not None
+    # What the kubelet does on a delete: SIGTERM to the container's main process.
+    supervisor = job.processes(launcher["metadata"]["name"],
+                               lambda argv: any("elastic-supervisor" in a for a in argv[:2]))
+    assert supervisor, "the supervisor in the launcher container"
+    for pid in supervisor:
+        os.kill(pid, signal.SIGTERM)
     code = job.wait_exit(120)
     assert code != 0, "stopped, not finished"
     assert job.logs("worker.hung") == [], "workers stopped on purpose are never Hung"

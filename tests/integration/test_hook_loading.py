@@ -105,7 +105,8 @@ def test_horovodruns_driver_is_hardened_and_says_hello() -> None:
             import time
             print(network.socket.socket.__name__,
                   hasattr(ElasticDriver.get_worker_client, "__wrapped__")
-                  and hasattr(ElasticDriver._update_host_assignments, "__wrapped__"))
+                  and hasattr(ElasticDriver._update_host_assignments, "__wrapped__")
+                  and hasattr(ElasticDriver._handle_worker_exit, "__wrapped__"))
             time.sleep(0.5)  # the hello thread is a daemon
         """, pythonpath=[HOOK_DIR], port=sock.getsockname()[1])
         assert got.returncode == 0, got.stderr
@@ -131,6 +132,8 @@ def stand_in_horovod(root: Path, version: str, *, get_worker_client: bool = True
             + ("    def get_worker_client(self, s): pass\n" if get_worker_client else "")
             + "    def _notify_workers_host_changes(self): pass\n"
             "    def _update_host_assignments(self, hosts): pass\n"
+            "    def _handle_worker_exit(self, slot_info, exit_code, timestamp): pass\n"
+            "    def has_rank_assignment(self, host, slot): pass\n"
             "    def get_coordinator_info(self): pass\n"),
         "horovod/runner/launch.py": "import horovod.runner.elastic.driver\nprint('ran')\n",
     }

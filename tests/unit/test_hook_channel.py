@@ -261,3 +261,54 @@ def test_the_drivers_world_is_timed_from_its_first_report() -> None:
     assert (first.world, first.world_at) == (frozenset({"a", "b"}), 10.0)
     assert (again.world, again.world_at, again.at) == (frozenset({"a", "b"}), 10.0, 15.0)
     assert (new.world, new.world_at, new.world_seq) == (frozenset({"a"}), 20.0, 2)
+
+
+def test_workers_the_driver_saw_fail_are_kept_with_when_they_were_first_reported() -> None:
+    from supervisor.channel import _driver
+
+    first = _driver(None, {"ok": True, "exited": {"10.0.0.2": 255}}, 10.0)
+    hello = _driver(first, {"ok": True, "exited": {"10.0.0.2": 255, "10.0.0.3": 1}}, 15.0)
+    lost = _driver(hello, {"ok": True}, 20.0)  # a hello without them: nothing is forgotten
+    assert first.exited == {"10.0.0.2": (255, 10.0)}
+    assert hello.exited == {"10.0.0.2": (255, 10.0), "10.0.0.3": (1, 15.0)}
+    assert lost.exited == hello.exited
+
+
+class _SlotInfo:
+    def __init__(self, host: str, rank: int) -> None:
+        self.hostname, self.local_rank = host, rank
+
+
+class _Driver:
+    """The shape of horovod.runner.elastic.driver.ElasticDriver that report_exits patches."""
+
+    def __init__(self, assigned: set[str]) -> None:
+        self.assigned, self.handled = assigned, []
+
+    def has_rank_assignment(self, host: str, slot: int) -> bool:
+        return host in self.assigned
+
+    def _handle_worker_exit(self, slot_info: _SlotInfo, exit_code: int, timestamp: float) -> str:
+        self.handled.append((slot_info.hostname, exit_code))
+        return "handled"
+
+
+@pytest.mark.parametrize(("host", "code", "reported"), [
+    pytest.param("a", 255, [("a", 0, 255)], id="a worker with a rank that failed is reported"),
+    pytest.param("a", 0, [], id="a worker that succeeded is not"),
+    pytest.param("gone", 1, [], id="a worker without a rank (blacklisted, scaled in) is not"),
+])
+def test_report_exits_reports_only_the_failures_the_driver_counts(
+        host: str, code: int, reported: list[tuple[str, int, int]]) -> None:
+    import types
+
+    from supervisor.hook.elastic_supervisor_hook import driver
+
+    module = types.ModuleType("driver")
+    module.ElasticDriver = type("ElasticDriver", (_Driver,), {})  # type: ignore[attr-defined]
+    got: list[tuple[str, int, int]] = []
+    driver.report_exits(module, lambda h, r, c: got.append((h, r, c)))
+    d = module.ElasticDriver({"a"})  # type: ignore[attr-defined]
+    assert d._handle_worker_exit(_SlotInfo(host, 0), code, 1.0) == "handled"
+    assert d.handled == [(host, code)], "Horovod's own handling runs unchanged"
+    assert got == reported

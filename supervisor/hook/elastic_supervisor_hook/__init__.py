@@ -143,6 +143,7 @@ class DriverHook:
         self.results: dict[str, str] = {}
         self.sender, self.seq = wire.new_sender_id(), 0
         self.current_world: tuple[int, list[str]] = (0, [])
+        self.exited: dict[str, int] = {}  # host -> exit code of a worker recorded as failed
 
     def patches(self) -> dict[str, Patch]:
         return {NETWORK: driver.timed_sockets, DRIVER: self.patch_driver}
@@ -150,16 +151,24 @@ class DriverHook:
     def patch_driver(self, module: Any) -> None:
         driver.skip_dead(module, lambda: driver.read_dead(self.dead_file))
         driver.report_worlds(module, self.world)
+        driver.report_exits(module, self.exit)
 
     def world(self, hosts: list[str]) -> None:
         """The driver assigned hosts for the next rendezvous: tell the supervisor now."""
         self.current_world = (self.current_world[0] + 1, hosts)
         self.say("driver", self.hello())
 
+    def exit(self, host: str, local_rank: int, code: int) -> None:
+        """The driver recorded a worker's failure: tell the supervisor now (and in every hello
+        after: a datagram may be lost)."""
+        self.exited[host] = code
+        self.say("driver", self.hello())
+
     def hello(self) -> dict[str, Any]:
         seq, hosts = self.current_world
         return {"ok": True, "version": _horovod_version(), "connect_s": driver.CONNECT_S,
-                "read_s": driver.READ_S, "world": hosts, "wseq": seq}
+                "read_s": driver.READ_S, "world": hosts, "wseq": seq,
+                "exited": dict(self.exited)}
 
     def patched(self, name: str, problem: str) -> None:
         self.results[name] = problem

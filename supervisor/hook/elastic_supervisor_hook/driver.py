@@ -14,6 +14,10 @@ dead or partitioned host waits for the OS's SYN timeout, attempt after attempt.
   ELASTIC_SUPERVISOR_HOOK_DEAD_FILE, written atomically) is not contacted at all.
 - `report_worlds`: each host assignment the driver makes (the world of the next rendezvous) is
   reported to the supervisor, which can then tell a rendezvous a dead member broke.
+- `report_exits`: each worker process the driver records as failed (a non-zero exit of a worker
+  with a rank) is reported with its exit code: the process can die while its pod runs on (an
+  OOM kill of the training process, a crash, a `pkill`), and Horovod then never uses that host
+  again, so the supervisor replaces the pod.
 
 Why these values: a healthy notification service answers in milliseconds (the handler only
 queues the message; the GIL is released at least every 5 ms), and a connect on a cluster network
@@ -118,3 +122,34 @@ def report_worlds(driver_module: types.ModuleType, report: Callable[[list[str]],
 
     _update_host_assignments.__wrapped__ = original  # type: ignore[attr-defined]
     cls._update_host_assignments = _update_host_assignments
+
+
+def report_exits(driver_module: types.ModuleType,
+                 report: Callable[[str, int, int], None]) -> None:
+    """Make ElasticDriver call `report(host, local_rank, exit_code)` for each worker exit it
+    records as a failure (non-zero, from a worker that had a rank)."""
+    cls = getattr(driver_module, "ElasticDriver", None)
+    if cls is None or not all(hasattr(cls, m) for m in ("_handle_worker_exit",
+                                                          "has_rank_assignment")):
+        raise RuntimeError("horovod.runner.elastic.driver.ElasticDriver: _handle_worker_exit / "
+                           "has_rank_assignment not found")
+    original = cls._handle_worker_exit
+
+    def _handle_worker_exit(self: Any, slot_info: Any, exit_code: Any, timestamp: Any) -> Any:
+        counted = False
+        try:
+            counted = exit_code != 0 and self.has_rank_assignment(slot_info.hostname,
+                                                                  slot_info.local_rank)
+        except Exception:  # never break the driver for a report
+            counted = False
+        result = original(self, slot_info, exit_code, timestamp)
+        if counted:
+            try:
+                report(str(slot_info.hostname), int(slot_info.local_rank), int(exit_code))
+            except Exception as e:
+                print(f"elastic-supervisor hook: cannot report a worker's exit: {e!r}",
+                      file=sys.stderr, flush=True)
+        return result
+
+    _handle_worker_exit.__wrapped__ = original  # type: ignore[attr-defined]
+    cls._handle_worker_exit = _handle_worker_exit
