@@ -15,7 +15,7 @@ import platform
 import sys
 from pathlib import Path
 
-from bench import discovery, e2e, e2e_stock, fence, plot, replacement, versus
+from bench import configmap_path, discovery, e2e, e2e_stock, fence, plot, replacement, versus
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default=",".join(map(str, discovery.SIZES)),
                         help="worker counts for the discovery benchmark (default %(default)s)")
     parser.add_argument("--only", choices=("discovery", "replacement", "baseline", "e2e",
-                                           "e2e_stock", "fence", "plot"),
+                                           "e2e_stock", "fence", "configmap", "plot"),
                         help="run one benchmark; keys of the others keep their stored values")
     parser.add_argument("--baseline-workers", type=int, default=versus.Plan.workers,
                         help="worker count of the poller comparison (default %(default)s)")
@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                       "longest_interval_without_a_step_s": None, "steps_rerun_max": None},
         "e2e_stock_details": None,
         "fence": None,
+        "configmap_path_latency_ms": None,
     }
     if RESULTS.exists() and args.only:
         stored = json.loads(RESULTS.read_text())
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         results.update(e2e_stock.main())
     if args.only in (None, "fence"):
         results.update(fence.main())
+    if args.only in (None, "configmap"):
+        results.update(configmap_path.main())
     if args.only != "plot":
         RESULTS.write_text(json.dumps(results, indent=2) + "\n")
         print(f"\nwrote {RESULTS}")
@@ -99,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     print_baseline(results)
     print_e2e(results)
     print_stock(results)
+    print_configmap(results)
     return 0
 
 
@@ -164,6 +168,18 @@ def print_stock(results: dict[str, object]) -> None:
         print(f"e2e_stock: {results['e2e_stock']}")
     if isinstance(results["fence"], dict):
         print(f"fence: {results['fence']}")
+
+
+def print_configmap(results: dict[str, object]) -> None:
+    d = results["configmap_path_latency_ms"]
+    if not isinstance(d, dict):
+        return
+    print(f"\n{'worker deleted -> host list without it':<44} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'max ms':>8} {'n':>4}")
+    for who, key in ((f"ConfigMap volume (kubelet sync {d['kubelet_sync_frequency_s']} s)",
+                      "configmap_volume"), ("supervisor's file", "supervisor_file")):
+        r = d[key]
+        print(f"{who:<44} {r['p50']:>8} {r['p99']:>8} {r['max']:>8} {r['n']:>4}")
 
 
 if __name__ == "__main__":

@@ -29,12 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import urllib3
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from localcluster.controlplane import default_bin_dir
 from localcluster.nodes import Cluster, Node
+
+API_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)
 
 REPO = Path(__file__).resolve().parents[1]
 OVERLAY = REPO / "manifests" / "overlays" / "local"
@@ -209,10 +212,15 @@ class MainJob:
         as it would `kubectl logs -f`)."""
         offsets: dict[Path, int] = {}
         partials: dict[Path, bytes] = {}
+        pods: list[dict[str, Any]] = []
         while not self._stop.wait(0.25):
-            with contextlib.suppress(ApiException, OSError, ValueError, StopIteration):
+            # Through an API outage (a test restarts kube-apiserver) the pods known last are
+            # followed: their log files are on this machine.
+            with contextlib.suppress(*API_ERRORS):
+                pods = self.launchers()
+            with contextlib.suppress(OSError, ValueError, StopIteration):
                 out = bytearray()
-                for pod in self.launchers():
+                for pod in pods:
                     for path in self._log_files(pod):
                         with path.open("rb") as f:
                             f.seek(offsets.get(path, 0))
@@ -329,8 +337,12 @@ class MainJob:
         return list(containers[0].get("env") or ())
 
     def exit_code(self) -> int | None:
-        """The newest launcher container's exit code, once it terminated."""
-        pod = self.launcher()
+        """The newest launcher container's exit code, once it terminated (None also while the
+        API cannot say)."""
+        try:
+            pod = self.launcher()
+        except API_ERRORS:
+            return None
         for cs in (pod or {}).get("status", {}).get("containerStatuses") or ():
             term = (cs.get("state") or {}).get("terminated")
             if term is not None:

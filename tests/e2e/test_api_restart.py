@@ -11,7 +11,7 @@ from collections.abc import Callable
 from tests.e2e.jobs import Job, check_training
 from tests.integration.harness import scrape
 
-STEPS = 1000
+STEPS = 3000  # ~150 s of training at full size: outlasts the restart and the kill
 METRICS_PORT = 9400  # the manifests' SUPERVISOR_METRICS_PORT, on the launcher pod's IP
 
 
