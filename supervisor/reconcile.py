@@ -152,6 +152,13 @@ class LoopState:
     hangs: HangWatch = field(default_factory=HangWatch)
 
 
+def _containers_run(pod: Obj) -> bool:
+    """Every container of the pod is running (its phase says Running for a while after its
+    container ended: the kubelet reports Failed only once the pod is torn down)."""
+    statuses = pod.get("status", {}).get("containerStatuses") or ()
+    return bool(statuses) and all("running" in (cs.get("state") or {}) for cs in statuses)
+
+
 class Supervisor:
     """Runs the loop for one `run` command. Adapters are injected; time comes from `clock`."""
 
@@ -461,8 +468,7 @@ class Supervisor:
             # not heed a SIGTERM: force it out (also when an earlier supervisor decided already
             # but did not get to delete it).
             self.act(DeletePod(f.pod, f.uid, 0))
-        elif (found is not None and f.cause is Cause.EXIT_CODE
-              and pod.get("status", {}).get("phase") == "Running"
+        elif (found is not None and f.cause is Cause.EXIT_CODE and _containers_run(pod)
               and not pod["metadata"].get("deletionTimestamp")):
             # Its training process died but the container lives on (the driver saw it): an
             # idle pod Horovod will never use again. A graceful delete: its kubelet is fine.
