@@ -40,6 +40,7 @@ from supervisor.classify import (
     NodeState,
     PodMemory,
     classify,
+    disrupted,
     node_down_since,
     remember,
 )
@@ -137,6 +138,8 @@ class LoopState:
     failed: set[str] = field(default_factory=set)  # UIDs already classified as failed
     failures: list[tuple[Failure, Obj, float]] = field(default_factory=list)  # to decide
     node_down: dict[str, float] = field(default_factory=dict)  # node -> down since
+    braked: frozenset[str] = frozenset()  # down nodes the disruption brake holds back
+    lease_reported: set[str] = field(default_factory=set)  # nodes whose Lease is too slow
     synced_at: float | None = None
     scanned: bool = False  # the first full classification after sync is done
     expected: dict[str, float] = field(default_factory=dict)  # pods being created -> since
@@ -329,6 +332,8 @@ class Supervisor:
         st = self.state
         name = pod.get("spec", {}).get("nodeName") or ""
         node = st.view.nodes.get(name)
+        if name in st.braked:
+            return NodeState(node=node)  # held back: no evidence against it for now
         down = st.node_down.get(name)
         if node is None and name and down is None:
             down = st.synced_at if st.synced_at is not None else now  # never seen since sync
@@ -375,6 +380,8 @@ class Supervisor:
         suspects = set(st.node_down)
         if self.leases is not None and cfg.node_lease_s is not None:
             suspects |= self.leases.older_than(cfg.node_lease_s, now)
+            self._report_slow_leases(cfg.node_lease_s)
+        self._brake(suspects)
         if not st.scanned or suspects:
             for name, pod in st.view.pods.items():
                 uid = pod["metadata"].get("uid", "")
@@ -444,6 +451,50 @@ class Supervisor:
             self._fail(ExitCode.WORKERS_LOST,
                        f"only {usable} of MIN_NP {cfg.min_np} slots can still run; dropped "
                        f"slots: {dropped}", now)
+
+    def _brake(self, down: set[str]) -> None:
+        """Hold back the loss of nodes that went down together (classify.disrupted)."""
+        st = self.state
+        braked: frozenset[str] = frozenset()
+        job_nodes: set[str] = set()
+        if down and self.cfg.node_disruption_threshold is not None:
+            job_nodes = {node for pod in st.view.pods.values()
+                         if (node := pod.get("spec", {}).get("nodeName"))
+                         and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")}
+            braked = disrupted(job_nodes, down, self.cfg.node_disruption_threshold)
+        if braked == st.braked:
+            return
+        if braked:
+            note = (f"{len(braked)} of the {len(job_nodes)} nodes of the job's workers "
+                    f"are down together ({', '.join(sorted(braked))}): their workers are held, "
+                    f"not failed or force-deleted, until fewer are down "
+                    f"(SUPERVISOR_NODE_DISRUPTION_THRESHOLD="
+                    f"{self.cfg.node_disruption_threshold:g})")
+            self.log.warning("node.disruption", nodes=sorted(braked), note=note)
+            self.events(EventSpec("Warning", "NodeDisruption", "Hold", note))
+        else:
+            note = (f"fewer of the job's nodes are down now ({', '.join(sorted(st.braked))} "
+                    "held before): node loss is handled again")
+            self.log.info("node.disruption_over", nodes=sorted(st.braked))
+            self.events(EventSpec("Normal", "NodeDisruptionOver", "Resume", note))
+        st.braked = braked
+
+    def _report_slow_leases(self, grace_s: float) -> None:
+        """Say once per node that its Lease cannot tell silence within SUPERVISOR_NODE_LEASE_
+        SECONDS (NodeLeases does not use it)."""
+        assert self.leases is not None
+        st = self.state
+        for node, interval in self.leases.too_short(grace_s).items():
+            if node in st.lease_reported:
+                continue
+            st.lease_reported.add(node)
+            note = (f"SUPERVISOR_NODE_LEASE_SECONDS={grace_s:g} is not above node {node}'s "
+                    f"Lease renew interval ({interval:g} s = leaseDurationSeconds / 4): its "
+                    f"Lease is not used; only its Ready condition counts. Set it above "
+                    f"{interval:g}")
+            self.log.warning("node_lease.not_used", node=node, renew_interval_s=interval,
+                             lease_seconds=grace_s)
+            self.events(EventSpec("Warning", "NodeLeaseNotUsed", "Ignore", note))
 
     def _on_failure(self, f: Failure, pod: Obj, seen_at: float, wall: float,
                     now: float, *, ssh_killed: Mapping[str, list[int]]) -> None:

@@ -112,7 +112,7 @@ def test_lost_node_pod_is_force_deleted_and_replaced_on_another_node(
     lost = job.pods()[first]["spec"]["nodeName"]
     sup.wait_log("horovodrun.started")
     job.heartbeats.silence(lost)
-    decision = sup.wait_log("worker.failed", timeout=NODE_GRACE_S + 20, pod=first)
+    decision = sup.wait_log("worker.failed", timeout=NODE_GRACE_S + 35, pod=first)
     assert (decision["cause"], decision["action"]) == ("NodeNotReady", "Restart")
     wait_for(lambda: first not in job.pods(), 10, what=f"{first} force-deleted")
     [second] = running(job, 1)
@@ -200,7 +200,7 @@ def test_a_node_lease_not_renewed_is_noticed_before_the_node_controller(
     lost = job.pods()[first]["spec"]["nodeName"]
     silenced_at = time.monotonic()
     job.heartbeats.silence(lost)
-    decision = sup.wait_log("worker.failed", timeout=NODE_GRACE_S + 20, pod=first)
+    decision = sup.wait_log("worker.failed", timeout=NODE_GRACE_S + 35, pod=first)
     noticed_s = time.monotonic() - silenced_at
     assert (decision["cause"], decision["action"]) == ("NodeNotReady", "Restart")
     assert "Lease not renewed" in decision["detail"]
