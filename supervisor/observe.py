@@ -47,6 +47,8 @@ class Unusable(StrEnum):
     HOST_REUSED = "HostNameReused"
     SCALING_IN = "ScalingIn"
     HUNG = "WorkerHung"  # found Hung: it still looks Running and Ready
+    FOUND_FAILED = "FoundFailed"  # the supervisor declared it failed (before its delete shows)
+    SLOT_NOT_ACTIVE = "SlotNotActive"  # an old incarnation or a dropped slot's pod
     HELD = "HeldUntilRegroup"  # new, kept out until the survivors of a failure regrouped
 
 

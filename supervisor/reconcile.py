@@ -75,6 +75,7 @@ from supervisor.policy import Action, Decision
 from supervisor.workers import pod_name, worker_pod
 
 PROGRESS_EVERY_S = 5.0
+REUSED_LIMIT = 5  # pods of one slot replaced because their IP was another worker's
 EXPECTATION_TIMEOUT_S = 60.0  # a created pod not seen on the watch by then is created again
 DRIVER_HELLO_WAIT_S = 30.0  # horovodrun's driver hook should have said hello by then
 STALL_LOG_AFTER_S = 60.0  # no collective completed this long: said once in the log
@@ -140,6 +141,10 @@ class LoopState:
     node_down: dict[str, float] = field(default_factory=dict)  # node -> down since
     braked: frozenset[str] = frozenset()  # down nodes the disruption brake holds back
     lease_reported: set[str] = field(default_factory=set)  # nodes whose Lease is too slow
+    # the pods of the active slots, for the fleet they were computed from
+    active_pods: tuple[Fleet | None, frozenset[str] | None] = (None, None)
+    reused: dict[int, int] = field(default_factory=dict)  # slot -> pods replaced for reused IPs
+    reuse_checked: Rendered | None = None  # the render last looked at for reused IPs
     synced_at: float | None = None
     scanned: bool = False  # the first full classification after sync is done
     expected: dict[str, float] = field(default_factory=dict)  # pods being created -> since
@@ -381,7 +386,7 @@ class Supervisor:
         if self.leases is not None and cfg.node_lease_s is not None:
             suspects |= self.leases.older_than(cfg.node_lease_s, now)
             self._report_slow_leases(cfg.node_lease_s)
-        self._brake(suspects)
+        self._brake(suspects, now)
         if not st.scanned or suspects:
             for name, pod in st.view.pods.items():
                 uid = pod["metadata"].get("uid", "")
@@ -397,7 +402,10 @@ class Supervisor:
             st.scanned = True
         wall = self.wall()
         failures, st.failures = st.failures, []
-        hosts = {h for _, pod, _ in failures if (h := discovery.host_of(pod, cfg.host_mode))}
+        # Only a host Horovod knew as this very pod: an IP the CNI handed to another pod
+        # before or since is not this failure's to fence.
+        hosts = {h for _, pod, _ in failures if (h := discovery.host_of(pod, cfg.host_mode))
+                 and st.first_owner.get(h) == pod["metadata"].get("uid")}
         if hosts and self.channel is not None:
             # The driver skips them, survivors stalled on them leave their collective.
             t0 = time.perf_counter()
@@ -423,6 +431,7 @@ class Supervisor:
                                    "(SUPERVISOR_WORKER_TEMPLATE is not set)")
             return
         self._scale(now, wall)
+        self._replace_reused(wall)
         if st.fleet != st.saved:
             lo, hi = fleet.limits(cfg.min_np, cfg.max_np, cfg.slots_per_worker)
             self.act(SaveState({**fleet.fleet_to_dict(st.fleet),
@@ -452,8 +461,50 @@ class Supervisor:
                        f"only {usable} of MIN_NP {cfg.min_np} slots can still run; dropped "
                        f"slots: {dropped}", now)
 
-    def _brake(self, down: set[str]) -> None:
-        """Hold back the loss of nodes that went down together (classify.disrupted)."""
+    def _replace_reused(self, wall: float) -> None:
+        """A worker whose IP another worker had (CNIs reuse IPs) can never join: Horovod
+        blacklisted that host string for good. Replace it at once, no budget used; after
+        REUSED_LIMIT such pods in one slot, leave it out and say so (a CNI handing out the same
+        address again and again needs a person)."""
+        st, cfg = self.state, self.cfg
+        listed = st.listed
+        if st.fleet is None or listed is None or listed is st.reuse_checked:
+            return
+        st.reuse_checked = listed
+        for name, why in listed.left_out.items():
+            if why is not Unusable.HOST_REUSED:
+                continue
+            pod = st.view.pods.get(name)
+            found = fleet.slot_of(pod, cfg.job_name) if pod is not None else None
+            if pod is None or found is None or pod["metadata"].get("deletionTimestamp"):
+                continue
+            slot, inc = found
+            renewed = fleet.renew(st.fleet, slot, inc, wall)
+            if renewed is st.fleet:
+                continue
+            host = discovery.host_of(pod, cfg.host_mode)
+            count = st.reused[slot] = st.reused.get(slot, 0) + 1
+            note = (f"worker {name} (slot {slot}) got address {host}, which an earlier worker "
+                    f"had: Horovod blacklisted it for good")
+            if count > REUSED_LIMIT:
+                if count == REUSED_LIMIT + 1:
+                    self.log.warning("worker.host_reused_again", pod=name, host=host,
+                                     slot=slot, replaced=REUSED_LIMIT)
+                    self.events(EventSpec("Warning", "WorkerHostReused", "Keep",
+                                          f"{note}; {REUSED_LIMIT} pods of this slot got "
+                                          "reused addresses already: left out, not replaced"))
+                continue
+            st.fleet = renewed
+            self.act(DeletePod(name, pod["metadata"].get("uid"), None))
+            self.log.warning("worker.host_reused", pod=name, host=host, slot=slot,
+                             replacement=pod_name(cfg.job_name, slot, inc + 1))
+            self.events(EventSpec("Warning", "WorkerHostReused", "Replace",
+                                  f"{note}; replaced by incarnation {inc + 1} (no restart "
+                                  "budget used)"))
+
+    def _brake(self, down: set[str], now: float) -> None:
+        """Hold back the loss of nodes that went down together (classify.disrupted). Nodes
+        released while still down get a fresh grace: they come back one by one."""
         st = self.state
         braked: frozenset[str] = frozenset()
         job_nodes: set[str] = set()
@@ -464,6 +515,9 @@ class Supervisor:
             braked = disrupted(job_nodes, down, self.cfg.node_disruption_threshold)
         if braked == st.braked:
             return
+        for node in st.braked - braked:
+            if node in st.node_down:
+                st.node_down[node] = now
         if braked:
             note = (f"{len(braked)} of the {len(job_nodes)} nodes of the job's workers "
                     f"are down together ({', '.join(sorted(braked))}): their workers are held, "
@@ -942,11 +996,15 @@ class Supervisor:
         # Render only when something it reads changed: at 10,000 workers a render is ~10 ms
         # and the tick comes every RESYNC_SECONDS.
         failed = frozenset(st.hangs.hung)
-        inputs = (st.view.version, retiring, len(st.first_owner), failed)
+        declared = frozenset(st.failed)
+        if st.fleet is not None and st.active_pods[0] is not st.fleet:
+            st.active_pods = (st.fleet, fleet.current_pods(st.fleet, cfg.job_name))
+        active = st.active_pods[1] if st.fleet is not None else None
+        inputs = (st.view.version, retiring, len(st.first_owner), failed, declared, active)
         if st.listed is None or inputs != st.rendered_from:
             st.listed = discovery.render(st.view, cfg.slots_per_worker, cfg.host_mode,
                                          st.first_owner, retiring=retiring, failed=failed,
-                                         memo=st.memo)
+                                         declared=declared, active=active, memo=st.memo)
             st.rendered_from = inputs
             self.metrics.workers_listed.set(len(st.view.pods))
             self.metrics.workers_live.set(st.listed.live)
@@ -1030,9 +1088,6 @@ class Supervisor:
             self.events(EventSpec("Normal", "WorkersChanged", "Discovery",
                                   f"usable workers {len(after)}; added {added}; "
                                   f"removed {removed}"))
-        for name, reason in new.left_out.items():
-            if reason is Unusable.HOST_REUSED:
-                self.log.warning("host.reused", pod=name)
 
     def _start(self, argv: Sequence[str], slots: int) -> None:
         st, cfg = self.state, self.cfg

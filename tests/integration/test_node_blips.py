@@ -71,6 +71,8 @@ def test_every_node_of_the_job_down_together_is_held_then_released(
     for node in used:
         job.heartbeats.resume(node)
     sup.wait_log("node.disruption_over", timeout=20)
+    for name in names:  # the kubelets' status sync: the node controller had marked them NotReady
+        job.start(name)
     sup.wait_content([job.line(n) for n in names], timeout=20)
     assert [e for e in sup.logs() if e.get("event") == "worker.failed"] == []
     assert sorted(job.live()) == sorted(names)
