@@ -62,7 +62,9 @@ class Heartbeats:
             "allocatable": resources}})
         self.coord.create_namespaced_lease(LEASE_NS, client.V1Lease(
             metadata=client.V1ObjectMeta(name=name),
-            spec=client.V1LeaseSpec(holder_identity=name, lease_duration_seconds=40,
+            spec=client.V1LeaseSpec(holder_identity=name,
+                                    # The kubelet renews every leaseDurationSeconds / 4.
+                                    lease_duration_seconds=max(1, round(4 * self.period_s)),
                                     renew_time=dt.datetime.now(dt.UTC))))
         with self._lock:
             self.registered.add(name)

@@ -25,6 +25,7 @@ No I/O, no clock: `now` and times are monotonic seconds passed in.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -116,6 +117,27 @@ def node_down_since(previous: float | None, node: Obj | None, now: float) -> flo
     if node is not None and node_problem(node) is None:
         return None
     return now if previous is None else previous
+
+
+def disrupted(job_nodes: AbstractSet[str], down: AbstractSet[str],
+              threshold: float | None) -> frozenset[str]:
+    """The node controller's disruption brake, over the nodes that run the job's workers.
+
+    Return the down nodes whose loss is held back (their workers are not failed for it, their
+    pods not force-deleted), or the empty set. Like kube-controller-manager's zone states:
+    every one of them down (at least two: a job on a single node has nothing to compare with),
+    or more than two down and at least `threshold` of them (its `--unhealthy-zone-threshold`,
+    0.55). So many nodes going at once is more likely the network, the control plane or a
+    rack's switch than the nodes themselves, and replacing every worker would only harm the
+    job. `threshold` None: no brake.
+    """
+    if threshold is None:
+        return frozenset()
+    hit = job_nodes & down
+    total = len(job_nodes)
+    if (len(hit) == total >= 2) or (len(hit) > 2 and len(hit) >= threshold * total):
+        return frozenset(hit)
+    return frozenset()
 
 
 def _terminated(pod: Obj, memory: PodMemory | None) -> tuple[int, str] | None:

@@ -107,8 +107,9 @@ class Config:
     policy_file: Path | None = None
     worker_template: Mapping[str, Any] | None = None
     worker_template_file: Path | None = None
-    node_grace_s: float = 0.0
+    node_grace_s: float = 10.0
     node_lease_s: float | None = None  # None: node Leases are not watched
+    node_disruption_threshold: float | None = 0.55  # None: no disruption brake
     scale_out_timeout_s: float = 600.0
     scale_in_timeout_s: float = 60.0
     clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
@@ -224,6 +225,20 @@ def _abs_path(raw: str) -> Path:
     return p
 
 
+def _fraction_or_off(raw: str) -> float | None:
+    accepted = "a fraction in (0, 1] like 0.55, or off"
+    value = raw.strip().lower()
+    if value == "off":
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(accepted) from None
+    if not 0 < number <= 1:  # also refuses nan
+        raise ValueError(accepted)
+    return number
+
+
 def _nonempty(raw: str) -> str:
     if not raw.strip() or any(c.isspace() for c in raw.strip()):
         raise ValueError("a non-empty word without spaces")
@@ -334,11 +349,19 @@ VARIABLES: tuple[Var, ...] = (
     Var("BACKOFF_MAX_SECONDS", "60", "Longest wait between replacements of the same slot."),
     Var("DISRUPTIONS_FREE", "false", "If true, node loss, eviction, preemption and force "
         "deletion do not use up the restart limits."),
-    Var("NODE_GRACE_SECONDS", "0", "How long a worker's node must be NotReady/unreachable "
-        "before the worker counts as lost (the node controller already waited its own grace)."),
+    Var("NODE_GRACE_SECONDS", "10", "How long a worker's node must be NotReady/unreachable "
+        "before the worker counts as lost: a kubelet posting Ready=False for a second (a PLEG "
+        "hiccup, a runtime restart) is not node loss. The node controller's own grace (40-50 s) "
+        "comes before this when a kubelet stops posting."),
     Var("NODE_LEASE_SECONDS", None, "If set, a worker also counts as lost when its node's "
         "Lease (kube-node-lease) was not renewed for this long: faster than the node "
-        "controller's 40-50 s. Needs leases list/watch. Default: off."),
+        "controller's 40-50 s. Must be above the kubelet's renew interval (leaseDurationSeconds "
+        "/ 4: 10 s by default; a node whose interval is not below it is reported and its Lease "
+        "not used). Needs leases list/watch. Default: off."),
+    Var("NODE_DISRUPTION_THRESHOLD", "0.55", "The disruption brake: when every node of the "
+        "job's workers (at least two) or more than two and at least this share of them are "
+        "down together, their workers are not failed and their pods not force-deleted until "
+        "fewer are down (the node controller's --unhealthy-zone-threshold). off: no brake."),
     Var("SCALE_OUT_TIMEOUT_SECONDS", "600", "A worker added by `scale` that is not Running "
         "within this long is deleted again (rollback, Warning Event)."),
     Var("SCALE_IN_TIMEOUT_SECONDS", "60", "A worker removed by `scale` leaves the discovery "
@@ -496,6 +519,7 @@ def parse_config(
     policy, policy_file = _policy(env, get, sources, read_text, problems)
     node_grace = get("NODE_GRACE_SECONDS", _seconds(0, allow_zero=True))
     node_lease = get("NODE_LEASE_SECONDS", _seconds(0))
+    disruption = get("NODE_DISRUPTION_THRESHOLD", _fraction_or_off)
     scale_out = get("SCALE_OUT_TIMEOUT_SECONDS", _seconds(0))
     scale_in = get("SCALE_IN_TIMEOUT_SECONDS", _seconds(0, allow_zero=True))
     clean = get("CLEAN_POD_POLICY", _enum(CleanPodPolicy, fold=False))
@@ -531,7 +555,8 @@ def parse_config(
         metrics_port=metrics_port, fence_port=fence_port, pod_name=pod_name, policy=policy,
         policy_file=policy_file,
         worker_template=template, worker_template_file=template_file, node_grace_s=node_grace,
-        node_lease_s=node_lease, scale_out_timeout_s=scale_out, scale_in_timeout_s=scale_in,
+        node_lease_s=node_lease, node_disruption_threshold=disruption,
+        scale_out_timeout_s=scale_out, scale_in_timeout_s=scale_in,
         clean_pod_policy=clean, api_timeout_s=api_timeout, leader_lease_s=leader_lease,
         worker_hook=worker_hook, heartbeat_timeout_s=heartbeat_timeout,
         stall_timeout_s=stall_timeout, horovodrun_restart_limit=restart_limit,
@@ -675,6 +700,8 @@ def effective_values(cfg: Config) -> list[tuple[str, str, str]]:
         "BACKOFF_MAX_SECONDS": cfg.policy.budgets.backoff_max_s,
         "DISRUPTIONS_FREE": str(cfg.policy.budgets.disruptions_free).lower(),
         "NODE_GRACE_SECONDS": cfg.node_grace_s, "NODE_LEASE_SECONDS": cfg.node_lease_s,
+        "NODE_DISRUPTION_THRESHOLD": ("off" if cfg.node_disruption_threshold is None
+                                      else cfg.node_disruption_threshold),
         "SCALE_OUT_TIMEOUT_SECONDS": cfg.scale_out_timeout_s,
         "SCALE_IN_TIMEOUT_SECONDS": cfg.scale_in_timeout_s,
         "CLEAN_POD_POLICY": cfg.clean_pod_policy.value,

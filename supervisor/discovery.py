@@ -27,6 +27,7 @@ from pathlib import Path
 
 from supervisor.config import HostMode
 from supervisor.observe import ClusterView, Kind, Obj, Unusable, pod_problem
+from supervisor.workers import LABEL_SLOT
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,8 @@ class _Args:
     first_owner: Mapping[str, str]
     retiring: frozenset[str]
     failed: frozenset[str] = frozenset()
+    declared: frozenset[str] = frozenset()
+    active: frozenset[str] | None = None
 
     def placed(self, name: str, pod: Obj, problem: Unusable | None,
                host: str | None) -> Unusable | None:
@@ -145,12 +148,18 @@ class _Args:
             return Unusable.SCALING_IN
         if problem is None and pod["metadata"].get("uid") in self.failed:
             return Unusable.HUNG
+        if problem is None and pod["metadata"].get("uid") in self.declared:
+            return Unusable.FOUND_FAILED
+        if (problem is None and self.active is not None and name not in self.active
+                and LABEL_SLOT in (pod["metadata"].get("labels") or {})):
+            return Unusable.SLOT_NOT_ACTIVE
         return problem
 
 
 def render(
     view: ClusterView, slots: int, mode: HostMode, first_owner: Mapping[str, str], *,
     retiring: frozenset[str] = frozenset(), failed: frozenset[str] = frozenset(),
+    declared: frozenset[str] = frozenset(), active: frozenset[str] | None = None,
     memo: Memo | None = None,
 ) -> Rendered:
     """Return the sorted `host:slots` lines of the usable workers in `view`.
@@ -160,12 +169,18 @@ def render(
     `retiring`: pods being scaled in, left out first so that horovodrun lets them go.
     `failed`: UIDs of pods the supervisor found failed while they still look Running and
     Ready (Hung), never listed again.
+    `declared`: UIDs of pods the supervisor declared failed for any other cause: out at once,
+    not when their deletion shows (a node Lease expired while the node still says Ready).
+    `active`: names of the pods of the active slots' current incarnations (None: the
+    supervisor does not own the workers); a pod it created (slot label) for anything else,
+    an old incarnation or a dropped slot, is left out.
     `memo`: reuse what earlier calls concluded (see Memo; the result is the same).
     """
     if memo is None:
         memo = Memo()
-    args = _Args(slots, mode, first_owner, retiring, failed)
-    inputs = (id(view), slots, mode, retiring, failed, id(first_owner), len(first_owner))
+    args = _Args(slots, mode, first_owner, retiring, failed, declared, active)
+    inputs = (id(view), slots, mode, retiring, failed, declared, active, id(first_owner),
+              len(first_owner))
     changes = (view.changes_since(memo.version)
                if memo.version is not None and memo.inputs == inputs else None)
     if changes is None or not _update(memo, view, changes, args):

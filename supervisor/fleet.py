@@ -160,6 +160,23 @@ def on_failure(fleet: Fleet, failure: Failure, found: tuple[int, int] | None, po
     return Fleet(slots={**fleet.slots, i: new}, ledger=d.ledger), d
 
 
+def renew(fleet: Fleet, slot: int, incarnation: int, now: float) -> Fleet:
+    """Return the fleet with `slot`'s pod `incarnation` to be replaced at once by the next one,
+    no budget used: the pod never worked (its IP was another worker's, which Horovod
+    blacklisted for good). Unchanged if that incarnation is no longer the slot's current one."""
+    s = fleet.slots.get(slot)
+    if s is None or s.incarnation != incarnation or s.dropped is not None \
+            or s.retiring_at is not None:
+        return fleet
+    return replace(fleet, slots={**fleet.slots, slot: replace(s, incarnation=incarnation + 1,
+                                                              due=now)})
+
+
+def current_pods(fleet: Fleet, job: str) -> frozenset[str]:
+    """Names of the pods the active slots should have now."""
+    return frozenset(pod_name(job, i, fleet.slots[i].incarnation) for i in fleet.active())
+
+
 @dataclass(frozen=True)
 class Create:
     slot: int

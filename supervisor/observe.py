@@ -47,6 +47,8 @@ class Unusable(StrEnum):
     HOST_REUSED = "HostNameReused"
     SCALING_IN = "ScalingIn"
     HUNG = "WorkerHung"  # found Hung: it still looks Running and Ready
+    FOUND_FAILED = "FoundFailed"  # the supervisor declared it failed (before its delete shows)
+    SLOT_NOT_ACTIVE = "SlotNotActive"  # an old incarnation or a dropped slot's pod
     HELD = "HeldUntilRegroup"  # new, kept out until the survivors of a failure regrouped
 
 
@@ -247,28 +249,42 @@ KIND_NAMES = {Kind.POD: "Pod", Kind.NODE: "Node", Kind.LEASE: "Lease",
 class NodeLeases:
     """When each node's Lease was last seen renewed (monotonic receipt time, so the kubelets'
     clocks do not matter). Fed from the lease reflector's thread, read by the loop; ages are
-    None while the lease watch is not synced or is broken (no evidence is not a dead node)."""
+    None while the lease watch is not synced or is broken (no evidence is not a dead node).
+
+    Ages restart whenever the signal comes back (a relist, or a watch reconnected from its
+    resourceVersion): what was renewed during the gap is unknown, so a gap never counts as
+    silence. A node whose kubelet renews its Lease every leaseDurationSeconds / 4 (the
+    kubelet's renew interval: 10 s by default) at or after `grace` is never found silent by
+    its Lease: `too_short` names it (the caller reports it)."""
 
     def __init__(self) -> None:
         self._renew: dict[str, str] = {}
         self._seen: dict[str, float] = {}
+        self._interval: dict[str, float] = {}
         self.usable = False
+        self._gap = False  # broken since the last time the signal was there
 
     def submit(self, item: Any) -> None:
         """The lease reflector's sink (WatchEvent / SourceState of Kind.LEASE)."""
         obj = getattr(item, "obj", None)
         if obj is None:
             if getattr(item, "broken", None) is True:
-                self.usable = False
-            elif getattr(item, "synced", None):
-                self.usable = True
+                self.usable, self._gap = False, True
+            elif getattr(item, "synced", None) or (getattr(item, "broken", None) is False
+                                                   and self._gap):
+                if self._gap:
+                    self._seen = dict.fromkeys(self._seen, item.at)
+                self.usable, self._gap = True, False
             return
         name = obj["metadata"]["name"]
         if item.type is EventType.DELETED:
             self._renew.pop(name, None)
             self._seen.pop(name, None)
+            self._interval.pop(name, None)
             return
-        renew = (obj.get("spec") or {}).get("renewTime") or ""
+        spec = obj.get("spec") or {}
+        self._interval[name] = renew_interval(spec)
+        renew = spec.get("renewTime") or ""
         if self._renew.get(name) != renew:
             self._renew[name] = renew
             self._seen[name] = item.at
@@ -282,7 +298,20 @@ class NodeLeases:
     def older_than(self, grace_s: float, now: float) -> set[str]:
         if not self.usable:
             return set()
-        return {n for n, t in list(self._seen.items()) if now - t >= grace_s}
+        return {n for n, t in list(self._seen.items())
+                if now - t >= grace_s and self._interval.get(n, 0.0) < grace_s}
+
+    def too_short(self, grace_s: float) -> dict[str, float]:
+        """Nodes whose Lease renew interval is at or above `grace_s` -> that interval."""
+        return {n: i for n, i in list(self._interval.items()) if i >= grace_s}
+
+
+def renew_interval(lease_spec: Obj) -> float:
+    """The kubelet renews its node Lease every leaseDurationSeconds / 4 (40 s -> 10 s)."""
+    try:
+        return float(lease_spec.get("leaseDurationSeconds") or 40) / 4
+    except (TypeError, ValueError):
+        return 10.0
 
 
 def _rv(obj: Obj) -> str | None:

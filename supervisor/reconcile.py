@@ -40,6 +40,7 @@ from supervisor.classify import (
     NodeState,
     PodMemory,
     classify,
+    disrupted,
     node_down_since,
     remember,
 )
@@ -77,6 +78,7 @@ PROGRESS_EVERY_S = 5.0
 # A training process the driver saw fail, in a pod that still looks usable: waited this long
 # for the pod's own status (a container that ended says so, with its real exit code).
 EXITED_GRACE_S = 2.0
+REUSED_LIMIT = 5  # pods of one slot replaced because their IP was another worker's
 EXPECTATION_TIMEOUT_S = 60.0  # a created pod not seen on the watch by then is created again
 DRIVER_HELLO_WAIT_S = 30.0  # horovodrun's driver hook should have said hello by then
 STALL_LOG_AFTER_S = 60.0  # no collective completed this long: said once in the log
@@ -140,6 +142,12 @@ class LoopState:
     failed: set[str] = field(default_factory=set)  # UIDs already classified as failed
     failures: list[tuple[Failure, Obj, float]] = field(default_factory=list)  # to decide
     node_down: dict[str, float] = field(default_factory=dict)  # node -> down since
+    braked: frozenset[str] = frozenset()  # down nodes the disruption brake holds back
+    lease_reported: set[str] = field(default_factory=set)  # nodes whose Lease is too slow
+    # the pods of the active slots, for the fleet they were computed from
+    active_pods: tuple[Fleet | None, frozenset[str] | None] = (None, None)
+    reused: dict[int, int] = field(default_factory=dict)  # slot -> pods replaced for reused IPs
+    reuse_checked: Rendered | None = None  # the render last looked at for reused IPs
     synced_at: float | None = None
     scanned: bool = False  # the first full classification after sync is done
     expected: dict[str, float] = field(default_factory=dict)  # pods being created -> since
@@ -339,6 +347,8 @@ class Supervisor:
         st = self.state
         name = pod.get("spec", {}).get("nodeName") or ""
         node = st.view.nodes.get(name)
+        if name in st.braked:
+            return NodeState(node=node)  # held back: no evidence against it for now
         down = st.node_down.get(name)
         if node is None and name and down is None:
             down = st.synced_at if st.synced_at is not None else now  # never seen since sync
@@ -385,6 +395,8 @@ class Supervisor:
         suspects = set(st.node_down)
         if self.leases is not None and cfg.node_lease_s is not None:
             suspects |= self.leases.older_than(cfg.node_lease_s, now)
+            self._report_slow_leases(cfg.node_lease_s)
+        self._brake(suspects, now)
         if not st.scanned or suspects:
             for name, pod in st.view.pods.items():
                 uid = pod["metadata"].get("uid", "")
@@ -400,7 +412,10 @@ class Supervisor:
             st.scanned = True
         wall = self.wall()
         failures, st.failures = st.failures, []
-        hosts = {h for _, pod, _ in failures if (h := discovery.host_of(pod, cfg.host_mode))}
+        # Only a host Horovod knew as this very pod: an IP the CNI handed to another pod
+        # before or since is not this failure's to fence.
+        hosts = {h for _, pod, _ in failures if (h := discovery.host_of(pod, cfg.host_mode))
+                 and st.first_owner.get(h) == pod["metadata"].get("uid")}
         if hosts and self.channel is not None:
             # The driver skips them, survivors stalled on them leave their collective.
             t0 = time.perf_counter()
@@ -426,6 +441,7 @@ class Supervisor:
                                    "(SUPERVISOR_WORKER_TEMPLATE is not set)")
             return
         self._scale(now, wall)
+        self._replace_reused(wall)
         if st.fleet != st.saved:
             lo, hi = fleet.limits(cfg.min_np, cfg.max_np, cfg.slots_per_worker)
             self.act(SaveState({**fleet.fleet_to_dict(st.fleet),
@@ -454,6 +470,95 @@ class Supervisor:
             self._fail(ExitCode.WORKERS_LOST,
                        f"only {usable} of MIN_NP {cfg.min_np} slots can still run; dropped "
                        f"slots: {dropped}", now)
+
+    def _replace_reused(self, wall: float) -> None:
+        """A worker whose IP another worker had (CNIs reuse IPs) can never join: Horovod
+        blacklisted that host string for good. Replace it at once, no budget used; after
+        REUSED_LIMIT such pods in one slot, leave it out and say so (a CNI handing out the same
+        address again and again needs a person)."""
+        st, cfg = self.state, self.cfg
+        listed = st.listed
+        if st.fleet is None or listed is None or listed is st.reuse_checked:
+            return
+        st.reuse_checked = listed
+        for name, why in listed.left_out.items():
+            if why is not Unusable.HOST_REUSED:
+                continue
+            pod = st.view.pods.get(name)
+            found = fleet.slot_of(pod, cfg.job_name) if pod is not None else None
+            if pod is None or found is None or pod["metadata"].get("deletionTimestamp"):
+                continue
+            slot, inc = found
+            renewed = fleet.renew(st.fleet, slot, inc, wall)
+            if renewed is st.fleet:
+                continue
+            host = discovery.host_of(pod, cfg.host_mode)
+            count = st.reused[slot] = st.reused.get(slot, 0) + 1
+            note = (f"worker {name} (slot {slot}) got address {host}, which an earlier worker "
+                    f"had: Horovod blacklisted it for good")
+            if count > REUSED_LIMIT:
+                if count == REUSED_LIMIT + 1:
+                    self.log.warning("worker.host_reused_again", pod=name, host=host,
+                                     slot=slot, replaced=REUSED_LIMIT)
+                    self.events(EventSpec("Warning", "WorkerHostReused", "Keep",
+                                          f"{note}; {REUSED_LIMIT} pods of this slot got "
+                                          "reused addresses already: left out, not replaced"))
+                continue
+            st.fleet = renewed
+            self.act(DeletePod(name, pod["metadata"].get("uid"), None))
+            self.log.warning("worker.host_reused", pod=name, host=host, slot=slot,
+                             replacement=pod_name(cfg.job_name, slot, inc + 1))
+            self.events(EventSpec("Warning", "WorkerHostReused", "Replace",
+                                  f"{note}; replaced by incarnation {inc + 1} (no restart "
+                                  "budget used)"))
+
+    def _brake(self, down: set[str], now: float) -> None:
+        """Hold back the loss of nodes that went down together (classify.disrupted). Nodes
+        released while still down get a fresh grace: they come back one by one."""
+        st = self.state
+        braked: frozenset[str] = frozenset()
+        job_nodes: set[str] = set()
+        if down and self.cfg.node_disruption_threshold is not None:
+            job_nodes = {node for pod in st.view.pods.values()
+                         if (node := pod.get("spec", {}).get("nodeName"))
+                         and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")}
+            braked = disrupted(job_nodes, down, self.cfg.node_disruption_threshold)
+        if braked == st.braked:
+            return
+        for node in st.braked - braked:
+            if node in st.node_down:
+                st.node_down[node] = now
+        if braked:
+            note = (f"{len(braked)} of the {len(job_nodes)} nodes of the job's workers "
+                    f"are down together ({', '.join(sorted(braked))}): their workers are held, "
+                    f"not failed or force-deleted, until fewer are down "
+                    f"(SUPERVISOR_NODE_DISRUPTION_THRESHOLD="
+                    f"{self.cfg.node_disruption_threshold:g})")
+            self.log.warning("node.disruption", nodes=sorted(braked), note=note)
+            self.events(EventSpec("Warning", "NodeDisruption", "Hold", note))
+        else:
+            note = (f"fewer of the job's nodes are down now ({', '.join(sorted(st.braked))} "
+                    "held before): node loss is handled again")
+            self.log.info("node.disruption_over", nodes=sorted(st.braked))
+            self.events(EventSpec("Normal", "NodeDisruptionOver", "Resume", note))
+        st.braked = braked
+
+    def _report_slow_leases(self, grace_s: float) -> None:
+        """Say once per node that its Lease cannot tell silence within SUPERVISOR_NODE_LEASE_
+        SECONDS (NodeLeases does not use it)."""
+        assert self.leases is not None
+        st = self.state
+        for node, interval in self.leases.too_short(grace_s).items():
+            if node in st.lease_reported:
+                continue
+            st.lease_reported.add(node)
+            note = (f"SUPERVISOR_NODE_LEASE_SECONDS={grace_s:g} is not above node {node}'s "
+                    f"Lease renew interval ({interval:g} s = leaseDurationSeconds / 4): its "
+                    f"Lease is not used; only its Ready condition counts. Set it above "
+                    f"{interval:g}")
+            self.log.warning("node_lease.not_used", node=node, renew_interval_s=interval,
+                             lease_seconds=grace_s)
+            self.events(EventSpec("Warning", "NodeLeaseNotUsed", "Ignore", note))
 
     def _on_failure(self, f: Failure, pod: Obj, seen_at: float, wall: float,
                     now: float, *, ssh_killed: Mapping[str, list[int]]) -> None:
@@ -935,11 +1040,15 @@ class Supervisor:
         # Render only when something it reads changed: at 10,000 workers a render is ~10 ms
         # and the tick comes every RESYNC_SECONDS.
         failed = frozenset(st.hangs.hung)
-        inputs = (st.view.version, retiring, len(st.first_owner), failed)
+        declared = frozenset(st.failed)
+        if st.fleet is not None and st.active_pods[0] is not st.fleet:
+            st.active_pods = (st.fleet, fleet.current_pods(st.fleet, cfg.job_name))
+        active = st.active_pods[1] if st.fleet is not None else None
+        inputs = (st.view.version, retiring, len(st.first_owner), failed, declared, active)
         if st.listed is None or inputs != st.rendered_from:
             st.listed = discovery.render(st.view, cfg.slots_per_worker, cfg.host_mode,
                                          st.first_owner, retiring=retiring, failed=failed,
-                                         memo=st.memo)
+                                         declared=declared, active=active, memo=st.memo)
             st.rendered_from = inputs
             self.metrics.workers_listed.set(len(st.view.pods))
             self.metrics.workers_live.set(st.listed.live)
@@ -1023,9 +1132,6 @@ class Supervisor:
             self.events(EventSpec("Normal", "WorkersChanged", "Discovery",
                                   f"usable workers {len(after)}; added {added}; "
                                   f"removed {removed}"))
-        for name, reason in new.left_out.items():
-            if reason is Unusable.HOST_REUSED:
-                self.log.warning("host.reused", pod=name)
 
     def _start(self, argv: Sequence[str], slots: int) -> None:
         st, cfg = self.state, self.cfg

@@ -112,7 +112,7 @@ def test_lost_node_pod_is_force_deleted_and_replaced_on_another_node(
     lost = job.pods()[first]["spec"]["nodeName"]
     sup.wait_log("horovodrun.started")
     job.heartbeats.silence(lost)
-    decision = sup.wait_log("worker.failed", timeout=NODE_GRACE_S + 20, pod=first)
+    decision = sup.wait_log("worker.failed", timeout=NODE_GRACE_S + 35, pod=first)
     assert (decision["cause"], decision["action"]) == ("NodeNotReady", "Restart")
     wait_for(lambda: first not in job.pods(), 10, what=f"{first} force-deleted")
     [second] = running(job, 1)
@@ -200,7 +200,7 @@ def test_a_node_lease_not_renewed_is_noticed_before_the_node_controller(
     lost = job.pods()[first]["spec"]["nodeName"]
     silenced_at = time.monotonic()
     job.heartbeats.silence(lost)
-    decision = sup.wait_log("worker.failed", timeout=NODE_GRACE_S + 20, pod=first)
+    decision = sup.wait_log("worker.failed", timeout=NODE_GRACE_S + 35, pod=first)
     noticed_s = time.monotonic() - silenced_at
     assert (decision["cause"], decision["action"]) == ("NodeNotReady", "Restart")
     assert "Lease not renewed" in decision["detail"]
@@ -259,3 +259,25 @@ def test_policy_hot_reload_takes_effect_and_a_bad_version_is_refused(
     assert sup.wait_exit(20) == ExitCode.POLICY_FAILED
     reasons = event_reasons(api_client, namespace)
     assert "PolicyRejected" in reasons and "PolicyReloaded" in reasons
+
+
+def test_a_replacement_given_a_dead_workers_ip_is_replaced_again_without_budget(
+        job: Job, supervisor, api_client: client.ApiClient, namespace: str) -> None:
+    job.node("n1")
+    sup = supervisor()
+    running(job, 2)
+    sup.wait_content([job.line("job1-w0-1"), job.line("job1-w1-1")])
+    # The CNI hands the dead worker's address to its replacement (host-local reuses IPs):
+    # Horovod blacklisted that host for good, so the replacement could never join.
+    job.ips["job1-w0-2"] = job.ips["job1-w0-1"]
+    job.terminate("job1-w0-1", 137)
+    reused = sup.wait_log("worker.host_reused", timeout=20, pod="job1-w0-2")
+    assert (reused["host"], reused["replacement"]) == (job.ips["job1-w0-1"], "job1-w0-3")
+    assert running(job, 2) == ["job1-w0-3", "job1-w1-1"]
+    sup.wait_content([job.line("job1-w0-3"), job.line("job1-w1-1")])
+    assert job.ips["job1-w0-3"] != job.ips["job1-w0-1"]
+    state = json.loads(job.core.read_namespaced_config_map(
+        state_name("job1"), namespace).data["state.json"])
+    assert state["slots"]["0"]["incarnation"] == 3
+    assert state["ledger"]["total"] == 1, "only the real failure used the budget"
+    assert "WorkerHostReused" in wait_reason(api_client, namespace, "WorkerHostReused")

@@ -59,6 +59,8 @@ def test_defaults_for_a_minimal_environment() -> None:
         watch_read_timeout_s=90.0, resync_s=1.0, log_format=LogFormat.JSON,
         log_level=LogLevel.INFO, metrics_port=9400, pod_name=None,
     )
+    # Node blips are not node loss; many nodes down together are held (the disruption brake).
+    assert (cfg.node_grace_s, cfg.node_disruption_threshold) == (10.0, 0.55)
     assert cfg.sources["SUPERVISOR_MIN_NP"] == "derived: NP"
     assert cfg.sources["SUPERVISOR_WORKER_SELECTOR"] == "derived: JOB_NAME"
 
@@ -85,6 +87,7 @@ def test_every_variable_set_explicitly() -> None:
         "SUPERVISOR_SLOT_RESTART_LIMIT": "2", "SUPERVISOR_BACKOFF_INITIAL_SECONDS": "0.5",
         "SUPERVISOR_BACKOFF_MAX_SECONDS": "10", "SUPERVISOR_DISRUPTIONS_FREE": "true",
         "SUPERVISOR_NODE_GRACE_SECONDS": "0", "SUPERVISOR_NODE_LEASE_SECONDS": "5",
+        "SUPERVISOR_NODE_DISRUPTION_THRESHOLD": "off",
         "SUPERVISOR_SCALE_OUT_TIMEOUT_SECONDS": "120", "SUPERVISOR_SCALE_IN_TIMEOUT_SECONDS": "0",
         "SUPERVISOR_CLEAN_POD_POLICY": "All", "SUPERVISOR_API_TIMEOUT_SECONDS": "10",
         "SUPERVISOR_LEADER_LEASE_SECONDS": "30",
@@ -101,6 +104,7 @@ def test_every_variable_set_explicitly() -> None:
     assert (cfg.log_format, cfg.log_level, cfg.metrics_port, cfg.pod_name, cfg.fence_port) == (
         LogFormat.CONSOLE, LogLevel.DEBUG, 0, "bert-launcher-x", 9401)
     assert cfg.worker_template is not None and cfg.node_grace_s == 0.0
+    assert cfg.node_disruption_threshold is None
     assert (cfg.node_lease_s, cfg.scale_out_timeout_s, cfg.scale_in_timeout_s) == (5, 120, 0)
     assert (cfg.clean_pod_policy, cfg.api_timeout_s, cfg.leader_lease_s) == (
         CleanPodPolicy.ALL, 10, 30)
@@ -212,6 +216,10 @@ BAD = [
      "number of seconds > 0"),
     ("SUPERVISOR_NODE_GRACE_SECONDS", "-5", "SUPERVISOR_NODE_GRACE_SECONDS='-5': expected a "
      "number of seconds >= 0"),
+    ("SUPERVISOR_NODE_DISRUPTION_THRESHOLD", "1.5", "SUPERVISOR_NODE_DISRUPTION_THRESHOLD="
+     "'1.5': expected a fraction in (0, 1] like 0.55, or off"),
+    ("SUPERVISOR_NODE_DISRUPTION_THRESHOLD", "0", "SUPERVISOR_NODE_DISRUPTION_THRESHOLD="
+     "'0': expected a fraction in (0, 1] like 0.55, or off"),
     ("SUPERVISOR_CLEAN_POD_POLICY", "Always", "SUPERVISOR_CLEAN_POD_POLICY='Always': expected "
      "one of Running|All|None"),
     ("SUPERVISOR_API_TIMEOUT_SECONDS", "0", "SUPERVISOR_API_TIMEOUT_SECONDS='0': expected a "

@@ -329,3 +329,43 @@ def test_incremental_renders_equal_full_ones_over_random_changes(seed: int) -> N
                                memo=memo)
         want = discovery.render(v, 1, HostMode.POD_IP, first_owner, retiring=retiring)
         assert got == want, f"step {step}"
+
+
+def slotted(name: str, slot: int, incarnation: int, ip: str) -> dict:
+    """A worker the supervisor created for job1 (slot and incarnation labels)."""
+    p = pod(name, ip=ip)
+    p["metadata"]["labels"] = {"elastic-supervisor/job": "job1",
+                               "elastic-supervisor/role": "worker",
+                               "elastic-supervisor/slot": str(slot),
+                               "elastic-supervisor/incarnation": str(incarnation)}
+    return p
+
+
+@pytest.mark.parametrize(("declared", "active", "left_out"), [
+    pytest.param(frozenset(), None, {}, id="nothing declared, workers not owned: all listed"),
+    pytest.param(frozenset({"uid-job1-w1-1"}), None,
+                 {"job1-w1-1": Unusable.FOUND_FAILED},
+                 id="declared failed while it still looks Running and Ready: out at once"),
+    pytest.param(frozenset(), frozenset({"job1-w0-2", "job1-w1-1"}),
+                 {"job1-w0-1": Unusable.SLOT_NOT_ACTIVE},
+                 id="an old incarnation still running beside its replacement: out"),
+    pytest.param(frozenset(), frozenset({"job1-w0-2"}),
+                 {"job1-w0-1": Unusable.SLOT_NOT_ACTIVE, "job1-w1-1": Unusable.SLOT_NOT_ACTIVE},
+                 id="a dropped slot's pod: out"),
+])
+def test_the_file_follows_the_supervisors_own_decisions(
+        declared: frozenset[str], active: frozenset[str] | None,
+        left_out: dict[str, Unusable]) -> None:
+    v = view_of(slotted("job1-w0-1", 0, 1, "10.1.0.10"), slotted("job1-w1-1", 1, 1, "10.1.0.11"),
+                slotted("job1-w0-2", 0, 2, "10.1.0.12"), pod("stranger", ip="10.1.0.13"),
+                READY_NODE)
+    r = discovery.render(v, 1, HostMode.POD_IP, {}, declared=declared, active=active)
+    assert r.left_out == left_out
+    # A pod without the supervisor's labels (not created from its template) is never judged
+    # by slot.
+    assert "10.1.0.13:1" in r.lines
+    memo = discovery.Memo()
+    discovery.render(v, 1, HostMode.POD_IP, {}, memo=memo)
+    again = discovery.render(v, 1, HostMode.POD_IP, {}, declared=declared, active=active,
+                             memo=memo)
+    assert again.lines == r.lines, "a change of the decisions renders again"

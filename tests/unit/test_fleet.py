@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -150,3 +151,16 @@ def test_damaged_state_is_refused_with_the_field(data: object, message: str) -> 
 
 def test_empty_fleet_has_no_active_slots() -> None:
     assert Fleet().active() == []
+
+
+def test_renew_replaces_a_slots_pod_without_using_budget() -> None:
+    f = fleet.initial(2)
+    renewed = fleet.renew(f, 1, 1, now=50.0)
+    assert renewed.slots[1] == fleet.Slot(incarnation=2, due=50.0)
+    assert renewed.ledger == f.ledger
+    assert fleet.current_pods(renewed, "job1") == {"job1-w0-1", "job1-w1-2"}
+    # A stale incarnation, a dropped or an unknown slot: nothing to renew.
+    assert fleet.renew(renewed, 1, 1, now=60.0) is renewed
+    dropped = dataclasses.replace(renewed, slots={**renewed.slots, 0: fleet.Slot(dropped="x")})
+    assert fleet.renew(dropped, 0, 1, now=60.0) is dropped
+    assert fleet.renew(f, 7, 1, now=60.0) is f
