@@ -179,11 +179,13 @@ def classify(
     settings: ClassifySettings,
     now: float,
     ours: bool = False,
+    relisted: bool = False,
 ) -> Failure | None:
     """Return why this worker incarnation failed, or None if it has not (yet).
 
     `memory` is what the events BEFORE this one showed; `ours`: the supervisor deleted this
-    pod itself.
+    pod itself; `relisted`: a DELETED found by a relist (the watch was down), `pod` being the
+    last object seen before.
     """
     if ours:
         return None
@@ -229,6 +231,11 @@ def classify(
             grace, live = memory.first_deletion_grace, memory.deletion_while_live
         elif meta.get("deletionTimestamp") and etype is not EventType.DELETED:
             grace, live = int(meta.get("deletionGracePeriodSeconds") or 0), _is_live(pod)
+        elif relisted:
+            # Deleted while the watch was down: only the last object seen before is known.
+            phase = status.get("phase", "Unknown")
+            return failure(Cause.POD_DELETED, f"deleted while the watch was down (last seen "
+                                              f"{phase})")
         else:
             # The first deletion event was missed: judge from what the DELETED object shows.
             running = all("running" in (cs.get("state") or {})

@@ -94,7 +94,8 @@ def slot_of(pod: Obj, job: str) -> tuple[int, int] | None:
 
 def adopt(fleet: Fleet, pods: Iterable[Obj], job: str) -> Fleet:
     """Return the fleet after seeing existing pods: a slot whose pod shows a newer incarnation
-    than stored (state written by a supervisor that crashed before saving) moves up to it."""
+    than stored (state written by a supervisor that crashed before saving) moves up to it; a
+    slot the state does not know comes back only from a pod that is not being deleted."""
     slots = dict(fleet.slots)
     for pod in pods:
         found = slot_of(pod, job)
@@ -102,6 +103,8 @@ def adopt(fleet: Fleet, pods: Iterable[Obj], job: str) -> Fleet:
             continue
         i, inc = found
         current = slots.get(i)
+        if current is None and pod.get("metadata", {}).get("deletionTimestamp"):
+            continue  # a slot removed by a scale-in whose pod is still going: not revived
         if current is None or inc > current.incarnation:
             slots[i] = Slot(incarnation=inc, dropped=current.dropped if current else None)
     return replace(fleet, slots=slots) if slots != fleet.slots else fleet

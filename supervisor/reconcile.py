@@ -358,13 +358,17 @@ class Supervisor:
     def _observe_pod(self, ev: WatchEvent) -> None:
         """Classify a pod event (once synced), then remember what it showed."""
         st, obj = self.state, ev.obj
+        if ev.relist and ev.type is EventType.DELETED:
+            # Deleted while the watch was down: the relist only knows its name. Judge it from
+            # the last object seen (uid, labels, slot), not as a stranger.
+            obj = st.view.pods.get(obj["metadata"]["name"]) or obj
         meta = obj["metadata"]
         name, uid = meta["name"], meta.get("uid", "")
         st.expected.pop(name, None)
         before = st.memory.get(name)
         if st.view.synced and uid not in st.failed:
             found = classify(obj, ev.type, before, self._node_state(obj, ev.at),
-                             settings=self.classify_settings, now=ev.at)
+                             settings=self.classify_settings, now=ev.at, relisted=ev.relist)
             if found is not None:
                 st.failed.add(uid)
                 st.failures.append((found, obj, ev.at))

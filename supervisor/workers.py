@@ -22,7 +22,6 @@ LABEL_ROLE = "elastic-supervisor/role"
 LABEL_SLOT = "elastic-supervisor/slot"
 LABEL_INCARNATION = "elastic-supervisor/incarnation"
 HOSTNAME_KEY = "kubernetes.io/hostname"
-RESTART_POLICIES = ("Never", "OnFailure", "Always")
 
 
 class TemplateError(Exception):
@@ -54,10 +53,12 @@ def validate_template(doc: Any, selector: Mapping[str, str]) -> dict[str, Any]:
         for i, c in enumerate(containers):
             if not isinstance(c, dict) or not c.get("name") or not c.get("image"):
                 problems.append(f"template.spec.containers[{i}]: expected name and image")
-    policy = spec.get("restartPolicy", "Always")
-    if policy not in RESTART_POLICIES:
-        problems.append(f"template.spec.restartPolicy: {policy!r}: expected one of "
-                        + "|".join(RESTART_POLICIES))
+    policy = spec.get("restartPolicy")
+    if policy != "Never":
+        shown = "unset (Always, the Kubernetes default)" if policy is None else repr(policy)
+        problems.append(f"template.spec.restartPolicy: {shown}: expected Never (the supervisor "
+                        "replaces failed workers itself; a kubelet restarting one in place "
+                        "would give its slot a second, unplanned life)")
     if spec.get("nodeName"):
         problems.append("template.spec.nodeName: must be empty (the scheduler places workers)")
     if spec.get("hostname"):

@@ -175,3 +175,44 @@ def test_actuator_retries_through_an_api_outage(restartable_control_plane: Contr
 
     assert wait_for(stored, 30, what="the state readable again") == {"n": 1, "writer": "a"}
     assert client.CoreV1Api(api).read_namespaced_pod("p1", ns).metadata.name == "p1"
+
+
+def test_a_worker_deleted_while_the_watch_was_down_is_judged_from_its_last_object(
+    restartable_control_plane: ControlPlane, api: client.ApiClient, ns: str, tmp_path: Path
+) -> None:
+    from tests.integration.harness import AutoKubelet
+    from tests.integration.managed import running
+    from tests.integration.proxy import TcpProxy
+
+    cp = restartable_control_plane
+    job = Job(api, ns)
+    kubelet = AutoKubelet(job)
+    proxy = TcpProxy(cp.ports["apiserver"]).forward()
+    kubeconfig = proxy.kubeconfig(cp.kubeconfig, tmp_path / "proxied.kubeconfig")
+    sup = SupervisorProcess(cp, ns, tmp_path, KUBECONFIG=str(kubeconfig),
+                            SUPERVISOR_WORKER_TEMPLATE=str(job.template(tmp_path / "w.json")),
+                            SUPERVISOR_LEADER_LEASE_SECONDS="60",
+                            SUPERVISOR_BACKOFF_INITIAL_SECONDS="0.5")
+    try:
+        job.node("n1")
+        sup.start()
+        assert running(job, 2) == ["job1-w0-1", "job1-w1-1"]
+        sup.wait_log("horovodrun.started", timeout=20)
+        proxy.refuse()  # the supervisor's watches are cut
+        job.core.delete_namespaced_pod("job1-w1-1", ns, grace_period_seconds=0)
+        # Its history is gone too: the watch cannot resume, it must relist (410 Gone).
+        cp.restart_apiserver(crash=True)
+        cp.compact_etcd()
+        proxy.forward()
+        decision = sup.wait_log("worker.failed", timeout=60, pod="job1-w1-1")
+        assert (decision["cause"], decision["slot"], decision["action"]) == (
+            "PodDeleted", 1, "Restart")
+        assert decision["detail"] == "deleted while the watch was down (last seen Running)"
+        assert any("410" in (e.get("reason") or "") for e in sup.logs()
+                   if e.get("event") == "watch.broken"), "the watch could not resume"
+        assert running(job, 2, timeout=60) == ["job1-w0-1", "job1-w1-2"]
+    finally:
+        sup.close()
+        proxy.close()
+        kubelet.close()
+        job.close()

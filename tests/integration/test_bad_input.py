@@ -38,6 +38,13 @@ def hostname_template(tmp: Path) -> dict[str, str]:
     return {"SUPERVISOR_WORKER_TEMPLATE": str(tmp / "hostname.json")}
 
 
+def on_failure_template(tmp: Path) -> dict[str, str]:
+    doc = json.loads((tmp / "worker.json").read_text())
+    doc["spec"]["restartPolicy"] = "OnFailure"
+    (tmp / "onfailure.json").write_text(json.dumps(doc))
+    return {"SUPERVISOR_WORKER_TEMPLATE": str(tmp / "onfailure.json")}
+
+
 CASES: dict[str, tuple[Callable[[Path], dict[str, str]], str]] = {
     "horovodrun not on PATH": (
         lambda tmp: {"SUPERVISOR_HOROVODRUN": "horovodrun-nowhere"},
@@ -69,6 +76,11 @@ CASES: dict[str, tuple[Callable[[Path], dict[str, str]], str]] = {
         hostname_template,
         "SUPERVISOR_WORKER_TEMPLATE='{tmp}/hostname.json': template.spec.hostname: must be "
         "empty (every worker would get the same host name)"),
+    "template restartPolicy not Never": (
+        on_failure_template,
+        "SUPERVISOR_WORKER_TEMPLATE='{tmp}/onfailure.json': template.spec.restartPolicy: "
+        "'OnFailure': expected Never (the supervisor replaces failed workers itself; a kubelet "
+        "restarting one in place would give its slot a second, unplanned life)"),
     "resync out of range": (
         lambda tmp: {"SUPERVISOR_RESYNC_SECONDS": "0.0001"},
         "SUPERVISOR_RESYNC_SECONDS='0.0001': expected a number of seconds from 0.05 to 60"),

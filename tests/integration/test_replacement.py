@@ -273,6 +273,8 @@ def test_a_replacement_given_a_dead_workers_ip_is_replaced_again_without_budget(
     job.terminate("job1-w0-1", 137)
     reused = sup.wait_log("worker.host_reused", timeout=20, pod="job1-w0-2")
     assert (reused["host"], reused["replacement"]) == (job.ips["job1-w0-1"], "job1-w0-3")
+    # (The delete is carried out after the decision is logged.)
+    wait_for(lambda: job.live() == ["job1-w0-3", "job1-w1-1"], 20, what="job1-w0-2 replaced")
     assert running(job, 2) == ["job1-w0-3", "job1-w1-1"]
     sup.wait_content([job.line("job1-w0-3"), job.line("job1-w1-1")])
     assert job.ips["job1-w0-3"] != job.ips["job1-w0-1"]

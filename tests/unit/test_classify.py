@@ -185,3 +185,12 @@ def test_the_failing_container_is_named_among_several() -> None:
     f = classify(pod, EventType.MODIFIED, None, NodeState(READY), settings=ClassifySettings(),
                  now=0.0)
     assert f is not None and (f.exit_code, f.container) == (137, "worker")
+
+
+def test_a_pod_deleted_while_the_watch_was_down_is_judged_from_its_last_object() -> None:
+    # The relist knows only the name; the loop hands classify the last object it saw.
+    f = classify(RUNNING, EventType.DELETED, remember(None, RUNNING), NodeState(READY),
+                 settings=ClassifySettings(), now=0.0, relisted=True)
+    assert f is not None and f.cause is Cause.POD_DELETED
+    assert f.uid == RUNNING["metadata"]["uid"] and f.pod == RUNNING["metadata"]["name"]
+    assert f.detail == "deleted while the watch was down (last seen Running)"

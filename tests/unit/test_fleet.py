@@ -164,3 +164,14 @@ def test_renew_replaces_a_slots_pod_without_using_budget() -> None:
     dropped = dataclasses.replace(renewed, slots={**renewed.slots, 0: fleet.Slot(dropped="x")})
     assert fleet.renew(dropped, 0, 1, now=60.0) is dropped
     assert fleet.renew(f, 7, 1, now=60.0) is f
+
+
+def test_adoption_never_revives_a_slot_removed_by_a_scale_in_whose_pod_is_going() -> None:
+    f = fleet.initial(2)
+    going = {"metadata": {"name": "job1-w2-1", "deletionTimestamp": "2026-11-23T10:00:00Z",
+                          "labels": {"elastic-supervisor/job": "job1",
+                                     "elastic-supervisor/slot": "2",
+                                     "elastic-supervisor/incarnation": "1"}}}
+    assert fleet.adopt(f, [going], "job1") is f
+    alive = {"metadata": {**going["metadata"], "deletionTimestamp": None}}
+    assert 2 in fleet.adopt(f, [alive], "job1").slots  # state lost: the live pod says

@@ -100,6 +100,10 @@ def test_names_are_unique_per_incarnation_and_dns_labels() -> None:
         pod_name("a" * 55, 1, 12345)  # never truncated: two jobs would share pod names
 
 
+WHY_NEVER = (" (the supervisor replaces failed workers itself; a kubelet restarting one in "
+             "place would give its slot a second, unplanned life)")
+
+
 @pytest.mark.parametrize(("mutate", "message"), [
     (lambda t: t.update(kind="Deployment"), "template.kind: 'Deployment': expected Pod"),
     (lambda t: t.pop("spec"), "template.spec: missing: expected a pod spec"),
@@ -108,7 +112,12 @@ def test_names_are_unique_per_incarnation_and_dns_labels() -> None:
     (lambda t: t["spec"]["containers"][0].pop("image"),
      "template.spec.containers[0]: expected name and image"),
     (lambda t: t["spec"].update(restartPolicy="Sometimes"),
-     "template.spec.restartPolicy: 'Sometimes': expected one of Never|OnFailure|Always"),
+     "template.spec.restartPolicy: 'Sometimes': expected Never" + WHY_NEVER),
+    (lambda t: t["spec"].update(restartPolicy="OnFailure"),
+     "template.spec.restartPolicy: 'OnFailure': expected Never" + WHY_NEVER),
+    (lambda t: t["spec"].pop("restartPolicy"),
+     "template.spec.restartPolicy: unset (Always, the Kubernetes default): expected Never"
+     + WHY_NEVER),
     (lambda t: t["spec"].update(nodeName="n1"),
      "template.spec.nodeName: must be empty (the scheduler places workers)"),
     (lambda t: t["spec"].update(hostname="worker"),
