@@ -171,7 +171,22 @@ def make_api_client(config_file: str | None = None) -> client.ApiClient:
     except (ConfigException, OSError, TypeError, ValueError) as e:
         raise KubeError(f"no usable Kubernetes credentials (in-cluster or KUBECONFIG): {e}") from e
     cfg.retries = False
-    return client.ApiClient(cfg)
+    return _ApiClient(cfg)
+
+
+class _ApiClient(client.ApiClient):
+    """The client's ApiClient, except that a TLS error (urllib3's SSLError: a connection reset
+    in the handshake, an API server going down or a proxy dropping us) stays what the client
+    means it to be, an ApiException with status 0 (retried): the client wraps it without a
+    body and then crashes decoding that body (AttributeError, which would end the run as a bug)."""
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().request(*args, **kwargs)
+        except ApiException as e:
+            if e.body is None:
+                e.body = b""
+            raise
 
 
 def lister(api: client.ApiClient, kind: Kind, namespace: str, selector: str) -> Callable[..., Any]:
