@@ -312,3 +312,32 @@ def test_report_exits_reports_only_the_failures_the_driver_counts(
     assert d._handle_worker_exit(_SlotInfo(host, 0), code, 1.0) == "handled"
     assert d.handled == [(host, code)], "Horovod's own handling runs unchanged"
     assert got == reported
+
+
+def test_a_dead_peer_that_still_answers_is_cut_off_at_once_not_only_when_stalled(
+        channel: HookChannel) -> None:
+    # Its kubelet stopped: the node is NotReady and the supervisor declared the worker dead,
+    # but the process lives on and would go on training with the survivor behind Horovod's back.
+    dead_srv, to_dead, dead_end = pair()
+    progress = Progress()
+    survivor = beater(channel, "127.5.0.1", progress).start()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.sendto(wire.encode(channel.key, {
+            "t": "hb", "s": "live-peer", "n": 1, "run": survivor.run, "host": "127.5.0.9",
+            "pid": 9, "lr": 0, "done": 3, "addrs": ["127.0.0.1"],
+            "ports": [dead_end.getsockname()[1]]}), ("127.0.0.1", channel.port))
+    wait_for(lambda: "live-peer" in channel.snapshot().beats, 5, what="the peer's beat")
+    wait_for(lambda: survivor.sender in channel.snapshot().beats, 5, what="the survivor's beat")
+    try:
+        dead_end.sendall(b"x")  # it still answers: nothing is stalled
+        assert to_dead.recv(1) == b"x"
+        assert channel.fence(["127.5.0.9"]) == 1
+        # Not inside a collective: the connection is shut down anyway, so the survivor's next
+        # collective fails and Horovod resets without it.
+        to_dead.settimeout(5)
+        assert to_dead.recv(10) == b"", "the connection was shut down"
+        assert survivor.severed_version == survivor.fence_version == 1
+    finally:
+        survivor.close()
+        for s in (dead_srv, to_dead, dead_end):
+            s.close()

@@ -12,11 +12,14 @@ shows an old fence version, and pushes to every process when the set changes, th
 declared dead: for each, its addresses, with the TCP ports its processes reported when the
 address is a loopback one (shared by every process of the machine: loopback test hosts).
 
-The fence: once the process has been inside a collective for STALL_S while a dead host is known,
-it shuts down (both ways) its established TCP connections to that host's endpoints (only those;
-never the rendezvous server's), once per stalled collective. The collective library blocked on
-such a socket fails at once, Horovod raises HorovodInternalError, and the elastic loop rolls
-back and resets without the dead host, instead of waiting for the Gloo timeout.
+The fence: when a new dead set arrives, and again once the process has been inside a collective
+for STALL_S while a dead host is known (once per stalled collective), it shuts down (both ways)
+its established TCP connections to the dead hosts' endpoints (only those; never the rendezvous
+server's). The collective library blocked on such a socket fails at once (or the next one
+does), Horovod raises HorovodInternalError, and the elastic loop rolls back and resets without
+the dead host, instead of waiting for the Gloo timeout. At once, not only when stalled: a host
+the supervisor declared dead may still be alive and answering (its kubelet stopped, its node
+NotReady, its ssh client killed): it must not stay in the ring behind Horovod's back.
 
 Standard library and psutil (a Horovod dependency) only, Python >= 3.8.
 """
@@ -175,6 +178,7 @@ class Beater:
         self.dead: list[DeadEntry] = []
         self.fence_version = 0
         self.severed_stall: tuple[float, int] | None = None  # (stall start, fence version)
+        self.severed_version = 0  # the last fence version whose connections were cut
         self.endpoints: tuple[list[str], list[int]] = ([], [])
         self.endpoints_read: tuple[int, float] | None = None  # (inits, when)
         self.replays = wire.Replays(limit=4)
@@ -254,16 +258,19 @@ class Beater:
             self.check()
 
     def check(self) -> int | None:
-        """Cut the dead hosts' connections if a collective has been stalled STALL_S; return
-        how many were cut (None: nothing to do)."""
+        """Cut the dead hosts' connections for a new dead set, or when a collective has been
+        stalled STALL_S; return how many were cut (None: nothing to do)."""
         if not self.dead:
             return None
         _, _, since = self.progress.waiting()
-        if since is None or self.clock() - since < STALL_S:
+        fresh = self.severed_version != self.fence_version
+        stalled = (since is not None and self.clock() - since >= STALL_S
+                   and self.severed_stall != (since, self.fence_version))
+        if not (fresh or stalled):
             return None
-        if self.severed_stall == (since, self.fence_version):
-            return None
-        self.severed_stall = (since, self.fence_version)
+        self.severed_version = self.fence_version
+        if stalled:
+            self.severed_stall = (since, self.fence_version)
         try:
             fds = severable(self.connections(), self.dead, self.keep)
         except Exception as e:
@@ -273,7 +280,8 @@ class Beater:
             return None
         n = sever(fds)
         print(f'{{"event": "fence.severed", "host": "{self.host}", "connections": {n}, '
-              f'"stalled_s": {self.clock() - since:.2f}, "time": {time.time():.3f}}}',
+              f'"stalled_s": {0.0 if since is None else self.clock() - since:.2f}, '
+              f'"time": {time.time():.3f}}}',
               file=sys.stderr, flush=True)
         return n
 
