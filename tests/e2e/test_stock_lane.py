@@ -38,14 +38,14 @@ from tests.e2e.jobs import (
 )
 from tests.faults import PodFaults
 
-BATCHES = 200
+BATCHES = 600  # ~50 s at --sleep 0.05: outlasts a fault and the replacement's start (5-10 s)
 GLOO_TIMEOUT_S = 60  # the manifests'; the fence must make the survivors leave long before
 MakeJob = Callable[..., tuple[Job, PodFaults]]
 
 
 def stock_command(batches: int, *extra: str) -> list[str]:
     return ["python", f"{STOCK_DIR}/{STOCK.name}", "--batches", str(batches),
-            "--batches-per-commit", "5", "--sleep", "0.02", *extra]
+            "--batches-per-commit", "5", "--sleep", "0.05", *extra]
 
 
 @pytest.fixture
