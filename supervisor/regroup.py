@@ -36,10 +36,17 @@ class Pending:
 
 def member_failed(hosts: Iterable[str], beats: Iterable[Beat],
                   world: frozenset[str] | None) -> bool:
-    """Whether a failed host was part of the training: in the world horovodrun's driver last
-    assigned, or heard from (a replacement that never started makes nobody regroup)."""
+    """Whether the survivors still owe a regroup for the failed hosts: one of them is in the
+    world horovodrun's driver last assigned. A driver that already assigned a world without
+    them has seen the failure first (the survivors' collective broke at once, on a SIGKILL
+    often before the pod's status reached the supervisor): they regrouped or do so now, and
+    holding new hosts back would only keep them out. With no word from the driver (None), a
+    host heard from counts as a member (a replacement that never started makes nobody
+    regroup)."""
+    if world is not None:
+        return any(h in world for h in hosts)
     heard = {b.host for b in beats}
-    return any(h in heard or (world is not None and h in world) for h in hosts)
+    return any(h in heard for h in hosts)
 
 
 def pending(beats: Iterable[Beat], now: float) -> Pending:

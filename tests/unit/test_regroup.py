@@ -64,6 +64,10 @@ def test_the_regroup_stays_pending_while_no_replacement_exists_yet() -> None:
                  id="in the driver's world: a member"),
     pytest.param({"10.0.0.9"}, frozenset({"10.0.0.1"}), False,
                  id="a replacement that never started: nobody regroups"),
+    pytest.param({"10.0.0.2"}, frozenset({"10.0.0.1"}), False,
+                 id="the driver already assigned a world without it: regrouped before the "
+                    "supervisor saw the failure, nothing to hold"),
+    pytest.param({"10.0.0.9"}, None, False, id="not heard from, no word from the driver"),
 ])
 def test_only_a_members_failure_makes_the_survivors_regroup(
         hosts: set[str], world: frozenset[str] | None, expected: bool) -> None:
