@@ -21,7 +21,10 @@ def make_logger(fmt: LogFormat, level: LogLevel, stream: TextIO | None = None,
     renderer = (structlog.processors.JSONRenderer(sort_keys=False) if fmt is LogFormat.JSON
                 else structlog.dev.ConsoleRenderer(colors=False))
     logger = structlog.wrap_logger(
-        structlog.PrintLogger(stream or sys.stderr),
+        # One write per line, newline included (PrintLogger's print() writes the newline
+        # apart when the stream is unbuffered, PYTHONUNBUFFERED in the images, and horovodrun's
+        # output, on the same pipe, then lands in the middle of a line).
+        structlog.WriteLogger(stream or sys.stderr),
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
