@@ -201,6 +201,11 @@ class HookChannel:
 
     # -- the loop's side -------------------------------------------------------------------------
 
+    def driver(self) -> Driver | None:
+        """What the driver hook said last in the current run (cheaper than a snapshot)."""
+        with self._lock:
+            return self._run.driver
+
     def snapshot(self) -> Snapshot:
         with self._lock:
             r = self._run

@@ -116,6 +116,8 @@ class HangWatch:
     regroup: regroup.Pending | None = None  # a failure the survivors have not regrouped from
     failed_at: dict[str, float] = field(default_factory=dict)  # host -> found failed (this run)
     horovodrun_restarts: int = 0  # restarts of horovodrun for a stall (whole supervisor life)
+    # host -> (driver world sequence, out of the file until): announced again to Horovod
+    reannounced: dict[str, tuple[int, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -1057,7 +1059,7 @@ class Supervisor:
             self.metrics.workers_listed.set(len(st.view.pods))
             self.metrics.workers_live.set(st.listed.live)
         # New hosts may be held back while survivors regroup: that depends on the time too.
-        rendered = self._hold_new_hosts(st.listed, now)
+        rendered = self._reannounce(self._hold_new_hosts(st.listed, now), now)
         if rendered is not st.rendered:
             self._report_membership(st.rendered, rendered)
             st.rendered = rendered
@@ -1115,6 +1117,36 @@ class Supervisor:
                               regrouped=regroup.regrouped(h.regroup, beats))
             h.regroup = None
         return rendered
+
+    def _reannounce(self, rendered: Rendered, now: float) -> Rendered:
+        """Take a host Horovod missed out of the file for a moment (regroup.missed), once per
+        world the driver assigns, so that its discovery sees it appear again."""
+        st, h, cfg = self.state, self.state.hangs, self.cfg
+        driver = self.channel.driver() if self.channel is not None and st.child else None
+        if driver is None or not driver.world_seq:
+            return rendered
+        out = {host for host, (_, until) in h.reannounced.items()
+               if now < until and host in rendered.hosts}
+        for host in regroup.missed(h.listed_since, driver.world, driver.world_at,
+                                   slots_per_worker=cfg.slots_per_worker, max_np=cfg.max_np,
+                                   now=now):
+            if host in out or host not in rendered.hosts or \
+                    h.reannounced.get(host, (-1, 0.0))[0] == driver.world_seq:
+                continue
+            h.reannounced[host] = (driver.world_seq, now + regroup.REANNOUNCE_OUT_S)
+            out.add(host)
+            waited = round(now - h.listed_since.get(host, now), 1)
+            self.log.warning("discovery.reannounced", host=host, listed_s=waited,
+                             world=sorted(driver.world))
+            self.events(EventSpec(
+                "Warning", "HostReannounced", "Discovery",
+                f"{host} was listed for {waited}s but horovodrun's last world "
+                f"({len(driver.world)} hosts) left it out: Horovod missed its arrival (it came "
+                f"during a reset); taken out of the host list for "
+                f"{regroup.REANNOUNCE_OUT_S:g}s and listed again"))
+        if not out:
+            return rendered
+        return discovery.hold_back(rendered, frozenset(out), cfg.slots_per_worker)
 
     def _report_membership(self, old: Rendered | None, new: Rendered) -> None:
         old_out = dict(old.left_out) if old else {}

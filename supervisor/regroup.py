@@ -23,6 +23,11 @@ from dataclasses import dataclass
 from supervisor.channel import Beat
 
 MAX_HOLD_S = 15.0
+# A listed host the driver's world has left out this long after its last assignment, while
+# that world is below MAX_NP: Horovod missed it (see `missed`).
+MISSED_AFTER_S = 8.0
+# How long a missed host is taken out of the file: more than Horovod's 1 s discovery period.
+REANNOUNCE_OUT_S = 2.5
 
 
 @dataclass(frozen=True)
@@ -78,3 +83,20 @@ def held(p: Pending | None, beats: Iterable[Beat], *, listed: frozenset[str],
     if len(usable - new) * slots_per_worker < min_np:
         return frozenset()
     return frozenset(new)
+
+
+def missed(listed_since: Mapping[str, float], world: frozenset[str], world_at: float, *,
+           slots_per_worker: int, max_np: int, now: float,
+           after_s: float = MISSED_AFTER_S) -> frozenset[str]:
+    """Listed hosts Horovod missed: in the discovery file for `after_s`, yet left out of the
+    world the driver last assigned `after_s` ago or more, while that world is below MAX_NP.
+
+    Horovod tells its workers about a new host once, when its discovery sees it appear; a host
+    that appears while the workers reset (after a failure, two replacements ready a second
+    apart) is told to processes that are in the rendezvous or not started, and is never
+    taken in. Taking it out of the file for a moment and back makes Horovod see it appear
+    again, now that the workers listen."""
+    if not world or now - world_at < after_s or len(world) * slots_per_worker >= max_np:
+        return frozenset()
+    return frozenset(h for h, since in listed_since.items()
+                     if h not in world and now - since >= after_s)

@@ -217,9 +217,10 @@ def test_a_training_process_oom_killed_inside_its_running_pod_is_replaced(
     for pid in training:  # it goes first when the container runs out of memory
         Path(f"/proc/{pid}/oom_score_adj").write_text("1000")
     t0 = time.time()
-    # Something else in the container asks for more than the limit leaves.
+    # Something else in the container asks for more than the limit leaves: 1400 MiB fit under
+    # the 1536 MiB limit alone, not beside the training process (torch alone is ~250 MB).
     hog = job.kubectl("exec", victim, "--", "python", "-c",
-                      "import time; b = b'x' * (1200 * 2**20); time.sleep(30)",
+                      "import time; b = b'x' * (1400 * 2**20); time.sleep(30)",
                       check=False, timeout=120)
     job.back_to(2, t0)
     assert job.wait_exit(400) == 0, job.tail()

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from supervisor.channel import Beat
-from supervisor.regroup import MAX_HOLD_S, Pending, held, member_failed, over, pending
+from supervisor.regroup import (
+    MAX_HOLD_S,
+    MISSED_AFTER_S,
+    Pending,
+    held,
+    member_failed,
+    missed,
+    over,
+    pending,
+)
 
 NOW = 500.0
 FAILED_AT = NOW - 0.5
@@ -72,3 +81,27 @@ def test_the_regroup_stays_pending_while_no_replacement_exists_yet() -> None:
 def test_only_a_members_failure_makes_the_survivors_regroup(
         hosts: set[str], world: frozenset[str] | None, expected: bool) -> None:
     assert member_failed(hosts, BEFORE, world) is expected
+
+
+A, B, C = "10.244.3.11", "10.244.1.9", "10.244.3.12"
+
+
+@pytest.mark.parametrize(("listed_since", "world", "world_age", "max_np", "expected"), [
+    pytest.param({A: 0.0, B: 0.0, C: 0.0}, frozenset({A, B}), 20.0, 3, {C},
+                 id="listed long before, left out of a world assigned long ago: missed"),
+    pytest.param({A: 0.0, B: 0.0, C: NOW - 3.0}, frozenset({A, B}), 20.0, 3, set(),
+                 id="listed 3 s ago: Horovod's discovery may not have polled yet"),
+    pytest.param({A: 0.0, B: 0.0, C: 0.0}, frozenset({A, B}), 3.0, 3, set(),
+                 id="a world assigned 3 s ago: its reset may still take the host"),
+    pytest.param({A: 0.0, B: 0.0, C: 0.0}, frozenset({A, B}), 20.0, 2, set(),
+                 id="the world is at MAX_NP: nothing missed"),
+    pytest.param({A: 0.0, B: 0.0}, frozenset({A, B}), 20.0, 3, set(), id="all taken in"),
+    pytest.param({A: 0.0}, frozenset(), 20.0, 3, set(), id="no world assigned yet"),
+])
+def test_a_host_that_arrived_during_a_reset_is_found_missed(
+        listed_since: dict[str, float], world: frozenset[str], world_age: float, max_np: int,
+        expected: set[str]) -> None:
+    assert world_age >= MISSED_AFTER_S or not expected
+    got = missed(listed_since, world, NOW - world_age, slots_per_worker=1, max_np=max_np,
+                 now=NOW)
+    assert got == expected
