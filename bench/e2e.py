@@ -23,7 +23,7 @@ from typing import Any
 
 from localcluster import demo
 
-PLAN = ("kill", "force-delete", "freeze", "kill")  # what fits in the overlay's 300 steps
+PLAN = ("kill", "force-delete", "freeze", "kill")  # what fits in the overlay's 3000 steps
 RUNS = 2
 
 

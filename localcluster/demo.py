@@ -39,7 +39,7 @@ from localcluster.nodes import Cluster, ClusterSettings
 
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE, JOB = BASE_NAMESPACE, "elastic-train"
-STEPS = 300  # manifests/overlays/local sets --steps 300
+STEPS = 3000  # manifests/overlays/local sets --steps 3000
 
 
 @dataclass
