@@ -11,6 +11,7 @@ share the launcher's node.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
@@ -25,7 +26,7 @@ from kubernetes import client
 
 from localcluster.job import JOB
 from tests.e2e.jobs import COMMIT_EVERY, Job, check_training
-from tests.helpers import CLUSTER_NODE_GRACE_S
+from tests.helpers import CLUSTER_NODE_GRACE_S, wait_for
 
 # Long enough (~40 s at full size) that the job outlasts a fault and its replacement's start:
 # at world size 1 a step takes ~25 ms, and a replacement needs 5-10 s to join.
@@ -216,13 +217,21 @@ def test_a_training_process_oom_killed_inside_its_running_pod_is_replaced(
     assert training, "the training process in the victim's container"
     for pid in training:  # it goes first when the container runs out of memory
         Path(f"/proc/{pid}/oom_score_adj").write_text("1000")
-    t0 = time.time()
     # Something else in the container asks for more than the limit leaves: 1400 MiB fit under
-    # the 1536 MiB limit alone, not beside the training process (torch alone is ~250 MB).
-    hog = job.kubectl("exec", victim, "--", "python", "-c",
-                      "import time; b = b'x' * (1400 * 2**20); time.sleep(30)",
-                      check=False, timeout=120)
-    job.back_to(2, t0)
+    # the 1536 MiB limit alone, not beside the training process (torch alone is ~250 MB). The
+    # OOM killer would pick the bigger one of two equally adjusted: the hog is spared by name
+    # before it allocates (the container's user could not lower its own score).
+    hog_cmd = "import time; time.sleep(5); b = b'x' * (1400 * 2**20); time.sleep(30)"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        exec_ = pool.submit(job.kubectl, "exec", victim, "--", "python", "-c", hog_cmd,
+                            check=False, timeout=120)
+        hogs = wait_for(lambda: job.processes(victim, lambda argv: hog_cmd in argv), 30,
+                        what="the hog in the victim's container")
+        for pid in hogs:
+            Path(f"/proc/{pid}/oom_score_adj").write_text("-1000")
+        t0 = time.time()
+        job.back_to(2, t0)
+        hog = exec_.result()
     assert job.wait_exit(400) == 0, job.tail()
 
     d = job.decision(victim)
