@@ -179,20 +179,27 @@ def pair() -> tuple[socket.socket, socket.socket, socket.socket]:
     return srv, cli, peer
 
 
+def survivor_and_peer(channel: HookChannel, peer: str, peer_end: socket.socket,
+                      progress: Progress) -> Beater:
+    """A started survivor, and a peer on host 127.5.0.9 that heartbeated once, reporting the
+    endpoint of `peer_end` on the shared loopback address; both seen by the channel."""
+    survivor = beater(channel, "127.5.0.1", progress).start()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.sendto(wire.encode(channel.key, {
+            "t": "hb", "s": peer, "n": 1, "run": survivor.run, "host": "127.5.0.9",
+            "pid": 9, "lr": 0, "done": 3, "addrs": ["127.0.0.1"],
+            "ports": [peer_end.getsockname()[1]]}), ("127.0.0.1", channel.port))
+    wait_for(lambda: peer in channel.snapshot().beats, 5, what=f"{peer}'s beat")
+    wait_for(lambda: survivor.sender in channel.snapshot().beats, 5, what="the survivor's beat")
+    return survivor
+
+
 def test_a_fence_push_cuts_the_stalled_collectives_connection_to_the_dead_peer_only(
         channel: HookChannel) -> None:
     dead_srv, to_dead, dead_end = pair()
     live_srv, to_live, live_end = pair()
     progress = Progress()
-    survivor = beater(channel, "127.5.0.1", progress).start()
-    # The dead peer heartbeated once, reporting its endpoint on the shared loopback address.
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.sendto(wire.encode(channel.key, {
-            "t": "hb", "s": "dead-peer", "n": 1, "run": survivor.run, "host": "127.5.0.9",
-            "pid": 9, "lr": 0, "done": 3, "addrs": ["127.0.0.1"],
-            "ports": [dead_end.getsockname()[1]]}), ("127.0.0.1", channel.port))
-    wait_for(lambda: "dead-peer" in channel.snapshot().beats, 5, what="the dead peer's beat")
-    wait_for(lambda: survivor.sender in channel.snapshot().beats, 5, what="the survivor's beat")
+    survivor = survivor_and_peer(channel, "dead-peer", dead_end, progress)
     got: dict[str, Any] = {}
 
     def collective() -> None:  # Gloo, blocked on the dead peer
@@ -320,14 +327,7 @@ def test_a_dead_peer_that_still_answers_is_cut_off_at_once_not_only_when_stalled
     # but the process lives on and would go on training with the survivor behind Horovod's back.
     dead_srv, to_dead, dead_end = pair()
     progress = Progress()
-    survivor = beater(channel, "127.5.0.1", progress).start()
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.sendto(wire.encode(channel.key, {
-            "t": "hb", "s": "live-peer", "n": 1, "run": survivor.run, "host": "127.5.0.9",
-            "pid": 9, "lr": 0, "done": 3, "addrs": ["127.0.0.1"],
-            "ports": [dead_end.getsockname()[1]]}), ("127.0.0.1", channel.port))
-    wait_for(lambda: "live-peer" in channel.snapshot().beats, 5, what="the peer's beat")
-    wait_for(lambda: survivor.sender in channel.snapshot().beats, 5, what="the survivor's beat")
+    survivor = survivor_and_peer(channel, "live-peer", dead_end, progress)
     try:
         dead_end.sendall(b"x")  # it still answers: nothing is stalled
         assert to_dead.recv(1) == b"x"
