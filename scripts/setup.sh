@@ -31,9 +31,11 @@ step() {  # step "title" command...: run it, print how long it took
 die() { echo "setup: $*" >&2; exit 1; }
 
 # Real nodes: containerd, runc, CNI plugins, iptables, conntrack; their images: docker.io (a
-# daemon the project starts only while it builds), debootstrap (the base image, made locally).
+# daemon the project starts only while it builds), debootstrap (the base image, made locally),
+# busybox-static (the toolbox image of the infrastructure tests, localcluster/tarimage.py).
 PACKAGES=(openssh-server openssh-client openssl g++ cmake make procps iproute2
-          containerd runc containernetworking-plugins iptables conntrack docker.io debootstrap)
+          containerd runc containernetworking-plugins iptables conntrack docker.io debootstrap
+          busybox-static)
 
 # Output is captured, never piped into head/grep -q: under pipefail the writer can die of SIGPIPE
 # when the reader exits first, which fails the step by chance (make Error 141).
