@@ -1,8 +1,9 @@
 """`python -m localcluster up`: a control plane with real nodes (kubelet + containerd each) until
 Ctrl-C; `--nodes 0` for the control plane alone.
 `python -m localcluster demo`: the main job with scripted faults (localcluster/demo.py).
-`python -m localcluster images`: build the images, or take them from the cache, and print
-image name -> tarball lines (localcluster/images.py)."""
+`python -m localcluster images`: build the images, or take them from the cache, import them
+into the nodes' image store (localcluster/images.py, localcluster/nodestore.py) and print
+image name -> tarball lines."""
 
 from __future__ import annotations
 
@@ -11,9 +12,25 @@ import signal
 import sys
 import threading
 
-from localcluster import demo, images
+from localcluster import demo, images, nodestore
 from localcluster.controlplane import ControlPlane, ControlPlaneError, Settings
 from localcluster.nodes import Cluster, ClusterError, ClusterSettings
+from localcluster.tarimage import toolbox_image
+
+
+def build_images() -> int:
+    """Build what is missing, make the nodes' image store, print name -> tarball lines."""
+    try:
+        tarballs = images.build()
+        nodestore.seed((images.pause()[1], toolbox_image()[1], *tarballs.values()),
+                       images.Settings().cache, lambda line: print(f"images: {line}",
+                                                                   file=sys.stderr))
+    except (images.ImagesError, nodestore.StoreError) as e:
+        print(f"images: {e}", file=sys.stderr)
+        return 1
+    for name, path in tarballs.items():
+        print(f"{name} {path}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,12 +48,13 @@ def main(argv: list[str] | None = None) -> int:
                          "every node (a few minutes)")
     up.add_argument("--keep", action="store_true", help="keep the work directory on exit")
     sub.add_parser("demo", help="run the main job with scripted faults (make demo)")
-    sub.add_parser("images", help="build the images (cached), print name -> tarball (make images)")
+    sub.add_parser("images", help="build the images and the nodes' image store (cached), print "
+                   "name -> tarball (make images)")
     args, rest = parser.parse_known_args(argv)
     if args.cmd == "demo":
         return demo.main(rest)
     if args.cmd == "images":
-        return images.main(rest)
+        return build_images()
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

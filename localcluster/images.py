@@ -978,16 +978,3 @@ def build(settings: Settings | None = None, log: Log = _stderr) -> dict[str, Pat
         built = build_images(settings, log)
     log(f"images ready in {_since(t0)}")
     return {**built.tarballs, names.pause: pause}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m localcluster images`: build what is missing, print name -> tarball lines."""
-    del argv
-    try:
-        tarballs = build()
-    except ImagesError as e:
-        print(f"images: {e}", file=sys.stderr)
-        return 1
-    for name, path in tarballs.items():
-        print(f"{name} {path}")
-    return 0

@@ -5,7 +5,8 @@ nodes, each a real kubelet v1.34 with its own containerd (root, state, socket, r
 bridge and pod subnet, node IP, cgroup root in every v1 hierarchy, root and cert directories and
 ports; and one kube-proxy (iptables mode) so that the `kubernetes` Service works from pods. Pods
 are real containers (runc, overlayfs), each in its own network namespace with its own IP, routed
-between nodes by this host. Images are imported into every node's containerd (no registry).
+between nodes by this host. Images come from no registry: every node's containerd root is a
+hard-linked copy of one store they were imported into (localcluster.nodestore).
 
 Layout of the host network (all on devices this module creates and removes):
   bridge es-host: 10.252.0.1 (kube-apiserver) and 10.252.0.<10+i> (node i's IP)
@@ -35,14 +36,13 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kubernetes import client, config
 
-from localcluster import images
+from localcluster import images, nodestore
 from localcluster.controlplane import (
     ControlPlane,
     ControlPlaneError,
@@ -56,6 +56,7 @@ from localcluster.hoststate import (
     cgroup_pids,
     unmount_below,
 )
+from localcluster.nodestore import tool_env as _env
 from localcluster.tarimage import toolbox_image
 
 HOST_BRIDGE = "es-host"
@@ -83,8 +84,9 @@ class ClusterSettings:
     # The node controller's grace before NotReady. The kubelet renews its Lease every 10 s
     # (a quarter of the 40 s lease), so this must be well above 10; production is 50.
     node_monitor_grace_period_s: int = 20
-    # Images (docker-save tarballs) imported into every node's containerd at start, besides
-    # the pause image and the toolbox image (localcluster.tarimage). More: Cluster.load_images.
+    # Images (docker-save tarballs) every node's containerd holds from its start, besides the
+    # pause image and the toolbox image (localcluster.tarimage): imported once into a cached
+    # store that each node's root hard-links (localcluster.nodestore).
     images: tuple[Path, ...] = ()
     pause_image: str = ""  # set at start: localcluster.images' pause image
     start_timeout_s: float = 120.0
@@ -248,15 +250,6 @@ class Node:
         _wait(lambda: self.socket.exists() and self._ctr("version").returncode == 0,
               30, f"{self.name}: containerd", self.containerd)
 
-    def import_image(self, tarball: Path) -> float:
-        """Import a docker-save tarball into this node's containerd; return the seconds taken."""
-        t0 = time.monotonic()
-        res = self._ctr("images", "import", "--all-platforms", str(tarball), timeout=1800)
-        if res.returncode != 0:
-            raise ClusterError(f"{self.name}: ctr images import {tarball} failed: "
-                               f"{res.stderr.strip()[-500:]}")
-        return time.monotonic() - t0
-
     def start_kubelet(self) -> None:
         self.kubelet.start(self.dir, env=_env())
 
@@ -331,11 +324,8 @@ class Node:
         return pids
 
 
-def _env() -> dict[str, str]:
-    path = os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-    if "/usr/sbin" not in path.split(":"):
-        path += ":/usr/sbin:/sbin"
-    return {"PATH": path, "HOME": os.environ.get("HOME", "/root")}
+def _log(line: str) -> None:
+    print(f"localcluster: {line}", file=sys.stderr)
 
 
 def _containerd_config(d: Path, socket: Path, s: NodeSpec, pause: str) -> str:
@@ -484,15 +474,17 @@ class Cluster:
                 bind_address=APISERVER_IP), workdir=self.workdir / "control-plane").start()
             self.timings["control_plane_s"] = time.monotonic() - t0
             bin_dir = self.cp.settings.bin_dir
+            t1 = time.monotonic()
+            store = nodestore.seed((self._pause, toolbox_image()[1], *self.settings.images),
+                                   images.Settings().cache, _log)
             ports = free_ports(self.settings.nodes)
             for i in range(1, self.settings.nodes + 1):
                 spec = NodeSpec.of(i, ports[i - 1])
                 node = Node(spec, self.workdir / spec.name, self.cp, self.settings, bin_dir)
                 self.nodes.append(node)
                 node.prepare()
+                nodestore.populate(store, node.dir / "containerd" / "root")
                 node.start_containerd()
-            t1 = time.monotonic()
-            self.load_images((self._pause, toolbox_image()[1], *self.settings.images))
             self.timings["images_s"] = time.monotonic() - t1
             for node in self.nodes:
                 node.start_kubelet()
@@ -504,16 +496,6 @@ class Cluster:
             self.stop()
             raise
         return self
-
-    def load_images(self, tarballs: Sequence[Path]) -> dict[str, float]:
-        """Import image tarballs into every node's containerd (nodes in parallel: each has its
-        own content store); return the seconds each node took."""
-        def one(node: Node) -> float:
-            return sum(node.import_image(t) for t in tarballs)
-
-        with ThreadPoolExecutor(len(self.nodes) or 1) as pool:
-            return dict(zip([n.name for n in self.nodes], pool.map(one, self.nodes),
-                            strict=True))
 
     def _lock(self) -> None:
         fd = os.open(LOCK, os.O_RDWR | os.O_CREAT, 0o644)
@@ -692,6 +674,21 @@ def recover() -> list[str]:
         done.append(f"removed {workdir}")
     RECORD.unlink(missing_ok=True)
     return done
+
+
+def recover_stale() -> list[str]:
+    """`recover` under the lock, for callers that are about to look at the host before they
+    start a cluster: a dead owner's leftovers are not the host's state. Raises ClusterError if a
+    live cluster holds the lock."""
+    fd = os.open(LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ClusterError("another local cluster with real nodes is running") from None
+        return recover()
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
+from localcluster import images
 from localcluster.controlplane import ControlPlane, Settings
 from localcluster.nodes import Cluster, ClusterSettings
 from tests.cluster import ClusterPods
@@ -98,8 +99,11 @@ def namespace(core: client.CoreV1Api) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    """A control plane with three real nodes (kubelet + containerd each) and kube-proxy."""
-    c = Cluster(ClusterSettings(nodes=3, node_monitor_grace_period_s=CLUSTER_NODE_GRACE_S))
+    """A control plane with three real nodes (kubelet + containerd each) and kube-proxy; every
+    node holds the launcher and worker images (built by `make setup`, cached)."""
+    tarballs = images.build(images.Settings())
+    c = Cluster(ClusterSettings(nodes=3, node_monitor_grace_period_s=CLUSTER_NODE_GRACE_S,
+                                images=tuple(sorted(set(tarballs.values())))))
     c.start()
     yield c
     if request.session.testsfailed:

@@ -18,9 +18,10 @@ from tests.e2e.jobs import Job, main_job
 
 @pytest.fixture(scope="session")
 def main_images(cluster: Cluster) -> dict[str, Path]:
-    """The launcher and worker images, built from their Dockerfiles (cached), in every node."""
+    """The launcher and worker images (image name -> tarball), in every node of the cluster
+    since its start."""
     tarballs = images.build(images.Settings())
-    cluster.load_images(sorted(set(tarballs.values())))
+    assert set(tarballs.values()) <= set(cluster.settings.images), "images rebuilt mid-session"
     return tarballs
 
 

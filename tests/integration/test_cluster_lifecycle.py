@@ -17,7 +17,7 @@ from pathlib import Path
 from kubernetes import client, config
 
 from localcluster.hoststate import HostSnapshot
-from localcluster.nodes import RECORD, Cluster, ClusterSettings
+from localcluster.nodes import RECORD, Cluster, ClusterSettings, recover_stale
 from localcluster.tarimage import TOOLBOX_IMAGE
 from tests.helpers import wait_for
 
@@ -43,6 +43,7 @@ def run_a_pod(c: Cluster) -> None:
 
 
 def test_teardown_leaves_no_host_state_behind() -> None:
+    recover_stale()  # a cluster whose owner died before this session is not the host's state
     before = HostSnapshot.take()
     c = Cluster(ClusterSettings(nodes=1))
     with c:
@@ -56,6 +57,7 @@ def test_teardown_leaves_no_host_state_behind() -> None:
 
 
 def test_a_cluster_whose_owner_was_killed_is_cleaned_up_by_the_next_one(tmp_path: Path) -> None:
+    recover_stale()
     before = HostSnapshot.take()
     ready = tmp_path / "ready"
     owner = subprocess.Popen([sys.executable, "-c", f"""
