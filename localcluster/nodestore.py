@@ -32,6 +32,7 @@ Log = Callable[[str], None]
 DATABASES = ("io.containerd.metadata.v1.bolt/meta.db",
              "io.containerd.snapshotter.v1.overlayfs/metadata.db")
 COMPLETE = "complete.json"
+MARGIN = 2 << 30  # bytes left for the nodes' containers, logs and etcd
 
 
 class StoreError(RuntimeError):
@@ -121,6 +122,12 @@ def seed(tarballs: Sequence[Path], cache: Path, log: Log) -> Path:
         shutil.rmtree(dest, ignore_errors=True)
         work = base / f".{dest.name}.partial"
         shutil.rmtree(work, ignore_errors=True)
+        # Blobs and unpacked layers: about twice the tarballs, plus room for the nodes' pods.
+        need = 2 * sum(t.stat().st_size for t in set(tarballs)) + MARGIN
+        free = shutil.disk_usage(base).free
+        if free < need:
+            raise StoreError(f"the node image store needs {need / 2**30:.1f} GiB free on the "
+                             f"filesystem of {base}, it has {free / 2**30:.1f} GiB")
         (work / "root").mkdir(parents=True)
         t0 = time.monotonic()
         with _containerd(work / "root") as socket:

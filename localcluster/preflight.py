@@ -25,6 +25,7 @@ TOOLS = {
     "containerd": "containerd", "ctr": "containerd", "runc": "runc", "iptables": "iptables",
     "conntrack": "conntrack", "dockerd": "docker.io", "docker": "docker.io",
     "debootstrap": "debootstrap", "ip": "iproute2", "unshare": "util-linux", "mount": "mount",
+    "busybox": "busybox-static",
 }
 CNI_PLUGINS = Path("/usr/lib/cni")  # containernetworking-plugins
 PROBE_TIMEOUT_S = 20

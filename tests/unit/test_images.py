@@ -243,13 +243,17 @@ def test_the_supervisor_code_comes_after_its_dependencies() -> None:
     assert "--no-deps" in order[code + 1]
 
 
-@pytest.mark.parametrize("path", ["pyproject.toml", "README.md", "supervisor/cli.py",
+@pytest.mark.parametrize("path", ["pyproject.toml", "supervisor/cli.py",
                                   "supervisor/data/discover_hosts.sh",
                                   "scripts/build-horovod.sh", "scripts/build-training-venv.sh",
                                   "launcher_image/ssh_config", "worker_image/entrypoint.sh",
                                   "worker_image/sshd_config", "worker_image/train.py"])
 def test_the_build_context_keeps(path: str, ignore: list[str]) -> None:
     assert not dockerignore_excludes(ignore, path)
+
+
+def test_editing_the_readme_rebuilds_no_image(ignore: list[str]) -> None:
+    assert dockerignore_excludes(ignore, "README.md")
 
 
 # ---- localcluster/images.py: what builds the images, its pure parts ------------------------
@@ -378,7 +382,7 @@ def test_the_context_files_follow_the_dockerignore(tmp_path: Path, ignore: list[
         "scripts/build-horovod.sh", "scripts/setup.sh", "pyproject.toml", "README.md",
         "worker_image/train.py", "localcluster/images.py"]})
     assert images.context_files(tmp_path, ignore) == [
-        "README.md", "pyproject.toml", "scripts/build-horovod.sh", "supervisor/cli.py",
+        "pyproject.toml", "scripts/build-horovod.sh", "supervisor/cli.py",
         "supervisor/data/x.sh", "worker_image/train.py"]
 
 
