@@ -462,6 +462,9 @@ class Cluster:
                   + "\n  ".join(leftovers), file=sys.stderr)
         name, self._pause = images.pause()
         self.settings = replace(self.settings, pause_image=name)
+        store = nodestore.seed((self._pause, toolbox_image()[1], *self.settings.images),
+                               images.Settings().cache, _log)
+        self.timings["image_store_s"] = time.monotonic() - t0
         self._snapshot = HostSnapshot.take()
         self.workdir = Path(tempfile.mkdtemp(prefix="es-nodes-"))
         roots = [NodeSpec.of(i, 0).cgroup_root for i in range(1, self.settings.nodes + 1)]
@@ -469,14 +472,13 @@ class Cluster:
                                       "workdir": str(self.workdir), "cgroups": roots}))
         try:
             self._host_network()
+            t_cp = time.monotonic()
             self.cp = ControlPlane(Settings(
                 node_monitor_grace_period_s=self.settings.node_monitor_grace_period_s,
                 bind_address=APISERVER_IP), workdir=self.workdir / "control-plane").start()
-            self.timings["control_plane_s"] = time.monotonic() - t0
+            self.timings["control_plane_s"] = time.monotonic() - t_cp
             bin_dir = self.cp.settings.bin_dir
             t1 = time.monotonic()
-            store = nodestore.seed((self._pause, toolbox_image()[1], *self.settings.images),
-                                   images.Settings().cache, _log)
             ports = free_ports(self.settings.nodes)
             for i in range(1, self.settings.nodes + 1):
                 spec = NodeSpec.of(i, ports[i - 1])
