@@ -15,7 +15,17 @@ import platform
 import sys
 from pathlib import Path
 
-from bench import configmap_path, discovery, e2e, e2e_stock, fence, plot, replacement, versus
+from bench import (
+    configmap_path,
+    discovery,
+    e2e,
+    e2e_stock,
+    fence,
+    plot,
+    replacement,
+    soak,
+    versus,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
 
@@ -39,8 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default=",".join(map(str, discovery.SIZES)),
                         help="worker counts for the discovery benchmark (default %(default)s)")
     parser.add_argument("--only", choices=("discovery", "replacement", "baseline", "e2e",
-                                           "e2e_stock", "fence", "configmap", "plot"),
-                        help="run one benchmark; keys of the others keep their stored values")
+                                           "e2e_stock", "fence", "configmap", "soak", "plot"),
+                        help="run one benchmark; keys of the others keep their stored values "
+                             "(soak runs only when named: ~15 min per seed)")
+    parser.add_argument("--seeds", default="1",
+                        help="seeds of the fault soak, comma-separated (default %(default)s)")
     parser.add_argument("--baseline-workers", type=int, default=versus.Plan.workers,
                         help="worker count of the poller comparison (default %(default)s)")
     parser.add_argument("--baseline-changes", type=int, default=versus.Plan.per_sampled_kind,
@@ -69,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         "e2e_stock_details": None,
         "fence": None,
         "configmap_path_latency_ms": None,
+        "soak": None,
+        "soak_details": None,
     }
     if RESULTS.exists() and args.only:
         stored = json.loads(RESULTS.read_text())
@@ -90,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         results.update(fence.main())
     if args.only in (None, "configmap"):
         results.update(configmap_path.main())
+    if args.only == "soak":
+        results.update(soak.main(tuple(int(x) for x in args.seeds.split(","))))
     if args.only != "plot":
         RESULTS.write_text(json.dumps(results, indent=2) + "\n")
         print(f"\nwrote {RESULTS}")
@@ -103,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     print_e2e(results)
     print_stock(results)
     print_configmap(results)
+    if results["soak"]:
+        print(f"soak: {results['soak']}")
     return 0
 
 

@@ -1,0 +1,305 @@
+"""A seeded, bounded fault soak against the main job on real nodes (`python -m bench --only soak`).
+
+The main job of `make demo` (manifests/overlays/local, the real images, 2 workers, max 3) trains
+long enough for the plan: FAULTS faults drawn by a seeded random generator from the whole set
+(a worker's container killed, its training process killed, a force delete, an eviction, its node
+frozen, its node's kubelet stopped, the pod partitioned, a scale-out or scale-in), each once the
+job trained at its desired size for a random number of steps; a frozen node, a stopped kubelet
+and a partition are undone once the job recovered without them. Meanwhile, every second, the
+invariants are checked against the API and the launcher's discovery file (read on the node's
+disk, from the launcher pod's emptyDir):
+- never more live workers than the job's max, never two live pods for one slot;
+- the file lists only usable hosts: a listed host's pod exists, runs, is Ready and not being
+  deleted, on a node not NotReady (the file and the API are read one after the other, so a
+  host counts only if it is unusable in two samples in a row);
+- the budgets (the ledger in the state ConfigMap) never go backwards;
+- no hang: a step at least every HANG_S while the job runs;
+and at the end the launcher exits 0 or one of its documented codes. The job's policy is the
+manifests' with a budget large enough for the plan (budget exhaustion has its own e2e test).
+A failing seed becomes a regression test (its plan is `plan(seed)`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config
+
+from localcluster import demo
+from localcluster.job import API_ERRORS, JOB, MainJob
+
+FAULTS = ("kill", "kill-training", "force-delete", "evict", "freeze", "kubelet", "partition",
+          "scale")
+COUNT = 20
+STEPS = 14_000  # ~20 steps/s at full size: outlasts COUNT faults and their recoveries
+HANG_S = 180.0  # a stopped kubelet: node grace, a replacement's start, Horovod's regroup
+DOCUMENTED_EXITS = (0, 5, 6, 9)  # success, FailJob, restart limit, horovodrun restart limit
+SLOT_LABEL = "elastic-supervisor/slot"
+
+
+@dataclass(frozen=True)
+class Step:
+    fault: str
+    after_steps: int  # trained at the desired size before it
+
+
+def plan(seed: int, count: int = COUNT) -> list[Step]:
+    """The faults of a seed, in order."""
+    rng = random.Random(seed)
+    return [Step(rng.choice(FAULTS), rng.randint(5, 80)) for _ in range(count)]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What one look at the job saw: its worker pods and nodes (API objects as dicts), the
+    hosts in the discovery file, the ledger."""
+
+    pods: Sequence[Mapping[str, Any]]
+    nodes: Mapping[str, bool]  # node name -> Ready
+    hosts: frozenset[str]
+    ledger: Mapping[str, Any]
+
+
+def _live(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status", {}).get("phase") == "Running"
+            and not pod["metadata"].get("deletionTimestamp"))
+
+
+def unusable_hosts(s: Sample) -> set[str]:
+    """Hosts in the file that no live, Ready pod on a node not NotReady has as its IP."""
+    usable = set()
+    for pod in s.pods:
+        status = pod.get("status", {})
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in status.get("conditions") or ())
+        node_ok = s.nodes.get(pod.get("spec", {}).get("nodeName", ""), False)
+        if _live(pod) and ready and node_ok and status.get("podIP"):
+            usable.add(status["podIP"])
+    return set(s.hosts) - usable
+
+
+def violations(s: Sample, before: Sample | None, max_workers: int) -> list[str]:
+    """The invariants one sample breaks, given the one before it (None: the first)."""
+    out = []
+    live = [p for p in s.pods if _live(p)]
+    if len(live) > max_workers:
+        out.append(f"{len(live)} live workers, max {max_workers}")
+    slots: dict[str, list[str]] = {}
+    for p in live:
+        slots.setdefault(p["metadata"].get("labels", {}).get(SLOT_LABEL, "?"), []).append(
+            p["metadata"]["name"])
+    out += [f"slot {slot} has {len(names)} live pods: {sorted(names)}"
+            for slot, names in sorted(slots.items()) if len(names) > 1]
+    if before is not None:
+        still = unusable_hosts(s) & unusable_hosts(before)
+        if still:
+            out.append(f"the file lists unusable hosts {sorted(still)}")
+        old, new = before.ledger, s.ledger
+        if new.get("total", 0) < old.get("total", 0):
+            out.append(f"ledger total went back: {old.get('total')} -> {new.get('total')}")
+        for slot, n in (old.get("perSlot") or {}).items():
+            if (new.get("perSlot") or {}).get(slot, 0) < n:
+                out.append(f"ledger of slot {slot} went back: {n} -> "
+                           f"{(new.get('perSlot') or {}).get(slot, 0)}")
+    return out
+
+
+def generous_budget(docs: list[dict[str, Any]]) -> None:
+    """The manifests' policy with room for the whole plan."""
+    for doc in docs:
+        data = doc.get("data") or {}
+        if doc["kind"] == "ConfigMap" and "policy.yaml" in data:
+            policy = yaml.safe_load(data["policy.yaml"])
+            policy.update(restartLimit=10 * COUNT, restartLimitPerSlot=10 * COUNT,
+                          restartRate={"limit": 10 * COUNT, "windowSeconds": 600})
+            data["policy.yaml"] = yaml.safe_dump(policy)
+
+
+@dataclass
+class Watch:
+    """The invariant checker's thread and what it found."""
+
+    job: MainJob
+    max_workers: int
+    violations: list[str] = field(default_factory=list)
+    samples: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def sample(self) -> Sample:
+        pods = list(self.job.workers().values())
+        nodes = {n.metadata.name: any(c.type == "Ready" and c.status == "True"
+                                      for c in n.status.conditions or ())
+                 for n in self.job.core.list_node().items}
+        hosts: frozenset[str] = frozenset()
+        launcher = self.job.launcher()
+        if launcher and launcher["spec"].get("nodeName"):
+            path = (self.job.cluster.node(launcher["spec"]["nodeName"]).dir / "kubelet" / "pods"
+                    / launcher["metadata"]["uid"] / "volumes" / "kubernetes.io~empty-dir"
+                    / "edl" / "hostfile")
+            with contextlib.suppress(OSError):
+                hosts = frozenset(line.split(":")[0] for line in path.read_text().split()
+                                  if line)
+        ledger: dict[str, Any] = {}
+        with contextlib.suppress(client.ApiException, KeyError, ValueError):
+            cm = self.job.core.read_namespaced_config_map(f"{JOB}-supervisor-state",
+                                                          self.job.namespace)
+            ledger = json.loads(cm.data["state.json"]).get("ledger") or {}
+        return Sample(pods, nodes, hosts, ledger)
+
+    def run(self) -> None:
+        before: Sample | None = None
+        while not self.stop.wait(1.0):
+            try:
+                s = self.sample()
+            except API_ERRORS as e:  # an API hiccup is not a violation
+                print(f"\nsoak: sample failed: {e}")
+                continue
+            self.samples += 1
+            for v in violations(s, before, self.max_workers):
+                self.violations.append(f"{time.strftime('%H:%M:%S')} {v}")
+                print(f"\nsoak: VIOLATION {v}")
+            before = s
+
+
+def drive(job: MainJob, steps: list[Step], watch: Watch) -> dict[str, Any]:
+    core = job.core
+    run = demo.Run(job.log)
+    desired, undo = 2, []
+    done: list[dict[str, Any]] = []
+    last_progress = [time.monotonic(), 0]
+
+    def progress() -> None:
+        if run.step != last_progress[1]:
+            last_progress[:] = [time.monotonic(), run.step]
+        elif time.monotonic() - last_progress[0] > HANG_S and not run.done:
+            raise SystemExit(f"soak: no step for {HANG_S:.0f}s (hang) at step {run.step}")
+        print(f"\rsoak: step {run.step:>5}/{STEPS} size {run.size} faults {len(done)}/"
+              f"{len(steps)} violations {len(watch.violations)}", end="", flush=True)
+
+    def victim() -> str:
+        pods = demo.worker_pods(core, job.namespace)
+        launcher = job.launcher()
+        node = launcher["spec"].get("nodeName") if launcher else None
+        others = [p for p in pods if p.spec.node_name != node] or pods
+        return str(random.Random(len(done)).choice(others).metadata.name)
+
+    def hold(cm: contextlib.AbstractContextManager[Any]) -> None:
+        cm.__enter__()
+        undo.append(lambda: cm.__exit__(None, None, None))
+
+    def act(fault: str) -> int:
+        if fault == "scale":
+            target = 3 if desired == 2 else 2
+            scale(job, target)
+            return target
+        pod = victim()
+        node = job.node_of(pod)
+        if fault == "kill":
+            job.kill_container(pod)
+        elif fault == "kill-training":
+            job.kill_training(pod)
+        elif fault == "force-delete":
+            job.force_delete(pod)
+        elif fault == "evict":
+            job.evict(pod)
+        elif fault == "freeze":
+            node.freeze()
+            undo.append(node.thaw)
+        elif fault == "kubelet":
+            node.stop_kubelet()
+            undo.append(node.start_kubelet)
+        elif fault == "partition":
+            hold(job.partitioned(pod))
+        return desired
+
+    demo.wait("training to start", lambda: run.step > 0, run, 600, progress)
+    for step in steps:
+        start = run.step
+        demo.wait(f"{step.after_steps} steps", lambda s=step, b=start: run.step >= b + s.after_steps
+                  or run.done, run, 300, progress)
+        if run.done:
+            break
+        t0 = time.time()
+        desired = act(step.fault)
+        demo.wait(f"recovery from {step.fault}", at_size(run, core, job, desired, t0),
+                  run, 300, progress)
+        while undo:
+            undo.pop()()
+        done.append({"fault": step.fault, "recovered_s": round(time.time() - t0, 1),
+                     "at_step": start + step.after_steps})
+    demo.wait("the end of training", lambda: run.done or run.ended is not None, run,
+              1800, progress)
+    print()
+    code = None
+    deadline = time.monotonic() + 120
+    while code is None and time.monotonic() < deadline:
+        code = job.exit_code()
+        time.sleep(0.5)
+    return {"faults": done, "exit_code": code, "steps": run.step}
+
+
+def scale(job: MainJob, n: int) -> None:
+    subprocess.run([sys.executable, "-m", "supervisor", "scale", "--job", JOB, "--namespace",
+                    job.namespace, "--workers", str(n)], check=True, stdout=subprocess.DEVNULL,
+                   env={**os.environ, "KUBECONFIG": str(job.cluster.kubeconfig)})
+
+
+def at_size(run: demo.Run, core: client.CoreV1Api, job: MainJob, n: int,
+                 since: float) -> Callable[[], bool]:
+    def check() -> bool:
+        if run.done:
+            return True
+        reset = next((r for r in run.resets[::-1] if r >= since), None)
+        stepped = reset is not None and any(s["time"] >= reset and s["size"] == n
+                                            for s in run.steps[-50:])
+        return stepped and len(demo.worker_pods(core, job.namespace)) == n
+    return check
+
+
+def soak(seed: int, count: int = COUNT) -> dict[str, Any]:
+    steps = plan(seed, count)
+    print(f"soak: seed {seed}: " + ", ".join(s.fault for s in steps))
+    out = Path(tempfile.mkdtemp(prefix=f"soak-{seed}-"))
+    with demo.started_cluster() as cluster:
+        api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        args = ["python", "/workspace/train.py", "--steps", str(STEPS), "--commit-every", "5"]
+        job = MainJob(cluster, api, f"soak-{seed}", out, args=args, transform=generous_budget)
+        watch = Watch(job, max_workers=3)
+        checker = threading.Thread(target=watch.run, name="invariants", daemon=True)
+        try:
+            job.apply()
+            checker.start()
+            result = drive(job, steps, watch)
+        finally:
+            watch.stop.set()
+            checker.join(5)
+            job.close()
+            api.close()
+    result.update(seed=seed, planned=[s.fault for s in steps], samples=watch.samples,
+                  violations=watch.violations, logs=str(out),
+                  ok=not watch.violations and result["exit_code"] in DOCUMENTED_EXITS
+                  and len(result["faults"]) >= min(count, COUNT))
+    print(f"soak: seed {seed}: {len(result['faults'])} faults, exit {result['exit_code']}, "
+          f"{len(watch.violations)} violations in {watch.samples} samples; logs in {out}")
+    return result
+
+
+def main(seeds: Sequence[int] = (1,)) -> dict[str, Any]:
+    runs = [soak(seed) for seed in seeds]
+    return {"soak": {"seeds": list(seeds), "ok": all(r["ok"] for r in runs),
+                     "faults": sum(len(r["faults"]) for r in runs),
+                     "violations": sum(len(r["violations"]) for r in runs)},
+            "soak_details": runs}

@@ -1,0 +1,77 @@
+"""The fault soak's pure parts (bench/soak.py): a seed's plan and the invariants of one sample,
+on captured pod shapes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bench.soak import FAULTS, SLOT_LABEL, Sample, plan, unusable_hosts, violations
+from tests.unit.shapes import load, pod, with_condition
+
+
+def worker(slot: int, n: int, ip: str, node: str = "node-a", **meta: Any) -> dict[str, Any]:
+    p = pod(f"elastic-train-w{slot}-{n}", ip=ip, node=node)
+    p["metadata"].setdefault("labels", {})[SLOT_LABEL] = str(slot)
+    p["metadata"].update(meta)
+    return p
+
+
+def sample(pods: list[dict[str, Any]], hosts: set[str], *, nodes: dict[str, bool] | None = None,
+           ledger: dict[str, Any] | None = None) -> Sample:
+    return Sample(pods, nodes or {"node-a": True, "node-b": True}, frozenset(hosts),
+                  ledger or {"total": 1, "perSlot": {"0": 1}})
+
+
+def test_a_seed_always_gives_the_same_plan_and_seeds_differ() -> None:
+    assert plan(7) == plan(7)
+    assert plan(7) != plan(8)
+    assert len(plan(7)) == 20 and {s.fault for s in plan(7)} <= set(FAULTS)
+    assert all(5 <= s.after_steps <= 80 for s in plan(7))
+
+
+GOOD = [worker(0, 1, "10.244.1.5"), worker(1, 1, "10.244.2.5", node="node-b")]
+DELETING = worker(0, 1, "10.244.1.5", deletionTimestamp="2026-11-25T13:00:00Z")
+
+
+@pytest.mark.parametrize(("now", "before", "expect"), [
+    (sample(GOOD, {"10.244.1.5", "10.244.2.5"}), None, []),
+    # a third pod for slot 0 while the first still runs
+    (sample([*GOOD, worker(0, 2, "10.244.3.5")], set()), None,
+     ["slot 0 has 2 live pods: ['elastic-train-w0-1', 'elastic-train-w0-2']"]),
+    # a terminating pod is not live: its replacement may run beside it
+    (sample([DELETING, worker(0, 2, "10.244.3.5"), GOOD[1]], set()), None, []),
+    (sample([*GOOD, worker(2, 1, "10.0.0.7"), worker(3, 1, "10.0.0.8")], set()), None,
+     ["4 live workers, max 3"]),
+    # a host whose pod is gone, twice in a row
+    (sample(GOOD[1:], {"10.244.1.5"}), sample(GOOD[1:], {"10.244.1.5"}),
+     ["the file lists unusable hosts ['10.244.1.5']"]),
+    # once only: the file and the API were read one after the other
+    (sample(GOOD[1:], {"10.244.1.5"}), sample(GOOD, {"10.244.1.5"}), []),
+    (sample(GOOD, set(), ledger={"total": 0, "perSlot": {"0": 0}}), sample(GOOD, set()),
+     ["ledger total went back: 1 -> 0", "ledger of slot 0 went back: 1 -> 0"]),
+])
+def test_violations(now: Sample, before: Sample | None, expect: list[str]) -> None:
+    assert violations(now, before, max_workers=3) == expect
+
+
+@pytest.mark.parametrize(("pods", "nodes", "unusable"), [
+    (GOOD, {"node-a": True, "node-b": True}, set()),
+    ([DELETING, GOOD[1]], {"node-a": True, "node-b": True}, {"10.244.1.5"}),
+    ([with_condition(GOOD[0], "Ready", "False"), GOOD[1]], {"node-a": True, "node-b": True},
+     {"10.244.1.5"}),
+    (GOOD, {"node-a": False, "node-b": True}, {"10.244.1.5"}),
+    ([{**GOOD[0], "status": {**GOOD[0]["status"], "phase": "Failed"}}, GOOD[1]],
+     {"node-a": True, "node-b": True}, {"10.244.1.5"}),
+])
+def test_a_listed_host_is_usable_only_if_its_pod_runs_ready_on_a_node_not_notready(
+        pods: list[dict[str, Any]], nodes: dict[str, bool], unusable: set[str]) -> None:
+    assert unusable_hosts(sample(pods, {"10.244.1.5", "10.244.2.5"}, nodes=nodes)) == unusable
+
+
+def test_the_captured_shape_is_running_and_ready() -> None:
+    # The table above relies on it.
+    p = load("pod_running_ready")
+    assert p["status"]["phase"] == "Running"
+    assert any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"]["conditions"])
