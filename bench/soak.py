@@ -23,14 +23,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,7 +200,7 @@ def drive(job: MainJob, steps: list[Step], watch: Watch) -> dict[str, Any]:
     def act(fault: str) -> int:
         if fault == "scale":
             target = 3 if desired == 2 else 2
-            scale(job, target)
+            demo.scale(job, target)
             return target
         pod = victim()
         node = job.node_of(pod)
@@ -234,8 +231,8 @@ def drive(job: MainJob, steps: list[Step], watch: Watch) -> dict[str, Any]:
             break
         t0 = time.time()
         desired = act(step.fault)
-        demo.wait(f"recovery from {step.fault}", at_size(run, core, job, desired, t0),
-                  run, 300, progress)
+        demo.wait(f"recovery from {step.fault}", demo.at_size(run, job, desired, t0), run, 300,
+                  progress)
         while undo:
             undo.pop()()
         done.append({"fault": step.fault, "recovered_s": round(time.time() - t0, 1),
@@ -249,24 +246,6 @@ def drive(job: MainJob, steps: list[Step], watch: Watch) -> dict[str, Any]:
         code = job.exit_code()
         time.sleep(0.5)
     return {"faults": done, "exit_code": code, "steps": run.step}
-
-
-def scale(job: MainJob, n: int) -> None:
-    subprocess.run([sys.executable, "-m", "supervisor", "scale", "--job", JOB, "--namespace",
-                    job.namespace, "--workers", str(n)], check=True, stdout=subprocess.DEVNULL,
-                   env={**os.environ, "KUBECONFIG": str(job.cluster.kubeconfig)})
-
-
-def at_size(run: demo.Run, core: client.CoreV1Api, job: MainJob, n: int,
-                 since: float) -> Callable[[], bool]:
-    def check() -> bool:
-        if run.done:
-            return True
-        reset = next((r for r in run.resets[::-1] if r >= since), None)
-        stepped = reset is not None and any(s["time"] >= reset and s["size"] == n
-                                            for s in run.steps[-50:])
-        return stepped and len(demo.worker_pods(core, job.namespace)) == n
-    return check
 
 
 def soak(seed: int, count: int = COUNT) -> dict[str, Any]:

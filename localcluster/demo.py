@@ -22,7 +22,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,6 +184,30 @@ def started_cluster() -> Iterator[Cluster]:
                                              if problems else ""))
 
 
+def at_size(run: Run, job: MainJob, n: int, since: float) -> Callable[[], bool]:
+    """Training reset to world size n after `since` and took a step after that reset, with n
+    worker pods. (A step at size n right after `since` proves nothing: a frozen worker's pod
+    still looks Running, and the step may predate the fault taking hold; a next fault then could
+    hit a replacement while it joins, which Horovod cannot survive: the survivors abort when a
+    joining worker dies inside the rendezvous.)"""
+    def check() -> bool:
+        if run.done:
+            return True
+        reset = next((r for r in run.resets[::-1] if r >= since), None)
+        stepped = reset is not None and any(
+            s["time"] >= reset and s["size"] == n for s in run.steps[-50:])
+        return stepped and len(worker_pods(job.core, job.namespace)) == n
+    return check
+
+
+def scale(job: MainJob, n: int) -> None:
+    """`elastic-supervisor scale` the job to n workers."""
+    subprocess.run([sys.executable, "-m", "supervisor", "scale", "--job", JOB,
+                    "--namespace", job.namespace, "--workers", str(n)], check=True,
+                   env={**os.environ, "KUBECONFIG": str(job.cluster.kubeconfig)},
+                   stdout=subprocess.DEVNULL)
+
+
 def drive(job: MainJob, plan: tuple[str, ...]) -> Result:
     core, cluster = job.core, job.cluster
     deadline = time.monotonic() + 300
@@ -207,21 +231,6 @@ def drive(job: MainJob, plan: tuple[str, ...]) -> Result:
         start = run.step
         return lambda: run.step >= start + n or run.done
 
-    def at_size(n: int, since: float) -> Any:
-        """Training reset to world size n after `since` and took a step after that reset,
-        with n worker pods. (A step at size n right after `since` proves nothing: a frozen
-        worker's pod still looks Running, and the step may predate the fault taking hold; a
-        next fault then could hit a replacement while it joins, which Horovod cannot survive:
-        the survivors abort when a joining worker dies inside the rendezvous.)"""
-        def check() -> bool:
-            if run.done:
-                return True
-            reset = next((r for r in run.resets[::-1] if r >= since), None)
-            stepped = reset is not None and any(
-                s["time"] >= reset and s["size"] == n for s in run.steps[-50:])
-            return stepped and len(worker_pods(core, job.namespace)) == n
-        return check
-
     def fault(name: str, desired: int, act: Any) -> None:
         # Each fault hits a job back at full size that has trained a little since the last:
         # two faults at once can take every worker, and then no state survives (Horovod ends).
@@ -230,7 +239,8 @@ def drive(job: MainJob, plan: tuple[str, ...]) -> Result:
             return
         faults.append(Fault(name, time.time(), desired))
         act()
-        wait(f"recovery from {name}", at_size(desired, faults[-1].at), run, 240, progress)
+        wait(f"recovery from {name}", at_size(run, job, desired, faults[-1].at), run, 240,
+             progress)
         while frozen:  # the node comes back once the job recovered without it
             cluster.node(frozen.pop()).thaw()
 
@@ -248,20 +258,14 @@ def drive(job: MainJob, plan: tuple[str, ...]) -> Result:
         frozen.append(node)
         cluster.node(node).freeze()
 
-    def scale(n: int) -> None:
-        subprocess.run([sys.executable, "-m", "supervisor", "scale", "--job", JOB,
-                        "--namespace", job.namespace, "--workers", str(n)], check=True,
-                       env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
-                       stdout=subprocess.DEVNULL)
-
     faults_by_key = {
         "kill": ("SIGKILL a worker's container", 2,
                  lambda: job.kill_container(victim().metadata.name)),
         "force-delete": ("force-delete a worker", 2, lambda: job.force_delete(
             victim().metadata.name)),
         "freeze": ("a worker's node frozen", 2, freeze),
-        "scale-out": ("scale 2 -> 3", 3, lambda: scale(3)),
-        "scale-in": ("scale 3 -> 2", 2, lambda: scale(2)),
+        "scale-out": ("scale 2 -> 3", 3, lambda: scale(job, 3)),
+        "scale-in": ("scale 3 -> 2", 2, lambda: scale(job, 2)),
     }
     wait("training to start", lambda: run.step > 0, run, 600, progress)
     for key in plan:
