@@ -174,9 +174,11 @@ def main_job(cluster: Cluster, api: client.ApiClient, out: Path, *, steps: int,
             change(docs)
 
     # The scenarios look at the workers after the end (the cleanup has its own tests), and a
-    # launcher started again after a SIGKILL waits out the killed one's lease.
+    # launcher started again after a SIGKILL waits out the killed one's lease. horovodrun's
+    # driver logs its registry and discovery (--verbose) into the launcher's log: what a failed
+    # scenario's post-mortem needs.
     env = {"SUPERVISOR_CLEAN_POD_POLICY": "None", "SUPERVISOR_LEADER_LEASE_SECONDS": "10",
-           **(env or {})}
+           "SUPERVISOR_HOROVODRUN_EXTRA_ARGS": "--verbose", **(env or {})}
     job = Job(cluster, api, namespace, out, args=args, env=env, transform=apply_all)
     try:
         job.apply()
