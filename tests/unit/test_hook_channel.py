@@ -321,6 +321,35 @@ def test_report_exits_reports_only_the_failures_the_driver_counts(
     assert got == reported
 
 
+@pytest.mark.parametrize(("host", "dead", "recorded"), [
+    pytest.param("10.0.0.2", {"10.0.0.3"}, [("10.0.0.2", 0)], id="a live host is recorded"),
+    pytest.param("10.0.0.3", {"10.0.0.3"}, [], id="a host declared dead is refused"),
+])
+def test_refuse_dead_keeps_a_dead_hosts_process_out_of_the_next_rendezvous(
+        host: str, dead: set[str], recorded: list[tuple[str, int]]) -> None:
+    import types
+
+    from supervisor.hook.elastic_supervisor_hook import driver
+
+    class Driver:
+        def __init__(self) -> None:
+            self.ready: list[tuple[str, int]] = []
+
+        def record_ready(self, host: str, slot: int) -> None:
+            self.ready.append((host, slot))
+
+    module = types.ModuleType("driver")
+    module.ElasticDriver = Driver  # type: ignore[attr-defined]
+    driver.refuse_dead(module, lambda: frozenset(dead))
+    d = Driver()
+    if recorded:
+        d.record_ready(host, 0)
+    else:
+        with pytest.raises(RuntimeError, match="declared dead"):
+            d.record_ready(host, 0)
+    assert d.ready == recorded
+
+
 def test_a_dead_peer_that_still_answers_is_cut_off_at_once_not_only_when_stalled(
         channel: HookChannel) -> None:
     # Its kubelet stopped: the node is NotReady and the supervisor declared the worker dead,

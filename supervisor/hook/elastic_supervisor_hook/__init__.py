@@ -150,6 +150,7 @@ class DriverHook:
 
     def patch_driver(self, module: Any) -> None:
         driver.skip_dead(module, lambda: driver.read_dead(self.dead_file))
+        driver.refuse_dead(module, lambda: driver.read_dead(self.dead_file))
         driver.report_worlds(module, self.world)
         driver.report_exits(module, self.exit)
 

@@ -12,6 +12,8 @@ dead or partitioned host waits for the OS's SYN timeout, attempt after attempt.
 - `skip_dead`: the driver notifies only the coordinator (rank 0) of host changes; a coordinator
   on a host the supervisor declared dead (a JSON list of host strings in the file
   ELASTIC_SUPERVISOR_HOOK_DEAD_FILE, written atomically) is not contacted at all.
+- `refuse_dead`: a worker on a host the supervisor declared dead that asks for its rank in the
+  next rendezvous (its process outlived its pod's deletion) is refused, not recorded READY.
 - `report_worlds`: each host assignment the driver makes (the world of the next rendezvous) is
   reported to the supervisor, which can then tell a rendezvous a dead member broke.
 - `report_exits`: each worker process the driver records as failed (a non-zero exit of a worker
@@ -101,6 +103,32 @@ def skip_dead(driver_module: types.ModuleType, dead: Callable[[], frozenset[str]
 
     get_worker_client.__wrapped__ = original  # type: ignore[attr-defined]
     cls.get_worker_client = get_worker_client
+
+
+def refuse_dead(driver_module: types.ModuleType, dead: Callable[[], frozenset[str]]) -> None:
+    """Make ElasticDriver refuse the rendezvous of a worker whose host is in `dead()`.
+
+    A pod force-deleted or on a lost node can keep its training process alive for a while after
+    the supervisor declared it dead and killed its ssh client (the kubelet kills it later, or
+    never, on a lost node). Fenced off by the survivors, that process fails its collective,
+    resets and asks the driver for its new rank: Horovod would record it READY beside the
+    FAILURE its killed ssh client recorded, so the registry's barrier would count one host twice
+    and complete, or wait, for the wrong parties. Refused, its request fails (the worker's
+    rendezvous client sees the connection close) and the registry only knows the failure."""
+    cls = getattr(driver_module, "ElasticDriver", None)
+    if cls is None or not hasattr(cls, "record_ready"):
+        raise RuntimeError("horovod.runner.elastic.driver.ElasticDriver: record_ready not found")
+    original = cls.record_ready
+
+    def record_ready(self: Any, host: Any, slot: Any) -> Any:
+        if host in dead():
+            print(f"elastic-supervisor hook: refusing the rendezvous of {host}[{slot}]: the "
+                  "supervisor declared its host dead", file=sys.stderr, flush=True)
+            raise RuntimeError(f"{host} was declared dead by the supervisor")
+        return original(self, host, slot)
+
+    record_ready.__wrapped__ = original  # type: ignore[attr-defined]
+    cls.record_ready = record_ready
 
 
 def report_worlds(driver_module: types.ModuleType, report: Callable[[list[str]], None]) -> None:
