@@ -365,15 +365,16 @@ class MainJob:
     # -- waits ------------------------------------------------------------------------------------
 
     def wait(self, what: str, predicate: Callable[[], Any], timeout: float,
-             interval: float = 0.25) -> Any:
+             interval: float = 0.25, *, after_exit: bool = False) -> Any:
         """Wait for `predicate`; raise JobError with the log's tail, at once if the launcher
-        ended meanwhile (unless waiting for that)."""
+        ended meanwhile, unless waiting for that or for what follows it (`after_exit`: the Job
+        failing, the Job controller's next launcher pod)."""
         deadline = time.monotonic() + timeout
         while True:
             got = predicate()
             if got:
                 return got
-            code = self.exit_code()
+            code = None if after_exit else self.exit_code()
             if code is not None and "exit" not in what:
                 raise JobError(f"the launcher exited {code} while waiting for {what}:\n"
                                f"{self.tail()}")

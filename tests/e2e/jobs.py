@@ -197,14 +197,22 @@ def check_training(records: list[Record], target: int, *, final_size: int,
     assert records[-1]["step"] == target
     assert steps[-1]["step"] == target and steps[-1]["size"] == final_size, steps[-1]
     committed, rerun, prev = resumed_from, 0, resumed_from
-    checkpointed = resumed_from
+    checkpointed, host = resumed_from, None
+    unseen: set[int] = set()
     for r in records:
         if r.get("event") == "resumed":  # a new run, from the checkpoint of the last commit
             committed = checkpointed = max(checkpointed, r["step"])
             continue
         if "loss" not in r:
             continue
-        if r["step"] != prev + 1:
+        moved, host = host is not None and r.get("host") != host, r.get("host")
+        if moved and prev + 1 < r["step"] <= prev + 1 + COMMIT_EVERY:
+            # Rank 0's worker died: the steps it computed and committed after its last line
+            # that reached the launcher went with its ssh connection. The survivors resumed
+            # from that commit, so the steps between were computed.
+            unseen.update(range(prev + 1, r["step"]))
+            committed = r["step"] - 1
+        elif r["step"] != prev + 1:
             # A rollback: back to the step after the last commit, never further.
             assert r["step"] == committed + 1, (
                 f"step {r['step']} after {prev}: expected {committed + 1} (the last commit + 1)")
@@ -215,5 +223,5 @@ def check_training(records: list[Record], target: int, *, final_size: int,
     assert rerun <= COMMIT_EVERY, f"{rerun} steps computed again, more than {COMMIT_EVERY}"
     # A step's line can be lost with a killed launcher after its commit was checkpointed: the
     # checkpoint a later run resumed from proves the steps up to it were computed.
-    seen = {r["step"] for r in steps} | set(range(resumed_from + 1, checkpointed + 1))
+    seen = {r["step"] for r in steps} | set(range(resumed_from + 1, checkpointed + 1)) | unseen
     assert seen == set(range(resumed_from + 1, target + 1)), "a step was never computed"

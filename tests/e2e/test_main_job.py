@@ -226,10 +226,15 @@ def test_a_training_process_oom_killed_inside_its_running_pod_is_replaced(
     # lower one: this sandbox lacks CAP_SYS_RESOURCE).
     for pid in training:
         Path(f"/proc/{pid}/oom_score_adj").write_text("1000")
-    # Something else in the container asks for more than the limit leaves: 1400 MiB fit under
-    # the 1536 MiB limit alone, not beside the training process (torch alone is ~250 MB). Its
-    # score (1400 MiB, adj 0) is below the training process's (~250 MiB + 1536 MiB).
-    hog_cmd = "import time; time.sleep(5); b = b'x' * (1400 * 2**20); time.sleep(30)"
+    # Something else in the container asks for more than the limit leaves beside the training
+    # process, and fits once it is gone: the limit less half of the training process's memory
+    # (torch alone is ~250 MB). Its score (that size, adj 0) is below the training process's
+    # (its memory + the whole limit).
+    rss_mib = max(int(next(line.split()[1] for line in
+                           Path(f"/proc/{pid}/status").read_text().splitlines()
+                           if line.startswith("VmRSS:"))) for pid in training) >> 10
+    hog_mib = 1536 - rss_mib // 2
+    hog_cmd = f"import time; time.sleep(5); b = b'x' * ({hog_mib} * 2**20); time.sleep(30)"
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         exec_ = pool.submit(job.kubectl, "exec", victim, "--", "python", "-c", hog_cmd,
                             check=False, timeout=120)
@@ -251,7 +256,8 @@ def test_a_training_process_oom_killed_inside_its_running_pod_is_replaced(
     assert job.workers()[victim[:-1] + "2"]["status"]["podIP"] != pod["status"]["podIP"]
     check_training(job.records(), LONG, final_size=2)
     # The kernel killed it (the OOM killer of the container's memory cgroup), not the test.
-    assert hog.returncode == 0, f"the other process was the one killed: {hog.stderr}"
+    assert hog.returncode == 0, (f"the other process ({hog_mib} MiB beside {rss_mib} MiB) "
+                                 f"was killed too: {hog.stderr}")
 
 
 def test_scale_out_and_in_while_training(make_job: MakeJob) -> None:
@@ -304,7 +310,8 @@ def test_repeated_failures_exhaust_the_restart_limit_and_fail_the_job_below_min_
     batch = client.BatchV1Api(job.api)
     failed = job.wait("the Job failed", lambda: any(
         c.type == "Failed" and c.status == "True"
-        for c in batch.read_namespaced_job(JOB, job.namespace).status.conditions or ()), 60)
+        for c in batch.read_namespaced_job(JOB, job.namespace).status.conditions or ()), 60,
+        after_exit=True)
     assert failed and len(job.launchers()) == 1
 
 
@@ -327,7 +334,7 @@ def test_a_killed_supervisor_is_replaced_by_the_job_and_goes_on_with_the_same_bu
     assert pids, "the supervisor process in the launcher container"
     for pid in pids:
         os.kill(pid, signal.SIGKILL)  # PID 1 of the container: it ends with 137
-    job.wait("a second launcher pod", lambda: len(job.launchers()) == 2, 120)
+    job.wait("a second launcher pod", lambda: len(job.launchers()) == 2, 120, after_exit=True)
     assert job.wait_exit(600) == 0, job.tail()
 
     assert sorted(job.live_workers()) == workers, "the same workers, no duplicates"
