@@ -16,6 +16,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -255,9 +256,12 @@ def test_a_training_process_oom_killed_inside_its_running_pod_is_replaced(
     assert victim not in job.live_workers(), "the idle pod was deleted"
     assert job.workers()[victim[:-1] + "2"]["status"]["podIP"] != pod["status"]["podIP"]
     check_training(job.records(), LONG, final_size=2)
-    # The kernel killed it (the OOM killer of the container's memory cgroup), not the test.
-    assert hog.returncode == 0, (f"the other process ({hog_mib} MiB beside {rss_mib} MiB) "
-                                 f"was killed too: {hog.stderr}")
+    # The kernel killed it (the OOM killer of the container's memory cgroup), not the test; it
+    # may kill the hog too, milliseconds later, before the first one's memory is released.
+    kernel = subprocess.run(["dmesg"], capture_output=True, text=True, check=True).stdout
+    killed = [line for line in kernel.splitlines() if "Memory cgroup out of memory: Killed "
+              "process" in line and any(f"process {pid} (" in line for pid in training)]
+    assert killed, f"no OOM kill of {training} in the kernel's log (hog: {hog.returncode})"
 
 
 def test_scale_out_and_in_while_training(make_job: MakeJob) -> None:
