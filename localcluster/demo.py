@@ -1,7 +1,7 @@
 """`make demo`: the main job on this machine, with scripted faults, a live line and a summary.
 
 Starts the local cluster with three real nodes (localcluster.nodes: kubelet + containerd each,
-the launcher and worker images imported into every node) and applies `manifests/overlays/local`
+the launcher and worker images in every node) and applies `manifests/overlays/local`
 (the same YAML as on kind: RBAC, PriorityClasses, the launcher Job, the worker template and policy
 ConfigMaps, the ssh Secret) with kubectl (localcluster.job). The Job controller makes the launcher
 pod (the supervisor, with the manifests' ServiceAccount), the supervisor creates the worker pods,
@@ -172,8 +172,8 @@ def started_cluster() -> Iterator[Cluster]:
     """A fresh local cluster (3 real nodes) with the launcher and worker images in every node."""
     print("demo: building (or reusing) the launcher and worker images")
     tarballs = images.build()
-    print("demo: starting the local cluster: control plane and 3 real nodes, importing the "
-          "images into each (a few minutes)")
+    print("demo: starting the local cluster: control plane and 3 real nodes, each with the "
+          "images (from the nodes' image store: seconds once it is made)")
     cluster = Cluster(ClusterSettings(nodes=3, images=tuple(sorted(set(tarballs.values())))))
     cluster.start()
     try:
