@@ -33,7 +33,15 @@ from kubernetes import client, config
 
 from localcluster import demo
 from localcluster.nodes import Cluster
-from tests.e2e.jobs import STOCK, Job, main_job, step_after_reset, steps_of, stock_script
+from tests.e2e.jobs import (
+    STOCK,
+    Job,
+    main_job,
+    step_after_reset,
+    steps_of,
+    stock_script,
+    with_policy,
+)
 from tests.e2e.test_stock_lane import stock_command
 from tests.faults import PodFaults
 
@@ -93,11 +101,14 @@ def inject(job: Job, faults: PodFaults, fault: str,
 
 def one_job(cluster: Cluster, api: client.ApiClient, work: Path) -> dict[str, Any]:
     faults_out: list[dict[str, Any]] = []
-    # Backoff capped at 1 s: repeated faults on one slot measure recovery, not the policy.
+    # Backoff capped at 1 s (in the policy file, where the manifests keep the budgets):
+    # repeated faults on one slot measure recovery, not the policy.
+    def fast_backoff(docs: list[dict[str, Any]]) -> None:
+        stock_script(docs)
+        with_policy(lambda p: p.update(backoff={"initialSeconds": 1, "maxSeconds": 1}))(docs)
+
     with main_job(cluster, api, work, steps=0, command=stock_command(1_000_000),
-                  checkpoint=work / "checkpoint", transform=stock_script,
-                  env={"SUPERVISOR_BACKOFF_MAX_SECONDS": "1",
-                       "SUPERVISOR_BACKOFF_INITIAL_SECONDS": "1"}) as job:
+                  checkpoint=work / "checkpoint", transform=fast_backoff) as job:
         faults = PodFaults(job, STOCK.name)
         try:
             job.wait_training(past=20, size=2, timeout=420)

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from kubernetes import client, config
 
 from localcluster import demo
 from localcluster.job import API_ERRORS, JOB, MainJob
+from tests.e2e.jobs import with_policy
 
 FAULTS = ("kill", "kill-training", "force-delete", "evict", "freeze", "kubelet", "partition",
           "scale")
@@ -114,15 +114,12 @@ def violations(s: Sample, before: Sample | None, max_workers: int) -> list[str]:
     return out
 
 
-def generous_budget(docs: list[dict[str, Any]]) -> None:
-    """The manifests' policy with room for the whole plan."""
-    for doc in docs:
-        data = doc.get("data") or {}
-        if doc["kind"] == "ConfigMap" and "policy.yaml" in data:
-            policy = yaml.safe_load(data["policy.yaml"])
-            policy.update(restartLimit=10 * COUNT, restartLimitPerSlot=10 * COUNT,
-                          restartRate={"limit": 10 * COUNT, "windowSeconds": 600})
-            data["policy.yaml"] = yaml.safe_dump(policy)
+def _generous(policy: dict[str, Any]) -> None:
+    policy.update(restartLimit=10 * COUNT, restartLimitPerSlot=10 * COUNT,
+                  restartRate={"limit": 10 * COUNT, "windowSeconds": 600})
+
+
+generous_budget = with_policy(_generous)  # the manifests' policy with room for the whole plan
 
 
 @dataclass

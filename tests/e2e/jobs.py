@@ -137,6 +137,17 @@ def shared_checkpoint(docs: list[dict[str, Any]], host_dir: Path) -> None:
 Transform = Callable[[list[dict[str, Any]]], None]
 
 
+def with_policy(change: Callable[[dict[str, Any]], None]) -> Transform:
+    """A transform that changes the job's policy file (the ConfigMap's policy.yaml)."""
+    def transform(docs: list[dict[str, Any]]) -> None:
+        for doc in docs:
+            if doc["kind"] == "ConfigMap" and "policy.yaml" in (doc.get("data") or {}):
+                policy = yaml.safe_load(doc["data"]["policy.yaml"])
+                change(policy)
+                doc["data"]["policy.yaml"] = yaml.safe_dump(policy)
+    return transform
+
+
 def workers_avoid_the_launcher(docs: list[dict[str, Any]]) -> None:
     """Keep workers off the launcher's node, so that a node fault never takes the supervisor
     with it (a test arrangement: in production they may share nodes)."""

@@ -26,7 +26,7 @@ import yaml
 from kubernetes import client
 
 from localcluster.job import JOB
-from tests.e2e.jobs import COMMIT_EVERY, Job, check_training
+from tests.e2e.jobs import COMMIT_EVERY, Job, check_training, with_policy
 from tests.helpers import CLUSTER_NODE_GRACE_S, wait_for
 
 # Long enough (~40 s at full size) that the job outlasts a fault and its replacement's start:
@@ -42,17 +42,6 @@ def training(make_job: MakeJob, **kw: Any) -> Job:
     job = make_job(**{"steps": STEPS, **kw})
     job.wait_training(past=10, size=2, timeout=420)
     return job
-
-
-def with_policy(change: Callable[[dict[str, Any]], None]) -> Callable[[list[dict[str, Any]]],
-                                                                     None]:
-    def transform(docs: list[dict[str, Any]]) -> None:
-        for doc in docs:
-            if doc["kind"] == "ConfigMap" and "policy.yaml" in (doc.get("data") or {}):
-                policy = yaml.safe_load(doc["data"]["policy.yaml"])
-                change(policy)
-                doc["data"]["policy.yaml"] = yaml.safe_dump(policy)
-    return transform
 
 
 def test_a_worker_whose_container_is_killed_is_replaced_on_a_real_node(
