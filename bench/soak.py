@@ -237,12 +237,7 @@ def drive(job: MainJob, steps: list[Step], watch: Watch) -> dict[str, Any]:
     demo.wait("the end of training", lambda: run.done or run.ended is not None, run,
               1800, progress)
     print()
-    code = None
-    deadline = time.monotonic() + 120
-    while code is None and time.monotonic() < deadline:
-        code = job.exit_code()
-        time.sleep(0.5)
-    return {"faults": done, "exit_code": code, "steps": run.step}
+    return {"faults": done, "exit_code": job.exit_code_within(120), "steps": run.step}
 
 
 def soak(seed: int, count: int = COUNT) -> dict[str, Any]:

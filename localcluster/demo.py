@@ -272,11 +272,7 @@ def drive(job: MainJob, plan: tuple[str, ...]) -> Result:
         fault(*faults_by_key[key])
     wait("the end of training", lambda: run.done, run, 600, progress)
     print()
-    code = None
-    deadline = time.monotonic() + 90
-    while code is None and time.monotonic() < deadline:
-        code = job.exit_code()
-        time.sleep(0.5)
+    code = job.exit_code_within(90)
     run.poll()
     measure(run, faults)
     return Result(code, run, faults)

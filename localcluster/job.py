@@ -367,15 +367,15 @@ class MainJob:
     def wait(self, what: str, predicate: Callable[[], Any], timeout: float,
              interval: float = 0.25, *, after_exit: bool = False) -> Any:
         """Wait for `predicate`; raise JobError with the log's tail, at once if the launcher
-        ended meanwhile, unless waiting for that or for what follows it (`after_exit`: the Job
-        failing, the Job controller's next launcher pod)."""
+        ended meanwhile, unless waiting for that exit or what follows it (`after_exit`: the exit
+        itself, the Job failing, the Job controller's next launcher pod)."""
         deadline = time.monotonic() + timeout
         while True:
             got = predicate()
             if got:
                 return got
             code = None if after_exit else self.exit_code()
-            if code is not None and "exit" not in what:
+            if code is not None:
                 raise JobError(f"the launcher exited {code} while waiting for {what}:\n"
                                f"{self.tail()}")
             if time.monotonic() > deadline:
@@ -391,9 +391,17 @@ class MainJob:
 
     def wait_exit(self, timeout: float) -> int:
         """Wait until the newest launcher container terminated; return its exit code."""
-        self.wait("the launcher's exit", lambda: self.exit_code() is not None, timeout)
+        self.wait("the launcher's exit", lambda: self.exit_code() is not None, timeout,
+                  after_exit=True)
         code = self.exit_code()
         assert code is not None
+        return code
+
+    def exit_code_within(self, timeout: float) -> int | None:
+        """The newest launcher's exit code once it terminated, None if not within `timeout`."""
+        deadline = time.monotonic() + timeout
+        while (code := self.exit_code()) is None and time.monotonic() < deadline:
+            time.sleep(0.5)
         return code
 
     def stacks(self) -> Path | str:
