@@ -191,6 +191,9 @@ class MainJob:
             self.transform(docs)
         manifest = self.out / f"manifests-{self.namespace}.yaml"
         manifest.write_text(yaml.safe_dump_all(docs))
+        # A new job, a new log: an earlier job's in the same place (a second `make demo` writes
+        # to bench/out again) would be read as this one's, its last step and all.
+        self.log.unlink(missing_ok=True)
         self.kubectl("apply", "-f", str(manifest), namespaced=False)
         self.applied_at = time.time()
         self._follower = threading.Thread(target=self._follow, name="launcher-logs",
