@@ -9,6 +9,8 @@ silently.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +27,9 @@ from tests.helpers import CLUSTER_NODE_GRACE_S, NODE_GRACE_S, wait_for
 # Tests that start clusters with real nodes of their own: they run before anything starts the
 # session's (one cluster with real nodes per machine at a time).
 OWN_CLUSTER_FIRST = ("test_cluster_lifecycle.py",)
+# What the tests with real nodes write outside the image caches (containers' layers, clusters'
+# logs, jobs' checkpoints); below this they fail by the dozen, each for another reason.
+TMP_FREE_GIB = 6
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -34,6 +39,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if kind in ("unit", "integration", "e2e"):
             item.add_marker(getattr(pytest.mark, kind))
     items.sort(key=lambda item: Path(str(item.fspath)).name not in OWN_CLUSTER_FIRST)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Stop at once, with one line, when tests that run clusters lack the disk to."""
+    if not any(item.get_closest_marker(k) for item in session.items
+               for k in ("integration", "e2e")):
+        return
+    tmp = tempfile.gettempdir()
+    free = shutil.disk_usage(tmp).free / 2**30
+    if free < TMP_FREE_GIB:
+        pytest.exit(f"the integration and e2e tests need {TMP_FREE_GIB} GiB free on the "
+                    f"filesystem of {tmp}, it has {free:.1f} GiB", returncode=2)
 
 
 @pytest.fixture(scope="session")
