@@ -182,6 +182,9 @@ def print_stock(results: dict[str, object]) -> None:
               f"{'rerun':>6}")
         for job in details["jobs"]:
             for f in job["faults"]:
+                if "skipped" in f:
+                    print(f"{f['fault']:<40} skipped: {f['skipped']}")
+                    continue
                 print(f"{f['fault']:<40} {f['resumed_s']:>7.1f} s {f['full_size_s']:>8.1f} s "
                       f"{max(f['steps_rerun'], default=0):>6}")
         print(f"e2e_stock: {results['e2e_stock']}")
