@@ -63,7 +63,8 @@ class Run:
     steps: list[dict[str, Any]] = field(default_factory=list)
     decisions: list[dict[str, Any]] = field(default_factory=list)
     changes: list[dict[str, Any]] = field(default_factory=list)  # workers.changed log lines
-    resets: list[float] = field(default_factory=list)
+    resets: list[float] = field(default_factory=list)  # elastic resets and resumed runs
+    restarts: list[dict[str, Any]] = field(default_factory=list)  # horovodrun.restarting lines
     done: bool = False
     ended: int | None = None  # the launcher's exit code, once it ended
 
@@ -86,8 +87,11 @@ class Run:
                 continue
             if "loss" in rec and "step" in rec:
                 self.steps.append(rec)
-            elif rec.get("event") == "reset":
+            elif rec.get("event") in ("reset", "resumed"):
+                # A new run of horovodrun that resumed from its checkpoint starts a world too.
                 self.resets.append(float(rec.get("time", time.time())))
+            elif rec.get("event") == "horovodrun.restarting":
+                self.restarts.append({**rec, "seen": time.time()})
             elif rec.get("event") == "done":
                 self.done = True
             elif str(rec.get("event", "")).startswith(("worker.", "scale.")):

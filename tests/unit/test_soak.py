@@ -7,7 +7,16 @@ from typing import Any
 
 import pytest
 
-from bench.soak import FAULTS, SLOT_LABEL, Sample, plan, unusable_hosts, violations
+from bench.soak import (
+    FAULTS,
+    SLOT_LABEL,
+    Sample,
+    gaps,
+    longest_gap,
+    plan,
+    unusable_hosts,
+    violations,
+)
 from tests.unit.shapes import load, pod, with_condition
 
 
@@ -35,6 +44,16 @@ GOOD = [worker(0, 1, "10.244.1.5"), worker(1, 1, "10.244.2.5", node="node-b")]
 DELETING = worker(0, 1, "10.244.1.5", deletionTimestamp="2026-11-25T13:00:00Z")
 
 
+def ended(p: dict[str, Any], code: int = 137) -> dict[str, Any]:
+    """The pod as the kubelet posts it first after its container was killed: phase still
+    Running, the container terminated, Ready False (seen in the soak of seed 1)."""
+    p = with_condition(p, "Ready", "False")
+    p["status"]["containerStatuses"] = [
+        {**cs, "ready": False, "state": {"terminated": {"exitCode": code, "reason": "Error"}}}
+        for cs in p["status"]["containerStatuses"]]
+    return p
+
+
 @pytest.mark.parametrize(("now", "before", "expect"), [
     (sample(GOOD, {"10.244.1.5", "10.244.2.5"}), None, []),
     # a third pod for slot 0 while the first still runs
@@ -42,6 +61,8 @@ DELETING = worker(0, 1, "10.244.1.5", deletionTimestamp="2026-11-25T13:00:00Z")
      ["slot 0 has 2 live pods: ['elastic-train-w0-1', 'elastic-train-w0-2']"]),
     # a terminating pod is not live: its replacement may run beside it
     (sample([DELETING, worker(0, 2, "10.244.3.5"), GOOD[1]], set()), None, []),
+    # nor is a pod whose container ended while its phase still says Running
+    (sample([ended(GOOD[0]), worker(0, 2, "10.244.3.5"), GOOD[1]], set()), None, []),
     (sample([*GOOD, worker(2, 1, "10.0.0.7"), worker(3, 1, "10.0.0.8")], set()), None,
      ["4 live workers, max 3"]),
     # a host whose pod is gone, twice in a row
@@ -75,3 +96,13 @@ def test_the_captured_shape_is_running_and_ready() -> None:
     p = load("pod_running_ready")
     assert p["status"]["phase"] == "Running"
     assert any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"]["conditions"])
+
+
+def test_an_interval_without_a_step_over_the_limit_is_reported_with_the_step_before_it() -> None:
+    # A restarted run resumes from its checkpoint: steps may go back, time does not.
+    steps = [{"step": 1, "time": 100.0}, {"step": 2, "time": 100.2}, {"step": 3, "time": 163.4},
+             {"step": 1, "time": 170.0}, {"step": 2, "time": 170.1}]
+    assert gaps(steps, over=30) == [{"gap_s": 63.2, "after_step": 2}]
+    assert gaps(steps, over=70) == []
+    assert longest_gap(steps) == 63.2
+    assert longest_gap(steps[:1]) == 0.0
