@@ -197,6 +197,8 @@ class Watch:
             except API_ERRORS as e:  # an API hiccup is not a violation
                 print(f"\nsoak: sample failed: {e}")
                 continue
+            if self.stop.is_set():
+                break  # training ended meanwhile: what follows is the cleanup, not the job
             self.samples += 1
             for v in violations(s, before, self.max_workers):
                 self.violations.append(f"{time.strftime('%H:%M:%S')} {v}")
@@ -274,6 +276,9 @@ def drive(job: MainJob, steps: list[Step], watch: Watch) -> dict[str, Any]:
         print(f"\nsoak: fault {len(done)}: {done[-1]}")
     demo.wait("the end of training", lambda: run.done or run.ended is not None, run,
               1800, progress)
+    # From here the job ends: horovodrun exits, the supervisor deletes the workers and no
+    # longer keeps the file (nobody reads it): the invariants held while it ran.
+    watch.stop.set()
     print()
     return {"faults": done, "exit_code": job.exit_code_within(120), "steps": run.step,
             "longest_gap_s": longest_gap(run.steps), "gaps": gaps(run.steps),
