@@ -42,7 +42,7 @@ from kubernetes import client, config
 
 from localcluster import demo
 from localcluster.job import API_ERRORS, JOB, MainJob
-from tests.e2e.jobs import shared_checkpoint, with_policy
+from tests.e2e.jobs import checkpointed, compose, with_policy
 
 FAULTS = ("kill", "kill-training", "force-delete", "evict", "freeze", "kubelet", "partition",
           "scale")
@@ -148,14 +148,6 @@ def _generous(policy: dict[str, Any]) -> None:
 
 
 generous_budget = with_policy(_generous)  # the manifests' policy with room for the whole plan
-
-
-def soak_job(checkpoint: Path) -> Any:
-    """The manifests' job with a generous budget and `checkpoint` mounted at /checkpoint."""
-    def transform(docs: list[dict[str, Any]]) -> None:
-        generous_budget(docs)
-        shared_checkpoint(docs, checkpoint)
-    return transform
 
 
 @dataclass
@@ -291,12 +283,11 @@ def soak(seed: int, count: int = COUNT) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix=f"soak-{seed}-"))
     with demo.started_cluster() as cluster:
         api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-        checkpoint = out / "checkpoint"
-        checkpoint.mkdir()
-        checkpoint.chmod(0o777)  # the workers run as uid 1000
+        checkpoint_args, mount = checkpointed(out / "checkpoint")
         args = ["python", "/workspace/train.py", "--steps", str(STEPS), "--commit-every", "5",
-                "--checkpoint", "/checkpoint/state.pt"]
-        job = MainJob(cluster, api, f"soak-{seed}", out, args=args, transform=soak_job(checkpoint),
+                *checkpoint_args]
+        job = MainJob(cluster, api, f"soak-{seed}", out, args=args,
+                      transform=compose(generous_budget, mount),
                       env={"SUPERVISOR_HOROVODRUN_RESTART_LIMIT": str(COUNT)})
         watch = Watch(job, max_workers=3)
         checker = threading.Thread(target=watch.run, name="invariants", daemon=True)
@@ -325,6 +316,6 @@ def main(seeds: Sequence[int] = (1,)) -> dict[str, Any]:
     runs = [soak(seed) for seed in seeds]
     return {"soak": {"seeds": list(seeds), "ok": all(r["ok"] for r in runs),
                      "faults": sum(len(r["faults"]) for r in runs),
-                  "longest_gap_s": max(r["longest_gap_s"] for r in runs),
+                     "longest_gap_s": max(r["longest_gap_s"] for r in runs),
                      "violations": sum(len(r["violations"]) for r in runs)},
             "soak_details": runs}

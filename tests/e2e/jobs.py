@@ -137,6 +137,23 @@ def shared_checkpoint(docs: list[dict[str, Any]], host_dir: Path) -> None:
 Transform = Callable[[list[dict[str, Any]]], None]
 
 
+def compose(*transforms: Transform) -> Transform:
+    """One transform that applies `transforms` in order."""
+    def transform(docs: list[dict[str, Any]]) -> None:
+        for t in transforms:
+            t(docs)
+    return transform
+
+
+def checkpointed(host_dir: Path) -> tuple[list[str], Transform]:
+    """Make `host_dir` the checkpoint directory every worker mounts at /checkpoint (writable by
+    the workers, who run as uid 1000); return the training arguments that keep the checkpoint
+    there and the transform that mounts it."""
+    host_dir.mkdir(parents=True, exist_ok=True)
+    host_dir.chmod(0o777)
+    return ["--checkpoint", "/checkpoint/state.pt"], lambda docs: shared_checkpoint(docs, host_dir)
+
+
 def with_policy(change: Callable[[dict[str, Any]], None]) -> Transform:
     """A transform that changes the job's policy file (the ConfigMap's policy.yaml)."""
     def transform(docs: list[dict[str, Any]]) -> None:
@@ -175,14 +192,9 @@ def main_job(cluster: Cluster, api: client.ApiClient, out: Path, *, steps: int,
     args = list(command) if command is not None else train_args(steps, *extra_args)
     changes = [workers_avoid_the_launcher, *([transform] if transform is not None else [])]
     if checkpoint is not None:
-        checkpoint.mkdir(parents=True, exist_ok=True)
-        checkpoint.chmod(0o777)
-        args += ["--checkpoint", "/checkpoint/state.pt"]
-        changes.append(lambda docs: shared_checkpoint(docs, checkpoint))
-
-    def apply_all(docs: list[dict[str, Any]]) -> None:
-        for change in changes:
-            change(docs)
+        more_args, mount = checkpointed(checkpoint)
+        args += more_args
+        changes.append(mount)
 
     # The scenarios look at the workers after the end (the cleanup has its own tests), and a
     # launcher started again after a SIGKILL waits out the killed one's lease. horovodrun's
@@ -190,7 +202,7 @@ def main_job(cluster: Cluster, api: client.ApiClient, out: Path, *, steps: int,
     # scenario's post-mortem needs.
     env = {"SUPERVISOR_CLEAN_POD_POLICY": "None", "SUPERVISOR_LEADER_LEASE_SECONDS": "10",
            "SUPERVISOR_HOROVODRUN_EXTRA_ARGS": "--verbose", **(env or {})}
-    job = Job(cluster, api, namespace, out, args=args, env=env, transform=apply_all)
+    job = Job(cluster, api, namespace, out, args=args, env=env, transform=compose(*changes))
     try:
         job.apply()
         yield job
