@@ -14,12 +14,24 @@ and whether it is inside one. From the last heartbeat of each process and `now`:
 - the job is `stalled` when no process completed a collective for `stall_s` while some still
   heartbeat: everybody is alive and nobody progresses (a deadlock the first rule cannot see).
 - a rendezvous is `broken` when a host of the world horovodrun's driver last assigned (the
-  driver hook reports each assignment) failed after that assignment, processes still wait in
-  an init, and no new assignment came for BROKEN_AFTER_S: Horovod 0.28 cannot finish that
+  driver hook reports each assignment) failed, processes still wait in an init, and no new
+  assignment came for BROKEN_AFTER_S after both the failure and the assignment (a host that
+  failed just before it can still be in it: the driver reads the discovery file once a
+  second, so its view lags the file): Horovod 0.28 cannot finish that
   rendezvous without the host (e.g. a replacement killed while it joins), and the waiting
   processes abort (std::terminate) at the Gloo timeout, taking the job with them. Only a new
   horovodrun helps. (A host that fails while the world trains is not that: the survivors reset
   and the driver assigns a new world without it within about a second.)
+- a rendezvous is `stuck` when a host failed after the driver's last assignment, and every
+  member of that world is there, heartbeating, with all its processes waiting in an init for
+  STUCK_AFTER_S, and still no new assignment: nobody the world needs is missing, yet it does
+  not form. Seen in a soak on real nodes: right after a restart of horovodrun, a replacement
+  just listed (not in the world) was evicted, and the two members waited in their init for 63
+  s, until the Gloo timeout ended one of them (exit 255; Horovod then never uses its host
+  again). A rendezvous whose members are all present forms in about a second (the driver's
+  notification of a frozen coordinator holds it up to 6 s, see the hook), so STUCK_AFTER_S
+  leaves room; the failure is required so that a slow first init of a large world, with
+  nothing failed, is never taken for this. Only a new horovodrun helps, as for `broken`.
 - hosts listed for long without any heartbeat, and the hook's own problems, are reported so
   that the supervisor can say hang detection is off for them.
 No I/O, no clock: `now` and all times are monotonic seconds passed in.
@@ -34,6 +46,7 @@ from supervisor.channel import Beat
 
 BEAT_S = 0.5  # the hook's heartbeat period (elastic_supervisor_hook.worker.BEAT_S)
 BROKEN_AFTER_S = 5.0  # a failed member and no new world for this long: the rendezvous is broken
+STUCK_AFTER_S = 15.0  # every member waiting in its init this long after a failure: stuck
 UNMONITORED_AFTER_S = 60.0  # horovodrun has run this long: every listed host should heartbeat
 
 
@@ -68,10 +81,18 @@ class Broken:
 
 
 @dataclass(frozen=True)
+class Stuck:
+    host: str  # the host whose failure came last after the driver's assignment
+    members: int  # hosts of the world, all waiting in their init
+    waited_s: float  # the shortest of their waits
+
+
+@dataclass(frozen=True)
 class Verdict:
     hung: tuple[Hung, ...] = ()
     stall: Stall | None = None
     broken: Broken | None = None
+    stuck: Stuck | None = None
     unmonitored: tuple[str, ...] = ()  # listed hosts that never sent a heartbeat
     problems: tuple[tuple[str, str], ...] = ()  # (host, the hook's problem)
 
@@ -121,13 +142,38 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
         members, assigned_at = world
         for host, at in sorted((failed_at or {}).items(), key=lambda x: x[1]):
             stuck = [b for b in fresh if b.waiting == "i" and b.host != host]
-            if (host in members and at > assigned_at and now - at >= BROKEN_AFTER_S
-                    and stuck):
+            if host in members and now - max(at, assigned_at) >= BROKEN_AFTER_S and stuck:
                 broken = Broken(host, len(stuck))
                 break
+    stuck_verdict = None
+    if world is not None and broken is None:
+        stuck_verdict = _stuck(fresh, world, failed_at or {}, now)
     seen = {b.host for b in all_beats}
     unmonitored = tuple(sorted(
         h for h, since in watched.items()
         if h not in seen and now - max(since, started_at) >= UNMONITORED_AFTER_S))
     problems = tuple(sorted({(b.host, p) for b in all_beats for p in b.problems}))
-    return Verdict(tuple(hung[h] for h in sorted(hung)), stall, broken, unmonitored, problems)
+    return Verdict(tuple(hung[h] for h in sorted(hung)), stall, broken, stuck_verdict,
+                   unmonitored, problems)
+
+
+def _stuck(fresh: list[Beat], world: tuple[frozenset[str], float],
+           failed_at: Mapping[str, float], now: float) -> Stuck | None:
+    """The `stuck` rule (see the module's doc): None unless a host failed after the world's
+    assignment and every member host has fresh processes, all waiting in an init for at least
+    STUCK_AFTER_S (their wait at the last heartbeat plus the time since)."""
+    members, assigned_at = world
+    late = sorted((at, h) for h, at in failed_at.items() if at > assigned_at)
+    if not members or not late or now - assigned_at < STUCK_AFTER_S:
+        return None
+    waits: dict[str, list[float | None]] = {h: [] for h in members}
+    for b in fresh:
+        if b.host in waits:
+            waits[b.host].append(b.wait_s + (now - b.last_seen)
+                                 if b.waiting == "i" and b.wait_s is not None else None)
+    shortest = STUCK_AFTER_S * 1e9
+    for ws in waits.values():
+        if not ws or any(w is None or w < STUCK_AFTER_S for w in ws):
+            return None
+        shortest = min(shortest, *(w for w in ws if w is not None))
+    return Stuck(late[-1][1], len(members), shortest)

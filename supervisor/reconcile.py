@@ -658,6 +658,12 @@ class Supervisor:
                 "RendezvousBroken", f"worker {b.host} failed while {b.waiting} training "
                 f"process(es) waited for it in the rendezvous of horovodrun's world: Horovod "
                 f"0.28 cannot finish that rendezvous (they would abort at the Gloo timeout)", now)
+        elif verdict.stuck is not None:
+            k = verdict.stuck
+            self._restart_horovodrun(
+                "RendezvousStuck", f"all {k.members} host(s) of horovodrun's world waited in "
+                f"its rendezvous for {k.waited_s:.0f}s after worker {k.host} failed, with no new "
+                "world assigned: it does not form (they would abort at the Gloo timeout)", now)
         elif verdict.stall is not None:
             stall = verdict.stall
             self._restart_horovodrun(
@@ -742,7 +748,7 @@ class Supervisor:
         """Training cannot go on in this run of horovodrun: restart it (the processes told to
         exit, its whole tree killed, the start gate again), at most HOROVODRUN_RESTART_LIMIT
         times; then fail (exit 9). `reason`: the Event's reason (TrainingStalled,
-        RendezvousBroken)."""
+        RendezvousBroken, RendezvousStuck)."""
         st, cfg, h = self.state, self.cfg, self.state.hangs
         if st.failing is not None or st.stop_signal is not None or st.child is None:
             return

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from supervisor.channel import Beat
-from supervisor.hang import Broken, HangSettings, Hung, Stall, Verdict, assess
+from supervisor.hang import STUCK_AFTER_S, Broken, HangSettings, Hung, Stall, Stuck, Verdict, assess
 
 S = HangSettings(silence_s=3.0, stall_s=600.0)
 NOW = 1000.0
@@ -148,9 +148,74 @@ WORLD = (frozenset({"10.0.0.1", "10.0.0.3"}), NOW - 10.0)  # assigned before it 
                  WORLD, None, id="the failed host was not a member of the world"),
     pytest.param([beat("10.0.0.1", wait=8.0, kind="i", progress=None)], {"10.0.0.3": FAILED},
                  None, None, id="no word from the driver hook: not judged"),
+    pytest.param([beat("10.0.0.1", wait=8.0, kind="i", progress=None)],
+                 {"10.0.0.3": NOW - 7.0}, (WORLD[0], NOW - 6.5), Broken("10.0.0.3", 1),
+                 id="it failed 0.5 s before the assignment (the driver's view lags): broken"),
+    pytest.param([beat("10.0.0.1", wait=8.0, kind="i", progress=None)],
+                 {"10.0.0.3": NOW - 7.0}, (WORLD[0], NOW - 3.0), None,
+                 id="failed before an assignment of 3 s ago: not for BROKEN_AFTER_S yet"),
 ])
 def test_a_rendezvous_broken_by_a_dead_member(beats: list[Beat], failed_at: dict[str, float],
                                               world: Any, expected: Broken | None) -> None:
     verdict = assess(beats, LISTED, started_at=NOW - 30, settings=S, now=NOW,
                      failed_at=failed_at, world=world)
     assert verdict.broken == expected
+
+
+# The soak's 65 s stall: horovodrun restarted, the driver assigned {.1, .2}; .3, a replacement
+# just listed and never a member, was evicted; both members waited in their init until Gloo's
+# timeout. A host failed after the assignment, every member is there and waits: stuck.
+PAIR = (frozenset({"10.0.0.1", "10.0.0.2"}), NOW - 30.0)
+EVICTED = {"10.0.0.3": NOW - 25.0}
+
+
+def init_wait(host: str, seconds: float, **kw: object) -> Beat:
+    fields: dict[str, object] = {"wait": seconds, "kind": "i", "progress": None, **kw}
+    return beat(host, **fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("beats", "failed_at", "world", "expected"), [
+    pytest.param([init_wait("10.0.0.1", 24.0), init_wait("10.0.0.2", 23.0)], EVICTED, PAIR,
+                 Stuck("10.0.0.3", 2, pytest.approx(23.2)),
+                 id="the soak's stall: members all waiting in init after a failure: stuck"),
+    pytest.param([init_wait("10.0.0.1", 24.0), init_wait("10.0.0.2", 14.0)], EVICTED, PAIR,
+                 None, id="one member has waited less than STUCK_AFTER_S: not yet"),
+    pytest.param([init_wait("10.0.0.1", 24.0), init_wait("10.0.0.2", 23.0)], {}, PAIR, None,
+                 id="nothing failed: a slow init of a large world is never stuck"),
+    pytest.param([init_wait("10.0.0.1", 24.0), init_wait("10.0.0.2", 23.0)],
+                 {"10.0.0.3": NOW - 35.0}, PAIR, None,
+                 id="the failure came before the assignment: the driver knew of it"),
+    pytest.param([init_wait("10.0.0.1", 24.0)], EVICTED, PAIR, None,
+                 id="a member has no process yet (still starting): waiting for it is normal"),
+    pytest.param([init_wait("10.0.0.1", 24.0), waiting("10.0.0.2", 23.0)], EVICTED, PAIR,
+                 None, id="a member is in a collective, not in an init: not this rule"),
+    pytest.param([init_wait("10.0.0.1", 24.0), init_wait("10.0.0.2", 23.0),
+                  init_wait("10.0.0.2", 2.0, pid=101)], EVICTED, PAIR, None,
+                 id="one process of a member host joined 2 s ago: not yet"),
+    pytest.param([init_wait("10.0.0.1", 24.0), init_wait("10.0.0.2", 23.0, last=NOW - 3.5)],
+                 EVICTED, PAIR, None,
+                 id="a member's process fell silent: hung or dead, not stuck"),
+    pytest.param([init_wait("10.0.0.1", 24.0), init_wait("10.0.0.2", 23.0)], EVICTED,
+                 (PAIR[0], NOW - 10.0), None,
+                 id="the world was assigned less than STUCK_AFTER_S ago"),
+    pytest.param([init_wait("10.0.0.1", 24.0), init_wait("10.0.0.2", 23.0)], EVICTED, None,
+                 None, id="no word from the driver hook: not judged"),
+])
+def test_a_rendezvous_stuck_with_every_member_present(
+        beats: list[Beat], failed_at: dict[str, float], world: Any,
+        expected: Stuck | None) -> None:
+    verdict = assess(beats, LISTED, started_at=NOW - 40, settings=S, now=NOW,
+                     failed_at=failed_at, world=world)
+    assert verdict.stuck == expected
+    assert verdict.broken is None
+    assert STUCK_AFTER_S == 15.0, "the table's waits are chosen around 15 s"
+
+
+def test_a_broken_rendezvous_is_not_also_stuck() -> None:
+    """A failed member and others waiting: `broken` (after 5 s) says it, not `stuck` too."""
+    world = (frozenset({"10.0.0.1", "10.0.0.2", "10.0.0.3"}), NOW - 30.0)
+    beats = [init_wait("10.0.0.1", 24.0), init_wait("10.0.0.2", 23.0)]
+    verdict = assess(beats, LISTED, started_at=NOW - 40, settings=S, now=NOW,
+                     failed_at=EVICTED, world=world)
+    assert verdict.broken == Broken("10.0.0.3", 2)
+    assert verdict.stuck is None
