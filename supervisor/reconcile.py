@@ -30,7 +30,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from supervisor import admission, discovery, fleet, hang, regroup, reload
+from supervisor import admission, discovery, fleet, hang, plan, regroup, reload
 from supervisor.actuator import CreatePod, DeletePod, Op, SaveState
 from supervisor.channel import HookChannel
 from supervisor.classify import (
@@ -69,7 +69,6 @@ from supervisor.observe import (
     NodeLeases,
     Obj,
     SourceHealth,
-    Unusable,
 )
 from supervisor.policy import Action, Decision
 from supervisor.workers import pod_name, worker_pod
@@ -78,8 +77,6 @@ PROGRESS_EVERY_S = 5.0
 # A training process the driver saw fail, in a pod that still looks usable: waited this long
 # for the pod's own status (a container that ended says so, with its real exit code).
 EXITED_GRACE_S = 2.0
-REUSED_LIMIT = 5  # pods of one slot replaced because their IP was another worker's
-EXPECTATION_TIMEOUT_S = 60.0  # a created pod not seen on the watch by then is created again
 DRIVER_HELLO_WAIT_S = 30.0  # horovodrun's driver hook should have said hello by then
 STALL_LOG_AFTER_S = 60.0  # no collective completed this long: said once in the log
 HUNG_NODE_AVOID_S = 300.0  # replacements prefer other nodes this long after a hang on one
@@ -446,8 +443,31 @@ class Supervisor:
                 self._refuse_scale(st.scale_request, "the supervisor does not own the workers "
                                    "(SUPERVISOR_WORKER_TEMPLATE is not set)")
             return
-        self._scale(now, wall)
-        self._replace_reused(wall)
+        self._plan_fleet(suspects, now, wall)
+
+    def _plan_fleet(self, suspects: set[str], now: float, wall: float) -> None:
+        """The fleet's reconcile (plan.py, pure): gather the picture, plan, carry it out."""
+        st, cfg = self.state, self.cfg
+        assert st.fleet is not None
+        settings = plan.Settings.of(cfg)
+        published = st.published or ""
+        child = st.child
+        clients = {host: self.count_ssh_clients(child.pid, host) if child is not None else 0
+                   for host in plan.retiring_hosts(st.fleet, st.view.pods, published, settings)}
+        p = plan.plan(plan.Picture(
+            fleet=st.fleet, pods=st.view.pods, published=published, listed=st.listed,
+            reuse_checked=st.reuse_checked, reused=st.reused, scale_request=st.scale_request,
+            expected=st.expected, waiting=frozenset(admission.waiting(st.blocked, now)),
+            ssh_clients=clients, now=now, wall=wall), settings)
+        st.fleet, st.reused, st.reuse_checked = p.fleet, dict(p.reused), p.reuse_checked
+        st.scale_request, st.expected = p.scale_request, dict(p.expected)
+        st.failed |= p.ours
+        for note in p.notes:
+            getattr(self.log, note.level)(note.event, **note.fields)
+            if note.k8s is not None:
+                self.events(note.k8s)
+        for op in p.deletes:
+            self.act(op)
         if st.fleet != st.saved:
             lo, hi = fleet.limits(cfg.min_np, cfg.max_np, cfg.slots_per_worker)
             self.act(SaveState({**fleet.fleet_to_dict(st.fleet),
@@ -457,66 +477,14 @@ class Supervisor:
             st.saved = st.fleet
             self.metrics.restart_budget_left.set(
                 max(0, cfg.policy.budgets.restart_limit - st.fleet.ledger.total))
-        for name, since in list(st.expected.items()):
-            if now - since > EXPECTATION_TIMEOUT_S:
-                self.log.warning("worker.create_unseen", pod=name,
-                                 waited_s=round(now - since, 1))
-                del st.expected[name]
-        existing = set(st.view.pods) | set(st.expected) | admission.waiting(st.blocked, now)
-        for c in fleet.wanted(st.fleet, cfg.job_name, existing, wall):
+        for c in p.creates:
             body = worker_pod(cfg.worker_template, job=cfg.job_name,  # type: ignore[arg-type]
                               slot=c.slot, incarnation=c.incarnation, owner=self.owner,
                               avoid_node=c.avoid_node, lost_nodes=sorted(suspects),
                               suspect_nodes=self._hung_nodes(now))
-            st.expected[c.name] = now
             self.act(CreatePod(body))
-        usable = len(st.fleet.active()) * cfg.slots_per_worker
-        if usable < cfg.min_np:
-            dropped = {i: s.dropped for i, s in sorted(st.fleet.slots.items()) if s.dropped}
-            self._fail(ExitCode.WORKERS_LOST,
-                       f"only {usable} of MIN_NP {cfg.min_np} slots can still run; dropped "
-                       f"slots: {dropped}", now)
-
-    def _replace_reused(self, wall: float) -> None:
-        """A worker whose IP another worker had (CNIs reuse IPs) can never join: Horovod
-        blacklisted that host string for good. Replace it at once, no budget used; after
-        REUSED_LIMIT such pods in one slot, leave it out and say so (a CNI handing out the same
-        address again and again needs a person)."""
-        st, cfg = self.state, self.cfg
-        listed = st.listed
-        if st.fleet is None or listed is None or listed is st.reuse_checked:
-            return
-        st.reuse_checked = listed
-        for name, why in listed.left_out.items():
-            if why is not Unusable.HOST_REUSED:
-                continue
-            pod = st.view.pods.get(name)
-            found = fleet.slot_of(pod, cfg.job_name) if pod is not None else None
-            if pod is None or found is None or pod["metadata"].get("deletionTimestamp"):
-                continue
-            slot, inc = found
-            renewed = fleet.renew(st.fleet, slot, inc, wall)
-            if renewed is st.fleet:
-                continue
-            host = discovery.host_of(pod, cfg.host_mode)
-            count = st.reused[slot] = st.reused.get(slot, 0) + 1
-            note = (f"worker {name} (slot {slot}) got address {host}, which an earlier worker "
-                    f"had: Horovod blacklisted it for good")
-            if count > REUSED_LIMIT:
-                if count == REUSED_LIMIT + 1:
-                    self.log.warning("worker.host_reused_again", pod=name, host=host,
-                                     slot=slot, replaced=REUSED_LIMIT)
-                    self.events(EventSpec("Warning", "WorkerHostReused", "Keep",
-                                          f"{note}; {REUSED_LIMIT} pods of this slot got "
-                                          "reused addresses already: left out, not replaced"))
-                continue
-            st.fleet = renewed
-            self.act(DeletePod(name, pod["metadata"].get("uid"), None))
-            self.log.warning("worker.host_reused", pod=name, host=host, slot=slot,
-                             replacement=pod_name(cfg.job_name, slot, inc + 1))
-            self.events(EventSpec("Warning", "WorkerHostReused", "Replace",
-                                  f"{note}; replaced by incarnation {inc + 1} (no restart "
-                                  "budget used)"))
+        if p.fail is not None:
+            self._fail(ExitCode.WORKERS_LOST, p.fail, now)
 
     def _brake(self, down: set[str], now: float) -> None:
         """Hold back the loss of nodes that went down together (classify.disrupted). Nodes
@@ -812,67 +780,6 @@ class Supervisor:
         self.log.warning("scale.refused", workers=workers, reason=why)
         self.events(EventSpec("Warning", "ScaleRefused", "Scale",
                               f"scale to {workers} workers refused: {why}"))
-
-    def _scale(self, now: float, wall: float) -> None:
-        """Apply a scale request; roll back scale-outs that never ran; finish scale-ins."""
-        st, cfg = self.state, self.cfg
-        assert st.fleet is not None
-        if (want := st.scale_request) is not None:
-            lo, hi = fleet.limits(cfg.min_np, cfg.max_np, cfg.slots_per_worker)
-            have = len(st.fleet.active())
-            if not lo <= want <= hi:
-                self._refuse_scale(want, f"outside [{lo}, {hi}] workers (MIN_NP {cfg.min_np}, "
-                                   f"MAX_NP {cfg.max_np}, {cfg.slots_per_worker} slots each)")
-            else:
-                st.scale_request = None
-                if want != have:
-                    st.fleet = fleet.scale_to(st.fleet, want, wall)
-                    self.log.info("scale.applied", workers_from=have, workers_to=want)
-                    self.events(EventSpec("Normal", "Scaled", "Scale",
-                                          f"desired workers {have} -> {want}"))
-        for i, slot in sorted(st.fleet.slots.items()):
-            name = pod_name(cfg.job_name, i, slot.incarnation)
-            pod = st.view.pods.get(name)
-            if slot.added_at is not None:
-                if pod is not None and pod.get("status", {}).get("phase") == "Running":
-                    st.fleet = replace(st.fleet, slots={**st.fleet.slots,
-                                                        i: replace(slot, added_at=None)})
-                elif wall - slot.added_at > cfg.scale_out_timeout_s:
-                    why = (f"scale-out rolled back: {name} not Running after "
-                           f"{cfg.scale_out_timeout_s:g}s")
-                    if pod is not None:
-                        self.act(DeletePod(name, pod["metadata"].get("uid"), None))
-                    st.fleet = replace(st.fleet, slots={**st.fleet.slots, i: replace(
-                        slot, added_at=None, dropped=why)})
-                    self.log.warning("scale.rolled_back", pod=name, slot=i)
-                    self.events(EventSpec("Warning", "ScaleOutRolledBack", "Scale", why))
-            elif slot.retiring_at is not None:
-                self._retire(i, slot, name, pod, wall)
-
-    def _retire(self, i: int, slot: fleet.Slot, name: str, pod: Obj | None,
-                wall: float) -> None:
-        """Delete a scaled-in worker once horovodrun has let it go (or after the timeout)."""
-        st, cfg = self.state, self.cfg
-        assert st.fleet is not None and slot.retiring_at is not None
-        if pod is not None:
-            host = discovery.host_of(pod, cfg.host_mode)
-            published = (st.published or "").splitlines()
-            if host is not None and any(line.startswith(f"{host}:") for line in published):
-                return  # not yet out of the discovery file
-            clients = (self.count_ssh_clients(st.child.pid, host)
-                       if st.child is not None and host else 0)
-            waited = wall - slot.retiring_at
-            if clients and waited < cfg.scale_in_timeout_s:
-                return
-            self.act(DeletePod(name, pod["metadata"].get("uid"), None))
-            self.log.info("scale.worker_removed", pod=name, slot=i, waited_s=round(waited, 2),
-                          ssh_clients_left=clients)
-            self.events(EventSpec("Normal", "WorkerRemoved", "Scale",
-                                  f"scaled in: deleted {name} after {waited:.1f}s"
-                                  + (f" (timeout; {clients} ssh clients left)" if clients
-                                     else " (horovodrun let it go)")))
-            st.failed.add(pod["metadata"].get("uid", ""))  # our own delete: not a failure
-        st.fleet = fleet.retire_done(st.fleet, i)
 
     def _report_decision(self, f: Failure, d: Decision, found: tuple[int, int] | None,
                          killed: list[int]) -> None:

@@ -1,0 +1,282 @@
+"""PURE: from what the loop knows now to the workers it wants, level-triggered.
+
+`plan` is one step of the fleet's reconcile, in the style of controller-runtime's: it reads
+the whole picture each time (the fleet of slots with their budgets, the worker pods the watch
+shows, the discovery file as published, the pods being created and the ones admission refused,
+a scale request) and returns the fleet it should be, the pods to create and delete, the
+expectations to keep, and what to say. Nothing in it remembers what happened before except
+through its inputs, so running it twice on the same picture asks for nothing new: a create
+already asked for is an expectation (`expected`) until the watch shows the pod, and a pod
+refused by admission waits in `waiting` until its backoff ends.
+
+In order, as a person running the job would:
+1. a scale request within the limits is applied (out of them, refused and dropped);
+2. a scaled-out slot whose pod runs is confirmed; one not Running after the scale-out timeout
+   is rolled back (its pod deleted, the slot dropped with why);
+3. a scaled-in slot's pod is deleted once its host is out of the published file and horovodrun
+   let it go (no ssh client left), or after the scale-in timeout; that delete is ours, never a
+   failure;
+4. a worker whose address an earlier worker had (CNIs reuse IPs: Horovod blacklisted that host
+   string for good) is replaced, no budget used, at most REUSED_LIMIT times per slot;
+5. an expectation older than EXPECTATION_TIMEOUT_S is given up (the pod is created again);
+6. every active slot whose current pod neither exists nor is expected nor waits gets one,
+   once its backoff has passed;
+7. fewer usable slots than MIN_NP: the job fails (WORKERS_LOST).
+
+No I/O, no clock: `now` (monotonic) and `wall` (epoch, the fleet's clock) are passed in; what
+needs the process tree (ssh clients per host) is counted by the adapter for the hosts
+`retiring_hosts` names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from supervisor import discovery, fleet
+from supervisor.actuator import DeletePod
+from supervisor.config import Config, HostMode
+from supervisor.discovery import Rendered
+from supervisor.fleet import Create, Fleet
+from supervisor.model import EventSpec
+from supervisor.observe import Obj, Unusable
+from supervisor.workers import pod_name
+
+REUSED_LIMIT = 5  # pods of one slot replaced because their IP was another worker's
+EXPECTATION_TIMEOUT_S = 60.0  # a created pod not seen on the watch by then is created again
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What of the config `plan` needs (config.Config holds them)."""
+
+    job: str
+    host_mode: HostMode
+    min_np: int
+    max_np: int
+    slots_per_worker: int
+    scale_out_timeout_s: float
+    scale_in_timeout_s: float
+
+    @classmethod
+    def of(cls, cfg: Config) -> Settings:
+        return cls(cfg.job_name, cfg.host_mode, cfg.min_np, cfg.max_np, cfg.slots_per_worker,
+                   cfg.scale_out_timeout_s, cfg.scale_in_timeout_s)
+
+
+@dataclass(frozen=True)
+class Picture:
+    """Everything `plan` decides from."""
+
+    fleet: Fleet
+    pods: Mapping[str, Obj]  # the job's worker pods the watch shows, by name
+    published: str  # the discovery file as published ("" while withdrawn)
+    listed: Rendered | None  # the last render of the view (why hosts are left out)
+    reuse_checked: Rendered | None  # the render last looked at for reused addresses
+    reused: Mapping[int, int]  # slot -> pods replaced for reused addresses so far
+    scale_request: int | None  # desired workers asked for, not applied yet
+    expected: Mapping[str, float]  # pods asked for, not seen yet -> since (monotonic)
+    waiting: frozenset[str]  # pods admission refused, their backoff not over
+    ssh_clients: Mapping[str, int]  # host -> horovodrun's ssh clients (retiring_hosts)
+    now: float
+    wall: float
+
+
+@dataclass(frozen=True)
+class Note:
+    """One decision, as the adapter reports it: a log line (`event`, `fields`) at `level`, and
+    a Kubernetes Event when it changes the job."""
+
+    level: str  # "info" | "warning"
+    event: str
+    fields: Mapping[str, Any]
+    k8s: EventSpec | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    fleet: Fleet
+    reused: Mapping[int, int]
+    reuse_checked: Rendered | None
+    scale_request: int | None
+    expected: Mapping[str, float]
+    creates: tuple[Create, ...] = ()
+    deletes: tuple[DeletePod, ...] = ()
+    ours: frozenset[str] = frozenset()  # UIDs of pods deleted as planned: never failures
+    notes: tuple[Note, ...] = ()
+    fail: str | None = None  # the job cannot go on (WORKERS_LOST): why
+
+
+@dataclass
+class _Step:
+    """The plan under construction (local to one call of `plan`)."""
+
+    fleet: Fleet
+    reused: dict[int, int]
+    creates: list[Create] = field(default_factory=list)
+    deletes: list[DeletePod] = field(default_factory=list)
+    ours: set[str] = field(default_factory=set)
+    notes: list[Note] = field(default_factory=list)
+
+    def say(self, level: str, event: str, k8s: EventSpec | None = None, **fields: Any) -> None:
+        self.notes.append(Note(level, event, fields, k8s))
+
+    def set_slot(self, i: int, slot: fleet.Slot) -> None:
+        self.fleet = replace(self.fleet, slots={**self.fleet.slots, i: slot})
+
+    def delete(self, pod: Obj) -> None:
+        self.deletes.append(DeletePod(pod["metadata"]["name"], pod["metadata"].get("uid"),
+                                      None))
+
+
+def _host_published(host: str | None, published: str) -> bool:
+    return host is not None and any(line.startswith(f"{host}:")
+                                    for line in published.splitlines())
+
+
+def retiring_hosts(f: Fleet, pods: Mapping[str, Obj], published: str, s: Settings) -> set[str]:
+    """The hosts of scaled-in workers already out of the published file: the ones whose ssh
+    clients `plan` needs counted (Picture.ssh_clients)."""
+    out = set()
+    for i, slot in f.slots.items():
+        pod = pods.get(pod_name(s.job, i, slot.incarnation))
+        if slot.retiring_at is None or pod is None:
+            continue
+        host = discovery.host_of(pod, s.host_mode)
+        if host is not None and not _host_published(host, published):
+            out.add(host)
+    return out
+
+
+def _scale_request(p: Picture, s: Settings, step: _Step) -> None:
+    want = p.scale_request
+    assert want is not None
+    lo, hi = fleet.limits(s.min_np, s.max_np, s.slots_per_worker)
+    have = len(step.fleet.active())
+    if not lo <= want <= hi:
+        why = (f"outside [{lo}, {hi}] workers (MIN_NP {s.min_np}, MAX_NP {s.max_np}, "
+               f"{s.slots_per_worker} slots each)")
+        step.say("warning", "scale.refused", EventSpec(
+            "Warning", "ScaleRefused", "Scale", f"scale to {want} workers refused: {why}"),
+            workers=want, reason=why)
+    elif want != have:
+        step.fleet = fleet.scale_to(step.fleet, want, p.wall)
+        step.say("info", "scale.applied", EventSpec(
+            "Normal", "Scaled", "Scale", f"desired workers {have} -> {want}"),
+            workers_from=have, workers_to=want)
+
+
+def _scaled_slots(p: Picture, s: Settings, step: _Step) -> None:
+    for i, slot in sorted(step.fleet.slots.items()):
+        name = pod_name(s.job, i, slot.incarnation)
+        pod = p.pods.get(name)
+        if slot.added_at is not None:
+            if pod is not None and pod.get("status", {}).get("phase") == "Running":
+                step.set_slot(i, replace(slot, added_at=None))
+            elif p.wall - slot.added_at > s.scale_out_timeout_s:
+                why = (f"scale-out rolled back: {name} not Running after "
+                       f"{s.scale_out_timeout_s:g}s")
+                if pod is not None:
+                    step.delete(pod)
+                step.set_slot(i, replace(slot, added_at=None, dropped=why))
+                step.say("warning", "scale.rolled_back", EventSpec(
+                    "Warning", "ScaleOutRolledBack", "Scale", why), pod=name, slot=i)
+        elif slot.retiring_at is not None:
+            _retire(p, s, step, i)
+
+
+def _retire(p: Picture, s: Settings, step: _Step, i: int) -> None:
+    """Delete a scaled-in worker once horovodrun has let it go (or after the timeout)."""
+    slot = step.fleet.slots[i]
+    name = pod_name(s.job, i, slot.incarnation)
+    pod = p.pods.get(name)
+    assert slot.retiring_at is not None
+    if pod is not None:
+        host = discovery.host_of(pod, s.host_mode)
+        if _host_published(host, p.published):
+            return  # not yet out of the discovery file
+        if host is not None and host not in p.ssh_clients:
+            return  # retiring since this step: its ssh clients are counted on the next
+        clients = p.ssh_clients.get(host, 0) if host else 0
+        waited = p.wall - slot.retiring_at
+        if clients and waited < s.scale_in_timeout_s:
+            return
+        step.delete(pod)
+        step.ours.add(pod["metadata"].get("uid", ""))
+        step.say("info", "scale.worker_removed", EventSpec(
+            "Normal", "WorkerRemoved", "Scale",
+            f"scaled in: deleted {name} after {waited:.1f}s"
+            + (f" (timeout; {clients} ssh clients left)" if clients
+               else " (horovodrun let it go)")),
+            pod=name, slot=i, waited_s=round(waited, 2), ssh_clients_left=clients)
+    step.fleet = fleet.retire_done(step.fleet, i)
+
+
+def _replace_reused(p: Picture, s: Settings, step: _Step) -> None:
+    """A worker whose IP another worker had can never join: replace it at once, no budget
+    used; after REUSED_LIMIT such pods in one slot, leave it out and say so (a CNI handing out
+    the same address again and again needs a person). Looked at once per render."""
+    if p.listed is None:
+        return
+    for name, why in p.listed.left_out.items():
+        if why is not Unusable.HOST_REUSED:
+            continue
+        pod = p.pods.get(name)
+        found = fleet.slot_of(pod, s.job) if pod is not None else None
+        if pod is None or found is None or pod["metadata"].get("deletionTimestamp"):
+            continue
+        slot, inc = found
+        renewed = fleet.renew(step.fleet, slot, inc, p.wall)
+        if renewed is step.fleet:
+            continue
+        host = discovery.host_of(pod, s.host_mode)
+        count = step.reused[slot] = step.reused.get(slot, 0) + 1
+        note = (f"worker {name} (slot {slot}) got address {host}, which an earlier worker "
+                f"had: Horovod blacklisted it for good")
+        if count > REUSED_LIMIT:
+            if count == REUSED_LIMIT + 1:
+                step.say("warning", "worker.host_reused_again", EventSpec(
+                    "Warning", "WorkerHostReused", "Keep",
+                    f"{note}; {REUSED_LIMIT} pods of this slot got reused addresses "
+                    "already: left out, not replaced"),
+                    pod=name, host=host, slot=slot, replaced=REUSED_LIMIT)
+            continue
+        step.fleet = renewed
+        step.delete(pod)
+        step.say("warning", "worker.host_reused", EventSpec(
+            "Warning", "WorkerHostReused", "Replace",
+            f"{note}; replaced by incarnation {inc + 1} (no restart budget used)"),
+            pod=name, host=host, slot=slot, replacement=pod_name(s.job, slot, inc + 1))
+
+
+def plan(p: Picture, s: Settings) -> Plan:
+    """One reconcile step of the fleet: see the module's doc for the order of decisions."""
+    step = _Step(p.fleet, dict(p.reused))
+    if p.scale_request is not None:
+        _scale_request(p, s, step)
+    _scaled_slots(p, s, step)
+    reuse_checked = p.reuse_checked
+    if p.listed is not None and p.listed is not p.reuse_checked:
+        reuse_checked = p.listed
+        _replace_reused(p, s, step)
+    expected = {}
+    for name, since in p.expected.items():
+        if p.now - since > EXPECTATION_TIMEOUT_S:
+            step.say("warning", "worker.create_unseen", pod=name,
+                     waited_s=round(p.now - since, 1))
+        else:
+            expected[name] = since
+    existing = set(p.pods) | set(expected) | set(p.waiting)
+    for c in fleet.wanted(step.fleet, s.job, existing, p.wall):
+        step.creates.append(c)
+        expected[c.name] = p.now
+    usable = len(step.fleet.active()) * s.slots_per_worker
+    fail = None
+    if usable < s.min_np:
+        dropped = {i: sl.dropped for i, sl in sorted(step.fleet.slots.items()) if sl.dropped}
+        fail = (f"only {usable} of MIN_NP {s.min_np} slots can still run; dropped "
+                f"slots: {dropped}")
+    return Plan(step.fleet, step.reused, reuse_checked, None, expected,
+                tuple(step.creates), tuple(step.deletes), frozenset(step.ours),
+                tuple(step.notes), fail)

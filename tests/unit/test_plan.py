@@ -1,0 +1,199 @@
+"""plan.plan: the fleet's reconcile step, from a whole picture to the pods wanted and what to say.
+
+Pods are the captured Running+Ready worker (tests/unit/shapes) with the labels the supervisor
+puts on its workers; each row is one picture and the parts of the Plan it must produce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from supervisor import fleet
+from supervisor.actuator import DeletePod
+from supervisor.config import HostMode
+from supervisor.discovery import Rendered
+from supervisor.fleet import Create, Fleet, Slot
+from supervisor.observe import Unusable
+from supervisor.plan import EXPECTATION_TIMEOUT_S, REUSED_LIMIT, Picture, Settings, plan
+from supervisor.workers import LABEL_INCARNATION, LABEL_JOB, LABEL_ROLE, LABEL_SLOT, pod_name
+from tests.unit import shapes
+
+JOB = "job1"
+S = Settings(JOB, HostMode.POD_IP, min_np=1, max_np=4, slots_per_worker=1,
+             scale_out_timeout_s=300.0, scale_in_timeout_s=60.0)
+NOW, WALL = 500.0, 1_700_000_000.0
+
+
+def worker(slot: int, inc: int = 1, ip: str | None = None, **status: Any) -> dict[str, Any]:
+    name = pod_name(JOB, slot, inc)
+    p = shapes.pod(name, ip=ip or f"10.1.0.{10 + slot}", **status)
+    p["metadata"]["labels"] = {LABEL_JOB: JOB, LABEL_ROLE: "worker", LABEL_SLOT: str(slot),
+                               LABEL_INCARNATION: str(inc)}
+    return p
+
+
+def pods(*ps: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {p["metadata"]["name"]: p for p in ps}
+
+
+def picture(f: Fleet, ps: dict[str, Any], **kw: Any) -> Picture:
+    base: dict[str, Any] = {
+        "published": "".join(f"{p['status']['podIP']}:1\n" for p in ps.values()),
+        "listed": None, "reuse_checked": None, "reused": {}, "scale_request": None,
+        "expected": {}, "waiting": frozenset(), "ssh_clients": {}, "now": NOW, "wall": WALL}
+    return Picture(fleet=f, pods=ps, **{**base, **kw})
+
+
+TWO = fleet.initial(2)
+RUNNING_TWO = pods(worker(0), worker(1))
+
+
+def test_a_picture_that_is_already_right_asks_for_nothing() -> None:
+    p = plan(picture(TWO, RUNNING_TWO), S)
+    assert (p.fleet, p.creates, p.deletes, p.notes, p.fail) == (TWO, (), (), (), None)
+
+
+def test_the_same_picture_twice_asks_for_each_pod_once() -> None:
+    first = plan(picture(TWO, {}), S)
+    assert [c.name for c in first.creates] == [pod_name(JOB, 0, 1), pod_name(JOB, 1, 1)]
+    again = plan(picture(first.fleet, {}, expected=first.expected), S)
+    assert again.creates == (), "the creates asked for are expectations until seen"
+
+
+@pytest.mark.parametrize(("expected", "waiting", "creates", "unseen"), [
+    pytest.param({pod_name(JOB, 1, 1): NOW - 10}, frozenset(), [], [],
+                 id="asked for 10 s ago, not seen yet: wait"),
+    pytest.param({pod_name(JOB, 1, 1): NOW - EXPECTATION_TIMEOUT_S - 1}, frozenset(),
+                 [pod_name(JOB, 1, 1)], [pod_name(JOB, 1, 1)],
+                 id="never seen after the expectation timeout: asked for again, said"),
+    pytest.param({}, frozenset({pod_name(JOB, 1, 1)}), [], [],
+                 id="refused by admission, backoff not over: not asked for"),
+])
+def test_expectations_and_refusals(expected: dict[str, float], waiting: frozenset[str],
+                                   creates: list[str], unseen: list[str]) -> None:
+    p = plan(picture(TWO, pods(worker(0)), expected=expected, waiting=waiting), S)
+    assert [c.name for c in p.creates] == creates
+    assert [n.fields["pod"] for n in p.notes if n.event == "worker.create_unseen"] == unseen
+
+
+@pytest.mark.parametrize(("want", "event", "reason", "active"), [
+    pytest.param(3, "scale.applied", "Scaled", [0, 1, 2], id="within the limits: applied"),
+    pytest.param(5, "scale.refused", "ScaleRefused", [0, 1], id="above MAX_NP: refused"),
+    pytest.param(0, "scale.refused", "ScaleRefused", [0, 1], id="below MIN_NP: refused"),
+])
+def test_a_scale_request_is_applied_or_refused_and_then_gone(
+        want: int, event: str, reason: str, active: list[int]) -> None:
+    p = plan(picture(TWO, RUNNING_TWO, scale_request=want), S)
+    assert p.scale_request is None
+    assert p.fleet.active() == active
+    assert [(n.event, n.k8s.reason if n.k8s else None) for n in p.notes][:1] == [(event, reason)]
+
+
+def test_a_scale_request_for_the_current_size_changes_nothing() -> None:
+    p = plan(picture(TWO, RUNNING_TWO, scale_request=2), S)
+    assert (p.fleet, p.notes, p.scale_request) == (TWO, (), None)
+
+
+ADDED = Fleet(slots={0: Slot(), 1: Slot(), 2: Slot(due=WALL - 10, added_at=WALL - 10)})
+
+
+@pytest.mark.parametrize(("third", "wall", "slot", "deleted", "event"), [
+    pytest.param(worker(2), WALL, Slot(due=WALL - 10), [], None,
+                 id="its pod runs: the scale-out is confirmed"),
+    pytest.param(worker(2, phase="Pending"), WALL, ADDED.slots[2], [], None,
+                 id="pending within the scale-out timeout: keep waiting"),
+    pytest.param(worker(2, phase="Pending"), WALL + 300, replace(
+        ADDED.slots[2], added_at=None,
+        dropped=f"scale-out rolled back: {pod_name(JOB, 2, 1)} not Running after 300s"),
+        [pod_name(JOB, 2, 1)], "scale.rolled_back",
+        id="not Running after the timeout: rolled back, its pod deleted"),
+])
+def test_scale_out(third: dict[str, Any], wall: float, slot: Slot, deleted: list[str],
+                   event: str | None) -> None:
+    p = plan(picture(ADDED, pods(worker(0), worker(1), third), wall=wall), S)
+    assert p.fleet.slots[2] == slot
+    assert [d.name for d in p.deletes] == deleted
+    assert [n.event for n in p.notes] == ([event] if event else [])
+
+
+RETIRING = Fleet(slots={0: Slot(), 1: Slot(retiring_at=WALL - 5)})
+SCALED_IN = pods(worker(0), worker(1))
+
+
+@pytest.mark.parametrize(("published", "clients", "wall", "removed", "note"), [
+    pytest.param("10.1.0.10:1\n10.1.0.11:1\n", {}, WALL, False, None,
+                 id="still in the discovery file: not yet"),
+    pytest.param("10.1.0.10:1\n", {"10.1.0.11": 1}, WALL, False, None,
+                 id="out of the file, horovodrun still has an ssh client to it: not yet"),
+    pytest.param("10.1.0.10:1\n", {}, WALL, True, " (horovodrun let it go)",
+                 id="out of the file and let go: deleted"),
+    pytest.param("10.1.0.10:1\n", {"10.1.0.11": 1}, WALL + 60, True,
+                 " (timeout; 1 ssh clients left)", id="still held after the timeout: deleted"),
+])
+def test_scale_in(published: str, clients: dict[str, int], wall: float, removed: bool,
+                  note: str | None) -> None:
+    p = plan(picture(RETIRING, SCALED_IN, published=published,
+                     ssh_clients={"10.1.0.11": 0, **clients}, wall=wall), S)
+    name = pod_name(JOB, 1, 1)
+    assert (1 not in p.fleet.slots) is removed
+    assert p.deletes == ((DeletePod(name, f"uid-{name}", None),) if removed else ())
+    assert p.ours == (frozenset({f"uid-{name}"}) if removed else frozenset())
+    notes = [n.k8s.note for n in p.notes if n.k8s is not None]
+    assert notes == ([f"scaled in: deleted {name} after {wall - WALL + 5:.1f}s{note}"]
+                     if removed else [])
+    assert p.creates == (), "a retiring slot never gets a new pod"
+
+
+def reused_render(name: str) -> Rendered:
+    return Rendered(lines=("10.1.0.10:1",), hosts={"10.1.0.10": pod_name(JOB, 0, 1)},
+                    left_out={name: Unusable.HOST_REUSED})
+
+
+@pytest.mark.parametrize(("before", "replaced", "said"), [
+    pytest.param(0, True, "worker.host_reused", id="first time: replaced, no budget"),
+    pytest.param(REUSED_LIMIT, False, "worker.host_reused_again",
+                 id="the slot's pods got reused addresses REUSED_LIMIT times: left out, said"),
+    pytest.param(REUSED_LIMIT + 1, False, None, id="and said only once"),
+])
+def test_a_worker_with_a_reused_address(before: int, replaced: bool, said: str | None) -> None:
+    name = pod_name(JOB, 1, 1)
+    rendered = reused_render(name)
+    p = plan(picture(TWO, RUNNING_TWO, listed=rendered, reused={1: before}), S)
+    assert p.fleet.slots[1].incarnation == (2 if replaced else 1)
+    assert p.fleet.ledger == TWO.ledger, "no restart budget used"
+    assert [d.name for d in p.deletes] == ([name] if replaced else [])
+    assert [c.name for c in p.creates] == ([pod_name(JOB, 1, 2)] if replaced else [])
+    assert [n.event for n in p.notes] == ([said] if said else [])
+    assert p.reused == {1: before + 1}
+    assert p.reuse_checked is rendered
+    again = plan(picture(p.fleet, RUNNING_TWO, listed=rendered, reuse_checked=rendered,
+                         reused=p.reused, expected=p.expected), S)
+    assert (again.deletes, again.notes) == ((), ()), "one render is looked at once"
+
+
+def test_below_min_np_the_job_fails_with_the_dropped_slots() -> None:
+    f = Fleet(slots={0: Slot(dropped="exit 42 matched rule ignore"), 1: Slot(dropped="x")})
+    p = plan(picture(f, {}), replace(S, min_np=1))
+    assert p.fail == ("only 0 of MIN_NP 1 slots can still run; dropped slots: "
+                      "{0: 'exit 42 matched rule ignore', 1: 'x'}")
+    assert p.creates == ()
+
+
+def test_backoff_holds_a_replacement_until_due() -> None:
+    f = Fleet(slots={0: Slot(), 1: Slot(incarnation=2, due=WALL + 5, avoid_node="node-a")})
+    assert plan(picture(f, pods(worker(0))), S).creates == ()
+    later = plan(picture(f, pods(worker(0)), wall=WALL + 5), S)
+    assert later.creates == (Create(1, 2, pod_name(JOB, 1, 2), "node-a"),)
+
+
+def test_a_worker_retiring_since_this_step_waits_for_its_ssh_clients_to_be_counted() -> None:
+    """The file withdrawn (published ""): the host is not in it, but nobody counted horovodrun's
+    ssh clients to it yet: not deleted in this step."""
+    p = plan(picture(TWO, RUNNING_TWO, scale_request=1, published=""), S)
+    assert p.fleet.slots[1].retiring_at == WALL
+    assert p.deletes == ()
+    counted = plan(picture(p.fleet, RUNNING_TWO, published="", ssh_clients={"10.1.0.11": 0}), S)
+    assert [d.name for d in counted.deletes] == [pod_name(JOB, 1, 1)]
