@@ -1,5 +1,8 @@
 """PURE: from what the loop knows now to the workers it wants, level-triggered.
 
+Two steps, both pure: `on_failures` decides on the failures the loop classified (policy rules,
+restart budgets, which pods to delete, the job failing), and `plan` reconciles the fleet.
+
 `plan` is one step of the fleet's reconcile, in the style of controller-runtime's: it reads
 the whole picture each time (the fleet of slots with their budgets, the worker pods the watch
 shows, the discovery file as published, the pods being created and the ones admission refused,
@@ -36,11 +39,13 @@ from typing import Any
 
 from supervisor import discovery, fleet
 from supervisor.actuator import DeletePod
+from supervisor.classify import Cause, Failure
 from supervisor.config import Config, HostMode
 from supervisor.discovery import Rendered
 from supervisor.fleet import Create, Fleet
 from supervisor.model import EventSpec
 from supervisor.observe import Obj, Unusable
+from supervisor.policy import Action, Decision, Policy
 from supervisor.workers import pod_name
 
 REUSED_LIMIT = 5  # pods of one slot replaced because their IP was another worker's
@@ -280,3 +285,122 @@ def plan(p: Picture, s: Settings) -> Plan:
     return Plan(step.fleet, step.reused, reuse_checked, None, expected,
                 tuple(step.creates), tuple(step.deletes), frozenset(step.ours),
                 tuple(step.notes), fail)
+
+
+# -- failures -----------------------------------------------------------------------------------
+
+
+def containers_run(pod: Obj) -> bool:
+    """Every container of the pod is running (its phase says Running for a while after its
+    container ended: the kubelet reports Failed only once the pod is torn down)."""
+    statuses = pod.get("status", {}).get("containerStatuses") or ()
+    return bool(statuses) and all("running" in (cs.get("state") or {}) for cs in statuses)
+
+
+@dataclass(frozen=True)
+class Failed:
+    """One failure the loop classified: the pod as seen, when, and the ssh clients of
+    horovodrun to its host that were killed for it (the host fenced before)."""
+
+    failure: Failure
+    pod: Obj
+    seen_at: float  # monotonic
+    ssh_killed: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Decided:
+    fleet: Fleet | None
+    deletes: tuple[DeletePod, ...] = ()
+    notes: tuple[Note, ...] = ()
+    replace_from: Mapping[str, float] = field(default_factory=dict)  # new pod -> failure seen
+    counts: tuple[tuple[str, str], ...] = ()  # (cause, action) of each decision taken
+    fail: str | None = None  # a FailJob rule matched (POLICY_FAILED): why
+
+
+def on_failures(f: Fleet | None, failed: list[Failed], policy: Policy, s: Settings,
+                wall: float) -> Decided:
+    """Decide on each failure in turn (policy.decide through fleet.on_failure, the budgets in
+    the fleet's ledger): the new fleet, the pods to delete (a pod on a lost node or a hung one
+    is force-deleted, an idle one whose training process died gracefully), the Events, when
+    each replacement's clock started, and whether the job fails. `f` None: the supervisor does
+    not own the workers (decisions are taken and said, nothing is replaced)."""
+    d = _Deciding(f, policy, s)
+    for x in failed:
+        d.decide(x, wall)
+    return Decided(d.fleet, tuple(d.deletes), tuple(d.notes), d.replace_from,
+                   tuple(d.counts), d.fail)
+
+
+@dataclass
+class _Deciding:
+    """`on_failures` under way (local to one call)."""
+
+    fleet: Fleet | None
+    policy: Policy
+    s: Settings
+    deletes: list[DeletePod] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
+    replace_from: dict[str, float] = field(default_factory=dict)
+    counts: list[tuple[str, str]] = field(default_factory=list)
+    fail: str | None = None
+
+    def decide(self, x: Failed, wall: float) -> None:
+        fl, pod, s = x.failure, x.pod, self.s
+        found = fleet.slot_of(pod, s.job) if self.fleet is not None else None
+        if (found is not None and fl.cause in (Cause.NODE_NOT_READY, Cause.HUNG)
+                and pod["metadata"].get("deletionGracePeriodSeconds") != 0):
+            # On a lost node the pod would stay Terminating forever, and a hung process would
+            # not heed a SIGTERM: force it out (also when an earlier supervisor decided
+            # already but did not get to delete it).
+            self.deletes.append(DeletePod(fl.pod, fl.uid, 0))
+        elif (found is not None and fl.cause is Cause.EXIT_CODE and containers_run(pod)
+              and not pod["metadata"].get("deletionTimestamp")):
+            # Its training process died but the container lives on (the driver saw it): an
+            # idle pod Horovod will never use again. A graceful delete: its kubelet is fine.
+            self.deletes.append(DeletePod(fl.pod, fl.uid, None))
+        why = ("SUPERVISOR_WORKER_TEMPLATE is not set: the supervisor does not create workers"
+               if self.fleet is None else "not created by this supervisor (no slot label)")
+        new, d = fleet.on_failure(self.fleet or Fleet(), fl, found, self.policy, wall,
+                                  unmanaged_reason=why)
+        if d is None:
+            self.notes.append(Note("info", "worker.failure_handled_before", {
+                "pod": fl.pod, "cause": fl.cause.value, "slot": found[0] if found else None}))
+            return
+        if self.fleet is not None:
+            self.fleet = new
+        self.counts.append((fl.cause.value, d.action.value))
+        self.notes.append(self.note(x, d, found))
+        if d.action is Action.RESTART and found is not None:
+            self.replace_from[pod_name(s.job, found[0], found[1] + 1)] = x.seen_at + d.delay_s
+        if d.action is Action.FAIL_JOB and self.fail is None:
+            self.fail = f"{fl.pod}: {fl.cause.value} ({fl.detail}) matched {d.rule} -> FailJob"
+
+    def note(self, x: Failed, d: Decision, found: tuple[int, int] | None) -> Note:
+        fl = x.failure
+        limit = self.policy.budgets.restart_limit
+        used = self.fleet.ledger.total if self.fleet is not None else 0
+        cause = fl.cause.value if fl.exit_code is None else f"{fl.cause.value} {fl.exit_code}"
+        if d.action is Action.RESTART:
+            assert found is not None
+            then = pod_name(self.s.job, found[0], found[1] + 1)
+            reason, outcome = "WorkerRestarting", (
+                f"replacing it with {then}" + (f" in {d.delay_s:.1f}s (backoff)" if d.delay_s
+                                               else ""))
+        elif d.action is Action.FAIL_JOB:
+            reason, outcome = "JobFailing", "failing the job"
+        elif d.refused:
+            reason, outcome = "RestartRefused", f"dropping it: {d.refused}"
+        else:
+            reason, outcome = "WorkerDropped", "dropping it (Ignore)"
+        slot = f" (slot {found[0]})" if found else ""
+        note = (f"worker {fl.pod}{slot} on node {fl.node or '-'}: {cause}: {fl.detail}; "
+                f"rule {d.rule!r}: {d.action.value}; {outcome}; restarts used {used}/{limit}")
+        return Note("warning", "worker.failed", {
+            "pod": fl.pod, "slot": found[0] if found else None, "node": fl.node,
+            "cause": fl.cause.value, "exit_code": fl.exit_code, "container": fl.container,
+            "detail": fl.detail, "rule": d.rule, "action": d.action.value,
+            "refused": d.refused, "delay_s": d.delay_s, "counted": d.counted,
+            "restarts_used": used, "restart_limit": limit,
+            "ssh_clients_killed": list(x.ssh_killed)},
+            EventSpec("Warning", reason, d.action.value, note))

@@ -8,12 +8,15 @@ is synced and MIN_NP slots are usable, forwards signals and kills the tree after
 A pass runs at least every RESYNC_SECONDS even without events (staleness, start timeout, reaping).
 
 Failures: every pod event (and, while a node is down, every pass) runs the pure classifier on
-the worker; a failure goes through the policy once (fleet.on_failure), horovodrun's ssh
-clients for the worker are killed first (a frozen worker never closes them), a stranded pod on a
-lost node is force-deleted, and, when the supervisor owns the workers (a worker template), the
-fleet's new state is saved before the replacement is created. Cluster changes go through the
-injected `act` (the actuator thread), whose outcomes come back on the queue. A FailJob rule, or
-too few workers left for MIN_NP, stops horovodrun and ends the run with a documented code.
+the worker; the failed hosts are fenced and horovodrun's ssh clients to them killed first (a
+frozen worker never closes them), then the pure `plan.on_failures` decides (policy, budgets,
+force deletes of stranded or hung pods, a FailJob), and the pure `plan.plan` reconciles the
+fleet from the whole picture (scale requests, scale-in deletes, reused addresses, expectations,
+creates, the MIN_NP check); this module gathers their inputs and carries their outputs out:
+the fleet's new state is saved before the replacements are created. Cluster changes go through
+the injected `act` (the actuator thread), whose outcomes come back on the queue. A FailJob
+rule, or too few workers left for MIN_NP, stops horovodrun and ends the run with a documented
+code.
 
 Decisions are logged once each under a dotted name and, where they change the job, posted as
 Kubernetes Events through the injected `events` callable (never blocking).
@@ -31,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from supervisor import admission, discovery, fleet, hang, plan, regroup, reload
-from supervisor.actuator import CreatePod, DeletePod, Op, SaveState
+from supervisor.actuator import CreatePod, Op, SaveState
 from supervisor.channel import HookChannel
 from supervisor.classify import (
     Cause,
@@ -70,7 +73,6 @@ from supervisor.observe import (
     Obj,
     SourceHealth,
 )
-from supervisor.policy import Action, Decision
 from supervisor.workers import pod_name, worker_pod
 
 PROGRESS_EVERY_S = 5.0
@@ -157,13 +159,6 @@ class LoopState:
     blocked: dict[str, admission.Refusal] = field(default_factory=dict)  # creates refused
     gate_since: float = 0.0  # since when the start gate waits for MIN_NP slots
     hangs: HangWatch = field(default_factory=HangWatch)
-
-
-def _containers_run(pod: Obj) -> bool:
-    """Every container of the pod is running (its phase says Running for a while after its
-    container ended: the kubelet reports Failed only once the pod is torn down)."""
-    statuses = pod.get("status", {}).get("containerStatuses") or ()
-    return bool(statuses) and all("running" in (cs.get("state") or {}) for cs in statuses)
 
 
 class Supervisor:
@@ -428,8 +423,8 @@ class Supervisor:
         # One walk of horovodrun's tree for all of them (a lost node may take 100 workers).
         killed = (self.kill_ssh_clients(st.child.pid, hosts)
                   if st.child is not None and hosts else {})
-        for failure, pod, seen_at in failures:
-            self._on_failure(failure, pod, seen_at, wall, now, ssh_killed=killed)
+        if failures:
+            self._decide(failures, killed, now, wall)
         if failures and st.child is not None and self.channel is not None:
             snap = self.channel.snapshot()
             for host in hosts:
@@ -462,10 +457,7 @@ class Supervisor:
         st.fleet, st.reused, st.reuse_checked = p.fleet, dict(p.reused), p.reuse_checked
         st.scale_request, st.expected = p.scale_request, dict(p.expected)
         st.failed |= p.ours
-        for note in p.notes:
-            getattr(self.log, note.level)(note.event, **note.fields)
-            if note.k8s is not None:
-                self.events(note.k8s)
+        self._say(p.notes)
         for op in p.deletes:
             self.act(op)
         if st.fleet != st.saved:
@@ -534,42 +526,31 @@ class Supervisor:
                              lease_seconds=grace_s)
             self.events(EventSpec("Warning", "NodeLeaseNotUsed", "Ignore", note))
 
-    def _on_failure(self, f: Failure, pod: Obj, seen_at: float, wall: float,
-                    now: float, *, ssh_killed: Mapping[str, list[int]]) -> None:
-        """Decide on one failure (its host already fenced, its ssh clients killed)."""
+    def _decide(self, failures: list[tuple[Failure, Obj, float]],
+                killed: Mapping[str, list[int]], now: float, wall: float) -> None:
+        """Decide on the failures (plan.on_failures, pure; their hosts already fenced, their
+        ssh clients killed) and carry the decisions out."""
         st, cfg = self.state, self.cfg
-        host = discovery.host_of(pod, cfg.host_mode)
-        killed = list(ssh_killed.get(host, [])) if host else []
-        found = fleet.slot_of(pod, cfg.job_name) if st.fleet is not None else None
-        if (found is not None and f.cause in (Cause.NODE_NOT_READY, Cause.HUNG)
-                and pod["metadata"].get("deletionGracePeriodSeconds") != 0):
-            # On a lost node the pod would stay Terminating forever, and a hung process would
-            # not heed a SIGTERM: force it out (also when an earlier supervisor decided already
-            # but did not get to delete it).
-            self.act(DeletePod(f.pod, f.uid, 0))
-        elif (found is not None and f.cause is Cause.EXIT_CODE and _containers_run(pod)
-              and not pod["metadata"].get("deletionTimestamp")):
-            # Its training process died but the container lives on (the driver saw it): an
-            # idle pod Horovod will never use again. A graceful delete: its kubelet is fine.
-            self.act(DeletePod(f.pod, f.uid, None))
-        why = ("SUPERVISOR_WORKER_TEMPLATE is not set: the supervisor does not create workers"
-               if st.fleet is None else "not created by this supervisor (no slot label)")
-        new, d = fleet.on_failure(st.fleet or Fleet(), f, found, cfg.policy, wall,
-                                  unmanaged_reason=why)
-        if d is None:
-            self.log.info("worker.failure_handled_before", pod=f.pod, cause=f.cause.value,
-                          slot=found[0] if found else None)
-            return
-        if st.fleet is not None:
-            st.fleet = new
-        self.metrics.worker_failures.labels(f.cause.value, d.action.value).inc()
-        self._report_decision(f, d, found, killed)
-        if d.action is Action.RESTART and found is not None:
-            st.replace_from[pod_name(cfg.job_name, found[0], found[1] + 1)] = (
-                seen_at + d.delay_s)
-        if d.action is Action.FAIL_JOB:
-            self._fail(ExitCode.POLICY_FAILED, f"{f.pod}: {f.cause.value} "
-                       f"({f.detail}) matched {d.rule} -> FailJob", now, event=False)
+        d = plan.on_failures(st.fleet, [
+            plan.Failed(f, pod, seen_at, tuple(killed.get(host, ())) if (
+                host := discovery.host_of(pod, cfg.host_mode)) else ())
+            for f, pod, seen_at in failures], cfg.policy, plan.Settings.of(cfg), wall)
+        st.fleet = d.fleet
+        for op in d.deletes:
+            self.act(op)
+        for cause, action in d.counts:
+            self.metrics.worker_failures.labels(cause, action).inc()
+        self._say(d.notes)
+        st.replace_from.update(d.replace_from)
+        if d.fail is not None:
+            self._fail(ExitCode.POLICY_FAILED, d.fail, now, event=False)
+
+    def _say(self, notes: Sequence[plan.Note]) -> None:
+        """Log each decision of a plan, and post its Event if it has one."""
+        for note in notes:
+            getattr(self.log, note.level)(note.event, **note.fields)
+            if note.k8s is not None:
+                self.events(note.k8s)
 
     # -- hangs (the hook's heartbeats: channel.py, hang.py) -----------------------------------
 
@@ -780,35 +761,6 @@ class Supervisor:
         self.log.warning("scale.refused", workers=workers, reason=why)
         self.events(EventSpec("Warning", "ScaleRefused", "Scale",
                               f"scale to {workers} workers refused: {why}"))
-
-    def _report_decision(self, f: Failure, d: Decision, found: tuple[int, int] | None,
-                         killed: list[int]) -> None:
-        cfg = self.cfg
-        limit = cfg.policy.budgets.restart_limit
-        used = (self.state.fleet.ledger.total if self.state.fleet is not None else 0)
-        cause = f.cause.value if f.exit_code is None else f"{f.cause.value} {f.exit_code}"
-        if d.action is Action.RESTART:
-            assert found is not None
-            then = pod_name(cfg.job_name, found[0], found[1] + 1)
-            reason, kind = "WorkerRestarting", "Warning"
-            outcome = (f"replacing it with {then}"
-                       + (f" in {d.delay_s:.1f}s (backoff)" if d.delay_s else ""))
-        elif d.action is Action.FAIL_JOB:
-            reason, kind, outcome = "JobFailing", "Warning", "failing the job"
-        elif d.refused:
-            reason, kind, outcome = "RestartRefused", "Warning", f"dropping it: {d.refused}"
-        else:
-            reason, kind, outcome = "WorkerDropped", "Warning", "dropping it (Ignore)"
-        slot = f" (slot {found[0]})" if found else ""
-        note = (f"worker {f.pod}{slot} on node {f.node or '-'}: {cause}: {f.detail}; "
-                f"rule {d.rule!r}: {d.action.value}; {outcome}; restarts used {used}/{limit}")
-        self.log.warning("worker.failed", pod=f.pod, slot=found[0] if found else None,
-                         node=f.node, cause=f.cause.value, exit_code=f.exit_code,
-                         container=f.container, detail=f.detail, rule=d.rule,
-                         action=d.action.value, refused=d.refused, delay_s=d.delay_s,
-                         counted=d.counted, restarts_used=used, restart_limit=limit,
-                         ssh_clients_killed=killed)
-        self.events(EventSpec(kind, reason, d.action.value, note))
 
     def _fail(self, code: int, reason: str, now: float, *, event: bool = True) -> None:
         """End the run with `code`: stop horovodrun (SIGTERM, then the tree after the grace)."""

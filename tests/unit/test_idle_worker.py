@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.reconcile import _containers_run
+from supervisor.plan import containers_run
 
 SEQ = json.loads((Path(__file__).parent / "shapes" / "sequences" / "exit137_never.json")
                  .read_text())
@@ -32,4 +32,4 @@ def terminated_while_running() -> dict[str, Any]:
     pytest.param(SEQ[0]["object"], False, id="no container status yet"),
 ])
 def test_only_a_pod_whose_containers_all_run_is_idle(pod: dict[str, Any], idle: bool) -> None:
-    assert _containers_run(pod) is idle
+    assert containers_run(pod) is idle

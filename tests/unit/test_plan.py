@@ -13,11 +13,21 @@ import pytest
 
 from supervisor import fleet
 from supervisor.actuator import DeletePod
+from supervisor.classify import Cause, Failure
 from supervisor.config import HostMode
 from supervisor.discovery import Rendered
 from supervisor.fleet import Create, Fleet, Slot
 from supervisor.observe import Unusable
-from supervisor.plan import EXPECTATION_TIMEOUT_S, REUSED_LIMIT, Picture, Settings, plan
+from supervisor.plan import (
+    EXPECTATION_TIMEOUT_S,
+    REUSED_LIMIT,
+    Failed,
+    Picture,
+    Settings,
+    on_failures,
+    plan,
+)
+from supervisor.policy import Action, Budgets, Policy, Rule
 from supervisor.workers import LABEL_INCARNATION, LABEL_JOB, LABEL_ROLE, LABEL_SLOT, pod_name
 from tests.unit import shapes
 
@@ -197,3 +207,87 @@ def test_a_worker_retiring_since_this_step_waits_for_its_ssh_clients_to_be_count
     assert p.deletes == ()
     counted = plan(picture(p.fleet, RUNNING_TWO, published="", ssh_clients={"10.1.0.11": 0}), S)
     assert [d.name for d in counted.deletes] == [pod_name(JOB, 1, 1)]
+
+
+# -- on_failures ---------------------------------------------------------------------------------
+
+W0 = pod_name(JOB, 0, 1)
+
+
+def failed(cause: Cause, *, exit_code: int | None = None, deleting: bool = False,
+           container_ended: bool = False, killed: tuple[int, ...] = ()) -> Failed:
+    p = worker(0)
+    if deleting:
+        p["metadata"]["deletionTimestamp"] = "2026-11-21T12:14:00Z"
+        p["metadata"]["deletionGracePeriodSeconds"] = 0
+    if container_ended:
+        p["status"]["containerStatuses"][0]["state"] = {"terminated": {"exitCode": 137}}
+    f = Failure(cause, W0, f"uid-{W0}", "node-a", exit_code, "worker" if exit_code else None,
+                "detail")
+    return Failed(f, p, NOW, killed)
+
+
+@pytest.mark.parametrize(("x", "policy", "deletes", "reason", "slot"), [
+    pytest.param(failed(Cause.HUNG), Policy(), [DeletePod(W0, f"uid-{W0}", 0)],
+                 "WorkerRestarting", Slot(incarnation=2, due=WALL, avoid_node="node-a"),
+                 id="hung: force-deleted (it would not heed a SIGTERM), replaced"),
+    pytest.param(failed(Cause.NODE_NOT_READY, deleting=True), Policy(), [], "WorkerRestarting",
+                 Slot(incarnation=2, due=WALL, avoid_node="node-a"),
+                 id="lost node, already force-deleted: not again"),
+    pytest.param(failed(Cause.EXIT_CODE, exit_code=137), Policy(),
+                 [DeletePod(W0, f"uid-{W0}", None)], "WorkerRestarting",
+                 Slot(incarnation=2, due=WALL, avoid_node="node-a"),
+                 id="its process died, its container runs on idle: deleted gracefully"),
+    pytest.param(failed(Cause.EXIT_CODE, exit_code=137, container_ended=True), Policy(), [],
+                 "WorkerRestarting", Slot(incarnation=2, due=WALL, avoid_node="node-a"),
+                 id="its container ended: nothing to delete"),
+    pytest.param(failed(Cause.EXIT_CODE, exit_code=137, container_ended=True),
+                 Policy(budgets=Budgets(restart_limit=0)), [], "RestartRefused",
+                 Slot(dropped="restart limit 0 reached"), id="no budget left: dropped"),
+    pytest.param(failed(Cause.EXIT_CODE, exit_code=1, container_ended=True), Policy(), [],
+                 "WorkerDropped", Slot(dropped="Ignore by default: other exit codes"),
+                 id="exit 1: the default rule ignores it"),
+])
+def test_a_decision_per_failure(x: Failed, policy: Policy, deletes: list[DeletePod],
+                                reason: str, slot: Slot) -> None:
+    d = on_failures(TWO, [x], policy, S, WALL)
+    assert list(d.deletes) == deletes
+    assert d.fleet is not None and d.fleet.slots[0] == slot
+    assert [(n.event, n.k8s.reason if n.k8s else None) for n in d.notes] == [
+        ("worker.failed", reason)]
+    assert d.counts == ((x.failure.cause.value, d.notes[0].fields["action"]),)
+    assert d.replace_from == ({pod_name(JOB, 0, 2): NOW} if reason == "WorkerRestarting"
+                              else {})
+    assert d.fail is None
+
+
+def test_the_event_says_what_was_decided_and_the_budget_used() -> None:
+    d = on_failures(TWO, [failed(Cause.HUNG, killed=(41, 42))], Policy(), S, WALL)
+    n = d.notes[0]
+    limit = Policy().budgets.restart_limit
+    assert n.k8s is not None and n.k8s.note == (
+        f"worker {W0} (slot 0) on node node-a: Hung: detail; rule 'default: node loss, force "
+        "delete, eviction, preemption, deletion, hang': Restart; replacing it with "
+        f"{pod_name(JOB, 0, 2)}; restarts used 1/{limit}")
+    assert n.fields["ssh_clients_killed"] == [41, 42]
+
+
+def test_a_second_failure_of_the_same_pod_is_stale() -> None:
+    d = on_failures(TWO, [failed(Cause.HUNG), failed(Cause.NODE_NOT_READY)], Policy(), S, WALL)
+    assert [n.event for n in d.notes] == ["worker.failed", "worker.failure_handled_before"]
+    assert d.fleet is not None and d.fleet.ledger.total == 1
+
+
+def test_a_fail_job_rule_fails_the_job_with_the_rule() -> None:
+    rule = Rule("r0", Action.FAIL_JOB, exit_codes=((3, 3),))
+    d = on_failures(TWO, [failed(Cause.EXIT_CODE, exit_code=3, container_ended=True)],
+                    Policy(rules=(rule,)), S, WALL)
+    assert d.fail == f"{W0}: ExitCode (detail) matched r0 -> FailJob"
+    assert d.notes[0].k8s is not None and d.notes[0].k8s.reason == "JobFailing"
+
+
+def test_without_a_fleet_a_restart_is_refused_and_nothing_is_deleted() -> None:
+    d = on_failures(None, [failed(Cause.HUNG)], Policy(), S, WALL)
+    assert (d.fleet, d.deletes, d.replace_from) == (None, (), {})
+    assert d.notes[0].fields["refused"] == ("SUPERVISOR_WORKER_TEMPLATE is not set: the "
+                                            "supervisor does not create workers")
