@@ -1,7 +1,9 @@
 """PURE: from what the loop knows now to the workers it wants, level-triggered.
 
-Two steps, both pure: `on_failures` decides on the failures the loop classified (policy rules,
-restart budgets, which pods to delete, the job failing), and `plan` reconciles the fleet.
+Three steps, all pure: `on_failures` decides on the failures the loop classified (policy
+rules, restart budgets, which pods to delete, the job failing), `plan` reconciles the fleet,
+and `listing` decides the hosts to publish from the view's render (held back while survivors
+regroup, re-announced when Horovod missed one).
 
 `plan` is one step of the fleet's reconcile, in the style of controller-runtime's: it reads
 the whole picture each time (the fleet of slots with their budgets, the worker pods the watch
@@ -37,8 +39,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from supervisor import discovery, fleet
+from supervisor import discovery, fleet, regroup
 from supervisor.actuator import DeletePod
+from supervisor.channel import Beat, Driver
 from supervisor.classify import Cause, Failure
 from supervisor.config import Config, HostMode
 from supervisor.discovery import Rendered
@@ -404,3 +407,83 @@ class _Deciding:
             "restarts_used": used, "restart_limit": limit,
             "ssh_clients_killed": list(x.ssh_killed)},
             EventSpec("Warning", reason, d.action.value, note))
+
+
+# -- the published host list ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What the host list is decided from, besides the view's render (`listed`)."""
+
+    listed: Rendered  # the view's usable hosts and why others are left out
+    published: str  # the discovery file as published ("" while withdrawn)
+    regroup: regroup.Pending | None  # a failure the survivors have not regrouped from
+    beats: tuple[Beat, ...]  # the hook's heartbeats (empty: no horovodrun or no hook)
+    driver: Driver | None  # what the driver hook said last (None: no horovodrun or no hook)
+    listed_since: Mapping[str, float]  # host -> in the file since (monotonic)
+    reannounced: Mapping[str, tuple[int, float]]  # host -> (world seq, out until)
+    held_said: bool  # the hold-back of this regroup was said already
+    running: bool  # horovodrun runs with the hook channel
+    now: float
+
+
+@dataclass(frozen=True)
+class Listed:
+    rendered: Rendered  # the hosts to publish, and why the others are left out
+    regroup: regroup.Pending | None
+    reannounced: Mapping[str, tuple[int, float]]
+    held_said: bool
+    notes: tuple[Note, ...] = ()
+
+
+def listing(x: Listing, slots_per_worker: int, min_np: int, max_np: int) -> Listed:
+    """The hosts to publish: the view's usable hosts, minus new ones held back while the
+    survivors of a failure regroup (regroup.held), minus, for a moment, a host Horovod missed
+    (regroup.missed: taken out once per world the driver assigns, so that its discovery sees
+    it appear again)."""
+    notes: list[Note] = []
+    rendered, pending, held_said = x.listed, x.regroup, x.held_said
+    if pending is None or not x.running:
+        pending = None
+    else:
+        listed = frozenset(line.rsplit(":", 1)[0] for line in x.published.splitlines())
+        held = regroup.held(pending, x.beats, listed=listed, usable=frozenset(rendered.hosts),
+                            slots_per_worker=slots_per_worker, min_np=min_np, now=x.now)
+        if held:
+            if not held_said:
+                held_said = True
+                notes.append(Note("info", "discovery.held", {
+                    "hosts": sorted(held), "since_failure_s": round(x.now - pending.since, 2)}))
+            rendered = discovery.hold_back(rendered, held, slots_per_worker)
+        elif regroup.over(pending, x.beats, x.now):
+            if held_said:
+                held_said = False
+                notes.append(Note("info", "discovery.released", {
+                    "waited_s": round(x.now - pending.since, 2),
+                    "regrouped": regroup.regrouped(pending, x.beats)}))
+            pending = None
+    reannounced = dict(x.reannounced)
+    driver = x.driver
+    if driver is None or not driver.world_seq:
+        return Listed(rendered, pending, reannounced, held_said, tuple(notes))
+    out = {host for host, (_, until) in reannounced.items()
+           if x.now < until and host in rendered.hosts}
+    for host in regroup.missed(x.listed_since, driver.world, driver.world_at,
+                               slots_per_worker=slots_per_worker, max_np=max_np, now=x.now):
+        if host in out or host not in rendered.hosts or \
+                reannounced.get(host, (-1, 0.0))[0] == driver.world_seq:
+            continue
+        reannounced[host] = (driver.world_seq, x.now + regroup.REANNOUNCE_OUT_S)
+        out.add(host)
+        waited = round(x.now - x.listed_since.get(host, x.now), 1)
+        notes.append(Note("warning", "discovery.reannounced", {
+            "host": host, "listed_s": waited, "world": sorted(driver.world)}, EventSpec(
+            "Warning", "HostReannounced", "Discovery",
+            f"{host} was listed for {waited}s but horovodrun's last world "
+            f"({len(driver.world)} hosts) left it out: Horovod missed its arrival (it came "
+            f"during a reset); taken out of the host list for "
+            f"{regroup.REANNOUNCE_OUT_S:g}s and listed again")))
+    if out:
+        rendered = discovery.hold_back(rendered, frozenset(out), slots_per_worker)
+    return Listed(rendered, pending, reannounced, held_said, tuple(notes))

@@ -3,7 +3,9 @@
 Reflector threads put watch events and their own news on the queue, a waiter thread puts the
 child's exit, signal handlers put signals. Each pass drains everything queued (coalescing bursts),
 applies it to the view, and then, level-triggered from the whole view: renders the discovery
-lines, publishes or withdraws the file (pure `discovery.decide`), starts horovodrun once the view
+lines, decides the hosts to publish (pure `plan.listing`: new ones held back while survivors
+regroup, one Horovod missed re-announced), publishes or withdraws the file (pure
+`discovery.decide`), starts horovodrun once the view
 is synced and MIN_NP slots are usable, forwards signals and kills the tree after the grace period.
 A pass runs at least every RESYNC_SECONDS even without events (staleness, start timeout, reaping).
 
@@ -924,7 +926,7 @@ class Supervisor:
             self.metrics.workers_listed.set(len(st.view.pods))
             self.metrics.workers_live.set(st.listed.live)
         # New hosts may be held back while survivors regroup: that depends on the time too.
-        rendered = self._reannounce(self._hold_new_hosts(st.listed, now), now)
+        rendered = self._listing(st.listed, now)
         if rendered is not st.rendered:
             self._report_membership(st.rendered, rendered)
             st.rendered = rendered
@@ -957,61 +959,27 @@ class Supervisor:
                                       f"host list withdrawn: {decision.reason}"))
             st.published = None
 
-    def _hold_new_hosts(self, rendered: Rendered, now: float) -> Rendered:
-        """Keep new hosts out while the survivors of a failure regroup (regroup.py)."""
-        st, h = self.state, self.state.hangs
-        if h.regroup is None or self.channel is None or st.child is None:
-            h.regroup = None
-            return rendered
-        beats = list(self.channel.snapshot().beats.values())
-        listed = frozenset(line.rsplit(":", 1)[0] for line in (st.published or "").splitlines())
-        held = regroup.held(h.regroup, beats, listed=listed,
-                            usable=frozenset(rendered.hosts),
-                            slots_per_worker=self.cfg.slots_per_worker, min_np=self.cfg.min_np,
-                            now=now)
-        if held:
-            if "held" not in h.reported:
-                h.reported.add("held")
-                self.log.info("discovery.held", hosts=sorted(held),
-                              since_failure_s=round(now - h.regroup.since, 2))
-            return discovery.hold_back(rendered, held, self.cfg.slots_per_worker)
-        if regroup.over(h.regroup, beats, now):
-            if "held" in h.reported:
-                h.reported.discard("held")
-                self.log.info("discovery.released", waited_s=round(now - h.regroup.since, 2),
-                              regrouped=regroup.regrouped(h.regroup, beats))
-            h.regroup = None
-        return rendered
-
-    def _reannounce(self, rendered: Rendered, now: float) -> Rendered:
-        """Take a host Horovod missed out of the file for a moment (regroup.missed), once per
-        world the driver assigns, so that its discovery sees it appear again."""
+    def _listing(self, listed: Rendered, now: float) -> Rendered:
+        """The hosts to publish (plan.listing, pure): gather its inputs, keep its outputs."""
         st, h, cfg = self.state, self.state.hangs, self.cfg
-        driver = self.channel.driver() if self.channel is not None and st.child else None
-        if driver is None or not driver.world_seq:
-            return rendered
-        out = {host for host, (_, until) in h.reannounced.items()
-               if now < until and host in rendered.hosts}
-        for host in regroup.missed(h.listed_since, driver.world, driver.world_at,
-                                   slots_per_worker=cfg.slots_per_worker, max_np=cfg.max_np,
-                                   now=now):
-            if host in out or host not in rendered.hosts or \
-                    h.reannounced.get(host, (-1, 0.0))[0] == driver.world_seq:
-                continue
-            h.reannounced[host] = (driver.world_seq, now + regroup.REANNOUNCE_OUT_S)
-            out.add(host)
-            waited = round(now - h.listed_since.get(host, now), 1)
-            self.log.warning("discovery.reannounced", host=host, listed_s=waited,
-                             world=sorted(driver.world))
-            self.events(EventSpec(
-                "Warning", "HostReannounced", "Discovery",
-                f"{host} was listed for {waited}s but horovodrun's last world "
-                f"({len(driver.world)} hosts) left it out: Horovod missed its arrival (it came "
-                f"during a reset); taken out of the host list for "
-                f"{regroup.REANNOUNCE_OUT_S:g}s and listed again"))
-        if not out:
-            return rendered
-        return discovery.hold_back(rendered, frozenset(out), cfg.slots_per_worker)
+        running = self.channel is not None and st.child is not None
+        if not running:
+            h.regroup = None
+        beats = (tuple(self.channel.snapshot().beats.values())
+                 if running and h.regroup is not None and self.channel is not None else ())
+        driver = self.channel.driver() if running and self.channel is not None else None
+        out = plan.listing(plan.Listing(
+            listed=listed, published=st.published or "", regroup=h.regroup, beats=beats,
+            driver=driver, listed_since=h.listed_since, reannounced=h.reannounced,
+            held_said="held" in h.reported, running=running, now=now),
+            cfg.slots_per_worker, cfg.min_np, cfg.max_np)
+        h.regroup, h.reannounced = out.regroup, dict(out.reannounced)
+        if out.held_said:
+            h.reported.add("held")
+        else:
+            h.reported.discard("held")
+        self._say(out.notes)
+        return out.rendered
 
     def _report_membership(self, old: Rendered | None, new: Rendered) -> None:
         old_out = dict(old.left_out) if old else {}

@@ -1,0 +1,98 @@
+"""plan.listing: the hosts to publish, from the view's render, the hook's heartbeats and the
+driver's last world (fake clock). Renders are what discovery.render makes of Ready workers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from supervisor.channel import Beat, Driver
+from supervisor.discovery import Rendered
+from supervisor.observe import Unusable
+from supervisor.plan import Listing, listing
+from supervisor.regroup import MAX_HOLD_S, MISSED_AFTER_S, REANNOUNCE_OUT_S, pending
+
+NOW = 500.0
+SURVIVOR, NEW, OTHER = "10.0.0.1", "10.0.0.7", "10.0.0.8"
+
+
+def render(*hosts: str) -> Rendered:
+    names = {h: f"w-{h.rsplit('.', 1)[1]}" for h in hosts}
+    return Rendered(lines=tuple(sorted(f"{h}:1" for h in hosts)), hosts=names, left_out={},
+                    live=len(hosts))
+
+
+def beat(inits: int = 1, progress: float | None = NOW - 2.0) -> Beat:
+    return Beat(sender="p1", host=SURVIVOR, pid=1, local_rank=0, first_seen=NOW - 60,
+                last_seen=NOW - 0.1, progress_at=progress, inits=inits)
+
+
+FAILED_AT = NOW - 0.5
+PENDING = pending([beat()], FAILED_AT)
+
+
+def case(**kw: Any) -> Listing:
+    base: dict[str, Any] = {
+        "listed": render(SURVIVOR, NEW), "published": f"{SURVIVOR}:1\n", "regroup": PENDING,
+        "beats": (beat(),), "driver": None, "listed_since": {SURVIVOR: NOW - 100},
+        "reannounced": {}, "held_said": False, "running": True, "now": NOW}
+    return Listing(**{**base, **kw})
+
+
+@pytest.mark.parametrize(("x", "hosts", "pending", "said"), [
+    pytest.param(case(), [SURVIVOR], PENDING, ["discovery.held"],
+                 id="survivors not regrouped: the new host waits, said once"),
+    pytest.param(case(held_said=True), [SURVIVOR], PENDING, [],
+                 id="still waiting: not said again"),
+    pytest.param(case(beats=(beat(inits=2, progress=NOW - 0.1),), held_said=True),
+                 [SURVIVOR, NEW], None, ["discovery.released"],
+                 id="the survivor initialised again and completed a collective: released"),
+    pytest.param(case(now=FAILED_AT + MAX_HOLD_S, held_said=True), [SURVIVOR, NEW], None,
+                 ["discovery.released"], id="held MAX_HOLD_S: given up on, released"),
+    pytest.param(case(running=False), [SURVIVOR, NEW], None, [],
+                 id="no horovodrun: nothing to wait for"),
+    pytest.param(case(regroup=None), [SURVIVOR, NEW], None, [], id="no failure: all listed"),
+])
+def test_new_hosts_wait_for_the_survivors_to_regroup(x: Listing, hosts: list[str],
+                                                     pending: Any, said: list[str]) -> None:
+    out = listing(x, slots_per_worker=1, min_np=1, max_np=3)
+    assert sorted(out.rendered.hosts) == hosts
+    assert out.regroup == pending
+    assert [n.event for n in out.notes] == said
+    if NEW not in hosts:
+        assert out.rendered.left_out == {"w-7": Unusable.HELD}
+    assert out.held_said is (NEW not in hosts)
+
+
+WORLD = Driver(ok=True, at=0.0, world=frozenset({SURVIVOR}), world_seq=4,
+               world_at=NOW - MISSED_AFTER_S - 1)
+MISSED = {SURVIVOR: NOW - 100, NEW: NOW - MISSED_AFTER_S - 5}
+
+
+def test_a_host_horovod_missed_is_taken_out_once_per_world_and_listed_again() -> None:
+    first = listing(case(regroup=None, driver=WORLD, listed_since=MISSED), 1, 1, 3)
+    assert sorted(first.rendered.hosts) == [SURVIVOR]
+    assert first.reannounced == {NEW: (4, NOW + REANNOUNCE_OUT_S)}
+    assert [(n.event, n.k8s.reason if n.k8s else None) for n in first.notes] == [
+        ("discovery.reannounced", "HostReannounced")]
+    later = listing(case(regroup=None, driver=WORLD, listed_since=MISSED,
+                         reannounced=first.reannounced, now=NOW + 1), 1, 1, 3)
+    assert sorted(later.rendered.hosts) == [SURVIVOR], "out for REANNOUNCE_OUT_S"
+    assert later.notes == ()
+    back = listing(case(regroup=None, driver=WORLD, listed_since=MISSED,
+                        reannounced=first.reannounced, now=NOW + REANNOUNCE_OUT_S), 1, 1, 3)
+    assert sorted(back.rendered.hosts) == [SURVIVOR, NEW], "listed again, same world: once"
+    assert back.notes == ()
+
+
+@pytest.mark.parametrize("driver", [
+    pytest.param(None, id="no driver hook"),
+    pytest.param(Driver(ok=True, at=0.0), id="no world assigned yet"),
+    pytest.param(Driver(ok=True, at=0.0, world=frozenset({SURVIVOR, NEW}), world_seq=4,
+                        world_at=NOW - 30), id="the world took it in"),
+])
+def test_nothing_is_reannounced_without_a_world_that_missed_it(driver: Driver | None) -> None:
+    out = listing(case(regroup=None, driver=driver, listed_since=MISSED), 1, 1, 3)
+    assert sorted(out.rendered.hosts) == [SURVIVOR, NEW]
+    assert (out.reannounced, out.notes) == ({}, ())
