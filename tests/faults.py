@@ -79,6 +79,14 @@ def freeze(pids: Iterable[int]) -> None:
             os.kill(pid, signal.SIGSTOP)
 
 
+def kill(pids: Iterable[int]) -> None:
+    """SIGKILL the processes: frozen ones whose ssh session was killed belong to init, and no
+    host's teardown finds them any more."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def thaw(pids: Iterable[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):

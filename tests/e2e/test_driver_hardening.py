@@ -26,7 +26,7 @@ import pytest
 
 from supervisor.proc import kill_ssh_clients
 from tests.e2e.fakehosts import Channel, HorovodRun, HostSet, horovod_on_fake_hosts
-from tests.faults import freeze, partitioned
+from tests.faults import freeze, kill, partitioned
 from tests.helpers import wait_for
 
 GLOO_TIMEOUT_S = 10
@@ -98,6 +98,7 @@ def test_the_hardened_driver_resumes_after_its_coordinator_hangs(
         coordinator = run.last_step()["host"]  # type: ignore[index]
         victims = [p.pid for p in hosts.training(coordinator)]
         assert victims, f"no training process on {coordinator}"
+        stack.callback(kill, victims)  # orphaned once their ssh client is killed
         if fault == "frozen":
             freeze(victims)
         else:
@@ -122,9 +123,13 @@ def test_without_the_hook_the_driver_hangs_for_good(
     test above can fail)."""
     hosts, runs = cluster
     run, addresses = training(tmp_path, hosts, runs, channel=None)
-    freeze(p.pid for p in hosts.training(run.last_step()["host"]))  # type: ignore[index]
-    _, at = fail_coordinator(run, addresses, declare=False)
-    time.sleep(RESUME_BOUND_S + 10)
-    assert run.proc is not None and run.proc.poll() is None, "horovodrun still runs"
-    assert resumed_at_full_size(run, at) is None, "and never regrouped"
-    assert not [s for s in run.steps() if s["time"] > at + GLOO_TIMEOUT_S + 1], run.tail()
+    victims = [p.pid for p in hosts.training(run.last_step()["host"])]  # type: ignore[index]
+    try:
+        freeze(victims)
+        _, at = fail_coordinator(run, addresses, declare=False)
+        time.sleep(RESUME_BOUND_S + 10)
+        assert run.proc is not None and run.proc.poll() is None, "horovodrun still runs"
+        assert resumed_at_full_size(run, at) is None, "and never regrouped"
+        assert not [s for s in run.steps() if s["time"] > at + GLOO_TIMEOUT_S + 1], run.tail()
+    finally:
+        kill(victims)  # orphaned once their ssh client is killed
