@@ -1,9 +1,10 @@
 """PURE: from what the loop knows now to the workers it wants, level-triggered.
 
-Three steps, all pure: `on_failures` decides on the failures the loop classified (policy
-rules, restart budgets, which pods to delete, the job failing), `plan` reconciles the fleet,
-and `listing` decides the hosts to publish from the view's render (held back while survivors
-regroup, re-announced when Horovod missed one).
+Four steps, all pure: `on_verdict` turns what the hook's heartbeats and the driver revealed
+into failures and restarts of horovodrun, `on_failures` decides on the failures the loop
+classified (policy rules, restart budgets, which pods to delete, the job failing), `plan`
+reconciles the fleet, and `listing` decides the hosts to publish from the view's render (held
+back while survivors regroup, re-announced when Horovod missed one).
 
 `plan` is one step of the fleet's reconcile, in the style of controller-runtime's: it reads
 the whole picture each time (the fleet of slots with their budgets, the worker pods the watch
@@ -39,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from supervisor import discovery, fleet, regroup
+from supervisor import discovery, fleet, hang, regroup
 from supervisor.actuator import DeletePod
 from supervisor.channel import Beat, Driver
 from supervisor.classify import Cause, Failure
@@ -487,3 +488,81 @@ def listing(x: Listing, slots_per_worker: int, min_np: int, max_np: int) -> List
     if out:
         rendered = discovery.hold_back(rendered, frozenset(out), slots_per_worker)
     return Listed(rendered, pending, reannounced, held_said, tuple(notes))
+
+
+# -- what the hook's heartbeats and the driver revealed ------------------------------------------
+
+EXITED_GRACE_S = 2.0  # a process the driver saw fail: the pod's own status may say it first
+
+
+@dataclass(frozen=True)
+class Detected:
+    """Failures found by the hook (found at `now`, out of the discovery file for good) and
+    whether horovodrun must restart: (the Event's reason, why)."""
+
+    failures: tuple[tuple[Failure, Obj], ...] = ()
+    notes: tuple[Note, ...] = ()
+    restart: tuple[str, str] | None = None
+
+
+def on_verdict(verdict: hang.Verdict, listed: Mapping[str, str], pods: Mapping[str, Obj],
+               failed: frozenset[str], exited: Mapping[str, tuple[int, float]], *,
+               stall_timeout_s: float, now: float) -> Detected:
+    """Turn hang.assess's verdict into failures of the usual path (a hung worker: Hung) and a
+    restart of horovodrun (a broken or stuck rendezvous, a stalled job); a worker whose
+    training process horovodrun saw fail while its pod runs on (an OOM kill of the process, a
+    crash, a `pkill`) is useless too, Horovod never uses its host again: after EXITED_GRACE_S
+    (the pod's own status wins if it shows the container ended) it is an ExitCode failure with
+    the code the driver saw. `listed`: host -> pod name of the published hosts; `failed`: UIDs
+    already failed; `exited`: the driver's reports (empty while the job stops)."""
+    failures: list[tuple[Failure, Obj]] = []
+    notes: list[Note] = []
+    seen = set(failed)
+    for hung in verdict.hung:
+        name = listed.get(hung.host)
+        pod = pods.get(name) if name else None
+        uid = pod["metadata"].get("uid", "") if pod is not None else ""
+        if pod is None or name is None or uid in seen:
+            continue
+        seen.add(uid)
+        failures.append((Failure(Cause.HUNG, name, uid, pod.get("spec", {}).get("nodeName"),
+                                 detail=hung.detail), pod))
+        notes.append(Note("warning", "worker.hung", {
+            "pod": name, "host": hung.host, "pid": hung.pid,
+            "silent_s": round(hung.silent_s, 2), "detail": hung.detail}, EventSpec(
+            "Warning", "WorkerHung", "Detect", f"worker {name} ({hung.host}): {hung.detail}")))
+    for host, (code, at) in exited.items():
+        name = listed.get(host)
+        pod = pods.get(name) if name else None
+        if pod is None or name is None or now - at < EXITED_GRACE_S:
+            continue
+        uid = pod["metadata"].get("uid", "")
+        if uid in seen:
+            continue
+        seen.add(uid)
+        detail = (f"its training process on {host} exited with {code} (seen by horovodrun; "
+                  "the pod still runs, and Horovod does not use this host again)")
+        failures.append((Failure(Cause.EXIT_CODE, name, uid, pod.get("spec", {}).get(
+            "nodeName"), exit_code=code, detail=detail), pod))
+        notes.append(Note("warning", "worker.process_exited", {
+            "pod": name, "host": host, "exit_code": code}, EventSpec(
+            "Warning", "WorkerProcessExited", "Detect", f"worker {name} ({host}): {detail}")))
+    return Detected(tuple(failures), tuple(notes), _restart(verdict, stall_timeout_s))
+
+
+def _restart(verdict: hang.Verdict, stall_timeout_s: float) -> tuple[str, str] | None:
+    if (b := verdict.broken) is not None:
+        return "RendezvousBroken", (
+            f"worker {b.host} failed while {b.waiting} training process(es) waited for it in "
+            "the rendezvous of horovodrun's world: Horovod 0.28 cannot finish that rendezvous "
+            "(they would abort at the Gloo timeout)")
+    if (k := verdict.stuck) is not None:
+        return "RendezvousStuck", (
+            f"all {k.members} host(s) of horovodrun's world waited in its rendezvous for "
+            f"{k.waited_s:.0f}s after worker {k.host} failed, with no new world assigned: it "
+            "does not form (they would abort at the Gloo timeout)")
+    if (stall := verdict.stall) is not None:
+        return "TrainingStalled", (
+            f"no collective completed for {stall.since_s:.0f}s while {stall.alive} training "
+            f"process(es) heartbeat (SUPERVISOR_STALL_TIMEOUT_SECONDS={stall_timeout_s:g})")
+    return None

@@ -78,9 +78,6 @@ from supervisor.observe import (
 from supervisor.workers import pod_name, worker_pod
 
 PROGRESS_EVERY_S = 5.0
-# A training process the driver saw fail, in a pod that still looks usable: waited this long
-# for the pod's own status (a container that ended says so, with its real exit code).
-EXITED_GRACE_S = 2.0
 DRIVER_HELLO_WAIT_S = 30.0  # horovodrun's driver hook should have said hello by then
 STALL_LOG_AFTER_S = 60.0  # no collective completed this long: said once in the log
 HUNG_NODE_AVOID_S = 300.0  # replacements prefer other nodes this long after a hang on one
@@ -584,43 +581,19 @@ class Supervisor:
         if progress:
             self.metrics.last_progress_age.set(max(0.0, now - max(progress)))
         self._hang_warnings(verdict, snap.driver, now - started)
-        for hung in verdict.hung:
-            name = listed.get(hung.host)
-            pod = st.view.pods.get(name) if name else None
-            if pod is None or pod["metadata"].get("uid", "") in st.failed:
-                continue
-            uid = pod["metadata"].get("uid", "")
-            failure = Failure(Cause.HUNG, name, uid, pod.get("spec", {}).get("nodeName"),
-                              detail=hung.detail)
-            st.failed.add(uid)
-            h.hung.add(uid)
-            if failure.node:
+        exited = (snap.driver.exited if snap.driver is not None and st.stop_signal is None
+                  and st.failing is None else {})
+        found = plan.on_verdict(verdict, listed, st.view.pods, frozenset(st.failed), exited,
+                                stall_timeout_s=self.cfg.stall_timeout_s, now=now)
+        for failure, pod in found.failures:
+            st.failed.add(failure.uid)
+            h.hung.add(failure.uid)  # out of the discovery file: it looks usable, it is not
+            if failure.cause is Cause.HUNG and failure.node:
                 h.hung_nodes[failure.node] = now
             st.failures.append((failure, pod, now))
-            self.log.warning("worker.hung", pod=name, host=hung.host, pid=hung.pid,
-                             silent_s=round(hung.silent_s, 2), detail=hung.detail)
-            self.events(EventSpec("Warning", "WorkerHung", "Detect",
-                                  f"worker {name} ({hung.host}): {hung.detail}"))
-        if snap.driver is not None and st.stop_signal is None and st.failing is None:
-            self._exited_processes(snap.driver.exited, listed, now)
-        if verdict.broken is not None:
-            b = verdict.broken
-            self._restart_horovodrun(
-                "RendezvousBroken", f"worker {b.host} failed while {b.waiting} training "
-                f"process(es) waited for it in the rendezvous of horovodrun's world: Horovod "
-                f"0.28 cannot finish that rendezvous (they would abort at the Gloo timeout)", now)
-        elif verdict.stuck is not None:
-            k = verdict.stuck
-            self._restart_horovodrun(
-                "RendezvousStuck", f"all {k.members} host(s) of horovodrun's world waited in "
-                f"its rendezvous for {k.waited_s:.0f}s after worker {k.host} failed, with no new "
-                "world assigned: it does not form (they would abort at the Gloo timeout)", now)
-        elif verdict.stall is not None:
-            stall = verdict.stall
-            self._restart_horovodrun(
-                "TrainingStalled", f"no collective completed for {stall.since_s:.0f}s while "
-                f"{stall.alive} training process(es) heartbeat (SUPERVISOR_STALL_TIMEOUT_"
-                f"SECONDS={self.cfg.stall_timeout_s:g})", now)
+        self._say(found.notes)
+        if found.restart is not None:
+            self._restart_horovodrun(*found.restart, now)
         elif progress and now - max(progress) >= STALL_LOG_AFTER_S:
             if "stall-logged" not in h.reported:
                 h.reported.add("stall-logged")
@@ -628,33 +601,6 @@ class Supervisor:
                                  stall_timeout_s=self.cfg.stall_timeout_s, heartbeating=fresh)
         else:
             h.reported.discard("stall-logged")
-
-    def _exited_processes(self, exited: Mapping[str, tuple[int, float]],
-                          listed: Mapping[str, str], now: float) -> None:
-        """A worker whose training process horovodrun saw fail while its pod runs on (an OOM
-        kill of the process, a crash, a `pkill`) is useless: Horovod never uses its host again.
-        After EXITED_GRACE_S (the pod's own status wins if it shows the container ended), it
-        is a failure of the usual path (ExitCode: the process's code as the driver saw it)."""
-        st = self.state
-        for host, (code, at) in exited.items():
-            name = listed.get(host)
-            pod = st.view.pods.get(name) if name else None
-            if pod is None or now - at < EXITED_GRACE_S:
-                continue
-            uid = pod["metadata"].get("uid", "")
-            if uid in st.failed:
-                continue
-            detail = (f"its training process on {host} exited with {code} (seen by horovodrun; "
-                      "the pod still runs, and Horovod does not use this host again)")
-            failure = Failure(Cause.EXIT_CODE, name, uid,  # type: ignore[arg-type]
-                              pod.get("spec", {}).get("nodeName"), exit_code=code,
-                              detail=detail)
-            st.failed.add(uid)
-            st.hangs.hung.add(uid)  # out of the discovery file: it looks usable, it is not
-            st.failures.append((failure, pod, now))
-            self.log.warning("worker.process_exited", pod=name, host=host, exit_code=code)
-            self.events(EventSpec("Warning", "WorkerProcessExited", "Detect",
-                                  f"worker {name} ({host}): {detail}"))
 
     def _hung_nodes(self, now: float) -> list[str]:
         """Nodes where a worker hung in the last HUNG_NODE_AVOID_S: replacements prefer others
