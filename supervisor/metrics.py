@@ -78,7 +78,7 @@ def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         last_progress_age=Gauge(f"{p}last_progress_age_seconds", "Seconds since a training "
                                 "process last completed a collective", registry=r),
         horovodrun_restarts=Counter(f"{p}horovodrun_restarts", "Restarts of horovodrun (a "
-                                    "stalled job, a rendezvous a dead worker broke)", ["reason"],
+                                    "stalled job, a broken or stuck rendezvous)", ["reason"],
                                     registry=r),
         hook_datagrams=Gauge(f"{p}hook_datagrams", "Datagrams of the hook channel since start, "
                              "by outcome (received, rejected: not authentic or replayed, "
