@@ -171,9 +171,7 @@ def _stuck(fresh: list[Beat], world: tuple[frozenset[str], float],
         if b.host in waits:
             waits[b.host].append(b.wait_s + (now - b.last_seen)
                                  if b.waiting == "i" and b.wait_s is not None else None)
-    shortest = STUCK_AFTER_S * 1e9
-    for ws in waits.values():
-        if not ws or any(w is None or w < STUCK_AFTER_S for w in ws):
-            return None
-        shortest = min(shortest, *(w for w in ws if w is not None))
+    if any(not ws or any(w is None or w < STUCK_AFTER_S for w in ws) for ws in waits.values()):
+        return None
+    shortest = min(w for ws in waits.values() for w in ws if w is not None)
     return Stuck(late[-1][1], len(members), shortest)

@@ -3,8 +3,6 @@ into failures of the usual path and restarts of horovodrun (captured pod shape, 
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from supervisor.classify import Cause
@@ -20,23 +18,19 @@ LISTED = {HOST: "w-0", OTHER: "w-1"}
 HUNG = Hung(HOST, 7, 3.4, "silent")
 
 
-def verdict_of(**kw: Any) -> Verdict:
-    return Verdict(**kw)
-
-
 @pytest.mark.parametrize(("verdict", "exited", "failed", "expected"), [
-    pytest.param(verdict_of(hung=(HUNG,)), {}, frozenset(), [("w-0", Cause.HUNG, None)],
+    pytest.param(Verdict(hung=(HUNG,)), {}, frozenset(), [("w-0", Cause.HUNG, None)],
                  id="a hung worker: a Hung failure"),
-    pytest.param(verdict_of(hung=(HUNG,)), {}, frozenset({"uid-w-0"}), [],
+    pytest.param(Verdict(hung=(HUNG,)), {}, frozenset({"uid-w-0"}), [],
                  id="already failed: not twice"),
-    pytest.param(verdict_of(hung=(Hung("10.9.9.9", 7, 3.4, "silent"),)), {}, frozenset(), [],
+    pytest.param(Verdict(hung=(Hung("10.9.9.9", 7, 3.4, "silent"),)), {}, frozenset(), [],
                  id="its host is not published: nothing"),
-    pytest.param(verdict_of(), {OTHER: (137, NOW - EXITED_GRACE_S)}, frozenset(),
+    pytest.param(Verdict(), {OTHER: (137, NOW - EXITED_GRACE_S)}, frozenset(),
                  [("w-1", Cause.EXIT_CODE, 137)],
                  id="the driver saw its process exit 137, the pod runs on: ExitCode 137"),
-    pytest.param(verdict_of(), {OTHER: (137, NOW - 1.0)}, frozenset(), [],
+    pytest.param(Verdict(), {OTHER: (137, NOW - 1.0)}, frozenset(), [],
                  id="within the grace: the pod's own status may say it first"),
-    pytest.param(verdict_of(hung=(Hung(OTHER, 8, 3.1, "silent"),)),
+    pytest.param(Verdict(hung=(Hung(OTHER, 8, 3.1, "silent"),)),
                  {OTHER: (137, NOW - 5.0)}, frozenset(), [("w-1", Cause.HUNG, None)],
                  id="hung and exited: one failure"),
 ])
@@ -53,12 +47,12 @@ def test_failures_found_by_the_hook(verdict: Verdict, exited: dict[str, tuple[in
 
 
 @pytest.mark.parametrize(("verdict", "reason"), [
-    pytest.param(verdict_of(broken=Broken(HOST, 1)), "RendezvousBroken", id="broken"),
-    pytest.param(verdict_of(stuck=Stuck(HOST, 2, 16.0)), "RendezvousStuck", id="stuck"),
-    pytest.param(verdict_of(stall=Stall(1900.0, 2)), "TrainingStalled", id="stalled"),
-    pytest.param(verdict_of(broken=Broken(HOST, 1), stall=Stall(1900.0, 2)),
+    pytest.param(Verdict(broken=Broken(HOST, 1)), "RendezvousBroken", id="broken"),
+    pytest.param(Verdict(stuck=Stuck(HOST, 2, 16.0)), "RendezvousStuck", id="stuck"),
+    pytest.param(Verdict(stall=Stall(1900.0, 2)), "TrainingStalled", id="stalled"),
+    pytest.param(Verdict(broken=Broken(HOST, 1), stall=Stall(1900.0, 2)),
                  "RendezvousBroken", id="broken before stalled"),
-    pytest.param(verdict_of(), None, id="nothing"),
+    pytest.param(Verdict(), None, id="nothing"),
 ])
 def test_restarts_of_horovodrun(verdict: Verdict, reason: str | None) -> None:
     d = on_verdict(verdict, LISTED, PODS, frozenset(), {}, stall_timeout_s=1800, now=NOW)
