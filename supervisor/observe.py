@@ -295,6 +295,12 @@ class NodeLeases:
         seen = self._seen.get(node)
         return None if seen is None else max(0.0, now - seen)
 
+    def ages(self, now: float) -> dict[str, float] | None:
+        """Every node's `age` (None while the signal is not there)."""
+        if not self.usable:
+            return None
+        return {n: max(0.0, now - t) for n, t in list(self._seen.items())}
+
     def older_than(self, grace_s: float, now: float) -> set[str]:
         if not self.usable:
             return set()

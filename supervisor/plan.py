@@ -139,21 +139,21 @@ class _Step:
                                       None))
 
 
-def _host_published(host: str | None, published: str) -> bool:
-    return host is not None and any(line.startswith(f"{host}:")
-                                    for line in published.splitlines())
+def published_hosts(published: str) -> frozenset[str]:
+    """The hosts of the discovery file's `host:slots` lines."""
+    return frozenset(line.rsplit(":", 1)[0] for line in published.splitlines() if line)
 
 
 def retiring_hosts(f: Fleet, pods: Mapping[str, Obj], published: str, s: Settings) -> set[str]:
     """The hosts of scaled-in workers already out of the published file: the ones whose ssh
     clients `plan` needs counted (Picture.ssh_clients)."""
-    out = set()
+    out, listed = set(), published_hosts(published)
     for i, slot in f.slots.items():
         pod = pods.get(pod_name(s.job, i, slot.incarnation))
         if slot.retiring_at is None or pod is None:
             continue
         host = discovery.host_of(pod, s.host_mode)
-        if host is not None and not _host_published(host, published):
+        if host is not None and host not in listed:
             out.add(host)
     return out
 
@@ -203,7 +203,7 @@ def _retire(p: Picture, s: Settings, step: _Step, i: int) -> None:
     assert slot.retiring_at is not None
     if pod is not None:
         host = discovery.host_of(pod, s.host_mode)
-        if _host_published(host, p.published):
+        if host in published_hosts(p.published):
             return  # not yet out of the discovery file
         if host is not None and host not in p.ssh_clients:
             return  # retiring since this step: its ssh clients are counted on the next
@@ -303,13 +303,11 @@ def containers_run(pod: Obj) -> bool:
 
 @dataclass(frozen=True)
 class Failed:
-    """One failure the loop classified: the pod as seen, when, and the ssh clients of
-    horovodrun to its host that were killed for it (the host fenced before)."""
+    """One failure the loop classified: the pod as seen, and when."""
 
     failure: Failure
     pod: Obj
     seen_at: float  # monotonic
-    ssh_killed: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -405,8 +403,7 @@ class _Deciding:
             "cause": fl.cause.value, "exit_code": fl.exit_code, "container": fl.container,
             "detail": fl.detail, "rule": d.rule, "action": d.action.value,
             "refused": d.refused, "delay_s": d.delay_s, "counted": d.counted,
-            "restarts_used": used, "restart_limit": limit,
-            "ssh_clients_killed": list(x.ssh_killed)},
+            "restarts_used": used, "restart_limit": limit},
             EventSpec("Warning", reason, d.action.value, note))
 
 
@@ -448,7 +445,7 @@ def listing(x: Listing, slots_per_worker: int, min_np: int, max_np: int) -> List
     if pending is None or not x.running:
         pending = None
     else:
-        listed = frozenset(line.rsplit(":", 1)[0] for line in x.published.splitlines())
+        listed = published_hosts(x.published)
         held = regroup.held(pending, x.beats, listed=listed, usable=frozenset(rendered.hosts),
                             slots_per_worker=slots_per_worker, min_np=min_np, now=x.now)
         if held:

@@ -9,16 +9,17 @@ regroup, one Horovod missed re-announced), publishes or withdraws the file (pure
 is synced and MIN_NP slots are usable, forwards signals and kills the tree after the grace period.
 A pass runs at least every RESYNC_SECONDS even without events (staleness, start timeout, reaping).
 
-Failures: every pod event (and, while a node is down, every pass) runs the pure classifier on
-the worker; the failed hosts are fenced and horovodrun's ssh clients to them killed first (a
-frozen worker never closes them), then the pure `plan.on_failures` decides (policy, budgets,
-force deletes of stranded or hung pods, a FailJob), and the pure `plan.plan` reconciles the
-fleet from the whole picture (scale requests, scale-in deletes, reused addresses, expectations,
-creates, the MIN_NP check); this module gathers their inputs and carries their outputs out:
-the fleet's new state is saved before the replacements are created. Cluster changes go through
-the injected `act` (the actuator thread), whose outcomes come back on the queue. A FailJob
-rule, or too few workers left for MIN_NP, stops horovodrun and ends the run with a documented
-code.
+Decisions: every pod event is classified as it comes (classify.py, pure) into the decisions'
+memory (`LoopState.core`); then, once synced, one pure function decides the pass
+(`core.manage`: the hang watch's verdict, the disruption brake, a scan while nodes are
+suspect, the policy on the failures, the fleet's reconcile) and returns the memory of the next
+pass and a script that this module carries out in order: fence the failed hosts, kill
+horovodrun's ssh clients to them, restart horovodrun, delete, save the fleet's state, create,
+fail the job. This module only gathers what the decisions read (the view, the heartbeats, ssh
+clients of retiring hosts, the clocks) and does what they ask. Cluster changes go through the
+injected `act` (the actuator thread), whose outcomes come back on the queue. A FailJob rule,
+too few workers left for MIN_NP, or a stall past the restart limit stops horovodrun and ends
+the run with a documented code.
 
 Decisions are logged once each under a dotted name and, where they change the job, posted as
 Kubernetes Events through the injected `events` callable (never blocking).
@@ -35,21 +36,19 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from supervisor import admission, discovery, fleet, hang, plan, regroup, reload
+from supervisor import admission, core, discovery, fleet, hang, plan, reload
 from supervisor.actuator import CreatePod, Op, SaveState
-from supervisor.channel import HookChannel
+from supervisor.channel import HookChannel, Snapshot
 from supervisor.classify import (
-    Cause,
     ClassifySettings,
-    Failure,
     NodeState,
     PodMemory,
     classify,
-    disrupted,
     node_down_since,
     remember,
 )
 from supervisor.config import Config
+from supervisor.core import Core
 from supervisor.discovery import Publish, Rendered
 from supervisor.fleet import Fleet
 from supervisor.hang import HangSettings, Verdict
@@ -80,7 +79,6 @@ from supervisor.workers import pod_name, worker_pod
 PROGRESS_EVERY_S = 5.0
 DRIVER_HELLO_WAIT_S = 30.0  # horovodrun's driver hook should have said hello by then
 STALL_LOG_AFTER_S = 60.0  # no collective completed this long: said once in the log
-HUNG_NODE_AVOID_S = 300.0  # replacements prefer other nodes this long after a hang on one
 
 
 class ChildProcess(Protocol):
@@ -104,24 +102,18 @@ class Outcome:
 
 @dataclass
 class HangWatch:
-    """What the loop remembers of the hook's signals for the current run of horovodrun."""
+    """What the loop remembers of the current run of horovodrun for its reports."""
 
     run_started_at: float | None = None  # monotonic; None: no horovodrun running
-    listed_since: dict[str, float] = field(default_factory=dict)  # host -> in the file since
     reported: set[str] = field(default_factory=set)  # one-time warnings of this run
-    hung: set[str] = field(default_factory=set)  # UIDs of pods found Hung: never listed again
-    hung_nodes: dict[str, float] = field(default_factory=dict)  # node -> a worker hung there
-    regroup: regroup.Pending | None = None  # a failure the survivors have not regrouped from
-    failed_at: dict[str, float] = field(default_factory=dict)  # host -> found failed (this run)
-    horovodrun_restarts: int = 0  # restarts of horovodrun for a stall (whole supervisor life)
-    # host -> (driver world sequence, out of the file until): announced again to Horovod
-    reannounced: dict[str, tuple[int, float]] = field(default_factory=dict)
+    world_seq: int = 0  # the driver's last world logged (driver.world)
 
 
 @dataclass
 class LoopState:
-    """Mutable state owned by the loop thread."""
+    """Mutable state owned by the loop thread; the decisions' memory is `core` (core.py)."""
 
+    core: Core
     view: ClusterView = field(default_factory=ClusterView)
     # host string -> UID of the first pod that had it (Horovod blacklists names for good)
     first_owner: dict[str, str] = field(default_factory=dict)
@@ -135,27 +127,12 @@ class LoopState:
     kill_at: float | None = None
     fatal: str | None = None
     crashed: bool = False
-    # failure handling
-    fleet: Fleet | None = None  # None: the supervisor does not own the workers
-    saved: Fleet | None = None  # the fleet last handed to the actuator to save
     memory: dict[str, PodMemory] = field(default_factory=dict)  # by pod name
-    failed: set[str] = field(default_factory=set)  # UIDs already classified as failed
-    failures: list[tuple[Failure, Obj, float]] = field(default_factory=list)  # to decide
-    node_down: dict[str, float] = field(default_factory=dict)  # node -> down since
-    braked: frozenset[str] = frozenset()  # down nodes the disruption brake holds back
     lease_reported: set[str] = field(default_factory=set)  # nodes whose Lease is too slow
     # the pods of the active slots, for the fleet they were computed from
     active_pods: tuple[Fleet | None, frozenset[str] | None] = (None, None)
-    reused: dict[int, int] = field(default_factory=dict)  # slot -> pods replaced for reused IPs
-    reuse_checked: Rendered | None = None  # the render last looked at for reused IPs
-    synced_at: float | None = None
-    scanned: bool = False  # the first full classification after sync is done
-    expected: dict[str, float] = field(default_factory=dict)  # pods being created -> since
     replace_from: dict[str, float] = field(default_factory=dict)  # new pod -> failure seen
-    failing: tuple[int, str] | None = None  # the run is ending with this code and reason
-    scale_request: int | None = None  # desired workers asked for, not applied yet
     scale_version: str | None = None  # resourceVersion of the last scale request seen
-    blocked: dict[str, admission.Refusal] = field(default_factory=dict)  # creates refused
     gate_since: float = 0.0  # since when the start gate waits for MIN_NP slots
     hangs: HangWatch = field(default_factory=HangWatch)
 
@@ -193,7 +170,7 @@ class Supervisor:
                                                   lease_grace_s=cfg.node_lease_s)
         self.leases = leases if cfg.node_lease_s is not None else None
         self.queue: queue.Queue[Trigger] = queue.Queue()
-        self.state = LoopState(fleet=workers)
+        self.state = LoopState(core=Core(fleet=workers))
         if workers is not None and cfg.worker_template is None:
             raise ValueError("a fleet needs the worker template")
 
@@ -239,14 +216,14 @@ class Supervisor:
             self._sync_discovery(now, earliest)
             st = self.state
             if exited is not None:
-                if st.failing is not None:
-                    return self._finish(*st.failing)
+                if st.core.failing is not None:
+                    return self._finish(*st.core.failing)
                 if exited == ExitCode.HOOK_REFUSED:
                     return self._finish(exited, self._driver_refused())
                 return self._finish(exited, f"horovodrun exited with {exited}")
             if st.child is None:
-                if st.failing is not None:
-                    return self._finish(*st.failing)
+                if st.core.failing is not None:
+                    return self._finish(*st.core.failing)
                 if st.stop_signal is not None:
                     return self._finish(128 + st.stop_signal,
                                         f"stopped by signal {st.stop_signal} before start")
@@ -277,9 +254,9 @@ class Supervisor:
         """How long the next pass may wait for triggers: the tick, or a backoff deadline."""
         st = self.state
         timeout = self.cfg.resync_s
-        if st.fleet is not None:
+        if st.core.fleet is not None:
             wall = self.wall()
-            due = fleet.next_due(st.fleet, wall)
+            due = fleet.next_due(st.core.fleet, wall)
             if due is not None:
                 timeout = min(timeout, due - wall)
         if self.channel is not None and st.child is not None:
@@ -337,16 +314,9 @@ class Supervisor:
     # -- failures ------------------------------------------------------------------------------
 
     def _node_state(self, pod: Obj, now: float) -> NodeState:
-        st = self.state
         name = pod.get("spec", {}).get("nodeName") or ""
-        node = st.view.nodes.get(name)
-        if name in st.braked:
-            return NodeState(node=node)  # held back: no evidence against it for now
-        down = st.node_down.get(name)
-        if node is None and name and down is None:
-            down = st.synced_at if st.synced_at is not None else now  # never seen since sync
         lease_age = self.leases.age(name, now) if self.leases is not None else None
-        return NodeState(node=node, down_since=down, lease_age_s=lease_age)
+        return core.node_state(self.state.core, self.state.view.nodes, pod, lease_age, now)
 
     def _observe_pod(self, ev: WatchEvent) -> None:
         """Classify a pod event (once synced), then remember what it showed."""
@@ -357,156 +327,110 @@ class Supervisor:
             obj = st.view.pods.get(obj["metadata"]["name"]) or obj
         meta = obj["metadata"]
         name, uid = meta["name"], meta.get("uid", "")
-        st.expected.pop(name, None)
+        c = st.core
+        if name in c.expected:
+            c = replace(c, expected={k: v for k, v in c.expected.items() if k != name})
         before = st.memory.get(name)
-        if st.view.synced and uid not in st.failed:
+        if st.view.synced and uid not in c.failed:
             found = classify(obj, ev.type, before, self._node_state(obj, ev.at),
                              settings=self.classify_settings, now=ev.at, relisted=ev.relist)
             if found is not None:
-                st.failed.add(uid)
-                st.failures.append((found, obj, ev.at))
+                c = replace(c, failed=c.failed | {uid},
+                            found=(*c.found, plan.Failed(found, obj, ev.at)))
         if ev.type is EventType.DELETED:
             st.memory.pop(name, None)
-            st.failed.discard(uid)
+            if uid in c.failed:
+                c = replace(c, failed=c.failed - {uid})
         else:
             st.memory[name] = remember(before, obj)
+        st.core = c
 
     def _observe_node(self, ev: WatchEvent) -> None:
         st, name = self.state, ev.obj["metadata"]["name"]
         node = None if ev.type is EventType.DELETED else ev.obj
-        down = node_down_since(st.node_down.get(name), node, ev.at)
-        if down is None:
-            st.node_down.pop(name, None)
-        else:
-            st.node_down[name] = down
+        was = st.core.node_down.get(name)
+        down = node_down_since(was, node, ev.at)
+        if down != was:
+            rest = {n: t for n, t in st.core.node_down.items() if n != name}
+            st.core = replace(st.core, node_down=rest if down is None else {**rest, name: down})
 
     def _manage(self, now: float) -> None:
-        """Once synced: classify what time revealed, decide on failures, create workers."""
-        st, cfg = self.state, self.cfg
-        if st.synced_at is None:
-            st.synced_at = now
-            if st.fleet is not None:
-                st.fleet = fleet.adopt(st.fleet, st.view.pods.values(), cfg.job_name)
-        if st.child is not None and self.channel is not None:
-            self._watch_hangs(now)
-        suspects = set(st.node_down)
+        """Once synced: gather what the decisions read, decide (core.manage, pure), carry the
+        script out in order."""
+        st, cfg, c = self.state, self.cfg, self.state.core
+        settings = core.Settings.of(cfg)
+        running = st.child is not None
+        hooked = self.channel is not None
+        snap = self.channel.snapshot() if hooked and running and self.channel else None
+        stale: frozenset[str] = frozenset()
         if self.leases is not None and cfg.node_lease_s is not None:
-            suspects |= self.leases.older_than(cfg.node_lease_s, now)
+            stale = frozenset(self.leases.older_than(cfg.node_lease_s, now))
             self._report_slow_leases(cfg.node_lease_s)
-        self._brake(suspects, now)
-        if not st.scanned or suspects:
-            for name, pod in st.view.pods.items():
-                uid = pod["metadata"].get("uid", "")
-                node = pod.get("spec", {}).get("nodeName")
-                if uid in st.failed or (st.scanned and node not in suspects):
-                    continue
-                found = classify(pod, EventType.MODIFIED, st.memory.get(name),
-                                 self._node_state(pod, now), settings=self.classify_settings,
-                                 now=now)
-                if found is not None:
-                    st.failed.add(uid)
-                    st.failures.append((found, pod, now))
-            st.scanned = True
-        wall = self.wall()
-        failures, st.failures = st.failures, []
-        # Only a host Horovod knew as this very pod: an IP the CNI handed to another pod
-        # before or since is not this failure's to fence.
-        hosts = {h for _, pod, _ in failures if (h := discovery.host_of(pod, cfg.host_mode))
-                 and st.first_owner.get(h) == pod["metadata"].get("uid")}
-        if hosts and self.channel is not None:
-            # The driver skips them, survivors stalled on them leave their collective.
-            t0 = time.perf_counter()
-            pushed = self.channel.fence(hosts)
-            self.log.info("worker.fenced", hosts=sorted(hosts), pushed_to=pushed,
-                          push_ms=round((time.perf_counter() - t0) * 1000, 2))
-        # One walk of horovodrun's tree for all of them (a lost node may take 100 workers).
-        killed = (self.kill_ssh_clients(st.child.pid, hosts)
-                  if st.child is not None and hosts else {})
-        if failures:
-            self._decide(failures, killed, now, wall)
-        if failures and st.child is not None and self.channel is not None:
-            snap = self.channel.snapshot()
-            for host in hosts:
-                st.hangs.failed_at.setdefault(host, now)
-            if regroup.member_failed(hosts, snap.beats.values(),
-                                     snap.driver.world if snap.driver else None):
-                # New workers wait until the survivors regrouped (regroup.py).
-                st.hangs.regroup = regroup.pending(snap.beats.values(), now)
-        if st.fleet is None or st.failing is not None:
-            if st.scale_request is not None:
-                self._refuse_scale(st.scale_request, "the supervisor does not own the workers "
-                                   "(SUPERVISOR_WORKER_TEMPLATE is not set)")
-            return
-        self._plan_fleet(suspects, now, wall)
-
-    def _plan_fleet(self, suspects: set[str], now: float, wall: float) -> None:
-        """The fleet's reconcile (plan.py, pure): gather the picture, plan, carry it out."""
-        st, cfg = self.state, self.cfg
-        assert st.fleet is not None
-        settings = plan.Settings.of(cfg)
         published = st.published or ""
-        child = st.child
-        clients = {host: self.count_ssh_clients(child.pid, host) if child is not None else 0
-                   for host in plan.retiring_hosts(st.fleet, st.view.pods, published, settings)}
-        p = plan.plan(plan.Picture(
-            fleet=st.fleet, pods=st.view.pods, published=published, listed=st.listed,
-            reuse_checked=st.reuse_checked, reused=st.reused, scale_request=st.scale_request,
-            expected=st.expected, waiting=frozenset(admission.waiting(st.blocked, now)),
-            ssh_clients=clients, now=now, wall=wall), settings)
-        st.fleet, st.reused, st.reuse_checked = p.fleet, dict(p.reused), p.reuse_checked
-        st.scale_request, st.expected = p.scale_request, dict(p.expected)
-        st.failed |= p.ours
-        self._say(p.notes)
-        for op in p.deletes:
-            self.act(op)
-        if st.fleet != st.saved:
-            lo, hi = fleet.limits(cfg.min_np, cfg.max_np, cfg.slots_per_worker)
-            self.act(SaveState({**fleet.fleet_to_dict(st.fleet),
-                                "limits": {"minWorkers": lo, "maxWorkers": hi},
-                                "desiredWorkers": len(st.fleet.active()),
-                                "restartLimit": cfg.policy.budgets.restart_limit}))
-            st.saved = st.fleet
-            self.metrics.restart_budget_left.set(
-                max(0, cfg.policy.budgets.restart_limit - st.fleet.ledger.total))
-        for c in p.creates:
-            body = worker_pod(cfg.worker_template, job=cfg.job_name,  # type: ignore[arg-type]
-                              slot=c.slot, incarnation=c.incarnation, owner=self.owner,
-                              avoid_node=c.avoid_node, lost_nodes=sorted(suspects),
-                              suspect_nodes=self._hung_nodes(now))
-            self.act(CreatePod(body))
-        if p.fail is not None:
-            self._fail(ExitCode.WORKERS_LOST, p.fail, now)
+        clients = {} if c.fleet is None else {
+            host: self.count_ssh_clients(st.child.pid, host) if st.child is not None else 0
+            for host in plan.retiring_hosts(c.fleet, st.view.pods, published, settings.plan)}
+        rendered = st.rendered
+        p = core.manage(c, core.Seen(
+            pods=st.view.pods, nodes=st.view.nodes, memory=st.memory,
+            lease_ages=self.leases.ages(now) if self.leases is not None else None,
+            lease_stale=stale, first_owner=st.first_owner, published=st.published,
+            listed=st.listed,
+            listed_hosts=rendered.hosts if rendered is not None and st.published is not None
+            else {},
+            hooked=hooked, running=running, stopping=st.stop_signal is not None,
+            started_at=st.hangs.run_started_at if st.hangs.run_started_at is not None else now,
+            beats=tuple(snap.beats.values()) if snap is not None else (),
+            driver=snap.driver if snap is not None else None,
+            ssh_clients=clients, now=now, wall=self.wall()), settings)
+        st.core = p.core
+        st.replace_from.update(p.replace_from)
+        for cause, action in p.counts:
+            self.metrics.worker_failures.labels(cause, action).inc()
+        for reason in p.restarts:
+            self.metrics.horovodrun_restarts.labels(reason).inc()
+        if snap is not None and p.verdict is not None:
+            self._report_hangs(snap, p.verdict, restarting=bool(p.restarts), now=now)
+        for todo in p.todo:
+            self._carry_out(todo, now)
 
-    def _brake(self, down: set[str], now: float) -> None:
-        """Hold back the loss of nodes that went down together (classify.disrupted). Nodes
-        released while still down get a fresh grace: they come back one by one."""
-        st = self.state
-        braked: frozenset[str] = frozenset()
-        job_nodes: set[str] = set()
-        if down and self.cfg.node_disruption_threshold is not None:
-            job_nodes = {node for pod in st.view.pods.values()
-                         if (node := pod.get("spec", {}).get("nodeName"))
-                         and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")}
-            braked = disrupted(job_nodes, down, self.cfg.node_disruption_threshold)
-        if braked == st.braked:
-            return
-        for node in st.braked - braked:
-            if node in st.node_down:
-                st.node_down[node] = now
-        if braked:
-            note = (f"{len(braked)} of the {len(job_nodes)} nodes of the job's workers "
-                    f"are down together ({', '.join(sorted(braked))}): their workers are held, "
-                    f"not failed or force-deleted, until fewer are down "
-                    f"(SUPERVISOR_NODE_DISRUPTION_THRESHOLD="
-                    f"{self.cfg.node_disruption_threshold:g})")
-            self.log.warning("node.disruption", nodes=sorted(braked), note=note)
-            self.events(EventSpec("Warning", "NodeDisruption", "Hold", note))
+    def _carry_out(self, todo: core.Todo, now: float) -> None:
+        """One item of core.manage's script."""
+        st, cfg = self.state, self.cfg
+        if isinstance(todo, plan.Note):
+            self._say((todo,))
+        elif isinstance(todo, core.Fence):
+            assert self.channel is not None
+            t0 = time.perf_counter()
+            pushed = self.channel.fence(todo.hosts)
+            self.log.info("worker.fenced", hosts=sorted(todo.hosts), pushed_to=pushed,
+                          push_ms=round((time.perf_counter() - t0) * 1000, 2))
+        elif isinstance(todo, core.KillSsh):
+            if st.child is None:
+                return
+            # One walk of horovodrun's tree for all of them (a lost node may take 100).
+            killed = self.kill_ssh_clients(st.child.pid, todo.pods.keys())
+            for host, pod in sorted(todo.pods.items()):
+                self.log.info("worker.ssh_clients_killed", pod=pod, host=host,
+                              pids=killed.get(host, []))
+        elif isinstance(todo, core.RestartHorovodrun):
+            self._restart_horovodrun(todo, now)
+        elif isinstance(todo, SaveState):
+            self.act(todo)
+            fl = st.core.fleet
+            self.metrics.restart_budget_left.set(max(0, cfg.policy.budgets.restart_limit - (
+                fl.ledger.total if fl is not None else 0)))
+        elif isinstance(todo, core.CreateWorker):
+            x = todo.create
+            self.act(CreatePod(worker_pod(
+                cfg.worker_template, job=cfg.job_name,  # type: ignore[arg-type]
+                slot=x.slot, incarnation=x.incarnation, owner=self.owner,
+                avoid_node=x.avoid_node, lost_nodes=list(todo.lost_nodes),
+                suspect_nodes=list(todo.suspect_nodes))))
+        elif isinstance(todo, core.FailJob):
+            self._failing(todo, now)
         else:
-            note = (f"fewer of the job's nodes are down now ({', '.join(sorted(st.braked))} "
-                    "held before): node loss is handled again")
-            self.log.info("node.disruption_over", nodes=sorted(st.braked))
-            self.events(EventSpec("Normal", "NodeDisruptionOver", "Resume", note))
-        st.braked = braked
+            self.act(todo)
 
     def _report_slow_leases(self, grace_s: float) -> None:
         """Say once per node that its Lease cannot tell silence within SUPERVISOR_NODE_LEASE_
@@ -525,25 +449,6 @@ class Supervisor:
                              lease_seconds=grace_s)
             self.events(EventSpec("Warning", "NodeLeaseNotUsed", "Ignore", note))
 
-    def _decide(self, failures: list[tuple[Failure, Obj, float]],
-                killed: Mapping[str, list[int]], now: float, wall: float) -> None:
-        """Decide on the failures (plan.on_failures, pure; their hosts already fenced, their
-        ssh clients killed) and carry the decisions out."""
-        st, cfg = self.state, self.cfg
-        d = plan.on_failures(st.fleet, [
-            plan.Failed(f, pod, seen_at, tuple(killed.get(host, ())) if (
-                host := discovery.host_of(pod, cfg.host_mode)) else ())
-            for f, pod, seen_at in failures], cfg.policy, plan.Settings.of(cfg), wall)
-        st.fleet = d.fleet
-        for op in d.deletes:
-            self.act(op)
-        for cause, action in d.counts:
-            self.metrics.worker_failures.labels(cause, action).inc()
-        self._say(d.notes)
-        st.replace_from.update(d.replace_from)
-        if d.fail is not None:
-            self._fail(ExitCode.POLICY_FAILED, d.fail, now, event=False)
-
     def _say(self, notes: Sequence[plan.Note]) -> None:
         """Log each decision of a plan, and post its Event if it has one."""
         for note in notes:
@@ -551,27 +456,17 @@ class Supervisor:
             if note.k8s is not None:
                 self.events(note.k8s)
 
-    # -- hangs (the hook's heartbeats: channel.py, hang.py) -----------------------------------
+    # -- hangs (the hook's heartbeats: channel.py, hang.py; decided in core.manage) -----------
 
-    def _watch_hangs(self, now: float) -> None:
-        """Read the heartbeats, decide (hang.assess), and turn a hung worker into a failure of
-        the usual path, a stalled job into a restart of horovodrun."""
-        assert self.channel is not None
-        st, h = self.state, self.state.hangs
-        rendered = st.rendered
-        listed = dict(rendered.hosts) if rendered is not None and st.published is not None \
-            else {}
-        h.listed_since = {host: h.listed_since.get(host, now) for host in listed}
-        snap = self.channel.snapshot()
+    def _report_hangs(self, snap: Snapshot, verdict: Verdict, *, restarting: bool,
+                      now: float) -> None:
+        """The hang watch's metrics, one-time warnings, and a stall too short to restart."""
+        h = self.state.hangs
         started = h.run_started_at if h.run_started_at is not None else now
-        world = ((snap.driver.world, snap.driver.world_at)
-                 if snap.driver is not None and snap.driver.world_seq else None)
-        verdict = hang.assess(snap.beats.values(), h.listed_since, started_at=started,
-                              settings=self.hang_settings, now=now, failed_at=h.failed_at,
-                              world=world)
         fresh = sum(1 for b in snap.beats.values()
                     if b.bye_at is None and now - b.last_seen < self.hang_settings.silence_s)
         self.metrics.heartbeating_processes.set(fresh)
+        assert self.channel is not None
         c = self.channel.counters
         for outcome, n in (("received", c.received), ("rejected", c.rejected),
                            ("stale", c.stale_runs), ("pushed", c.pushed),
@@ -581,33 +476,20 @@ class Supervisor:
         if progress:
             self.metrics.last_progress_age.set(max(0.0, now - max(progress)))
         self._hang_warnings(verdict, snap.driver, now - started)
-        exited = (snap.driver.exited if snap.driver is not None and st.stop_signal is None
-                  and st.failing is None else {})
-        found = plan.on_verdict(verdict, listed, st.view.pods, frozenset(st.failed), exited,
-                                stall_timeout_s=self.cfg.stall_timeout_s, now=now)
-        for failure, pod in found.failures:
-            st.failed.add(failure.uid)
-            h.hung.add(failure.uid)  # out of the discovery file: it looks usable, it is not
-            if failure.cause is Cause.HUNG and failure.node:
-                h.hung_nodes[failure.node] = now
-            st.failures.append((failure, pod, now))
-        self._say(found.notes)
-        if found.restart is not None:
-            self._restart_horovodrun(*found.restart, now)
-        elif progress and now - max(progress) >= STALL_LOG_AFTER_S:
+        d = snap.driver
+        if d is not None and d.world_seq != h.world_seq:
+            h.world_seq = d.world_seq
+            self.log.debug("driver.world", seq=d.world_seq, hosts=sorted(d.world),
+                           age_s=round(now - d.world_at, 2))
+        if restarting:
+            return
+        if progress and now - max(progress) >= STALL_LOG_AFTER_S:
             if "stall-logged" not in h.reported:
                 h.reported.add("stall-logged")
                 self.log.warning("training.no_progress", seconds=round(now - max(progress)),
                                  stall_timeout_s=self.cfg.stall_timeout_s, heartbeating=fresh)
         else:
             h.reported.discard("stall-logged")
-
-    def _hung_nodes(self, now: float) -> list[str]:
-        """Nodes where a worker hung in the last HUNG_NODE_AVOID_S: replacements prefer others
-        (the node may be the silent one, still Ready in the API for 40-50 s)."""
-        h = self.state.hangs
-        h.hung_nodes = {n: t for n, t in h.hung_nodes.items() if now - t < HUNG_NODE_AVOID_S}
-        return sorted(h.hung_nodes)
 
     def _hang_warnings(self, verdict: Verdict, driver: Any, running_s: float) -> None:
         """The one-time Warning Events of a run: hosts without heartbeats, the hook's problems,
@@ -641,33 +523,26 @@ class Supervisor:
                 "or -S, PYTHONPATH replaced, or SUPERVISOR_HOROVODRUN is not horovodrun): a "
                 "frozen or partitioned worker can hang it for good"))
 
-    def _restart_horovodrun(self, reason: str, why: str, now: float) -> None:
-        """Training cannot go on in this run of horovodrun: restart it (the processes told to
-        exit, its whole tree killed, the start gate again), at most HOROVODRUN_RESTART_LIMIT
-        times; then fail (exit 9). `reason`: the Event's reason (TrainingStalled,
-        RendezvousBroken, RendezvousStuck)."""
-        st, cfg, h = self.state, self.cfg, self.state.hangs
-        if st.failing is not None or st.stop_signal is not None or st.child is None:
+    def _restart_horovodrun(self, r: core.RestartHorovodrun, now: float) -> None:
+        """Training cannot go on in this run of horovodrun (core.manage decided; past the
+        limit it fails the job instead): the processes told to exit, horovodrun's whole tree
+        killed, the start gate again."""
+        st, cfg = self.state, self.cfg
+        if st.child is None:
             return
-        h.horovodrun_restarts += 1
-        self.metrics.horovodrun_restarts.labels(reason).inc()
-        if h.horovodrun_restarts > cfg.horovodrun_restart_limit:
-            self._fail(ExitCode.STALLED, f"{why}; horovodrun was restarted "
-                       f"{cfg.horovodrun_restart_limit} times already", now)
-            return
-        self.log.error("horovodrun.restarting", reason=reason, why=why,
-                       restart=h.horovodrun_restarts, limit=cfg.horovodrun_restart_limit)
-        self.events(EventSpec("Warning", reason, "Restart",
-                              f"{why}: restarting horovodrun ({h.horovodrun_restarts} of "
+        self.log.error("horovodrun.restarting", reason=r.reason, why=r.why, restart=r.restart,
+                       limit=cfg.horovodrun_restart_limit)
+        self.events(EventSpec("Warning", r.reason, "Restart",
+                              f"{r.why}: restarting horovodrun ({r.restart} of "
                               f"{cfg.horovodrun_restart_limit}); the script resumes from its "
                               "checkpoint if it keeps one"))
         assert self.channel is not None
-        self.channel.exit_run(f"{reason}: horovodrun is restarted")
+        self.channel.exit_run(f"{r.reason}: horovodrun is restarted")
         killed = st.child.kill_tree()
-        self.log.info("horovodrun.killed", reason=reason, processes=killed)
+        self.log.info("horovodrun.killed", reason=r.reason, processes=killed)
         st.child = None
         st.gate_since = now
-        st.hangs = replace(h, run_started_at=None, reported=set(), failed_at={}, regroup=None)
+        st.hangs = replace(st.hangs, run_started_at=None, reported=set(), world_seq=0)
         self.metrics.horovodrun_up.set(0)
 
     def _driver_refused(self) -> str:
@@ -702,23 +577,20 @@ class Supervisor:
                                   f"unreadable scale request {raw!r}: expected "
                                   '{"workers": N} (use `elastic-supervisor scale`)'))
             return
-        st.scale_request = workers
-
-    def _refuse_scale(self, workers: int, why: str) -> None:
-        self.state.scale_request = None
-        self.log.warning("scale.refused", workers=workers, reason=why)
-        self.events(EventSpec("Warning", "ScaleRefused", "Scale",
-                              f"scale to {workers} workers refused: {why}"))
+        st.core = replace(st.core, scale_request=workers)
 
     def _fail(self, code: int, reason: str, now: float, *, event: bool = True) -> None:
-        """End the run with `code`: stop horovodrun (SIGTERM, then the tree after the grace)."""
+        """End the run with `code` (unless it ends already)."""
+        self.state.core, failing = core.fail(self.state.core, code, reason, event=event)
+        if failing is not None:
+            self._failing(failing, now)
+
+    def _failing(self, f: core.FailJob, now: float) -> None:
+        """The run ends: stop horovodrun (SIGTERM, then the tree after the grace)."""
         st = self.state
-        if st.failing is not None:
-            return
-        st.failing = (int(code), reason)
-        self.log.error("job.failing", code=int(code), reason=reason)
-        if event:
-            self.events(EventSpec("Warning", "JobFailing", "Fail", reason))
+        self.log.error("job.failing", code=f.code, reason=f.reason)
+        if f.event:
+            self.events(EventSpec("Warning", "JobFailing", "Fail", f.reason))
         if st.child is not None and st.stop_signal is None:
             st.stop_signal = signal.SIGTERM
             st.kill_at = now + self.cfg.shutdown_grace_s
@@ -745,7 +617,7 @@ class Supervisor:
             self.log.error("worker.create_failed" if done.what == "create" else "kube.failed",
                            action=done.what, name=done.name, reason=done.error)
             if done.what == "create":
-                st.expected.pop(done.name, None)
+                self._unexpect(done.name)
                 self._drop_slot_of(done.name, f"cannot create {done.name}: {done.error}")
             return
         if done.what == "create":
@@ -754,7 +626,10 @@ class Supervisor:
             latency = None if started is None else max(0.0, done.at - started)
             if latency is not None:
                 self.metrics.replacement_latency.observe(latency)
-            blocked = st.blocked.pop(done.name, None)
+            blocked = st.core.blocked.get(done.name)
+            if blocked is not None:
+                st.core = replace(st.core, blocked={
+                    k: v for k, v in st.core.blocked.items() if k != done.name})
             self.log.info("worker.created", pod=done.name, note=done.note or None,
                           replacement_latency_ms=None if latency is None
                           else round(latency * 1000, 2),
@@ -775,9 +650,10 @@ class Supervisor:
     def _create_refused(self, name: str, reason: str, now: float) -> None:
         """Admission refused worker `name`: not fatal; try again after a backoff."""
         st = self.state
-        st.expected.pop(name, None)
-        before = st.blocked.get(name)
-        r = st.blocked[name] = admission.refused(before, reason, now)
+        self._unexpect(name)
+        before = st.core.blocked.get(name)
+        r = admission.refused(before, reason, now)
+        st.core = replace(st.core, blocked={**st.core.blocked, name: r})
         wait = r.retry_at - now
         self.log.warning("worker.create_blocked", pod=name, reason=reason, attempt=r.attempts,
                          retry_in_s=round(wait, 1))
@@ -786,6 +662,13 @@ class Supervisor:
                                   f"cannot create worker {name}: {reason}; trying again in "
                                   f"{wait:.0f}s, then with backoff (refused {r.attempts} "
                                   "times); training goes on with the workers it has"))
+
+    def _unexpect(self, name: str) -> None:
+        """A create asked for is over (refused, failed): no longer expected on the watch."""
+        c = self.state.core
+        if name in c.expected:
+            self.state.core = replace(c, expected={
+                k: v for k, v in c.expected.items() if k != name})
 
     def _leadership_lost(self, reason: str, now: float) -> None:
         """Another launcher may drive the workers now: stop horovodrun at once (no grace)."""
@@ -798,12 +681,13 @@ class Supervisor:
 
     def _drop_slot_of(self, name: str, why: str) -> None:
         st = self.state
-        if st.fleet is None:
+        fl = st.core.fleet
+        if fl is None:
             return
-        for i, s in st.fleet.slots.items():
+        for i, s in fl.slots.items():
             if s.dropped is None and name == pod_name(self.cfg.job_name, i, s.incarnation):
-                st.fleet = Fleet(slots={**st.fleet.slots, i: replace(s, dropped=why)},
-                                 ledger=st.fleet.ledger)
+                st.core = replace(st.core, fleet=replace(
+                    fl, slots={**fl.slots, i: replace(s, dropped=why)}))
                 self.events(EventSpec("Warning", "WorkerCreateFailed", "Create", why))
                 return
 
@@ -817,9 +701,11 @@ class Supervisor:
             return
         diff = reload.summary(self.cfg.policy, change.policy)
         self.cfg = replace(self.cfg, policy=change.policy)
-        self.state.saved = None  # store the new restart limit with the state (for `status`)
+        # Store the new restart limit with the state (for `status`).
+        self.state.core = replace(self.state.core, saved=None)
+        fl = self.state.core.fleet
         self.metrics.restart_budget_left.set(max(0, change.policy.budgets.restart_limit - (
-            self.state.fleet.ledger.total if self.state.fleet is not None else 0)))
+            fl.ledger.total if fl is not None else 0)))
         self.log.info("policy.reloaded", file=file, **diff)
         self.events(EventSpec("Normal", "PolicyReloaded", "Reload", f"{file}: {diff}"))
 
@@ -853,16 +739,16 @@ class Supervisor:
 
     def _sync_discovery(self, now: float, earliest: float | None) -> None:
         st, cfg = self.state, self.cfg
-        retiring = frozenset() if st.fleet is None else frozenset(
-            pod_name(cfg.job_name, i, st.fleet.slots[i].incarnation)
-            for i in st.fleet.retiring())
+        fl = st.core.fleet
+        retiring = frozenset() if fl is None else frozenset(
+            pod_name(cfg.job_name, i, fl.slots[i].incarnation) for i in fl.retiring())
         # Render only when something it reads changed: at 10,000 workers a render is ~10 ms
         # and the tick comes every RESYNC_SECONDS.
-        failed = frozenset(st.hangs.hung)
-        declared = frozenset(st.failed)
-        if st.fleet is not None and st.active_pods[0] is not st.fleet:
-            st.active_pods = (st.fleet, fleet.current_pods(st.fleet, cfg.job_name))
-        active = st.active_pods[1] if st.fleet is not None else None
+        failed = st.core.hung
+        declared = st.core.failed
+        if fl is not None and st.active_pods[0] is not fl:
+            st.active_pods = (fl, fleet.current_pods(fl, cfg.job_name))
+        active = st.active_pods[1] if fl is not None else None
         inputs = (st.view.version, retiring, len(st.first_owner), failed, declared, active)
         if st.listed is None or inputs != st.rendered_from:
             st.listed = discovery.render(st.view, cfg.slots_per_worker, cfg.host_mode,
@@ -877,7 +763,7 @@ class Supervisor:
             self._report_membership(st.rendered, rendered)
             st.rendered = rendered
             self.metrics.workers_usable.set(len(rendered.lines))
-        self.metrics.workers_desired.set(len(st.fleet.active()) if st.fleet is not None else 0)
+        self.metrics.workers_desired.set(len(fl.active()) if fl is not None else 0)
         decision = discovery.decide(st.view.synced, st.view.broken_for(now), cfg.staleness_s,
                                     rendered)
         if isinstance(decision, Publish):
@@ -907,23 +793,21 @@ class Supervisor:
 
     def _listing(self, listed: Rendered, now: float) -> Rendered:
         """The hosts to publish (plan.listing, pure): gather its inputs, keep its outputs."""
-        st, h, cfg = self.state, self.state.hangs, self.cfg
+        st, cfg, c = self.state, self.cfg, self.state.core
         running = self.channel is not None and st.child is not None
-        if not running:
-            h.regroup = None
+        pending = c.regroup if running else None
         beats = (tuple(self.channel.snapshot().beats.values())
-                 if running and h.regroup is not None and self.channel is not None else ())
+                 if running and pending is not None and self.channel is not None else ())
         driver = self.channel.driver() if running and self.channel is not None else None
         out = plan.listing(plan.Listing(
-            listed=listed, published=st.published or "", regroup=h.regroup, beats=beats,
-            driver=driver, listed_since=h.listed_since, reannounced=h.reannounced,
-            held_said="held" in h.reported, running=running, now=now),
+            listed=listed, published=st.published or "", regroup=pending, beats=beats,
+            driver=driver, listed_since=c.listed_since, reannounced=c.reannounced,
+            held_said=c.held_said, running=running, now=now),
             cfg.slots_per_worker, cfg.min_np, cfg.max_np)
-        h.regroup, h.reannounced = out.regroup, dict(out.reannounced)
-        if out.held_said:
-            h.reported.add("held")
-        else:
-            h.reported.discard("held")
+        if (out.regroup, out.reannounced, out.held_said) != (c.regroup, c.reannounced,
+                                                             c.held_said):
+            st.core = replace(c, regroup=out.regroup, reannounced=out.reannounced,
+                              held_said=out.held_said)
         self._say(out.notes)
         return out.rendered
 
@@ -954,8 +838,8 @@ class Supervisor:
                 if self.channel is not None else None)
         child = self.start_child(argv, horovodrun_env(cfg, self.base_env, hook))
         st.child = child
-        st.hangs = replace(st.hangs, run_started_at=self.clock(), reported=set(), failed_at={},
-                           regroup=None)
+        st.hangs = replace(st.hangs, run_started_at=self.clock(), reported=set(), world_seq=0)
+        st.core = replace(st.core, failed_at={}, regroup=None, held_said=False)
         if self.channel is None or not cfg.worker_hook:
             why = ("SUPERVISOR_WORKER_HOOK=false" if self.channel is not None
                    else "the hook is not installed")

@@ -105,6 +105,11 @@ class Job(MainJob):
         assert len(found) == 1, f"expected one decision about {pod}: {found}"
         return found[0]
 
+    def ssh_killed(self, pod: str) -> list[int]:
+        """The pids of horovodrun's ssh clients to `pod`'s host that the supervisor killed."""
+        return [pid for e in self.logs("worker.ssh_clients_killed") if e.get("pod") == pod
+                for pid in e["pids"]]
+
     def notes(self, reason: str) -> list[str]:
         return [e.get("note", "") for e in self.events() if e["reason"] == reason]
 

@@ -137,7 +137,7 @@ def test_a_frozen_node_is_found_its_worker_fenced_and_replaced_on_another_node(
     d = job.decision(victim)
     # Its heartbeats stop: Hung seconds before the node controller marks the node NotReady.
     assert (d["cause"], d["action"]) == ("Hung", "Restart"), d
-    assert d["ssh_clients_killed"], "horovodrun's ssh client to the frozen worker was killed"
+    assert job.ssh_killed(victim), "horovodrun's ssh client to the frozen worker was killed"
     # The survivor left the collective the frozen worker held (the hook's fence), instead of
     # waiting for the Gloo timeout.
     severed = [json.loads(m) for m in re.findall(r'\{"event": "fence\.severed".*?\}',

@@ -176,7 +176,7 @@ def hung_then_replaced(job: Job, victim: str, t0: float) -> dict[str, Any]:
     finished(job, 2)
     d = decisions(job)[victim]
     assert (d["cause"], d["action"]) == ("Hung", "Restart"), d
-    assert d["ssh_clients_killed"], "horovodrun's ssh client to it was killed"
+    assert job.ssh_killed(victim), "horovodrun's ssh client to it was killed"
     assert [h["pod"] for h in job.logs("worker.hung")] == [victim]
     hung = notes(job, "WorkerHung")
     assert len(hung) == 1 and victim in hung[0] and "sent no heartbeat" in hung[0], hung

@@ -215,7 +215,7 @@ W0 = pod_name(JOB, 0, 1)
 
 
 def failed(cause: Cause, *, exit_code: int | None = None, deleting: bool = False,
-           container_ended: bool = False, killed: tuple[int, ...] = ()) -> Failed:
+           container_ended: bool = False) -> Failed:
     p = worker(0)
     if deleting:
         p["metadata"]["deletionTimestamp"] = "2026-11-21T12:14:00Z"
@@ -224,7 +224,7 @@ def failed(cause: Cause, *, exit_code: int | None = None, deleting: bool = False
         p["status"]["containerStatuses"][0]["state"] = {"terminated": {"exitCode": 137}}
     f = Failure(cause, W0, f"uid-{W0}", "node-a", exit_code, "worker" if exit_code else None,
                 "detail")
-    return Failed(f, p, NOW, killed)
+    return Failed(f, p, NOW)
 
 
 @pytest.mark.parametrize(("x", "policy", "deletes", "reason", "slot"), [
@@ -262,14 +262,13 @@ def test_a_decision_per_failure(x: Failed, policy: Policy, deletes: list[DeleteP
 
 
 def test_the_event_says_what_was_decided_and_the_budget_used() -> None:
-    d = on_failures(TWO, [failed(Cause.HUNG, killed=(41, 42))], Policy(), S, WALL)
+    d = on_failures(TWO, [failed(Cause.HUNG)], Policy(), S, WALL)
     n = d.notes[0]
     limit = Policy().budgets.restart_limit
     assert n.k8s is not None and n.k8s.note == (
         f"worker {W0} (slot 0) on node node-a: Hung: detail; rule 'default: node loss, force "
         "delete, eviction, preemption, deletion, hang': Restart; replacing it with "
         f"{pod_name(JOB, 0, 2)}; restarts used 1/{limit}")
-    assert n.fields["ssh_clients_killed"] == [41, 42]
 
 
 def test_a_second_failure_of_the_same_pod_is_stale() -> None:

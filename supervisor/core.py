@@ -1,0 +1,394 @@
+"""PURE: one pass of the supervisor's decisions, composed from the steps in plan.py.
+
+`manage(Core, Seen, Settings) -> Pass` is the reconcile of one pass, level-triggered: from what
+the loop remembers of its own decisions (`Core`: the fleet and its budgets, the failures found
+and not decided yet, the pods being created, the nodes held back, the hang watch's memory) and
+what it sees now (`Seen`: the watch's pods and nodes, the node Leases, the hook's heartbeats and
+the driver's last word, the ssh clients of retiring hosts, the clocks), to the memory of the
+next pass (`Pass.core`) and the script to carry out, in order (`Pass.todo`): decisions to say
+(a log line, and an Event when it changes the job), hosts to fence, horovodrun's ssh clients
+to kill, horovodrun to restart, pods to delete, the fleet's state to save, workers to create,
+the job to fail. In order, as the steps depend on each other:
+
+1. the first pass after the watch synced adopts the worker pods it finds (fleet.adopt);
+2. while horovodrun runs with the hook: hang.assess reads the heartbeats and plan.on_verdict
+   turns the verdict into failures (a hung worker, a process the driver saw exit) and a
+   restart of horovodrun (a broken or stuck rendezvous, a stall), at most
+   `horovodrun_restart_limit` times; past it the job fails (STALLED);
+3. nodes down together past the disruption threshold are held back (classify.disrupted);
+4. the first pass, and every pass while a node is suspect, classifies every worker pod;
+5. the failed hosts that Horovod knew as this very pod are fenced and horovodrun's ssh
+   clients to them killed, before anything else is done for them;
+6. plan.on_failures decides on the failures (policy, budgets, deletes, FailJob);
+7. a member of the driver's world failed: new hosts wait until the survivors regrouped;
+8. plan.plan reconciles the fleet (scale, scale-in, reused addresses, expectations, creates,
+   MIN_NP); its state is saved before the creates, so a restart never forgets a budget used.
+
+Running `manage` twice on the same `Core` and `Seen` asks for the same things: nothing in it
+reads a clock, a file or the network. reconcile.py gathers `Seen`, runs the script and keeps
+`Pass.core`; what happens between passes (a watch event classified, a create refused) is
+written into `Core` there with `dataclasses.replace`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from supervisor import admission, discovery, fleet, hang, plan, regroup
+from supervisor.actuator import DeletePod, SaveState
+from supervisor.channel import Beat, Driver
+from supervisor.classify import (
+    Cause,
+    ClassifySettings,
+    NodeState,
+    PodMemory,
+    classify,
+    disrupted,
+)
+from supervisor.config import Config
+from supervisor.discovery import Rendered
+from supervisor.fleet import Fleet
+from supervisor.hang import HangSettings, Verdict
+from supervisor.model import EventSpec, ExitCode
+from supervisor.observe import EventType, Obj
+from supervisor.plan import Note
+from supervisor.policy import Policy
+
+HUNG_NODE_AVOID_S = 300.0  # replacements prefer other nodes this long after a hang on one
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What of the config the decisions read (config.Config holds them)."""
+
+    plan: plan.Settings
+    policy: Policy
+    classify: ClassifySettings
+    hang: HangSettings
+    disruption_threshold: float | None
+    horovodrun_restart_limit: int
+    stall_timeout_s: float
+
+    @classmethod
+    def of(cls, cfg: Config) -> Settings:
+        return cls(plan.Settings.of(cfg), cfg.policy,
+                   ClassifySettings(node_grace_s=cfg.node_grace_s,
+                                    lease_grace_s=cfg.node_lease_s),
+                   HangSettings(silence_s=cfg.heartbeat_timeout_s, stall_s=cfg.stall_timeout_s),
+                   cfg.node_disruption_threshold, cfg.horovodrun_restart_limit,
+                   cfg.stall_timeout_s)
+
+
+@dataclass(frozen=True)
+class Core:
+    """What the decisions remember from one pass to the next (replaced, never mutated)."""
+
+    fleet: Fleet | None = None  # None: the supervisor does not own the workers
+    saved: Fleet | None = None  # the fleet last handed to the actuator to save
+    failed: frozenset[str] = frozenset()  # UIDs classified as failed (never twice)
+    found: tuple[plan.Failed, ...] = ()  # failures classified between passes, to decide
+    node_down: Mapping[str, float] = field(default_factory=dict)  # node -> down since
+    braked: frozenset[str] = frozenset()  # down nodes the disruption brake holds back
+    synced_at: float | None = None  # the first pass after the watch synced
+    scanned: bool = False  # the first full classification after sync is done
+    reused: Mapping[int, int] = field(default_factory=dict)  # slot -> pods replaced (reused IP)
+    reuse_checked: Rendered | None = None  # the render last looked at for reused addresses
+    expected: Mapping[str, float] = field(default_factory=dict)  # being created -> since
+    blocked: Mapping[str, admission.Refusal] = field(default_factory=dict)  # creates refused
+    scale_request: int | None = None  # desired workers asked for, not applied yet
+    failing: tuple[int, str] | None = None  # the run ends with this code and reason
+    # the hang watch (this run of horovodrun, except the restarts and the hung pods)
+    listed_since: Mapping[str, float] = field(default_factory=dict)  # host -> listed since
+    hung: frozenset[str] = frozenset()  # UIDs of pods found Hung: never listed again
+    hung_nodes: Mapping[str, float] = field(default_factory=dict)  # node -> a worker hung
+    failed_at: Mapping[str, float] = field(default_factory=dict)  # host -> found failed
+    regroup: regroup.Pending | None = None  # a failure the survivors have not regrouped from
+    horovodrun_restarts: int = 0  # restarts of horovodrun (whole supervisor life)
+    # the host list (plan.listing): host -> (driver world, out of the file until) of hosts
+    # announced again to Horovod; the hold-back of the pending regroup was said
+    reannounced: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    held_said: bool = False
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the loop sees in this pass (gathered by reconcile.py)."""
+
+    pods: Mapping[str, Obj]  # the job's worker pods the watch shows, by name
+    nodes: Mapping[str, Obj]
+    memory: Mapping[str, PodMemory]  # what earlier events showed of each pod, by name
+    lease_ages: Mapping[str, float] | None  # node -> seconds since its Lease was renewed
+    lease_stale: frozenset[str]  # nodes whose Lease is older than SUPERVISOR_NODE_LEASE_SECONDS
+    first_owner: Mapping[str, str]  # host -> UID of the first pod published with it
+    published: str | None  # the discovery file as published (None: withdrawn)
+    listed: Rendered | None  # the last render of the view
+    listed_hosts: Mapping[str, str]  # host -> pod of the hosts published now
+    hooked: bool  # the hook channel is there (fence, heartbeats)
+    running: bool  # horovodrun runs
+    stopping: bool  # a signal is being forwarded to horovodrun
+    started_at: float  # when this run of horovodrun started (monotonic)
+    beats: tuple[Beat, ...]  # the hook's heartbeats of this run
+    driver: Driver | None  # the driver hook's last word
+    ssh_clients: Mapping[str, int]  # host -> ssh clients (plan.retiring_hosts of Core.fleet)
+    now: float  # monotonic
+    wall: float  # epoch (the fleet's clock)
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Tell the hook in every training process: these hosts are gone (the driver skips them,
+    survivors stalled on them leave their collective)."""
+
+    hosts: frozenset[str]
+
+
+@dataclass(frozen=True)
+class KillSsh:
+    """Kill horovodrun's ssh clients to these hosts (host -> the failed pod): a frozen worker
+    never closes them, and Horovod waits on them."""
+
+    pods: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class RestartHorovodrun:
+    """Tell the training processes to exit, kill horovodrun's tree, start again at the gate."""
+
+    reason: str  # the Event's reason: TrainingStalled, RendezvousBroken, RendezvousStuck
+    why: str
+    restart: int  # this restart's number (1-based)
+
+
+@dataclass(frozen=True)
+class CreateWorker:
+    create: fleet.Create
+    lost_nodes: tuple[str, ...]  # nodes down or silent: the replacement avoids them
+    suspect_nodes: tuple[str, ...]  # nodes where a worker hung lately: preferred against
+
+
+@dataclass(frozen=True)
+class FailJob:
+    code: int
+    reason: str
+    event: bool  # post the JobFailing Event (a decision's own Event may have said it)
+
+
+Todo = (Note | Fence | KillSsh | RestartHorovodrun | DeletePod | SaveState | CreateWorker
+        | FailJob)
+
+
+@dataclass(frozen=True)
+class Pass:
+    core: Core
+    todo: tuple[Todo, ...]
+    verdict: Verdict | None = None  # the hang watch's, for the adapter's one-time warnings
+    counts: tuple[tuple[str, str], ...] = ()  # (cause, action) of each failure decided
+    restarts: tuple[str, ...] = ()  # reasons horovodrun was found to need a restart
+    replace_from: Mapping[str, float] = field(default_factory=dict)  # new pod -> failure seen
+
+
+def node_state(c: Core, nodes: Mapping[str, Obj], pod: Obj, lease_age: float | None,
+               now: float) -> NodeState:
+    """What is known of `pod`'s node for classify: held back by the brake, down since, its
+    Lease's age. A node never seen since the sync counts as down since then."""
+    name = pod.get("spec", {}).get("nodeName") or ""
+    node = nodes.get(name)
+    if name in c.braked:
+        return NodeState(node=node)  # held back: no evidence against it for now
+    down = c.node_down.get(name)
+    if node is None and name and down is None:
+        down = c.synced_at if c.synced_at is not None else now  # never seen since sync
+    return NodeState(node=node, down_since=down, lease_age_s=lease_age)
+
+
+def fail(c: Core, code: int, reason: str, *, event: bool = True) -> tuple[Core, FailJob | None]:
+    """The run ends with `code` unless it ends already (the first reason wins)."""
+    if c.failing is not None:
+        return c, None
+    return replace(c, failing=(int(code), reason)), FailJob(int(code), reason, event)
+
+
+@dataclass
+class _Pass:
+    """`manage` under way (local to one call)."""
+
+    c: Core
+    todo: list[Todo] = field(default_factory=list)
+
+    def fail(self, code: int, reason: str, *, event: bool = True) -> None:
+        self.c, op = fail(self.c, code, reason, event=event)
+        if op is not None:
+            self.todo.append(op)
+
+
+def manage(c: Core, s: Seen, st: Settings) -> Pass:
+    """One pass of decisions: see the module's doc for the order."""
+    p = _Pass(c)
+    now = s.now
+    if p.c.synced_at is None:
+        fl = p.c.fleet
+        p.c = replace(p.c, synced_at=now, fleet=None if fl is None else fleet.adopt(
+            fl, s.pods.values(), st.plan.job))
+    running = s.running
+    verdict, restarts, found = None, (), list(p.c.found)
+    if running and s.hooked:
+        verdict, restarts, hung_found = _watch_hangs(p, s, st)
+        found += hung_found
+        running = running and not any(isinstance(t, RestartHorovodrun) for t in p.todo)
+    suspects = set(p.c.node_down) | set(s.lease_stale)
+    _brake(p, s, st, suspects)
+    if not p.c.scanned or suspects:
+        failed = set(p.c.failed)
+        for name, pod in s.pods.items():
+            uid = pod["metadata"].get("uid", "")
+            node = pod.get("spec", {}).get("nodeName")
+            if uid in failed or (p.c.scanned and node not in suspects):
+                continue
+            age = s.lease_ages.get(node or "") if s.lease_ages is not None else None
+            f = classify(pod, EventType.MODIFIED, s.memory.get(name),
+                         node_state(p.c, s.nodes, pod, age, now), settings=st.classify, now=now)
+            if f is not None:
+                failed.add(uid)
+                found.append(plan.Failed(f, pod, now))
+        p.c = replace(p.c, failed=frozenset(failed), scanned=True)
+    p.c = replace(p.c, found=())
+    # Only a host Horovod knew as this very pod: an IP the CNI handed to another pod before or
+    # since is not this failure's to fence.
+    hosts = {h: x.failure.pod for x in found
+             if (h := discovery.host_of(x.pod, st.plan.host_mode))
+             and s.first_owner.get(h) == x.pod["metadata"].get("uid")}
+    if hosts and s.hooked:
+        p.todo.append(Fence(frozenset(hosts)))
+    if hosts and running:
+        p.todo.append(KillSsh(hosts))
+    counts: tuple[tuple[str, str], ...] = ()
+    replace_from: Mapping[str, float] = {}
+    if found:
+        d = plan.on_failures(p.c.fleet, found, st.policy, st.plan, s.wall)
+        p.c = replace(p.c, fleet=d.fleet)
+        p.todo += d.deletes
+        p.todo += d.notes
+        counts, replace_from = d.counts, d.replace_from
+        if d.fail is not None:
+            p.fail(ExitCode.POLICY_FAILED, d.fail, event=False)
+        if running and s.hooked:
+            failed_at = {**{h: now for h in hosts}, **p.c.failed_at}
+            pending = p.c.regroup
+            if regroup.member_failed(hosts, s.beats, s.driver.world if s.driver else None):
+                pending = regroup.pending(s.beats, now)  # new workers wait (regroup.py)
+            p.c = replace(p.c, failed_at=failed_at, regroup=pending)
+    if p.c.fleet is not None and p.c.failing is None:
+        _plan_fleet(p, s, st, suspects)
+    elif p.c.scale_request is not None:
+        why = "the supervisor does not own the workers (SUPERVISOR_WORKER_TEMPLATE is not set)"
+        p.todo.append(scale_refused(p.c.scale_request, why))
+        p.c = replace(p.c, scale_request=None)
+    return Pass(p.c, tuple(p.todo), verdict, counts, restarts, replace_from)
+
+
+def scale_refused(workers: int, why: str) -> Note:
+    return Note("warning", "scale.refused", {"workers": workers, "reason": why}, EventSpec(
+        "Warning", "ScaleRefused", "Scale", f"scale to {workers} workers refused: {why}"))
+
+
+def _watch_hangs(p: _Pass, s: Seen, st: Settings) -> tuple[Verdict, tuple[str, ...],
+                                                            list[plan.Failed]]:
+    """Steps 2: the verdict on the heartbeats, its failures and restart."""
+    now, c = s.now, p.c
+    listed_since = {host: c.listed_since.get(host, now) for host in s.listed_hosts}
+    driver = s.driver
+    world = ((driver.world, driver.world_at) if driver is not None and driver.world_seq
+             else None)
+    verdict = hang.assess(s.beats, listed_since, started_at=s.started_at, settings=st.hang,
+                          now=now, failed_at=c.failed_at, world=world)
+    exited = (driver.exited if driver is not None and not s.stopping and c.failing is None
+              else {})
+    d = plan.on_verdict(verdict, s.listed_hosts, s.pods, c.failed, exited,
+                        stall_timeout_s=st.stall_timeout_s, now=now)
+    found = [plan.Failed(f, pod, now) for f, pod in d.failures]
+    hung_nodes = {n: t for n, t in c.hung_nodes.items() if now - t < HUNG_NODE_AVOID_S}
+    hung_nodes.update({f.node: now for f, _ in d.failures
+                       if f.cause is Cause.HUNG and f.node})
+    uids = frozenset(f.uid for f, _ in d.failures)
+    p.c = replace(c, listed_since=listed_since, failed=c.failed | uids, hung=c.hung | uids,
+                  hung_nodes=hung_nodes)
+    p.todo += d.notes
+    restarts: tuple[str, ...] = ()
+    if d.restart is not None and p.c.failing is None and not s.stopping:
+        reason, why = d.restart
+        restarts = (reason,)
+        n = p.c.horovodrun_restarts + 1
+        p.c = replace(p.c, horovodrun_restarts=n)
+        if n > st.horovodrun_restart_limit:
+            p.fail(ExitCode.STALLED, f"{why}; horovodrun was restarted "
+                   f"{st.horovodrun_restart_limit} times already")
+        else:
+            p.todo.append(RestartHorovodrun(reason, why, n))
+            # A new run of horovodrun: its own failures, its own regroup.
+            p.c = replace(p.c, failed_at={}, regroup=None, held_said=False)
+    return verdict, restarts, found
+
+
+def _brake(p: _Pass, s: Seen, st: Settings, down: set[str]) -> None:
+    """Step 3: hold back the loss of nodes that went down together (classify.disrupted).
+    Nodes released while still down get a fresh grace: they come back one by one."""
+    c = p.c
+    braked: frozenset[str] = frozenset()
+    job_nodes: set[str] = set()
+    if down and st.disruption_threshold is not None:
+        job_nodes = {node for pod in s.pods.values()
+                     if (node := pod.get("spec", {}).get("nodeName"))
+                     and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")}
+        braked = disrupted(job_nodes, down, st.disruption_threshold)
+    if braked == c.braked:
+        return
+    node_down = {n: (s.now if n in c.braked - braked else t) for n, t in c.node_down.items()}
+    if braked:
+        note = (f"{len(braked)} of the {len(job_nodes)} nodes of the job's workers "
+                f"are down together ({', '.join(sorted(braked))}): their workers are held, "
+                f"not failed or force-deleted, until fewer are down "
+                f"(SUPERVISOR_NODE_DISRUPTION_THRESHOLD={st.disruption_threshold:g})")
+        p.todo.append(Note("warning", "node.disruption", {"nodes": sorted(braked),
+                                                          "note": note},
+                           EventSpec("Warning", "NodeDisruption", "Hold", note)))
+    else:
+        note = (f"fewer of the job's nodes are down now ({', '.join(sorted(c.braked))} "
+                "held before): node loss is handled again")
+        p.todo.append(Note("info", "node.disruption_over", {"nodes": sorted(c.braked)},
+                           EventSpec("Normal", "NodeDisruptionOver", "Resume", note)))
+    p.c = replace(c, braked=braked, node_down=node_down)
+
+
+def _plan_fleet(p: _Pass, s: Seen, st: Settings, suspects: set[str]) -> None:
+    """Step 8: the fleet's reconcile (plan.plan); the state saved before the creates."""
+    c = p.c
+    assert c.fleet is not None
+    out = plan.plan(plan.Picture(
+        fleet=c.fleet, pods=s.pods, published=s.published or "", listed=s.listed,
+        reuse_checked=c.reuse_checked, reused=c.reused, scale_request=c.scale_request,
+        expected=c.expected, waiting=frozenset(admission.waiting(c.blocked, s.now)),
+        ssh_clients=s.ssh_clients, now=s.now, wall=s.wall), st.plan)
+    p.c = replace(c, fleet=out.fleet, reused=out.reused, reuse_checked=out.reuse_checked,
+                  scale_request=out.scale_request, expected=out.expected,
+                  failed=c.failed | out.ours)
+    p.todo += out.notes
+    p.todo += out.deletes
+    if p.c.fleet != p.c.saved:
+        p.todo.append(SaveState(state_of(out.fleet, st)))
+        p.c = replace(p.c, saved=p.c.fleet)
+    lost = tuple(sorted(suspects))
+    suspect = tuple(sorted(n for n, t in p.c.hung_nodes.items()
+                           if s.now - t < HUNG_NODE_AVOID_S))
+    p.todo += [CreateWorker(x, lost, suspect) for x in out.creates]
+    if out.fail is not None:
+        p.fail(ExitCode.WORKERS_LOST, out.fail)
+
+
+def state_of(f: Fleet, st: Settings) -> dict[str, object]:
+    """The fleet as saved in the state ConfigMap, with what `status` shows beside it."""
+    s = st.plan
+    lo, hi = fleet.limits(s.min_np, s.max_np, s.slots_per_worker)
+    return {**fleet.fleet_to_dict(f), "limits": {"minWorkers": lo, "maxWorkers": hi},
+            "desiredWorkers": len(f.active()),
+            "restartLimit": st.policy.budgets.restart_limit}

@@ -1,0 +1,292 @@
+"""core.manage: one pass of decisions, from the loop's memory and what it sees to the memory of
+the next pass and the script to carry out, in order.
+
+Pods and nodes are the captured shapes (tests/unit/shapes) with the supervisor's labels;
+heartbeats are the hook's Beat records. Each row is one pass; the script is compared by kind
+(and what matters of each item), in order, because the order is part of the contract: a
+failed host is fenced and its ssh clients killed before anything else is done for it, the
+fleet's state is saved before its replacements are created.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from supervisor import core, fleet
+from supervisor.actuator import DeletePod, SaveState
+from supervisor.channel import Beat, Driver
+from supervisor.classify import Cause, ClassifySettings, Failure
+from supervisor.config import HostMode
+from supervisor.core import (
+    HUNG_NODE_AVOID_S,
+    Core,
+    CreateWorker,
+    FailJob,
+    Fence,
+    KillSsh,
+    RestartHorovodrun,
+    Seen,
+    manage,
+)
+from supervisor.hang import HangSettings
+from supervisor.model import ExitCode
+from supervisor.plan import Failed, Note
+from supervisor.plan import Settings as PlanSettings
+from supervisor.policy import Action, Policy, Rule
+from supervisor.regroup import Pending
+from supervisor.workers import LABEL_INCARNATION, LABEL_JOB, LABEL_ROLE, LABEL_SLOT, pod_name
+from tests.unit import shapes
+
+JOB = "job1"
+NOW, WALL = 500.0, 1_700_000_000.0
+STALL_S = 60.0
+
+
+def settings(policy: Policy | None = None, restarts: int = 2,
+             disruption: float | None = None) -> core.Settings:
+    return core.Settings(
+        PlanSettings(JOB, HostMode.POD_IP, min_np=1, max_np=4, slots_per_worker=1,
+                     scale_out_timeout_s=300.0, scale_in_timeout_s=60.0),
+        policy or Policy(), ClassifySettings(node_grace_s=0.0),
+        HangSettings(silence_s=3.0, stall_s=STALL_S),
+        disruption, restarts, STALL_S)
+
+
+S = settings()
+
+
+def worker(slot: int, inc: int = 1, node: str | None = None, **status: Any) -> dict[str, Any]:
+    name = pod_name(JOB, slot, inc)
+    p = shapes.pod(name, ip=ip(slot), node=node or f"node-{slot}", **status)
+    p["metadata"]["labels"] = {LABEL_JOB: JOB, LABEL_ROLE: "worker", LABEL_SLOT: str(slot),
+                               LABEL_INCARNATION: str(inc)}
+    return p
+
+
+def ip(slot: int) -> str:
+    return f"10.1.0.{10 + slot}"
+
+
+def exited(p: dict[str, Any], code: int = 137) -> dict[str, Any]:
+    """`p` with its container ended (the kubelet's report of an OOM kill, say)."""
+    p = copy.deepcopy(p)
+    p["status"]["containerStatuses"][0]["state"] = {"terminated": {"exitCode": code}}
+    return p
+
+
+W0, W1 = worker(0), worker(1)
+PODS = {pod_name(JOB, 0, 1): W0, pod_name(JOB, 1, 1): W1}
+NODES = {"node-0": shapes.node("node-0"), "node-1": shapes.node("node-1")}
+OWNERS = {ip(0): "uid-" + pod_name(JOB, 0, 1), ip(1): "uid-" + pod_name(JOB, 1, 1)}
+LISTED = {ip(0): pod_name(JOB, 0, 1), ip(1): pod_name(JOB, 1, 1)}
+TWO = fleet.initial(2)
+# The loop's memory once both workers of a two-worker job run and their state is saved.
+STEADY = Core(fleet=TWO, saved=TWO, synced_at=NOW - 100, scanned=True,
+              listed_since={h: NOW - 100 for h in LISTED})
+
+
+def beat(slot: int, *, progress_at: float | None = NOW - 1, **kw: Any) -> Beat:
+    return Beat(**{"sender": f"s{slot}", "host": ip(slot), "pid": 100 + slot,
+                   "local_rank": 0, "first_seen": NOW - 90, "last_seen": NOW - 0.5,
+                   "progress_at": progress_at, **kw})
+
+
+BEATS = (beat(0), beat(1))
+WORLD = Driver(ok=True, at=NOW - 90, world=frozenset(LISTED), world_seq=1, world_at=NOW - 90)
+
+
+def seen(pods: dict[str, Any] | None = None, **kw: Any) -> Seen:
+    pods = PODS if pods is None else pods
+    base: dict[str, Any] = {
+        "nodes": NODES, "memory": {}, "lease_ages": None, "lease_stale": frozenset(),
+        "first_owner": OWNERS, "published": "".join(f"{h}:1\n" for h in LISTED),
+        "listed": None, "listed_hosts": LISTED, "hooked": True, "running": True,
+        "stopping": False, "started_at": NOW - 95, "beats": BEATS, "driver": WORLD,
+        "ssh_clients": {}, "now": NOW, "wall": WALL}
+    return Seen(pods=pods, **{**base, **kw})
+
+
+def died(slot: int = 0, code: int = 137) -> Failed:
+    """Worker `slot`'s container exited with `code`, classified on its pod event."""
+    p = exited(worker(slot), code)
+    f = Failure(Cause.EXIT_CODE, p["metadata"]["name"], p["metadata"]["uid"],
+                p["spec"]["nodeName"], code, "worker", f"container worker exited with {code}")
+    return Failed(f, p, NOW - 0.1)
+
+
+def script(p: core.Pass) -> list[Any]:
+    """The script as (kind, what matters) pairs."""
+    out: list[Any] = []
+    for t in p.todo:
+        if isinstance(t, Note):
+            out.append(("say", t.event))
+        elif isinstance(t, Fence):
+            out.append(("fence", sorted(t.hosts)))
+        elif isinstance(t, KillSsh):
+            out.append(("kill-ssh", dict(t.pods)))
+        elif isinstance(t, DeletePod):
+            out.append(("delete", t.name, t.grace_s))
+        elif isinstance(t, SaveState):
+            out.append(("save",))
+        elif isinstance(t, CreateWorker):
+            out.append(("create", t.create.name))
+        elif isinstance(t, RestartHorovodrun):
+            out.append(("restart", t.reason, t.restart))
+        elif isinstance(t, FailJob):
+            out.append(("fail", t.code))
+    return out
+
+
+def test_a_steady_job_asks_for_nothing() -> None:
+    p = manage(STEADY, seen(), S)
+    assert (p.todo, p.core) == ((), STEADY)
+
+
+def test_a_dead_worker_is_fenced_then_decided_then_saved_then_replaced() -> None:
+    x = died(0)
+    pods = {**PODS, x.failure.pod: x.pod}
+    p = manage(replace(STEADY, found=(x,), failed=frozenset({x.failure.uid})), seen(pods), S)
+    w0 = pod_name(JOB, 0, 1)
+    assert script(p) == [("fence", [ip(0)]), ("kill-ssh", {ip(0): w0}),
+                         ("say", "worker.failed"), ("save",),
+                         ("create", pod_name(JOB, 0, 2))]
+    c = p.core
+    assert c.found == () and c.fleet is not None and c.fleet.ledger.total == 1
+    assert c.saved == c.fleet, "the state saved is the fleet the replacement comes from"
+    assert c.expected == {pod_name(JOB, 0, 2): NOW}
+    assert c.failed_at == {ip(0): NOW}
+    assert c.regroup is not None and c.regroup.since == NOW, "it was in the driver's world"
+    assert p.counts == (("ExitCode", "Restart"),)
+    assert p.replace_from == {pod_name(JOB, 0, 2): NOW - 0.1}
+
+
+def test_the_next_pass_on_the_same_picture_asks_for_nothing_new() -> None:
+    x = died(0)
+    pods = {**PODS, x.failure.pod: x.pod}
+    first = manage(replace(STEADY, found=(x,), failed=frozenset({x.failure.uid})),
+                   seen(pods), S)
+    again = manage(first.core, seen(pods, now=NOW + 1), S)
+    assert again.todo == (), "the replacement is expected, the state saved"
+    assert again.core.fleet == first.core.fleet
+
+
+@pytest.mark.parametrize(("owner", "hooked", "running", "expected"), [
+    pytest.param("uid-" + pod_name(JOB, 0, 1), True, True, ["fence", "kill-ssh"],
+                 id="its host was first published for this pod: fenced, ssh clients killed"),
+    pytest.param("uid-another", True, True, [],
+                 id="an IP the CNI gave another pod before: not this failure's to fence"),
+    pytest.param("uid-" + pod_name(JOB, 0, 1), True, False, ["fence"],
+                 id="no horovodrun: fenced, no ssh client to kill"),
+    pytest.param("uid-" + pod_name(JOB, 0, 1), False, True, ["kill-ssh"],
+                 id="no hook: no fence, the ssh clients killed"),
+])
+def test_which_failed_hosts_are_fenced(owner: str, hooked: bool, running: bool,
+                                       expected: list[str]) -> None:
+    x = died(0)
+    p = manage(replace(STEADY, found=(x,)), seen(
+        {**PODS, x.failure.pod: x.pod}, first_owner={**OWNERS, ip(0): owner}, hooked=hooked,
+        running=running), S)
+    assert [k[0] for k in script(p) if k[0] in ("fence", "kill-ssh")] == expected
+    assert [k[0] for k in script(p)][-1] == "create", "replaced all the same"
+
+
+def test_the_first_pass_after_sync_finds_workers_on_a_lost_node() -> None:
+    """A node unreachable when the supervisor starts: its worker is lost (grace 0), force-deleted
+    (it would stay Terminating forever) and replaced away from the node."""
+    nodes = {**NODES, "node-0": shapes.node("node-0", "node_unreachable")}
+    c = Core(fleet=TWO, node_down={"node-0": NOW - 30})
+    p = manage(c, seen(nodes=nodes, running=False, beats=(), driver=None), S)
+    w0 = pod_name(JOB, 0, 1)
+    assert script(p) == [("fence", [ip(0)]), ("delete", w0, 0), ("say", "worker.failed"),
+                         ("save",), ("create", pod_name(JOB, 0, 2))]
+    create = next(t for t in p.todo if isinstance(t, CreateWorker))
+    assert create.lost_nodes == ("node-0",) and create.create.avoid_node == "node-0"
+    assert p.core.synced_at == NOW and p.core.scanned
+    assert "uid-" + w0 in p.core.failed
+
+
+def test_nodes_down_together_are_held_not_lost() -> None:
+    """Both nodes of the job down at once past the disruption threshold: the brake holds
+    them; no worker fails, nothing is deleted."""
+    down = {"node-0": NOW - 30, "node-1": NOW - 30}
+    p = manage(replace(STEADY, node_down=down), seen(), settings(disruption=0.5))
+    assert script(p) == [("say", "node.disruption")]
+    assert p.core.braked == frozenset(down) and p.core.failed == frozenset()
+    over = manage(replace(p.core, node_down={}), seen(now=NOW + 5), settings(disruption=0.5))
+    assert script(over) == [("say", "node.disruption_over")]
+    assert over.core.braked == frozenset()
+
+
+def stalled() -> tuple[Beat, ...]:
+    return (beat(0, progress_at=NOW - STALL_S - 1), beat(1, progress_at=NOW - STALL_S - 1))
+
+
+def test_a_stalled_job_restarts_horovodrun() -> None:
+    c = replace(STEADY, failed_at={ip(1): NOW - 200}, regroup=Pending(NOW - 200, {}),
+                held_said=True)
+    p = manage(c, seen(beats=stalled()), S)
+    assert script(p) == [("restart", "TrainingStalled", 1)]
+    assert p.core.horovodrun_restarts == 1 and p.core.failed_at == {}
+    assert p.core.regroup is None and not p.core.held_said, "a new run: its own regroup"
+    assert p.restarts == ("TrainingStalled",)
+
+
+def test_past_the_restart_limit_the_job_fails_and_nothing_more_is_planned() -> None:
+    c = replace(STEADY, horovodrun_restarts=2, expected={})
+    p = manage(c, seen(beats=stalled()), S)
+    assert script(p) == [("fail", ExitCode.STALLED)]
+    assert p.core.failing is not None and p.core.failing[0] == ExitCode.STALLED
+    assert p.restarts == ("TrainingStalled",), "counted in the restarts metric too"
+
+
+def test_no_restart_while_stopping() -> None:
+    p = manage(STEADY, seen(beats=stalled(), stopping=True), S)
+    assert script(p) == [] and p.core.horovodrun_restarts == 0
+
+
+def test_a_hung_worker_fails_replaced_away_from_its_node() -> None:
+    silent = beat(0, last_seen=NOW - 4)
+    waiting = beat(1, wait_s=2.0, waiting="c", progress_at=NOW - 10)
+    p = manage(STEADY, seen(beats=(silent, waiting)), S)
+    w0 = pod_name(JOB, 0, 1)
+    assert script(p) == [("say", "worker.hung"), ("fence", [ip(0)]),
+                         ("kill-ssh", {ip(0): w0}), ("delete", w0, 0),
+                         ("say", "worker.failed"), ("save",), ("create", pod_name(JOB, 0, 2))]
+    create = next(t for t in p.todo if isinstance(t, CreateWorker))
+    assert create.suspect_nodes == ("node-0",)
+    assert "uid-" + w0 in p.core.hung, "never listed again"
+    later = manage(replace(p.core, expected={}),
+                   seen(now=NOW + HUNG_NODE_AVOID_S, running=False), S)
+    recreate = next(t for t in later.todo if isinstance(t, CreateWorker))
+    assert recreate.suspect_nodes == (), "the node is trusted again after a while"
+
+
+def test_a_fail_job_rule_fails_the_job_without_its_own_event() -> None:
+    policy = Policy(rules=(Rule("r0", Action.FAIL_JOB, exit_codes=((3, 3),)),))
+    x = died(0, code=3)
+    p = manage(replace(STEADY, found=(x,)), seen({**PODS, x.failure.pod: x.pod}),
+               settings(policy))
+    kinds = script(p)
+    assert kinds[-1] == ("fail", ExitCode.POLICY_FAILED)
+    assert not any(k[0] in ("create", "save") for k in kinds), "nothing planned after"
+    fail = p.todo[-1]
+    assert isinstance(fail, FailJob) and not fail.event, "the decision's Event says it"
+
+
+def test_a_scale_request_without_a_fleet_is_refused_once() -> None:
+    p = manage(Core(synced_at=NOW - 1, scanned=True, scale_request=3), seen(), S)
+    assert script(p) == [("say", "scale.refused")]
+    assert p.core.scale_request is None
+    assert manage(p.core, seen(), S).todo == ()
+
+
+def test_a_failure_already_failing_the_job_is_decided_but_not_replaced() -> None:
+    x = died(1)
+    c = replace(STEADY, found=(x,), failing=(int(ExitCode.WORKERS_LOST), "before"))
+    p = manage(c, seen({**PODS, x.failure.pod: x.pod}), S)
+    assert [k[0] for k in script(p)] == ["fence", "kill-ssh", "say"]
+    assert p.core.failing == (int(ExitCode.WORKERS_LOST), "before"), "the first reason wins"
