@@ -4,7 +4,8 @@ Four steps, all pure: `on_verdict` turns what the hook's heartbeats and the driv
 into failures and restarts of horovodrun, `on_failures` decides on the failures the loop
 classified (policy rules, restart budgets, which pods to delete, the job failing), `plan`
 reconciles the fleet, and `listing` decides the hosts to publish from the view's render (held
-back while survivors regroup, re-announced when Horovod missed one).
+back while survivors regroup, re-announced when Horovod missed one). core.manage composes the
+first three (with the brake, the scan and the fence) into one pass; `listing` is the host list's.
 
 `plan` is one step of the fleet's reconcile, in the style of controller-runtime's: it reads
 the whole picture each time (the fleet of slots with their budgets, the worker pods the watch
@@ -177,6 +178,7 @@ def _scale_request(p: Picture, s: Settings, step: _Step) -> None:
 
 
 def _scaled_slots(p: Picture, s: Settings, step: _Step) -> None:
+    listed: frozenset[str] | None = None  # the published hosts, parsed once if needed
     for i, slot in sorted(step.fleet.slots.items()):
         name = pod_name(s.job, i, slot.incarnation)
         pod = p.pods.get(name)
@@ -192,10 +194,12 @@ def _scaled_slots(p: Picture, s: Settings, step: _Step) -> None:
                 step.say("warning", "scale.rolled_back", EventSpec(
                     "Warning", "ScaleOutRolledBack", "Scale", why), pod=name, slot=i)
         elif slot.retiring_at is not None:
-            _retire(p, s, step, i)
+            if listed is None:
+                listed = published_hosts(p.published)
+            _retire(p, s, step, i, listed)
 
 
-def _retire(p: Picture, s: Settings, step: _Step, i: int) -> None:
+def _retire(p: Picture, s: Settings, step: _Step, i: int, listed: frozenset[str]) -> None:
     """Delete a scaled-in worker once horovodrun has let it go (or after the timeout)."""
     slot = step.fleet.slots[i]
     name = pod_name(s.job, i, slot.incarnation)
@@ -203,7 +207,7 @@ def _retire(p: Picture, s: Settings, step: _Step, i: int) -> None:
     assert slot.retiring_at is not None
     if pod is not None:
         host = discovery.host_of(pod, s.host_mode)
-        if host in published_hosts(p.published):
+        if host in listed:
             return  # not yet out of the discovery file
         if host is not None and host not in p.ssh_clients:
             return  # retiring since this step: its ssh clients are counted on the next
