@@ -81,12 +81,12 @@ def test_a_configmap_update_reaches_a_mounted_volume(cluster_pods: ClusterPods) 
     pods.create(body)
     pods.wait_ready("reader")
     assert pods.exec("reader", "cat /cfg/value") == "one"
-    t0 = time.monotonic()
     pods.core.patch_namespaced_config_map("cfg", pods.namespace, {"data": {"value": "two"}})
+    # Within the kubelet's sync (syncFrequency 10 s here) plus its ConfigMap cache; how long
+    # it takes is measured by `python -m bench --only configmap`, not asserted here (a sync
+    # that falls right after the patch delivers it in 0.1 s).
     wait_for(lambda: pods.exec("reader", "cat /cfg/value") == "two", 120, interval=0.5,
              what="the new value in the mounted file")
-    # The kubelet's sync (syncFrequency 10 s here) plus its ConfigMap cache, not instantly.
-    assert time.monotonic() - t0 > 0.5
 
 
 def test_a_pod_reaches_the_api_through_the_kubernetes_service_with_its_service_account(
