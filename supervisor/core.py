@@ -282,14 +282,9 @@ def manage(c: Core, s: Seen, st: Settings) -> Pass:
         _plan_fleet(p, s, st, suspects)
     elif p.c.scale_request is not None:
         why = "the supervisor does not own the workers (SUPERVISOR_WORKER_TEMPLATE is not set)"
-        p.todo.append(scale_refused(p.c.scale_request, why))
+        p.todo.append(plan.scale_refused(p.c.scale_request, why))
         p.c = replace(p.c, scale_request=None)
     return Pass(p.c, tuple(p.todo), verdict, counts, restarts, replace_from)
-
-
-def scale_refused(workers: int, why: str) -> Note:
-    return Note("warning", "scale.refused", {"workers": workers, "reason": why}, EventSpec(
-        "Warning", "ScaleRefused", "Scale", f"scale to {workers} workers refused: {why}"))
 
 
 def _watch_hangs(p: _Pass, s: Seen, st: Settings) -> tuple[Verdict, tuple[str, ...],

@@ -159,6 +159,12 @@ def retiring_hosts(f: Fleet, pods: Mapping[str, Obj], published: str, s: Setting
     return out
 
 
+def scale_refused(workers: int, why: str) -> Note:
+    """A scale request the supervisor will not apply, and why."""
+    return Note("warning", "scale.refused", {"workers": workers, "reason": why}, EventSpec(
+        "Warning", "ScaleRefused", "Scale", f"scale to {workers} workers refused: {why}"))
+
+
 def _scale_request(p: Picture, s: Settings, step: _Step) -> None:
     want = p.scale_request
     assert want is not None
@@ -167,9 +173,7 @@ def _scale_request(p: Picture, s: Settings, step: _Step) -> None:
     if not lo <= want <= hi:
         why = (f"outside [{lo}, {hi}] workers (MIN_NP {s.min_np}, MAX_NP {s.max_np}, "
                f"{s.slots_per_worker} slots each)")
-        step.say("warning", "scale.refused", EventSpec(
-            "Warning", "ScaleRefused", "Scale", f"scale to {want} workers refused: {why}"),
-            workers=want, reason=why)
+        step.notes.append(scale_refused(want, why))
     elif want != have:
         step.fleet = fleet.scale_to(step.fleet, want, p.wall)
         step.say("info", "scale.applied", EventSpec(
