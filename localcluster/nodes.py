@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -70,6 +70,13 @@ LOCK = Path("/run/elastic-supervisor-nodes.lock")
 # kept while it runs, so that a cluster whose owner was killed is cleaned up by the next one.
 RECORD = Path("/run/elastic-supervisor-nodes.json")
 NODE_LABEL = "elastic-supervisor.io/local-node"
+
+
+def image_store(tarballs: Sequence[Path]) -> Path:
+    """The containerd root every node's is a hard-linked copy of: the pause and toolbox images
+    and `tarballs`, imported once and cached (localcluster.nodestore)."""
+    return nodestore.seed((images.pause()[1], toolbox_image()[1], *tarballs),
+                          images.Settings().cache, _log)
 
 
 class ClusterError(RuntimeError):
@@ -462,8 +469,7 @@ class Cluster:
                   + "\n  ".join(leftovers), file=sys.stderr)
         name, self._pause = images.pause()
         self.settings = replace(self.settings, pause_image=name)
-        store = nodestore.seed((self._pause, toolbox_image()[1], *self.settings.images),
-                               images.Settings().cache, _log)
+        store = image_store(self.settings.images)
         self.timings["image_store_s"] = time.monotonic() - t0
         self._snapshot = HostSnapshot.take()
         self.workdir = Path(tempfile.mkdtemp(prefix="es-nodes-"))

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from localcluster import nodestore
+
 NAMESPACE = "k8s.io"
 SHIM_DIRS = (Path("/run/containerd/s"), Path("/run/containerd"))
 
@@ -45,7 +47,10 @@ class ScratchContainerd:
     """containerd on its own root, state and socket in a temporary directory (a context
     manager). `ctr(...)` runs ctr against it in the k8s.io namespace."""
 
-    def __init__(self, parent: Path | None = None) -> None:
+    def __init__(self, parent: Path | None = None, *, store: Path | None = None) -> None:
+        # `store`: a node image store (localcluster.nodes.image_store) the root starts as a
+        # hard-linked copy of, as a node's does: its images are there at once, not imported.
+        self.store = store
         self.dir = Path(tempfile.mkdtemp(prefix="es-scratch-containerd-", dir=parent))
         self.socket = self.dir / "containerd.sock"
         self.cgroup = f"es-scratch-{os.getpid()}"
@@ -55,6 +60,8 @@ class ScratchContainerd:
     def __enter__(self) -> ScratchContainerd:
         config = self.dir / "config.toml"
         config.write_text(CONFIG.format(d=self.dir))
+        if self.store is not None:
+            nodestore.populate(self.store, self.dir / "root")
         with (self.dir / "containerd.log").open("wb") as log:
             self._proc = subprocess.Popen(["containerd", "--config", str(config)],
                                           stdout=log, stderr=subprocess.STDOUT,
