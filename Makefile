@@ -3,14 +3,16 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo setup test test-unit test-integration lint cluster-up images bench clean help \
+.PHONY: demo setup test test-fast test-unit test-integration test-e2e lint cluster-up images bench clean help \
 	kind-up kind-load kind-deploy kind-chaos kind-down
 
 help:
 	@echo "make demo         set up what is missing, then run the main job locally with faults"
 	@echo "make setup        install everything (idempotent; first run ~15 min, warm ~40 s)"
-	@echo "make test         lint + the whole test suite (unit, integration, e2e)"
+	@echo "make test         the whole suite: lint, unit, integration, end-to-end (~20 min)"
+	@echo "make test-fast    lint, unit and integration only (the inner loop, ~10 min)"
 	@echo "make test-unit    only the fast pure tests"
+	@echo "make test-e2e     only the end-to-end tests on real nodes"
 	@echo "make cluster-up   run the local control plane until Ctrl-C, print its kubeconfig"
 	@echo "make images       build the images for real nodes (cached), print name -> tarball"
 	@echo "make bench        benchmarks -> bench/results.json, bench/out/scale.png (~25 min)"
@@ -32,14 +34,21 @@ $(PY):
 lint: $(PY)
 	$(VENV)/bin/ruff check .
 
-test: lint
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+# The whole suite in phases, cheapest first, each its own pytest run that stops early: a broken
+# unit test is reported in seconds, not after the end-to-end tours, and the three-node cluster
+# of the end-to-end phase never shares the two cores with the integration control plane.
+test: test-fast test-e2e
+
+test-fast: lint test-unit test-integration
 
 test-unit: $(PY)
-	$(VENV)/bin/pytest -m unit $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests/unit -x $(PYTEST_ARGS)
 
 test-integration: $(PY)
-	$(VENV)/bin/pytest -m integration $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests/integration --maxfail=3 $(PYTEST_ARGS)
+
+test-e2e: $(PY)
+	$(VENV)/bin/pytest tests/e2e --maxfail=5 $(PYTEST_ARGS)
 
 cluster-up: $(PY)
 	$(PY) -m localcluster up

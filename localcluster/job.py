@@ -181,6 +181,12 @@ class MainJob:
         self._stop = threading.Event()
         self._follower: threading.Thread | None = None
         self.applied_at = 0.0
+        # The log parsed so far: the follower appends whole lines only, so what was read stays
+        # parsed and only what came since is parsed again (a tour's log grows to 10,000s of
+        # lines, read every 0.25 s by its waits).
+        self._parsed = 0
+        self._horovod: list[Record] = []
+        self._supervisor: list[Record] = []
 
     # -- deploy ---------------------------------------------------------------------------------
 
@@ -194,6 +200,7 @@ class MainJob:
         # A new job, a new log: an earlier job's in the same place (a second `make demo` writes
         # to bench/out again) would be read as this one's, its last step and all.
         self.log.unlink(missing_ok=True)
+        self._parsed, self._horovod, self._supervisor = 0, [], []
         self.kubectl("apply", "-f", str(manifest), namespaced=False)
         self.applied_at = time.time()
         self._follower = threading.Thread(target=self._follow, name="launcher-logs",
@@ -299,19 +306,35 @@ class MainJob:
         except FileNotFoundError:
             return ""
 
+    def _parse(self) -> None:
+        try:
+            with self.log.open("rb") as f:
+                f.seek(self._parsed)
+                new = f.read()
+        except FileNotFoundError:
+            return
+        end = new.rfind(b"\n") + 1
+        if end:
+            text = new[:end].decode(errors="replace")
+            self._horovod += horovod_records(text)
+            self._supervisor += supervisor_records(text)
+            self._parsed += end
+
     def records(self) -> list[Record]:
-        return horovod_records(self.text())
+        self._parse()
+        return list(self._horovod)
 
     def steps(self) -> list[Record]:
         return [r for r in self.records() if "loss" in r]
 
     def logs(self, event: str | None = None) -> list[Record]:
-        recs = supervisor_records(self.text())
-        return recs if event is None else [r for r in recs if r.get("event") == event]
+        self._parse()
+        recs = self._supervisor
+        return list(recs) if event is None else [r for r in recs if r.get("event") == event]
 
     def last_step(self) -> Record | None:
-        steps = self.steps()
-        return steps[-1] if steps else None
+        self._parse()
+        return next((r for r in reversed(self._horovod) if "loss" in r), None)
 
     def pods(self, selector: str) -> dict[str, dict[str, Any]]:
         resp = self.core.list_namespaced_pod(self.namespace, label_selector=selector,

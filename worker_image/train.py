@@ -18,6 +18,8 @@ Run by horovodrun in elastic mode (under `elastic-supervisor run -- python train
   launcher was restarted goes on from its last commit instead of from step 0.
 - Rank 0 prints one JSON line per step {"step", "size", "loss", "lr", "committed", "host",
   "time", "step_s"}, and event lines {"event": "reset" | "done", ...}.
+- With --stop-file PATH (on a volume every worker mounts), the file's content, a step number, ends
+  training there instead of at --steps: read at every step, so every rank stops at the same one.
 - Exit code 0 once --steps are done, non-zero on any failure, and 143 on SIGTERM at once: a worker
   that exits 0 mid-job makes horovodrun end the whole job (horovod issues #3852, #1994).
 """
@@ -50,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1234, help="seed of the model and the data")
     p.add_argument("--checkpoint", default=None,
                    help="file for the committed state (a shared volume); resumed from if present")
+    p.add_argument("--stop-file", default=None,
+                   help="a file holding the step to end at (a shared volume); read every step")
     return p.parse_args(argv)
 
 
@@ -90,6 +94,17 @@ def load_checkpoint(path: str | None, state: hvd.elastic.TorchState) -> None:
     emit(event="resumed", step=state.step, checkpoint=path, time=time.time())
 
 
+def steps_to_train(args: argparse.Namespace) -> int:
+    """--steps, or the step --stop-file names if it is earlier."""
+    if args.stop_file:
+        try:
+            with open(args.stop_file) as f:
+                return min(args.steps, int(f.read()))
+        except (OSError, ValueError):
+            pass
+    return int(args.steps)
+
+
 def exit_on_sigterm(signum: int, _frame: object) -> None:
     # Leave non-zero and at once: exiting 0 here would end the whole job (see the docstring).
     print(json.dumps({"event": "sigterm", "pid": os.getpid()}), file=sys.stderr, flush=True)
@@ -122,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
         host = os.environ.get("HOROVOD_HOSTNAME", "")
-        while state.step < args.steps:
+        while state.step < steps_to_train(args):
             one_step(state, host)
 
     def one_step(state: hvd.elastic.TorchState, host: str) -> None:

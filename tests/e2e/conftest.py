@@ -1,5 +1,11 @@
 """Fixtures of the end-to-end tests on real nodes: the training images in every node of the
-session's cluster, and the main job in a namespace per test."""
+session's cluster, and the main job in a namespace per test.
+
+A tour is a test class marked `tour`: one job shared by its tests (a class-scoped fixture), each
+test one fault with all of its own assertions, run in the order written. Once a fault of a tour
+fails, the job it leaves behind proves nothing about the next faults: they are skipped, naming
+the fault that failed (which is reported as failed itself).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +20,24 @@ from kubernetes import client
 from localcluster import images
 from localcluster.nodes import Cluster
 from tests.e2e.jobs import Job, main_job
+
+
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
+    if item.get_closest_marker("tour") is None or call.excinfo is None:
+        return
+    if not call.excinfo.errisinstance(pytest.skip.Exception) and item.parent is not None:
+        item.parent.stash.setdefault(TOUR_BROKEN, item.name)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("tour") is None or item.parent is None:
+        return
+    broken = item.parent.stash.get(TOUR_BROKEN, None)
+    if broken is not None:
+        pytest.skip(f"the tour's job broke at {broken}")
+
+
+TOUR_BROKEN = pytest.StashKey[str]()
 
 
 @pytest.fixture(scope="session")

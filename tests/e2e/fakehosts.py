@@ -132,6 +132,7 @@ class HorovodRun:
         self.workdir, self.hosts = workdir, hosts
         self.hostfile = workdir / "hostfile"
         self.dead_file = workdir / "dead.json"
+        self.stop_file = workdir / "stop"  # the stock script's --stop-file: see stop_at
         script = workdir / "discover_hosts.sh"
         script.write_text(f"#!/bin/sh\nexec cat {self.hostfile}\n")
         script.chmod(0o755)
@@ -142,7 +143,8 @@ class HorovodRun:
             "--ssh-identity-file", str(hosts.key.private), "--network-interface", "lo",
             "--gloo-timeout-seconds", str(gloo_timeout_s), "--start-timeout", "60",
             "--elastic-timeout", "120",
-            sys.executable, str(STOCK), "--batches", str(batches), *script_args]
+            sys.executable, str(STOCK), "--batches", str(batches),
+            "--stop-file", str(self.stop_file), *script_args]
         self.env = dict(os.environ)
         if channel is not None:
             self.env.update({
@@ -159,6 +161,16 @@ class HorovodRun:
         tmp = self.hostfile.with_suffix(".tmp")
         tmp.write_text("".join(f"{a}:1\n" for a in addresses))
         tmp.rename(self.hostfile)
+
+    def stop_at(self, ahead: int = 20) -> int:
+        """End training `ahead` batches past rank 0's last reported one; return that batch."""
+        steps = [r for r in self.records() if "loss" in r]
+        assert steps, "rank 0 reported no batch yet"
+        target = int(steps[-1]["step"]) + ahead
+        tmp = self.stop_file.with_suffix(".tmp")
+        tmp.write_text(str(target))
+        tmp.rename(self.stop_file)
+        return target
 
     def declare_dead(self, addresses: Sequence[str]) -> None:
         tmp = self.dead_file.with_suffix(".tmp")

@@ -30,6 +30,8 @@ from localcluster.job import JOB, MainJob, Record
 from localcluster.nodes import Cluster
 
 COMMIT_EVERY = 5
+CHECKPOINT_MOUNT = "/checkpoint"  # where every worker mounts the job's checkpoint directory
+STOP_FILE = "stop"  # in it: the step to end training at (--stop-file of both scripts)
 TRAIN = "/workspace/train.py"  # in the worker image
 
 
@@ -75,6 +77,42 @@ def stock_script(docs: list[dict[str, Any]]) -> None:
 
 class Job(MainJob):
     """A MainJob with the waits and picks the scenarios share."""
+
+    # On the host: the file the training script reads its last step from (--stop-file), in the
+    # checkpoint directory every worker mounts; None for a job without one.
+    stop_file: Path | None = None
+
+    def stop_at(self, ahead: int = 100) -> int:
+        """End training `ahead` steps past rank 0's last reported one (every rank reads the
+        same number, so all stop at that step); return that step."""
+        assert self.stop_file is not None, "the job was started without a checkpoint directory"
+        last = self.last_step()
+        assert last is not None, "rank 0 reported no step yet"
+        target = int(last["step"]) + ahead
+        tmp = self.stop_file.with_suffix(".tmp")
+        tmp.write_text(str(target))
+        tmp.chmod(0o644)
+        tmp.replace(self.stop_file)
+        return target
+
+    def nodes_ready(self) -> bool:
+        return all(any(c.type == "Ready" and c.status == "True"
+                       for c in n.status.conditions or ())
+                   and not n.spec.unschedulable for n in self.core.list_node().items)
+
+    def settled(self, size: int, timeout: float = 240) -> Record:
+        """Wait until every node is Ready and the job trains at world size `size` with that
+        many live workers: what a fault that is not meant to strike a recovery starts from."""
+        self.wait("every node Ready", self.nodes_ready, timeout)
+        past = (self.last_step() or {"step": 0})["step"]
+        self.wait(f"{size} live workers", lambda: len(self.live_workers()) == size, timeout)
+        return self.wait_training(past=past, size=size, timeout=timeout)
+
+    @staticmethod
+    def successor(pod: str) -> str:
+        """The name of the pod that replaces `pod` in its slot (<job>-w<slot>-<incarnation>)."""
+        slot, incarnation = pod.rsplit("-", 1)
+        return f"{slot}-{int(incarnation) + 1}"
 
     def rank0_host(self) -> str:
         last = self.last_step()
@@ -135,7 +173,7 @@ def shared_checkpoint(docs: list[dict[str, Any]], host_dir: Path) -> None:
                 {"name": "checkpoint", "hostPath": {"path": str(host_dir),
                                                     "type": "Directory"}})
             spec["containers"][0].setdefault("volumeMounts", []).append(
-                {"name": "checkpoint", "mountPath": "/checkpoint"})
+                {"name": "checkpoint", "mountPath": CHECKPOINT_MOUNT})
             doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)
 
 
@@ -156,7 +194,35 @@ def checkpointed(host_dir: Path) -> tuple[list[str], Transform]:
     there and the transform that mounts it."""
     host_dir.mkdir(parents=True, exist_ok=True)
     host_dir.chmod(0o777)
-    return ["--checkpoint", "/checkpoint/state.pt"], lambda docs: shared_checkpoint(docs, host_dir)
+    return (["--checkpoint", f"{CHECKPOINT_MOUNT}/state.pt"],
+            lambda docs: shared_checkpoint(docs, host_dir))
+
+
+def tour_budgets(policy: dict[str, Any]) -> None:
+    """The budgets of a tour's job: its faults come a minute apart, mostly on the one slot that
+    does not host rank 0, so the shipped backoff (5 s doubling to 120 s) and restart rate (5 per
+    600 s) would hold its later replacements back. What the budgets do is proven by the
+    restart-limit job and tests/unit/test_policy.py, not by the tours."""
+    policy["backoff"] = {"initialSeconds": 1, "maxSeconds": 1}
+    policy["restartRate"] = {"limit": 100, "windowSeconds": 600}
+
+
+def one_live_pod_per_slot(job: Job) -> None:
+    """Assert that no slot has two live worker pods (a replacement beside the pod it
+    replaces)."""
+    slots: dict[str, list[str]] = {}
+    for name in job.live_workers():
+        slots.setdefault(name.rsplit("-", 1)[0], []).append(name)
+    assert all(len(pods) == 1 for pods in slots.values()), f"two live pods in a slot: {slots}"
+
+
+def alone_on_its_node(job: Job, pod: dict[str, Any]) -> None:
+    """Assert that no other live worker shares `pod`'s node: a node fault must leave a
+    survivor (each node fault leaves both workers on the node that stayed up, and a later
+    replacement spreads them again: the tours order their faults for that)."""
+    node = pod["spec"]["nodeName"]
+    nodes = [p["spec"]["nodeName"] for p in job.live_workers().values()]
+    assert nodes.count(node) == 1, f"the survivor is on another node: {nodes}"
 
 
 def with_policy(change: Callable[[dict[str, Any]], None]) -> Transform:
@@ -198,7 +264,7 @@ def main_job(cluster: Cluster, api: client.ApiClient, out: Path, *, steps: int,
     changes = [workers_avoid_the_launcher, *([transform] if transform is not None else [])]
     if checkpoint is not None:
         more_args, mount = checkpointed(checkpoint)
-        args += more_args
+        args += [*more_args, "--stop-file", f"{CHECKPOINT_MOUNT}/{STOP_FILE}"]
         changes.append(mount)
 
     # The scenarios look at the workers after the end (the cleanup has its own tests), and a
@@ -208,6 +274,8 @@ def main_job(cluster: Cluster, api: client.ApiClient, out: Path, *, steps: int,
     env = {"SUPERVISOR_CLEAN_POD_POLICY": "None", "SUPERVISOR_LEADER_LEASE_SECONDS": "10",
            "SUPERVISOR_HOROVODRUN_EXTRA_ARGS": "--verbose", **(env or {})}
     job = Job(cluster, api, namespace, out, args=args, env=env, transform=compose(*changes))
+    if checkpoint is not None:
+        job.stop_file = checkpoint / STOP_FILE
     try:
         job.apply()
         yield job
@@ -224,6 +292,15 @@ def check_training(records: list[Record], target: int, *, final_size: int,
     assert records[-1].get("event") == "done", f"no done event; last: {records[-1]}"
     assert records[-1]["step"] == target
     assert steps[-1]["step"] == target and steps[-1]["size"] == final_size, steps[-1]
+    check_steps(records, resumed_from=resumed_from)
+
+
+def check_steps(records: list[Record], *, resumed_from: int = 0) -> None:
+    """Assert that every step up to rank 0's last one was computed and no committed step was
+    lost (at most COMMIT_EVERY steps computed again after a rollback): what a job promises at
+    any moment, checked by each fault of a tour on what happened so far."""
+    steps = steps_of(records)
+    assert steps, "rank 0 reported no step"
     committed, rerun, prev = resumed_from, 0, resumed_from
     checkpointed, host = resumed_from, None
     unseen: set[int] = set()
@@ -252,4 +329,6 @@ def check_training(records: list[Record], target: int, *, final_size: int,
     # A step's line can be lost with a killed launcher after its commit was checkpointed: the
     # checkpoint a later run resumed from proves the steps up to it were computed.
     seen = {r["step"] for r in steps} | set(range(resumed_from + 1, checkpointed + 1)) | unseen
-    assert seen == set(range(resumed_from + 1, target + 1)), "a step was never computed"
+    last = max(r["step"] for r in steps)
+    missing = sorted(set(range(resumed_from + 1, last + 1)) - seen)
+    assert not missing, f"steps never computed: {missing[:10]}"

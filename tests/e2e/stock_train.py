@@ -8,7 +8,9 @@ Output (rank 0 only): one JSON line per batch {"step", "size", "loss", "lr", "co
 "host", "time"} and events {"event": "reset" | "resumed" | "done", ...}; that is all the tests
 read. --slow-step N:S:KIND (repeatable) makes rank 0 spend S seconds after batch N, once per
 run, sleeping (KIND sleep) or writing and fsyncing a file (KIND write), while the other ranks
-wait in the next allreduce: a slow step, or a long checkpoint.
+wait in the next allreduce: a slow step, or a long checkpoint. --stop-file PATH: a file on a
+volume every rank sees, holding a batch number: training ends there instead of at --batches (the
+file is read at every batch, so every rank stops at the same one).
 """
 
 import argparse
@@ -27,6 +29,7 @@ parser.add_argument("--batch-size", type=int, default=64)
 parser.add_argument("--lr", type=float, default=0.01)
 parser.add_argument("--checkpoint", default=None, help="rank 0 saves here at every commit")
 parser.add_argument("--sleep", type=float, default=0.0, help="seconds of extra work per batch")
+parser.add_argument("--stop-file", default=None, help="a file holding the batch to end at")
 parser.add_argument("--slow-step", action="append", default=[],
                     help="N:SECONDS:sleep|write, rank 0 is slow once after batch N")
 args = parser.parse_args()
@@ -69,10 +72,20 @@ def save_checkpoint(state):
     os.replace(tmp, args.checkpoint)
 
 
+def batches_to_train():
+    if args.stop_file:
+        try:
+            with open(args.stop_file) as f:
+                return min(args.batches, int(f.read()))
+        except (OSError, ValueError):
+            pass
+    return args.batches
+
+
 @hvd.elastic.run
 def train(state):
     host = os.environ.get("HOROVOD_HOSTNAME", "")
-    while state.batch < args.batches:
+    while state.batch < batches_to_train():
         g = torch.Generator().manual_seed(state.batch * 1000 + hvd.rank())
         data = torch.randn(args.batch_size, 64, generator=g)
         target = data.sum(dim=1, keepdim=True).tanh()
