@@ -199,12 +199,15 @@ def checkpointed(host_dir: Path) -> tuple[list[str], Transform]:
 
 
 def tour_budgets(policy: dict[str, Any]) -> None:
-    """The budgets of a tour's job: its faults come a minute apart, mostly on the one slot that
-    does not host rank 0, so the shipped backoff (5 s doubling to 120 s) and restart rate (5 per
-    600 s) would hold its later replacements back. What the budgets do is proven by the
-    restart-limit job and tests/unit/test_policy.py, not by the tours."""
+    """The budgets of a tour's job: its faults come seconds apart, mostly on the one slot that
+    does not host rank 0, so the shipped backoff (5 s doubling to 120 s), restart rate (5 per
+    600 s) and limits (5 per slot, 20 in all) would hold back or refuse its later replacements.
+    What the budgets do is proven by the restart-limit job and tests/unit/test_policy.py, not by
+    the tours."""
     policy["backoff"] = {"initialSeconds": 1, "maxSeconds": 1}
     policy["restartRate"] = {"limit": 100, "windowSeconds": 600}
+    policy["restartLimit"] = 100
+    policy["restartLimitPerSlot"] = 100
 
 
 def one_live_pod_per_slot(job: Job) -> None:

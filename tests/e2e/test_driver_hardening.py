@@ -9,7 +9,9 @@ host-update lock. Unhardened, that call never returns (the frozen process's kern
 connection, nobody answers; a partitioned host never answers a SYN), and when the survivors come
 back from the Gloo timeout the driver cannot take the lock to regroup them: the job hangs for
 good. With the hook the call gives up after its timeouts (or is skipped: the host was declared
-dead), and training resumes at full size with the replacement.
+dead), and training resumes at full size with the replacement. `TestHardenedDriver` is a tour:
+one hardened horovodrun whose coordinator hangs three times, each time in another way, each
+time replaced by a fresh host.
 
 The survivors leave the frozen collective through the Gloo timeout here (10 s; the worker half
 of the hook is off), so the driver alone is what is tested.
@@ -57,17 +59,19 @@ def training(tmp_path: Path, hosts: HostSet, runs: list[HorovodRun],
     return run, addresses
 
 
-def fail_coordinator(run: HorovodRun, addresses: list[str], *, declare: bool) -> tuple[str, float]:
+def fail_coordinator(run: HorovodRun, listed: list[str], spare: str, *,
+                     declare: bool) -> tuple[str, float]:
     """What the supervisor does about a dead coordinator: (declare it dead,) kill its ssh
-    client, replace it in the discovery file. Returns its address and when."""
+    client, replace it in the discovery file by `spare`. Returns its address and when."""
     coordinator = run.last_step()["host"]  # type: ignore[index]
     if declare:
         run.declare_dead([coordinator])
     assert run.proc is not None
     assert kill_ssh_clients(run.proc.pid, {coordinator}), "its ssh client was found and killed"
-    survivors = [a for a in addresses[:3] if a != coordinator]
+    survivors = [a for a in listed if a != coordinator]
     at = time.time()
-    run.set_hosts([*survivors, addresses[3]])
+    listed[:] = [*survivors, spare]
+    run.set_hosts(listed)
     return coordinator, at
 
 
@@ -81,41 +85,65 @@ def resumed_at_full_size(run: HorovodRun, after: float) -> float | None:
     return None
 
 
-@pytest.mark.parametrize(("fault", "declare"), [
-    pytest.param("frozen", False, id="frozen coordinator: its notification times out"),
-    pytest.param("frozen", True, id="frozen coordinator declared dead: not notified at all"),
-    pytest.param("partitioned", False, id="partitioned coordinator: the connect times out"),
-])
-def test_the_hardened_driver_resumes_after_its_coordinator_hangs(
-        tmp_path: Path, cluster: tuple[HostSet, list[HorovodRun]], fault: str,
-        declare: bool) -> None:
-    hosts, runs = cluster
-    channel = Channel()
-    with ExitStack() as stack:
-        stack.callback(channel.close)
-        run, addresses = training(tmp_path, hosts, runs, channel)
-        assert channel.of("driver") and channel.of("driver")[0]["ok"], "the driver hook armed"
+class Tour:
+    """One hardened horovodrun on fake hosts, hurt again and again by TestHardenedDriver."""
+
+    def __init__(self, tmp_path: Path, hosts: HostSet, runs: list[HorovodRun]) -> None:
+        self.hosts, self.channel = hosts, Channel()
+        self.run, addresses = training(tmp_path, hosts, runs, self.channel)
+        self.listed = addresses[:3]
+        self.stack = ExitStack()
+        self.stack.callback(self.channel.close)
+
+
+@pytest.fixture(scope="class")
+def tour(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tour]:
+    tmp_path = tmp_path_factory.mktemp("driver-tour")
+    with horovod_on_fake_hosts(tmp_path) as (hosts, runs):
+        t = Tour(tmp_path, hosts, runs)
+        with t.stack:
+            yield t
+
+
+@pytest.mark.tour
+class TestHardenedDriver:
+    """The coordinator hangs three times in a row, each time in another way; each time the
+    hardened driver gives up on it and training resumes at full size with a fresh host."""
+
+    @pytest.mark.parametrize(("fault", "declare"), [
+        pytest.param("frozen", False, id="frozen coordinator: its notification times out"),
+        pytest.param("frozen", True, id="frozen coordinator declared dead: not notified at all"),
+        pytest.param("partitioned", False, id="partitioned coordinator: the connect times out"),
+    ])
+    def test_the_hardened_driver_resumes_after_its_coordinator_hangs(
+            self, tour: Tour, fault: str, declare: bool) -> None:
+        run, hosts = tour.run, tour.hosts
+        assert tour.channel.of("driver") and tour.channel.of("driver")[0]["ok"], "armed"
         coordinator = run.last_step()["host"]  # type: ignore[index]
         victims = [p.pid for p in hosts.training(coordinator)]
         assert victims, f"no training process on {coordinator}"
-        stack.callback(kill, victims)  # orphaned once their ssh client is killed
-        if fault == "frozen":
-            freeze(victims)
-        else:
-            stack.enter_context(partitioned(victims, coordinator))
-        _, at = fail_coordinator(run, addresses, declare=declare)
+        [spare] = hosts.start(1)
+        with ExitStack() as stack:
+            stack.callback(kill, victims)  # orphaned once their ssh client is killed
+            if fault == "frozen":
+                freeze(victims)
+            else:
+                stack.enter_context(partitioned(victims, coordinator))
+            _, at = fail_coordinator(run, tour.listed, spare, declare=declare)
+            back = wait_for(lambda: resumed_at_full_size(run, at), RESUME_BOUND_S + 30,
+                            what=f"training resumed at size 3:\n{run.tail()}")
 
-        back = wait_for(lambda: resumed_at_full_size(run, at), RESUME_BOUND_S + 30,
-                        what=f"training resumed at size 3:\n{run.tail()}")
-        target = run.stop_at()
-        assert run.wait(120) == 0, run.tail()
+        assert back - at <= RESUME_BOUND_S, f"resumed {back - at:.1f}s after the fault"
+        skipped = f"not notifying {coordinator}[0]: the supervisor declared its host dead"
+        assert (skipped in run.output()) is declare, run.tail()
+        assert coordinator not in {s["host"] for s in run.steps() if s["time"] > back}
+        assert run.proc is not None and run.proc.poll() is None, run.tail()
 
-    assert back - at <= RESUME_BOUND_S, f"resumed {back - at:.1f}s after the fault"
-    skipped = f"not notifying {coordinator}[0]: the supervisor declared its host dead"
-    assert (skipped in run.output()) is declare, run.tail()
-    steps = run.steps()
-    assert steps[-1]["step"] == target and steps[-1]["size"] == 3
-    assert coordinator not in {s["host"] for s in steps if s["time"] > back}
+    def test_the_tour_ends_at_full_size_through_the_stop_file(self, tour: Tour) -> None:
+        target = tour.run.stop_at()
+        assert tour.run.wait(120) == 0, tour.run.tail()
+        steps = tour.run.steps()
+        assert steps[-1]["step"] == target and steps[-1]["size"] == 3
 
 
 def test_without_the_hook_the_driver_hangs_for_good(
@@ -127,7 +155,7 @@ def test_without_the_hook_the_driver_hangs_for_good(
     victims = [p.pid for p in hosts.training(run.last_step()["host"])]  # type: ignore[index]
     try:
         freeze(victims)
-        _, at = fail_coordinator(run, addresses, declare=False)
+        _, at = fail_coordinator(run, addresses[:3], addresses[3], declare=False)
         time.sleep(RESUME_BOUND_S + 10)
         assert run.proc is not None and run.proc.poll() is None, "horovodrun still runs"
         assert resumed_at_full_size(run, at) is None, "and never regrouped"

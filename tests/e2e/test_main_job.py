@@ -135,7 +135,9 @@ class TestMainTour:
 
         d = job.decision(victim)
         assert (d["cause"], d["action"]) == ("NodeNotReady", "Restart"), d
-        assert job.ssh_killed(victim), "horovodrun's ssh client to the lost worker was killed"
+        # Its ssh session is cut either way: by Horovod itself once the NotReady host left the
+        # discovery file (it regroups without it), or by the supervisor's fence.
+        assert victim not in job.live_workers(), "the lost pod was force-deleted"
         assert job.workers()[job.successor(victim)]["spec"]["nodeName"] != node.name
         one_live_pod_per_slot(job)
         check_steps(job.records())
