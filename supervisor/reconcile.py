@@ -220,6 +220,13 @@ class Supervisor:
                     return self._finish(*st.core.failing)
                 if exited == ExitCode.HOOK_REFUSED:
                     return self._finish(exited, self._driver_refused())
+                if exited == 0 and st.stop_signal is not None:
+                    # An elastic horovodrun may end 0 on the forwarded signal (seen on real
+                    # nodes after a restart of it): stopped is not finished, and a 0 would
+                    # make the Job Succeeded with its training cut short.
+                    return self._finish(128 + st.stop_signal,
+                                        f"horovodrun exited 0 after signal {st.stop_signal} "
+                                        "was forwarded: stopped, not finished")
                 return self._finish(exited, f"horovodrun exited with {exited}")
             if st.child is None:
                 if st.core.failing is not None:

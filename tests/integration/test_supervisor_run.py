@@ -142,6 +142,19 @@ def test_orphans_of_the_tree_are_reaped_while_it_runs(job: Job, supervisor) -> N
     assert sup.proc is not None and sup.proc.poll() is None, "the supervisor must keep running"
 
 
+def test_a_horovodrun_that_exits_0_on_the_forwarded_sigterm_still_ends_the_job_143(
+        job: Job, supervisor) -> None:
+    """Stopped is not finished: a 0 would make the Job Succeeded with its training cut short."""
+    job.worker("w0", job.node("n1"))
+    sup = supervisor(SUPERVISOR_NP="1", FAKE_TERM_CODE="0").start()
+    wait_for(lambda: sup.records("start"), 10, what="stand-in started")
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit() == 143
+    assert [r["signum"] for r in sup.records("signal")] == [signal.SIGTERM]
+    exited = sup.wait_log("supervisor.exited", code=143)
+    assert "stopped, not finished" in exited["reason"]
+
+
 def test_grace_expiry_kills_the_whole_tree(job: Job, supervisor) -> None:
     job.worker("w0", job.node("n1"))
     sup = supervisor(SUPERVISOR_NP="1", SUPERVISOR_SHUTDOWN_GRACE_SECONDS="1",
