@@ -74,6 +74,7 @@ from supervisor.observe import (
     Obj,
     SourceHealth,
 )
+from supervisor.proc import job_exit_code
 from supervisor.workers import pod_name, worker_pod
 
 PROGRESS_EVERY_S = 5.0
@@ -220,13 +221,11 @@ class Supervisor:
                     return self._finish(*st.core.failing)
                 if exited == ExitCode.HOOK_REFUSED:
                     return self._finish(exited, self._driver_refused())
-                if exited == 0 and st.stop_signal is not None:
-                    # An elastic horovodrun may end 0 on the forwarded signal (seen on real
-                    # nodes after a restart of it): stopped is not finished, and a 0 would
-                    # make the Job Succeeded with its training cut short.
-                    return self._finish(128 + st.stop_signal,
-                                        f"horovodrun exited 0 after signal {st.stop_signal} "
-                                        "was forwarded: stopped, not finished")
+                code = job_exit_code(exited, st.stop_signal)
+                if code != exited:
+                    return self._finish(code, f"horovodrun exited with {exited} after signal "
+                                        f"{st.stop_signal} was forwarded: stopped, not "
+                                        "finished", horovodrun=exited)
                 return self._finish(exited, f"horovodrun exited with {exited}")
             if st.child is None:
                 if st.core.failing is not None:
@@ -894,14 +893,17 @@ class Supervisor:
         st.kill_at = None
         self.log.warning("shutdown.killed_tree", reason=why, processes=n)
 
-    def _finish(self, code: int, reason: str) -> Outcome:
+    def _finish(self, code: int, reason: str, *, horovodrun: int | None = None) -> Outcome:
+        """End the run with the job's exit `code`; `horovodrun`: horovodrun's own exit code
+        where it differs from the job's (logged and posted as what horovodrun did)."""
         st = self.state
         if st.child is not None:
+            own = code if horovodrun is None else horovodrun
             leftovers = st.child.kill_tree()
             self.metrics.horovodrun_up.set(0)
-            level = self.log.info if code == 0 else self.log.warning
-            level("horovodrun.exited", code=code, leftovers_killed=leftovers)
-            self.events(EventSpec("Normal" if code == 0 else "Warning", "HorovodrunExited",
-                                  "Exit", f"horovodrun exited with {code}"))
+            level = self.log.info if own == 0 else self.log.warning
+            level("horovodrun.exited", code=own, leftovers_killed=leftovers)
+            self.events(EventSpec("Normal" if own == 0 else "Warning", "HorovodrunExited",
+                                  "Exit", f"horovodrun exited with {own}"))
         return Outcome(int(code), reason)
 

@@ -153,6 +153,7 @@ def test_a_horovodrun_that_exits_0_on_the_forwarded_sigterm_still_ends_the_job_1
     assert [r["signum"] for r in sup.records("signal")] == [signal.SIGTERM]
     exited = sup.wait_log("supervisor.exited", code=143)
     assert "stopped, not finished" in exited["reason"]
+    sup.wait_log("horovodrun.exited", code=0)  # what horovodrun itself did
 
 
 def test_grace_expiry_kills_the_whole_tree(job: Job, supervisor) -> None:
