@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from localcluster.job import JOB, MainJob, Record
+from localcluster.job import JOB, MainJob, Record, log_time
 from localcluster.nodes import Cluster
 
 COMMIT_EVERY = 5
@@ -147,6 +147,11 @@ class Job(MainJob):
         """The pids of horovodrun's ssh clients to `pod`'s host that the supervisor killed."""
         return [pid for e in self.logs("worker.ssh_clients_killed") if e.get("pod") == pod
                 for pid in e["pids"]]
+
+    def logs_since(self, event: str, t0: float) -> list[Record]:
+        """The supervisor's log lines `event` logged at or after wall time `t0` (a tour's
+        fault looks only at what came after it)."""
+        return [e for e in self.logs(event) if log_time(e) >= t0]
 
     def notes(self, reason: str) -> list[str]:
         return [e.get("note", "") for e in self.events() if e["reason"] == reason]

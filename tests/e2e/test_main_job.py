@@ -32,7 +32,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from localcluster.job import JOB, log_time
+from localcluster.job import JOB
 from localcluster.nodes import Cluster
 from tests.e2e.jobs import (
     COMMIT_EVERY,
@@ -102,10 +102,6 @@ def back_within(job: Job, t0: float, size: int, bound: float) -> float:
     return took
 
 
-def after(job: Job, event: str, t0: float) -> list[dict[str, Any]]:
-    """The supervisor's log lines `event` logged after wall time `t0`."""
-    return [e for e in job.logs(event) if log_time(e) >= t0]
-
 
 def counted(job: Job, reason: str, at_least: int) -> None:
     """Wait for the Event `reason` to be posted at least `at_least` times (Events trail the
@@ -166,33 +162,27 @@ class TestMainTour:
         one_live_pod_per_slot(job)
         check_steps(job.records())
 
-    def test_a_force_deleted_worker_pod_is_replaced(self, tour: Job) -> None:
+    @pytest.mark.parametrize(("fault", "cause", "detail"), [
+        pytest.param("force_delete", "PodForceDeleted", "deleted with grace period 0",
+                     id="a force-deleted worker pod"),
+        pytest.param("evict", "Evicted", "EvictionByEvictionAPI",
+                     id="a worker evicted through the Eviction API"),
+    ])
+    def test_a_deleted_worker_is_replaced(self, tour: Job, fault: str, cause: str,
+                                          detail: str) -> None:
         job = tour
         job.settled(2)
         victim, _ = job.victim()
         t0 = time.time()
-        job.force_delete(victim)
+        getattr(job, fault)(victim)
         back_within(job, t0, 2, BACK_S)
 
         d = job.decision(victim)
-        assert (d["cause"], d["action"]) == ("PodForceDeleted", "Restart")
-        assert victim not in job.workers()
-        assert job.workers()[job.successor(victim)]["status"]["phase"] == "Running"
-        one_live_pod_per_slot(job)
-        check_steps(job.records())
-
-    def test_an_evicted_worker_is_replaced(self, tour: Job) -> None:
-        job = tour
-        job.settled(2)
-        victim, _ = job.victim()
-        t0 = time.time()
-        job.evict(victim)
-        back_within(job, t0, 2, BACK_S)
-
-        d = job.decision(victim)
-        assert (d["cause"], d["action"]) == ("Evicted", "Restart"), d
-        assert "EvictionByEvictionAPI" in d["detail"]
-        assert job.successor(victim) in job.live_workers()
+        assert (d["cause"], d["action"]) == (cause, "Restart"), d
+        assert detail in d["detail"], d
+        if fault == "force_delete":
+            assert victim not in job.workers(), "gone from the API at once"
+        assert job.live_workers()[job.successor(victim)]["status"]["phase"] == "Running"
         one_live_pod_per_slot(job)
         check_steps(job.records())
 
@@ -204,6 +194,7 @@ class TestMainTour:
         fail: the supervisor replaces the pod."""
         job = tour
         job.settled(2)
+        exited = job.reasons().count("WorkerProcessExited")
         victim, pod = job.victim()
         training = job.processes(victim, lambda argv: any(a.endswith("train.py") for a in argv))
         assert training, "the training process in the victim's container"
@@ -235,8 +226,8 @@ class TestMainTour:
         d = job.decision(victim)
         assert (d["cause"], d["action"]) == ("ExitCode", "Restart"), d
         assert "its training process" in d["detail"] and "the pod still runs" in d["detail"], d
-        assert [e["pod"] for e in after(job, "worker.process_exited", t0)] == [victim]
-        assert "WorkerProcessExited" in job.reasons()
+        assert [e["pod"] for e in job.logs_since("worker.process_exited", t0)] == [victim]
+        counted(job, "WorkerProcessExited", exited + 1)
         assert victim not in job.live_workers(), "the idle pod was deleted"
         assert job.workers()[job.successor(victim)]["status"]["podIP"] != pod["status"]["podIP"]
         # The kernel killed it (the OOM killer of the container's memory cgroup), not the test;
@@ -251,7 +242,8 @@ class TestMainTour:
     def test_scale_out_and_in_while_training(self, tour: Job) -> None:
         job = tour
         job.settled(2)
-        scaled = job.reasons().count("Scaled")
+        reasons = job.reasons()
+        scaled, removed_before = reasons.count("Scaled"), reasons.count("WorkerRemoved")
         t0 = time.time()
         job.scale(3)
         back_within(job, t0, 3, BACK_S)
@@ -262,12 +254,12 @@ class TestMainTour:
 
         # The scaled-in pod is deleted only once horovodrun let it go, seconds after the reset.
         removed = job.wait("the scaled-in worker removed",
-                           lambda: after(job, "scale.worker_removed", t1), 60)
+                           lambda: job.logs_since("scale.worker_removed", t1), 60)
         assert [r["pod"] for r in removed] == [f"{JOB}-w2-1"], removed
         assert removed[0]["ssh_clients_left"] == 0, "deleted only after horovodrun let it go"
-        assert after(job, "worker.failed", t0) == [], "a scale-in is never taken for a failure"
+        assert job.logs_since("worker.failed", t0) == [], "a scale-in is never taken for a failure"
         counted(job, "Scaled", scaled + 2)
-        counted(job, "WorkerRemoved", 1)
+        counted(job, "WorkerRemoved", removed_before + 1)
         one_live_pod_per_slot(job)
         check_steps(job.records())
 

@@ -106,17 +106,10 @@ def resumed_after(job: Job, t0: float) -> dict[str, Any] | None:
     return step_after_reset(job.records(), t0)
 
 
-def back_to(job: Job, t0: float, size: int, timeout: float = 240) -> dict[str, Any]:
-    return job.wait(f"training back at world size {size}",
-                    lambda: step_after_reset(job.records(), t0, size), timeout)
-
 
 def decisions(job: Job) -> dict[str, dict[str, Any]]:
     return {d["pod"]: d for d in job.logs("worker.failed")}
 
-
-def after(job: Job, event: str, t0: float) -> list[dict[str, Any]]:
-    return [e for e in job.logs(event) if log_time(e) >= t0]
 
 
 def no_gloo_timeout(job: Job, t0: float) -> float:
@@ -137,11 +130,11 @@ def sound(job: Job) -> None:
 def hung_then_replaced(job: Job, victim: str, t0: float) -> dict[str, Any]:
     """The checks every hang fault shares; returns the decision."""
     took = no_gloo_timeout(job, t0)
-    back_to(job, t0, 2, timeout=240)
+    job.back_to(2, t0)
     d = decisions(job)[victim]
     assert (d["cause"], d["action"]) == ("Hung", "Restart"), d
     assert job.ssh_killed(victim), "horovodrun's ssh client to it was killed"
-    assert [h["pod"] for h in after(job, "worker.hung", t0)] == [victim]
+    assert [h["pod"] for h in job.logs_since("worker.hung", t0)] == [victim]
     hung = [n for n in job.notes("WorkerHung") if victim in n]
     assert len(hung) == 1 and "sent no heartbeat" in hung[0], hung
     assert any(victim in n and "Hung" in n for n in job.notes("WorkerRestarting"))
@@ -186,7 +179,7 @@ class TestStockTour:
         t0 = time.time()
         faults.kill(victim)
         no_gloo_timeout(job, t0)
-        back_to(job, t0, 2)
+        job.back_to(2, t0)
         d = decisions(job)[victim]
         assert (d["cause"], d["exit_code"], d["action"]) == ("ExitCode", 137, "Restart")
         assert any(victim in n and "ExitCode 137" in n for n in job.notes("WorkerRestarting"))
@@ -200,7 +193,7 @@ class TestStockTour:
         t0 = time.time()
         faults.force_delete(victim)
         no_gloo_timeout(job, t0)
-        back_to(job, t0, 2)
+        job.back_to(2, t0)
         assert decisions(job)[victim]["cause"] == "PodForceDeleted"
         assert any(victim in n for n in job.notes("WorkerRestarting"))
         sound(job)
@@ -290,19 +283,19 @@ class TestStockTour:
         job.settled(2)
         t0 = time.time()
         job.scale(3)
-        back_to(job, t0, 3)
+        job.back_to(3, t0)
         victims = sorted(job.live_workers())[:2]
         t1 = time.time()
         faults.kill(*victims)
         no_gloo_timeout(job, t1)
-        back_to(job, t1, 3)
+        job.back_to(3, t1)
         assert {v: decisions(job)[v]["action"] for v in victims} == dict.fromkeys(
             victims, "Restart")
         sound(job)
         t2 = time.time()
         job.scale(2)
-        back_to(job, t2, 2)
-        assert after(job, "worker.failed", t2) == [], "a scale-in is never taken for a failure"
+        job.back_to(2, t2)
+        assert job.logs_since("worker.failed", t2) == [], "a scale-in is never taken for a failure"
         sound(job)
 
     # ---- the control plane restarts --------------------------------------------------------------
@@ -335,15 +328,15 @@ class TestStockTour:
                        for k in ("pod", "node"))
         job.wait("the pod and node watches connected again", reconnected, 90)
         assert sorted(job.live_workers()) == workers, "nothing replaced: nothing failed"
-        assert after(job, "worker.failed", t0) == []
-        assert after(job, "watch.broken", t0), "the outage was noticed"
+        assert job.logs_since("worker.failed", t0) == []
+        assert job.logs_since("watch.broken", t0), "the outage was noticed"
 
         # The supervisor still acts after the outage.
         job.settled(2)
         victim, _ = job.victim()
         t1 = time.time()
         faults.kill(victim)
-        back_to(job, t1, 2)
+        job.back_to(2, t1)
         assert decisions(job)[victim]["action"] == "Restart"
         sound(job)
 
@@ -364,7 +357,7 @@ class TestStockTour:
             os.kill(pid, signal.SIGTERM)
         code = job.wait_exit(120)
         assert code != 0, "stopped, not finished"
-        assert after(job, "worker.hung", t0) == [], "workers stopped on purpose are never Hung"
+        assert job.logs_since("worker.hung", t0) == [], "workers stopped on purpose are never Hung"
         check_steps(job.records())
 
 
