@@ -215,6 +215,14 @@ def tour_budgets(policy: dict[str, Any]) -> None:
     policy["restartLimitPerSlot"] = 100
 
 
+def no_restart_since(job: Job, t0: float) -> None:
+    """Assert that horovodrun was not restarted since the fault at `t0`: a restart starts a
+    script without a checkpoint over from its first step (the tours' jobs keep one, which would
+    otherwise hide it)."""
+    restarts = job.logs_since("horovodrun.restarting", t0)
+    assert restarts == [], f"horovodrun restarted: {[r.get('reason') for r in restarts]}"
+
+
 def one_live_pod_per_slot(job: Job) -> None:
     """Assert that no slot has two live worker pods (a replacement beside the pod it
     replaces)."""

@@ -42,6 +42,7 @@ from tests.e2e.jobs import (
     check_training,
     compose,
     main_job,
+    no_restart_since,
     one_live_pod_per_slot,
     step_after_reset,
     steps_of,
@@ -121,10 +122,14 @@ def no_gloo_timeout(job: Job, t0: float) -> float:
     return took
 
 
-def sound(job: Job) -> None:
-    """What holds after every fault: one live pod per slot, no committed batch lost."""
+def sound(job: Job, t0: float | None = None) -> None:
+    """What holds after every fault: one live pod per slot, no committed batch lost, and, for
+    a fault at `t0`, horovodrun not restarted since (the script would start over without the
+    checkpoint this job keeps)."""
     one_live_pod_per_slot(job)
     check_steps(job.records())
+    if t0 is not None:
+        no_restart_since(job, t0)
 
 
 def hung_then_replaced(job: Job, victim: str, t0: float) -> dict[str, Any]:
@@ -140,7 +145,7 @@ def hung_then_replaced(job: Job, victim: str, t0: float) -> dict[str, Any]:
     assert any(victim in n and "Hung" in n for n in job.notes("WorkerRestarting"))
     assert victim not in job.workers(), "the hung pod was force-deleted"
     print(f"{victim}: resumed {took:.2f}s after the fault")
-    sound(job)
+    sound(job, t0)
     return d
 
 
@@ -164,7 +169,7 @@ class TestStockTour:
         assert job.logs("worker.hung") == [] and job.logs("worker.failed") == []
         assert [r for r in job.records() if r.get("event") == "reset"] == []
         assert "WorkerHung" not in job.reasons() and "TrainingStalled" not in job.reasons()
-        sound(job)
+        sound(job, job.applied_at)
 
     # ---- processes that die or hang, one at a time (node faults while the workers are spread) --
 
@@ -184,7 +189,7 @@ class TestStockTour:
         assert (d["cause"], d["exit_code"], d["action"]) == ("ExitCode", 137, "Restart")
         assert any(victim in n and "ExitCode 137" in n for n in job.notes("WorkerRestarting"))
         assert job.successor(victim) in job.live_workers()
-        sound(job)
+        sound(job, t0)
 
     def test_a_force_deleted_worker_is_replaced(self, tour: tuple[Job, PodFaults]) -> None:
         job, faults = tour
@@ -196,7 +201,7 @@ class TestStockTour:
         job.back_to(2, t0)
         assert decisions(job)[victim]["cause"] == "PodForceDeleted"
         assert any(victim in n for n in job.notes("WorkerRestarting"))
-        sound(job)
+        sound(job, t0)
 
     def test_a_frozen_process_on_a_healthy_node_is_found_by_its_silence(
             self, tour: tuple[Job, PodFaults]) -> None:
@@ -291,12 +296,12 @@ class TestStockTour:
         job.back_to(3, t1)
         assert {v: decisions(job)[v]["action"] for v in victims} == dict.fromkeys(
             victims, "Restart")
-        sound(job)
+        sound(job, t0)
         t2 = time.time()
         job.scale(2)
         job.back_to(2, t2)
         assert job.logs_since("worker.failed", t2) == [], "a scale-in is never taken for a failure"
-        sound(job)
+        sound(job, t0)
 
     # ---- the control plane restarts --------------------------------------------------------------
 
@@ -338,7 +343,7 @@ class TestStockTour:
         faults.kill(victim)
         job.back_to(2, t1)
         assert decisions(job)[victim]["action"] == "Restart"
-        sound(job)
+        sound(job, t0)
 
     # ---- the end ---------------------------------------------------------------------------------
 
