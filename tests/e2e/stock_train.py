@@ -53,10 +53,14 @@ def slow_down(seconds, kind):
     if kind == "sleep":
         time.sleep(seconds)
         return
+    # Rewrites the same 16 MiB over and over: the time, not the size, of a long checkpoint (a
+    # disk that takes 300 MB/s would otherwise fill with 12 GB in 40 s).
     path = f"{args.checkpoint or '/tmp/stock'}.slow.{os.getpid()}"
     end, block = time.monotonic() + seconds, os.urandom(1 << 20)
     with open(path, "wb") as f:
         while time.monotonic() < end:
+            if f.tell() >= 16 << 20:
+                f.seek(0)
             f.write(block)
             f.flush()
             os.fsync(f.fileno())

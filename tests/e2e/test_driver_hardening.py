@@ -156,7 +156,7 @@ def test_without_the_hook_the_driver_hangs_for_good(
     try:
         freeze(victims)
         _, at = fail_coordinator(run, addresses[:3], addresses[3], declare=False)
-        time.sleep(RESUME_BOUND_S + 10)
+        time.sleep(RESUME_BOUND_S)  # the hardened driver is back at full size by then
         assert run.proc is not None and run.proc.poll() is None, "horovodrun still runs"
         assert resumed_at_full_size(run, at) is None, "and never regrouped"
         assert not [s for s in run.steps() if s["time"] > at + GLOO_TIMEOUT_S + 1], run.tail()

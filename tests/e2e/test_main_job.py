@@ -52,9 +52,6 @@ from tests.helpers import CLUSTER_NODE_GRACE_S, wait_for
 # The tour trains until its last fault is checked, then stops through the stop file: this is
 # only a bound no tour reaches.
 STEPS = 1_000_000
-# A job of its own that trains to its end after its fault: ~20 s at world size 1 (~25 ms a step),
-# longer than the fault and the regroup.
-SHORT = 800
 # Seconds from a fault to training back at full size. A process's death is seen at once and a
 # replacement joins in 5-10 s; a frozen node is found by its silence (~3 s); a stopped kubelet
 # only after the node controller's grace and the tour's SUPERVISOR_NODE_GRACE_SECONDS.
@@ -94,6 +91,14 @@ def tour(cluster: Cluster, cluster_api: client.ApiClient, main_images: dict[str,
         yield job
 
 
+def node_state(job: Job, name: str) -> tuple[str | None, set[str]]:
+    """A node's Ready status and the keys of its node.kubernetes.io/ taints."""
+    node = job.core.read_node(name)
+    ready = next((c.status for c in node.status.conditions or () if c.type == "Ready"), None)
+    return ready, {t.key for t in node.spec.taints or ()
+                   if t.key.startswith("node.kubernetes.io/")}
+
+
 def back_within(job: Job, t0: float, size: int, bound: float) -> float:
     """Wait for training back at world size `size` after the fault at `t0`, by an elastic
     reset (horovodrun never restarted); assert it took at most `bound` seconds, return how long
@@ -116,10 +121,11 @@ def counted(job: Job, reason: str, at_least: int) -> None:
 class TestMainTour:
     def test_a_node_whose_kubelet_stopped_loses_its_worker_to_a_replacement(
             self, tour: Job) -> None:
-        """The node controller marks the node NotReady after its grace (the kubelets renew
-        their Leases every 10 s); the worker still runs (no kubelet to stop it), so the
-        supervisor must cut it off: its ssh client killed, its pod force-deleted, a replacement
-        elsewhere."""
+        """The node controller marks the node NotReady (Unknown, tainted unreachable) after its
+        grace, not before (the kubelets renew their Leases every 10 s); the worker still runs
+        (no kubelet to stop it), so the supervisor must cut it off: its ssh client killed, its
+        pod force-deleted, a replacement elsewhere. Started again, the kubelet brings the node
+        back Ready and untainted."""
         job = tour
         job.settled(2)
         victim, pod = job.victim()
@@ -129,6 +135,13 @@ class TestMainTour:
         node.stop_kubelet()
         try:
             back_within(job, t0, 2, BACK_AFTER_NODE_LOSS_S)
+            ready, taints = node_state(job, node.name)
+            assert ready == "Unknown" and "node.kubernetes.io/unreachable" in taints, (
+                ready, taints)
+            [cond] = [c for c in job.core.read_node(node.name).status.conditions
+                      if c.type == "Ready"]
+            went = cond.last_transition_time.timestamp() - t0
+            assert went >= CLUSTER_NODE_GRACE_S - 11, f"NotReady {went:.1f}s after the stop"
         finally:
             node.start_kubelet()
 
@@ -140,6 +153,9 @@ class TestMainTour:
         assert job.workers()[job.successor(victim)]["spec"]["nodeName"] != node.name
         one_live_pod_per_slot(job)
         check_steps(job.records())
+
+        job.wait(f"{node.name} Ready and untainted again", lambda: node_state(job, node.name)
+                 == ("True", set()), 60)
 
     def test_a_worker_whose_container_is_killed_is_replaced_on_a_real_node(
             self, tour: Job) -> None:
@@ -328,13 +344,18 @@ class TestMainTour:
             os.kill(pid, signal.SIGKILL)  # PID 1 of the container: it ends with 137
         job.wait("a second launcher pod", lambda: len(job.launchers()) == 2, 120,
                  after_exit=True)
-        job.wait("training again after the takeover", lambda: any(
-            s["time"] > t0 and s["size"] == 2 for s in job.steps()), 240)
+        # Steps the old run printed in the milliseconds between t0 and the kill also come after
+        # t0: training again means after the new run resumed.
+        def resumed() -> list[dict[str, Any]]:
+            return [r for r in job.records() if r.get("event") == "resumed" and r["time"] > t0]
+
+        job.wait("training again after the takeover", lambda: resumed() and any(
+            s["time"] > resumed()[0]["time"] and s["size"] == 2 for s in job.steps()), 240)
 
         assert sorted(job.live_workers()) == workers, "the same workers, no duplicates"
         assert job.state()["ledger"]["total"] == used, "the budget used before is kept"
-        resumed = [r for r in job.records() if r.get("event") == "resumed" and r["time"] > t0]
-        assert len(resumed) == 1 and killed_at - resumed[0]["step"] <= COMMIT_EVERY, resumed
+        again = resumed()
+        assert len(again) == 1 and killed_at - again[0]["step"] <= COMMIT_EVERY, again
         one_live_pod_per_slot(job)
         check_steps(job.records())
 
@@ -353,22 +374,24 @@ def severed(job: Job) -> list[dict[str, Any]]:
 # ---- jobs of their own: a dropped worker, a restart limit used up ---------------------------
 
 def test_an_exit_code_the_policy_ignores_drops_the_worker_and_training_goes_on_smaller(
-        make_job: Callable[..., Job]) -> None:
+        make_job: Callable[..., Job], tmp_path: Path) -> None:
     def ignore_137(policy: dict[str, Any]) -> None:
         policy["faultTolerantPolicy"].insert(0, {"exitCodes": "137", "action": "Ignore"})
 
-    job = make_job(steps=SHORT, transform=with_policy(ignore_137))
+    job = make_job(steps=STEPS, checkpoint=tmp_path / "checkpoint",
+                   transform=with_policy(ignore_137))
     job.wait_training(past=10, size=2, timeout=420)
     victim, _ = job.victim()
     t0 = time.time()
     job.kill_container(victim)
     back_within(job, t0, 1, BACK_S)
+    target = job.stop_at()
     assert job.wait_exit(300) == 0, job.tail()
 
     d = job.decision(victim)
     assert (d["cause"], d["exit_code"], d["action"]) == ("ExitCode", 137, "Ignore")
     assert d["rule"].startswith("faultTolerantPolicy[0]"), d["rule"]
-    check_training(job.records(), SHORT, final_size=1)
+    check_training(job.records(), target, final_size=1)
     assert len(job.workers()) == 2, "nothing was created for the dropped worker"
     assert "WorkerDropped" in job.reasons() and "WorkerRestarting" not in job.reasons()
 

@@ -2,7 +2,9 @@
 a cluster, so that the end-to-end tests built on them prove something.
 
 Pods run the toolbox image (static busybox) so that these tests do not wait for the training
-images; the training images themselves are checked in tests/e2e.
+images; the training images themselves are checked in tests/e2e. A node whose kubelet is stopped
+goes NotReady through the node controller in the main tour (test_main_job.py), which keeps the
+checks that stood here.
 """
 
 from __future__ import annotations
@@ -13,9 +15,8 @@ from pathlib import Path
 
 from kubernetes import client
 
-from localcluster.nodes import Cluster
 from tests.cluster import ClusterPods, toolbox_pod
-from tests.helpers import CLUSTER_NODE_GRACE_S, wait_for
+from tests.helpers import wait_for
 
 
 def netns_of(pid: int) -> str:
@@ -114,34 +115,6 @@ def test_a_pod_reaches_the_api_through_the_kubernetes_service_with_its_service_a
     denied = pods.kubectl("exec", "api", "--", "sh", "-c",
                           f"{get}/api/v1/namespaces/{ns}/secrets 2>&1", check=False)
     assert "403" in denied.stdout + denied.stderr
-
-
-def test_a_node_whose_kubelet_is_stopped_goes_not_ready_through_the_node_controller(
-        cluster: Cluster, cluster_api: client.ApiClient) -> None:
-    core = client.CoreV1Api(cluster_api)
-    node = cluster.nodes[-1]
-
-    def status() -> str | None:
-        obj = core.read_node(node.name)
-        return next((c.status for c in obj.status.conditions if c.type == "Ready"), None)
-
-    assert status() == "True"
-    t0 = time.monotonic()
-    node.stop_kubelet()
-    try:
-        wait_for(lambda: status() == "Unknown", CLUSTER_NODE_GRACE_S + 15, interval=0.5,
-                 what=f"{node.name} NotReady (Unknown)")
-        taken = time.monotonic() - t0
-        taints = {t.key for t in core.read_node(node.name).spec.taints or ()}
-        assert "node.kubernetes.io/unreachable" in taints
-        # Not before the grace: the kubelet renews its Lease every 10 s, the controller waits.
-        assert taken >= CLUSTER_NODE_GRACE_S - 11, taken
-    finally:
-        node.start_kubelet()
-    wait_for(lambda: status() == "True", 60, interval=0.5, what=f"{node.name} Ready again")
-    wait_for(lambda: not any(t.key.startswith("node.kubernetes.io/")
-                             for t in core.read_node(node.name).spec.taints or ()),
-             60, interval=0.5, what=f"{node.name} untainted")
 
 
 def test_a_frozen_node_stops_every_process_and_a_partitioned_pod_is_unreachable(

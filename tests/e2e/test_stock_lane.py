@@ -56,9 +56,11 @@ from tests.integration.harness import scrape
 BATCHES = 1_000_000  # a bound no job reaches: tours end through the stop file
 GLOO_TIMEOUT_S = 60  # the manifests'; the fence must make the survivors leave long before
 METRICS_PORT = 9400  # the manifests' SUPERVISOR_METRICS_PORT, on the launcher pod's IP
-# The tour's first batch sleeps 20 s, and rank 0 writes for 40 s after batch 60 (a long
-# checkpoint) while the other waits in the next allreduce.
-SLOW = ("--slow-step", "1:20:sleep", "--slow-step", "60:40:write")
+# The tour's first batch sleeps FIRST_BATCH_S, and rank 0 writes for WRITE_S after batch 60 (a
+# long checkpoint) while the other waits in the next allreduce: both several times the
+# heartbeat timeout (3 s), during which no collective completes.
+FIRST_BATCH_S, WRITE_S = 12, 15
+SLOW = ("--slow-step", f"1:{FIRST_BATCH_S}:sleep", "--slow-step", f"60:{WRITE_S}:write")
 MakeJob = Callable[..., tuple[Job, PodFaults]]
 
 
@@ -160,12 +162,12 @@ class TestStockTour:
         job, _ = tour
         job.wait_training(past=65, size=2, timeout=180)
         steps = steps_of(job.records())
-        # The slow part of batch N comes before rank 0 prints it: the first batch's 20 s lie
-        # between horovodrun's start and batch 1, the write's 40 s between batches 59 and 60.
+        # The slow part of batch N comes before rank 0 prints it: the first batch's sleep lies
+        # between horovodrun's start and batch 1, the write between batches 59 and 60.
         started = log_time(job.logs("horovodrun.started")[0])
-        assert steps[0]["step"] == 1 and steps[0]["time"] - started >= 20, steps[0]
+        assert steps[0]["step"] == 1 and steps[0]["time"] - started >= FIRST_BATCH_S, steps[0]
         gaps = {a["step"]: b["time"] - a["time"] for a, b in itertools.pairwise(steps)}
-        assert gaps[59] >= 40, "the long write happened between batches 59 and 60"
+        assert gaps[59] >= WRITE_S, "the long write happened between batches 59 and 60"
         assert job.logs("worker.hung") == [] and job.logs("worker.failed") == []
         assert [r for r in job.records() if r.get("event") == "reset"] == []
         assert "WorkerHung" not in job.reasons() and "TrainingStalled" not in job.reasons()
