@@ -42,9 +42,12 @@ class Cause(StrEnum):
     HUNG = "Hung"  # its training process stopped heartbeating while its peers waited (hang.py)
 
 
-# Causes outside the training's control: optionally free of the restart budget.
+# Causes outside the script's control, free of the restart budgets and of backoff unless
+# disruptionsFree is false: the infrastructure took the worker, it is no crash loop of the
+# script. Hung is one: a process that cannot heartbeat was frozen (SIGSTOP, a frozen node) or cut
+# off (a partition); a script that deadlocks keeps heartbeating, and is a stall instead.
 DISRUPTIONS = frozenset({Cause.NODE_NOT_READY, Cause.POD_FORCE_DELETED, Cause.EVICTED,
-                         Cause.PREEMPTED})
+                         Cause.PREEMPTED, Cause.HUNG})
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 

@@ -347,8 +347,10 @@ VARIABLES: tuple[Var, ...] = (
     Var("BACKOFF_INITIAL_SECONDS", "1", "Wait before a slot's second replacement; doubles "
         "with each further one."),
     Var("BACKOFF_MAX_SECONDS", "60", "Longest wait between replacements of the same slot."),
-    Var("DISRUPTIONS_FREE", "false", "If true, node loss, eviction, preemption and force "
-        "deletion do not use up the restart limits."),
+    Var("DISRUPTIONS_FREE", "true", "If true, node loss, eviction, preemption, force "
+        "deletion and a Hung worker (frozen or cut off) neither use up the restart limits nor "
+        "wait for backoff: the infrastructure took the worker, no crash loop of the script. "
+        "false: they count like an exit code."),
     Var("NODE_GRACE_SECONDS", "10", "How long a worker's node must be NotReady/unreachable "
         "before the worker counts as lost: a kubelet posting Ready=False for a second (a PLEG "
         "hiccup, a runtime restart) is not node loss. The node controller's own grace (40-50 s) "

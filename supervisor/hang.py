@@ -175,3 +175,10 @@ def _stuck(fresh: list[Beat], world: tuple[frozenset[str], float],
         return None
     shortest = min(w for ws in waits.values() for w in ws if w is not None)
     return Stuck(late[-1][1], len(members), shortest)
+
+
+def run_progress(beats: Iterable[Beat], started_at: float, now: float) -> tuple[float, int]:
+    """What a run of horovodrun has done so far: the seconds since it started and the most
+    collectives one of its processes completed (what a restart throws away when the script
+    keeps no checkpoint: it starts over at its first iteration)."""
+    return max(0.0, now - started_at), max((b.done for b in beats), default=0)

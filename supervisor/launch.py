@@ -11,13 +11,24 @@ from collections.abc import Mapping, Sequence
 from supervisor.config import Config
 
 
-def horovodrun_argv(cfg: Config, command: Sequence[str]) -> list[str]:
-    """Return the horovodrun argv for `command` (the training program and its arguments)."""
+def start_np(cfg: Config, usable_slots: int, *, restart: bool) -> int:
+    """The -np of a start of horovodrun: NP for the job's first (its workers are being created:
+    training starts at full size), the slots usable now within [MIN_NP, MAX_NP] for a restart
+    (horovodrun waits for -np slots before it trains: NP would keep a restart idle until a
+    replacement that may never come)."""
+    if not restart:
+        return cfg.np
+    return max(cfg.min_np, min(usable_slots, cfg.max_np))
+
+
+def horovodrun_argv(cfg: Config, command: Sequence[str], np: int | None = None) -> list[str]:
+    """Return the horovodrun argv for `command` (the training program and its arguments);
+    `np`: -np (default NP; see start_np)."""
     if not command:
         raise ValueError("no training command given (elastic-supervisor run -- python train.py)")
     argv = [
         cfg.horovodrun,
-        "-np", str(cfg.np),
+        "-np", str(cfg.np if np is None else np),
         "--min-np", str(cfg.min_np),
         # horovodrun's --max-np defaults to unbounded in code: always pass it.
         "--max-np", str(cfg.max_np),

@@ -31,6 +31,7 @@ class Metrics:
     heartbeating_processes: Gauge
     last_progress_age: Gauge
     horovodrun_restarts: Counter
+    restart_lost_training: Counter
     hook_datagrams: Gauge
 
 
@@ -80,6 +81,9 @@ def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         horovodrun_restarts=Counter(f"{p}horovodrun_restarts", "Restarts of horovodrun (a "
                                     "stalled job, a broken or stuck rendezvous)", ["reason"],
                                     registry=r),
+        restart_lost_training=Counter(
+            f"{p}restart_lost_training_seconds", "Seconds the runs of horovodrun that were "
+            "restarted had trained: what a script without a checkpoint lost", registry=r),
         hook_datagrams=Gauge(f"{p}hook_datagrams", "Datagrams of the hook channel since start, "
                              "by outcome (received, rejected: not authentic or replayed, "
                              "stale: an earlier run, pushed: fence pushes sent, replies)",

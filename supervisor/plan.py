@@ -404,8 +404,11 @@ class _Deciding:
         else:
             reason, outcome = "WorkerDropped", "dropping it (Ignore)"
         slot = f" (slot {found[0]})" if found else ""
+        free = (" (a disruption: not counted)" if d.action is Action.RESTART and not d.counted
+                else "")
         note = (f"worker {fl.pod}{slot} on node {fl.node or '-'}: {cause}: {fl.detail}; "
-                f"rule {d.rule!r}: {d.action.value}; {outcome}; restarts used {used}/{limit}")
+                f"rule {d.rule!r}: {d.action.value}; {outcome}; restarts used {used}/{limit}"
+                f"{free}")
         return Note("warning", "worker.failed", {
             "pod": fl.pod, "slot": found[0] if found else None, "node": fl.node,
             "cause": fl.cause.value, "exit_code": fl.exit_code, "container": fl.container,

@@ -114,7 +114,8 @@ class Budgets:
     backoff_initial_s: float = 1.0  # wait before a slot's second replacement, doubling ...
     backoff_max_s: float = 60.0  # ... up to this
     backoff_reset_s: float = 600.0  # a slot that ran this long since its last replacement
-    disruptions_free: bool = False  # node loss, eviction, preemption, force delete: not counted
+    # node loss, eviction, preemption, force delete, Hung: not counted, no backoff
+    disruptions_free: bool = True
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,8 @@ def decide(policy: Policy, f: Failure, slot: str, ledger: Ledger, now: float) ->
     if refused is not None:
         return Decision(Action.IGNORE, rule.name, refused=refused,
                         ledger=replace(ledger, recent=recent))
+    if not counted:  # the infrastructure's doing: replaced at once, the slot's streak kept
+        return Decision(Action.RESTART, rule.name, ledger=replace(ledger, recent=recent))
     last = ledger.last_replaced.get(slot)
     streak = ledger.streak.get(slot, 0)
     if last is None or now - last >= b.backoff_reset_s:
@@ -184,13 +187,13 @@ def decide(policy: Policy, f: Failure, slot: str, ledger: Ledger, now: float) ->
         wait = min(b.backoff_max_s, b.backoff_initial_s * 2 ** max(0, streak - 1))
         delay = max(0.0, last + wait - now)
     new = Ledger(
-        total=ledger.total + counted,
-        per_slot={**ledger.per_slot, slot: used_slot + counted},
-        recent=(*recent, now) if counted else recent,
+        total=ledger.total + 1,
+        per_slot={**ledger.per_slot, slot: used_slot + 1},
+        recent=(*recent, now),
         last_replaced={**ledger.last_replaced, slot: now + delay},
         streak={**ledger.streak, slot: streak + 1},
     )
-    return Decision(Action.RESTART, rule.name, delay_s=delay, counted=counted, ledger=new)
+    return Decision(Action.RESTART, rule.name, delay_s=delay, counted=True, ledger=new)
 
 
 def env_rules(restart_codes: tuple[tuple[int, int], ...] | None,

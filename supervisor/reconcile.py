@@ -52,7 +52,7 @@ from supervisor.core import Core
 from supervisor.discovery import Publish, Rendered
 from supervisor.fleet import Fleet
 from supervisor.hang import HangSettings, Verdict
-from supervisor.launch import horovodrun_argv, horovodrun_env
+from supervisor.launch import horovodrun_argv, horovodrun_env, start_np
 from supervisor.metrics import Metrics
 from supervisor.model import (
     ActionDone,
@@ -189,7 +189,7 @@ class Supervisor:
     def run(self, command: Sequence[str]) -> Outcome:
         """Supervise until horovodrun exits or the start fails; return how it ended."""
         cfg = self.cfg
-        argv = horovodrun_argv(cfg, command)
+        horovodrun_argv(cfg, command)  # a bad command fails before anything starts
         st = self.state
         st.gate_since = self.clock()
         next_progress = next_reap = st.gate_since
@@ -235,7 +235,8 @@ class Supervisor:
                                         f"stopped by signal {st.stop_signal} before start")
                 slots = st.rendered.slots(cfg.slots_per_worker) if st.rendered else 0
                 if st.view.synced and st.published is not None and slots >= cfg.min_np:
-                    self._start(argv, slots)
+                    np = start_np(cfg, slots, restart=st.core.horovodrun_restarts > 0)
+                    self._start(horovodrun_argv(cfg, command, np), slots, np)
                 elif now - st.gate_since > cfg.start_timeout_s:
                     why = (f"only {slots} of {cfg.min_np} slots usable after "
                            f"{cfg.start_timeout_s:g}s (synced={st.view.synced})")
@@ -536,13 +537,20 @@ class Supervisor:
         st, cfg = self.state, self.cfg
         if st.child is None:
             return
+        assert self.channel is not None
+        started = st.hangs.run_started_at if st.hangs.run_started_at is not None else now
+        trained_s, collectives = hang.run_progress(self.channel.snapshot().beats.values(),
+                                                   started, now)
         self.log.error("horovodrun.restarting", reason=r.reason, why=r.why, restart=r.restart,
-                       limit=cfg.horovodrun_restart_limit)
+                       limit=cfg.horovodrun_restart_limit, lost_s=round(trained_s, 1),
+                       lost_collectives=collectives)
         self.events(EventSpec("Warning", r.reason, "Restart",
                               f"{r.why}: restarting horovodrun ({r.restart} of "
-                              f"{cfg.horovodrun_restart_limit}); the script resumes from its "
-                              "checkpoint if it keeps one"))
-        assert self.channel is not None
+                              f"{cfg.horovodrun_restart_limit}). This run trained "
+                              f"{trained_s:.0f}s (up to {collectives} collectives in one "
+                              "process): a script that keeps no checkpoint starts over and "
+                              "loses them; one that does resumes from it"))
+        self.metrics.restart_lost_training.inc(trained_s)
         self.channel.exit_run(f"{r.reason}: horovodrun is restarted")
         killed = st.child.kill_tree()
         self.log.info("horovodrun.killed", reason=r.reason, processes=killed)
@@ -838,7 +846,7 @@ class Supervisor:
                                   f"usable workers {len(after)}; added {added}; "
                                   f"removed {removed}"))
 
-    def _start(self, argv: Sequence[str], slots: int) -> None:
+    def _start(self, argv: Sequence[str], slots: int, np: int) -> None:
         st, cfg = self.state, self.cfg
         hook = (self.channel.new_run(self.base_env.get("PYTHONPATH"))
                 if self.channel is not None else None)
@@ -855,10 +863,10 @@ class Supervisor:
                                   "(survivors of a frozen or partitioned worker wait for the "
                                   "Gloo timeout) and no hang detection"))
         self.metrics.horovodrun_up.set(1)
-        self.log.info("horovodrun.started", pid=child.pid, slots=slots, argv=list(argv))
+        self.log.info("horovodrun.started", pid=child.pid, slots=slots, np=np, argv=list(argv))
         self.events(EventSpec("Normal", "HorovodrunStarted", "Start",
                               f"horovodrun started with {slots} usable slots "
-                              f"(np {self.cfg.np}, min {self.cfg.min_np}, max {self.cfg.max_np})"))
+                              f"(np {np}, min {cfg.min_np}, max {cfg.max_np})"))
         threading.Thread(target=self._wait_child, args=(child,), name="child-waiter",
                          daemon=True).start()
 

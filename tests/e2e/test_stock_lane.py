@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -381,6 +382,12 @@ def test_a_job_that_stalls_is_restarted_then_failed(make_job: MakeJob) -> None:
     assert job.wait_exit(300) == 9, job.tail()
     stalls = job.notes("TrainingStalled")
     assert len(stalls) == 1 and "restarting horovodrun (1 of 1)" in stalls[0], stalls
+    # What the restart throws away, for a script without a checkpoint: this run's training.
+    lost = re.search(r"This run trained (\d+)s \(up to (\d+) collectives in one process\): a "
+                     "script that keeps no checkpoint starts over", stalls[0])
+    assert lost and int(lost[1]) >= 15 and int(lost[2]) > 0, stalls[0]
+    # The restart starts with the slots usable then (both workers), not NP regardless.
+    assert [s["np"] for s in job.logs("horovodrun.started")] == [2, 2]
     assert [f["code"] for f in job.logs("job.failing")] == [9]
     assert [r["event"] for r in job.records() if r.get("event") == "resumed"] == ["resumed"]
     assert job.logs("worker.hung") == []

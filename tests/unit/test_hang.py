@@ -13,7 +13,17 @@ from typing import Any
 import pytest
 
 from supervisor.channel import Beat
-from supervisor.hang import STUCK_AFTER_S, Broken, HangSettings, Hung, Stall, Stuck, Verdict, assess
+from supervisor.hang import (
+    STUCK_AFTER_S,
+    Broken,
+    HangSettings,
+    Hung,
+    Stall,
+    Stuck,
+    Verdict,
+    assess,
+    run_progress,
+)
 
 S = HangSettings(silence_s=3.0, stall_s=600.0)
 NOW = 1000.0
@@ -219,3 +229,14 @@ def test_a_broken_rendezvous_is_not_also_stuck() -> None:
                      failed_at=EVICTED, world=world)
     assert verdict.broken == Broken("10.0.0.3", 2)
     assert verdict.stuck is None
+
+
+@pytest.mark.parametrize(("beats", "started", "expected"), [
+    ([], NOW - 30, (30.0, 0)),  # no process heartbeats yet: nothing trained
+    ([replace(beat("10.0.0.1"), done=500), replace(beat("10.0.0.2", pid=7), done=120)],
+     NOW - 312.5, (312.5, 500)),  # a replacement joined late: the oldest process counts
+    ([beat("10.0.0.1")], NOW + 5, (0.0, 10)),  # a clock read before the start: never negative
+])
+def test_what_a_restart_throws_away(beats: list[Beat], started: float,
+                                    expected: tuple[float, int]) -> None:
+    assert run_progress(beats, started, NOW) == expected

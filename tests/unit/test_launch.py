@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from supervisor.config import packaged_discovery_script, parse_config
-from supervisor.launch import horovodrun_argv, horovodrun_env
+from supervisor.launch import horovodrun_argv, horovodrun_env, start_np
 
 BASE = {"SUPERVISOR_JOB_NAME": "j", "SUPERVISOR_NAMESPACE": "n", "SUPERVISOR_NP": "4",
         "SUPERVISOR_MIN_NP": "2", "SUPERVISOR_MAX_NP": "8"}
@@ -60,3 +60,19 @@ def test_env_tells_the_script_where_the_file_is() -> None:
     cfg = parse_config({**BASE, "SUPERVISOR_DISCOVERY_FILE": "/run/edl/h"})
     env = horovodrun_env(cfg, {"PATH": "/bin"})
     assert env == {"PATH": "/bin", "SUPERVISOR_DISCOVERY_FILE": "/run/edl/h"}
+
+
+@pytest.mark.parametrize(("usable", "restart", "np"), [
+    (1, False, 4),  # the first start waits for NP: the workers are being created
+    (8, False, 4),
+    (3, True, 3),  # a restart trains with what is usable now...
+    (1, True, 2),  # ...at least MIN_NP (horovodrun's own wait)...
+    (11, True, 8),  # ...at most MAX_NP
+    (4, True, 4),
+])
+def test_a_restart_starts_with_the_usable_slots_within_min_and_max(
+        usable: int, restart: bool, np: int) -> None:
+    cfg = parse_config(BASE)
+    assert start_np(cfg, usable, restart=restart) == np
+    got = horovodrun_argv(cfg, ["python", "train.py"], start_np(cfg, usable, restart=restart))
+    assert got[1:3] == ["-np", str(np)]

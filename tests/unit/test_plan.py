@@ -261,18 +261,24 @@ def test_a_decision_per_failure(x: Failed, policy: Policy, deletes: list[DeleteP
     assert d.fail is None
 
 
-def test_the_event_says_what_was_decided_and_the_budget_used() -> None:
-    d = on_failures(TWO, [failed(Cause.HUNG)], Policy(), S, WALL)
+COUNTED = Policy(budgets=Budgets(disruptions_free=False))
+
+
+@pytest.mark.parametrize(("policy", "used"), [
+    (COUNTED, "1/100"),
+    (Policy(), "0/100 (a disruption: not counted)"),  # disruptionsFree by default
+])
+def test_the_event_says_what_was_decided_and_the_budget_used(policy: Policy, used: str) -> None:
+    d = on_failures(TWO, [failed(Cause.HUNG)], policy, S, WALL)
     n = d.notes[0]
-    limit = Policy().budgets.restart_limit
     assert n.k8s is not None and n.k8s.note == (
         f"worker {W0} (slot 0) on node node-a: Hung: detail; rule 'default: node loss, force "
         "delete, eviction, preemption, deletion, hang': Restart; replacing it with "
-        f"{pod_name(JOB, 0, 2)}; restarts used 1/{limit}")
+        f"{pod_name(JOB, 0, 2)}; restarts used {used}")
 
 
 def test_a_second_failure_of_the_same_pod_is_stale() -> None:
-    d = on_failures(TWO, [failed(Cause.HUNG), failed(Cause.NODE_NOT_READY)], Policy(), S, WALL)
+    d = on_failures(TWO, [failed(Cause.HUNG), failed(Cause.NODE_NOT_READY)], COUNTED, S, WALL)
     assert [n.event for n in d.notes] == ["worker.failed", "worker.failure_handled_before"]
     assert d.fleet is not None and d.fleet.ledger.total == 1
 

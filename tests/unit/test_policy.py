@@ -3,6 +3,8 @@ backoff on a fake clock."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -207,6 +209,42 @@ def test_disruptions_can_be_free_of_the_budget() -> None:
     assert [(g[0], g[2]) for g in got] == [(Action.RESTART, None), (Action.RESTART, None),
                                            (Action.RESTART, None),
                                            (Action.IGNORE, "restart limit 1 reached")]
+
+
+def test_disruptions_are_free_by_default_and_have_no_backoff() -> None:
+    """A slot whose worker the infrastructure took again and again is replaced at once each
+    time; its streak is not extended, so a later crash of the script starts the backoff over."""
+    p = Policy(budgets=Budgets(restart_limit=1, backoff_initial_s=5))
+    got = run(p, [(0, "s0", failure(Cause.HUNG)), (1, "s0", failure(Cause.NODE_NOT_READY)),
+                  (2, "s0", failure(Cause.POD_FORCE_DELETED)), (3, "s0", failure()),
+                  (4, "s0", failure())])
+    assert got == [(Action.RESTART, 0.0, None)] * 4 + [
+        (Action.IGNORE, 0.0, "restart limit 1 reached")]
+    counted = Policy(budgets=Budgets(restart_limit=1, disruptions_free=False))
+    assert run(counted, [(0, "s0", failure(Cause.HUNG)), (1, "s1", failure(Cause.EVICTED))])[
+        1] == (Action.IGNORE, 0.0, "restart limit 1 reached")
+
+
+SHIPPED = Path(__file__).parents[2] / "manifests" / "base" / "files" / "policy.yaml"
+
+
+def test_the_shipped_policy_stops_a_crash_loop_and_lets_a_burst_of_faults_through() -> None:
+    """Slot s0's script segfaults on every replacement (139): it is stopped after its 5
+    replacements. Meanwhile, within four minutes, five independent faults elsewhere: a node
+    lost, a replacement SIGKILLed while it joins (137, counted), a frozen and a partitioned
+    worker (Hung), an eviction, all replaced; so is a later OOM kill on a sixth slot."""
+    p = policy_from_document(yaml.safe_load(SHIPPED.read_text()))
+    loop = [(t, "s0", failure(code=139)) for t in (0, 3, 9, 22, 45, 90)]
+    burst = [(20, "s1", failure(Cause.NODE_NOT_READY)), (25, "s1", failure(code=137)),
+             (90, "s2", failure(Cause.HUNG)), (160, "s3", failure(Cause.HUNG)),
+             (230, "s4", failure(Cause.EVICTED)), (235, "s5", failure(code=137))]
+    events = sorted(loop + burst, key=lambda e: e[0])
+    got = dict(zip([(t, s) for t, s, _ in events], run(p, events), strict=True))
+    assert [got[(t, s)][0] for t, s, _ in burst] == [Action.RESTART] * len(burst)
+    assert [got[(t, "s0")][0] for t, _, _ in loop] == [Action.RESTART] * 5 + [Action.IGNORE]
+    assert got[(90, "s0")][2] == "per-slot restart limit 5 reached for s0"
+    assert got[(3, "s0")][1] == 2.0, "the crash loop waits for its backoff (5 s)"
+    assert got[(25, "s1")][1] == 0, "a replacement after a disruption does not"
 
 
 def test_ignore_and_failjob_do_not_touch_the_ledger() -> None:

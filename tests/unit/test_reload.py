@@ -19,12 +19,12 @@ def test_nothing_changed() -> None:
 
 def test_rules_added_removed_and_budgets() -> None:
     old = Policy(rules=(KILL, LOST), budgets=Budgets(restart_limit=5))
-    new = Policy(rules=(FAIL, KILL), budgets=Budgets(restart_limit=7, disruptions_free=True))
+    new = Policy(rules=(FAIL, KILL), budgets=Budgets(restart_limit=7, disruptions_free=False))
     assert summary(old, new) == {
         "rules_added": ["FailJob 3 [worker]"],
         "rules_removed": ["Ignore Evicted,NodeNotReady"],
         "rules_reordered": False,
-        "budgets_changed": {"restart_limit": [5, 7], "disruptions_free": [False, True]}}
+        "budgets_changed": {"restart_limit": [5, 7], "disruptions_free": [True, False]}}
 
 
 def test_reordering_is_a_change_of_its_own() -> None:
