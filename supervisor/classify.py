@@ -80,10 +80,14 @@ class PodMemory:
 @dataclass(frozen=True)
 class ClassifySettings:
     """Seconds. node_grace_s: how long a node must be down before its workers count as lost
-    (0 allowed). lease_grace_s: if set, a node Lease not renewed for that long also counts."""
+    (0 allowed). lease_grace_s: if set, a node Lease not renewed for that long also counts.
+    training_container: the container whose exit is the worker's (None: the pod's first);
+    policy_containers: other containers whose exits count too (the policy's rules name them)."""
 
     node_grace_s: float = 0.0
     lease_grace_s: float | None = None
+    training_container: str | None = None
+    policy_containers: frozenset[str] = frozenset()
 
 
 def _restart_counts(pod: Obj) -> dict[str, int]:
@@ -143,10 +147,20 @@ def disrupted(job_nodes: AbstractSet[str], down: AbstractSet[str],
     return frozenset()
 
 
-def _terminated(pod: Obj, memory: PodMemory | None) -> tuple[int, str] | None:
+def training_container(pod: Obj, settings: ClassifySettings) -> str:
+    """The name of the container whose exit is the worker's."""
+    if settings.training_container is not None:
+        return settings.training_container
+    containers = pod.get("spec", {}).get("containers") or [{}]
+    return str(containers[0].get("name", ""))
+
+
+def container_exits(pod: Obj, memory: PodMemory | None) -> list[tuple[str, int]]:
+    """(container, exit code) of each container that ended since `memory` (restartPolicy
+    Never: its terminated state; otherwise a restart seen since)."""
     statuses = pod.get("status", {}).get("containerStatuses") or ()
     restart_policy = pod.get("spec", {}).get("restartPolicy", "Always")
-    found: list[tuple[int, str]] = []
+    found: list[tuple[str, int]] = []
     for cs in statuses:
         name = cs.get("name", "")
         if restart_policy == "Never":
@@ -156,11 +170,28 @@ def _terminated(pod: Obj, memory: PodMemory | None) -> tuple[int, str] | None:
             restarted = int(cs.get("restartCount") or 0) > seen
             term = (cs.get("lastState") or {}).get("terminated") if restarted else None
         if term is not None:
-            found.append((int(term.get("exitCode", 0)), name))
-    if not found:
-        return None
-    failed = [f for f in found if f[0] != 0]
-    return (failed or found)[0]
+            found.append((name, int(term.get("exitCode", 0))))
+    return found
+
+
+def uncounted_exits(pod: Obj, memory: PodMemory | None,
+                    settings: ClassifySettings) -> list[tuple[str, int]]:
+    """Exits of containers that are neither the training container nor named by the policy: a
+    helper that ended says nothing about the training (reported, never a failure)."""
+    counted = {training_container(pod, settings), *settings.policy_containers}
+    return [(n, code) for n, code in container_exits(pod, memory) if n not in counted]
+
+
+def _terminated(pod: Obj, memory: PodMemory | None,
+                settings: ClassifySettings) -> tuple[int, str] | None:
+    """The exit that is the worker's: the training container's first, then a non-zero one of a
+    container the policy names."""
+    training = training_container(pod, settings)
+    exits = container_exits(pod, memory)
+    own = [(code, n) for n, code in exits if n == training]
+    named = [(code, n) for n, code in exits if n in settings.policy_containers and code != 0]
+    found = own + named
+    return found[0] if found else None
 
 
 @dataclass(frozen=True)
@@ -212,7 +243,7 @@ def classify(
     if status.get("phase") == "Failed" and status.get("reason") == "Evicted":
         return failure(Cause.EVICTED, f"kubelet eviction: {status.get('message', '')}".strip())
 
-    term = _terminated(pod, memory)
+    term = _terminated(pod, memory, settings)
     if term is not None:
         code, container = term
         return failure(Cause.EXIT_CODE, f"container {container} exited with {code}", code,

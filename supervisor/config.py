@@ -116,6 +116,7 @@ class Config:
     api_timeout_s: float = 30.0  # client timeout of every API call but watches
     leader_lease_s: float = 60.0  # the leader Lease's duration
     worker_hook: bool = True
+    worker_container: str | None = None  # None: the worker pod's first container
     heartbeat_timeout_s: float = 3.0
     stall_timeout_s: float = 1800.0
     horovodrun_restart_limit: int = 3
@@ -334,6 +335,10 @@ VARIABLES: tuple[Var, ...] = (
     Var("WORKER_TEMPLATE", None, "Worker pod template (YAML Pod, e.g. from a ConfigMap). Set: "
         "the supervisor creates the workers and their replacements. Unset: workers are made "
         "elsewhere and failed ones are only dropped."),
+    Var("WORKER_CONTAINER", None, "The worker pod's training container: its exit is the "
+        "worker's. Default: the pod's first container. Another container's exit counts only "
+        "where a policy rule names it (containerName); otherwise it is only reported "
+        "(worker.container_exited, Event ContainerExited)."),
     Var("POLICY_FILE", None, "Restart policy YAML (CCE faultTolerantPolicy form, see README). "
         "Not together with the *_EXIT_CODES / RESTART_EVENTS variables."),
     Var("RESTART_EXIT_CODES", None, "Exit codes that replace the worker, e.g. `137,143,"
@@ -544,6 +549,13 @@ def parse_config(
                 problems += [f"{PREFIX}WORKER_TEMPLATE={str(template_file)!r}: {p}"
                              for p in e.problems]
 
+    container = get("WORKER_CONTAINER", _nonempty)
+    if isinstance(container, str) and template is not None:
+        names = [c.get("name") for c in template["spec"]["containers"]]
+        if container not in names:
+            problems.append(f"{PREFIX}WORKER_CONTAINER={container!r}: not a container of the "
+                            f"worker template (its containers: {', '.join(names)})")
+
     if problems:
         raise ConfigError(problems)
     return Config(
@@ -562,6 +574,7 @@ def parse_config(
         clean_pod_policy=clean, api_timeout_s=api_timeout, leader_lease_s=leader_lease,
         worker_hook=worker_hook, heartbeat_timeout_s=heartbeat_timeout,
         stall_timeout_s=stall_timeout, horovodrun_restart_limit=restart_limit,
+        worker_container=container,
         sources=dict(sources),
     )  # type: ignore[arg-type]
 
@@ -691,7 +704,7 @@ def effective_values(cfg: Config) -> list[tuple[str, str, str]]:
         "LOG_LEVEL": cfg.log_level.value, "METRICS_PORT": cfg.metrics_port,
         "FENCE_PORT": cfg.fence_port,
         "POD_NAME": cfg.pod_name, "WORKER_TEMPLATE": cfg.worker_template_file,
-        "POLICY_FILE": cfg.policy_file,
+        "WORKER_CONTAINER": cfg.worker_container, "POLICY_FILE": cfg.policy_file,
         "RESTART_EXIT_CODES": _codes_text(cfg, "SUPERVISOR_RESTART_EXIT_CODES"),
         "FAIL_EXIT_CODES": _codes_text(cfg, "SUPERVISOR_FAIL_EXIT_CODES"),
         "RESTART_EVENTS": next((",".join(sorted(r.causes)) for r in cfg.policy.rules

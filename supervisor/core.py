@@ -58,6 +58,16 @@ from supervisor.policy import Policy
 HUNG_NODE_AVOID_S = 300.0  # replacements prefer other nodes this long after a hang on one
 
 
+def classify_settings(cfg: Config) -> ClassifySettings:
+    """How failures are classified: the node graces, the training container, and the other
+    containers the policy's rules name (their exits count too)."""
+    return ClassifySettings(
+        node_grace_s=cfg.node_grace_s, lease_grace_s=cfg.node_lease_s,
+        training_container=cfg.worker_container,
+        policy_containers=frozenset(r.container for r in cfg.policy.rules
+                                    if r.container is not None))
+
+
 @dataclass(frozen=True)
 class Settings:
     """What of the config the decisions read (config.Config holds them)."""
@@ -72,9 +82,7 @@ class Settings:
 
     @classmethod
     def of(cls, cfg: Config) -> Settings:
-        return cls(plan.Settings.of(cfg), cfg.policy,
-                   ClassifySettings(node_grace_s=cfg.node_grace_s,
-                                    lease_grace_s=cfg.node_lease_s),
+        return cls(plan.Settings.of(cfg), cfg.policy, classify_settings(cfg),
                    HangSettings(silence_s=cfg.heartbeat_timeout_s, stall_s=cfg.stall_timeout_s),
                    cfg.node_disruption_threshold, cfg.horovodrun_restart_limit,
                    cfg.stall_timeout_s)

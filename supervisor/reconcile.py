@@ -46,6 +46,7 @@ from supervisor.classify import (
     classify,
     node_down_since,
     remember,
+    uncounted_exits,
 )
 from supervisor.config import Config
 from supervisor.core import Core
@@ -118,6 +119,8 @@ class LoopState:
     view: ClusterView = field(default_factory=ClusterView)
     # host string -> UID of the first pod that had it (Horovod blacklists names for good)
     first_owner: dict[str, str] = field(default_factory=dict)
+    # (pod UID, container, its restartCount): exits of helper containers already reported
+    reported_exits: set[tuple[str, str, int]] = field(default_factory=set)
     published: str | None = None  # current discovery content; None while withdrawn
     rendered: Rendered | None = None
     listed: Rendered | None = None  # the last render: what the view says is usable
@@ -167,8 +170,6 @@ class Supervisor:
         self.channel = channel
         self.hang_settings = HangSettings(silence_s=cfg.heartbeat_timeout_s,
                                           stall_s=cfg.stall_timeout_s)
-        self.classify_settings = ClassifySettings(node_grace_s=cfg.node_grace_s,
-                                                  lease_grace_s=cfg.node_lease_s)
         self.leases = leases if cfg.node_lease_s is not None else None
         self.queue: queue.Queue[Trigger] = queue.Queue()
         self.state = LoopState(core=Core(fleet=workers))
@@ -339,18 +340,41 @@ class Supervisor:
             c = replace(c, expected={k: v for k, v in c.expected.items() if k != name})
         before = st.memory.get(name)
         if st.view.synced and uid not in c.failed:
+            settings = core.classify_settings(self.cfg)
             found = classify(obj, ev.type, before, self._node_state(obj, ev.at),
-                             settings=self.classify_settings, now=ev.at, relisted=ev.relist)
+                             settings=settings, now=ev.at, relisted=ev.relist)
             if found is not None:
                 c = replace(c, failed=c.failed | {uid},
                             found=(*c.found, plan.Failed(found, obj, ev.at)))
+            self._report_helper_exits(obj, before, settings)
         if ev.type is EventType.DELETED:
             st.memory.pop(name, None)
+            st.reported_exits = {k for k in st.reported_exits if k[0] != uid}
             if uid in c.failed:
                 c = replace(c, failed=c.failed - {uid})
         else:
             st.memory[name] = remember(before, obj)
         st.core = c
+
+    def _report_helper_exits(self, pod: dict[str, Any], before: Any,
+                             settings: ClassifySettings) -> None:
+        """A container that is neither the training one nor named by the policy ended: say so
+        once (it is no failure of the worker)."""
+        meta = pod["metadata"]
+        restarts = {c.get("name"): int(c.get("restartCount") or 0)
+                    for c in pod.get("status", {}).get("containerStatuses") or ()}
+        for container, code in uncounted_exits(pod, before, settings):
+            key = (meta.get("uid", ""), container, restarts.get(container, 0))
+            if key in self.state.reported_exits:
+                continue
+            self.state.reported_exits.add(key)
+            self.log.info("worker.container_exited", pod=meta["name"], container=container,
+                          exit_code=code)
+            self.events(EventSpec(
+                "Normal", "ContainerExited", "Observe",
+                f"worker {meta['name']}: container {container} exited with {code}; not the "
+                "training container and no policy rule names it, so the worker trains on "
+                "(SUPERVISOR_WORKER_CONTAINER, containerName)"))
 
     def _observe_node(self, ev: WatchEvent) -> None:
         st, name = self.state, ev.obj["metadata"]["name"]

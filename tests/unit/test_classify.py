@@ -19,6 +19,7 @@ from supervisor.classify import (
     classify,
     node_down_since,
     remember,
+    uncounted_exits,
 )
 from supervisor.observe import EventType
 from tests.unit.shapes import node, with_condition
@@ -185,6 +186,48 @@ def test_the_failing_container_is_named_among_several() -> None:
     f = classify(pod, EventType.MODIFIED, None, NodeState(READY), settings=ClassifySettings(),
                  now=0.0)
     assert f is not None and (f.exit_code, f.container) == (137, "worker")
+
+
+def with_helper(helper_code: int, *, worker_running: bool = True,
+                first: str = "worker") -> dict[str, Any]:
+    """The captured pod whose worker exited 137, with a second container `helper` that ended
+    with `helper_code`; the worker still running unless told; `first`: the spec's first."""
+    pod = copy.deepcopy(sequence("exit137_never")[2]["object"])
+    worker = pod["status"]["containerStatuses"][0]
+    if worker_running:
+        worker["state"] = {"running": {"startedAt": "2026-11-26T10:00:00Z"}}
+    helper = copy.deepcopy(pod["status"]["containerStatuses"][0])
+    helper["name"] = "helper"
+    helper["state"] = {"terminated": {"exitCode": helper_code, "reason": "Completed"}}
+    pod["status"]["containerStatuses"].append(helper)
+    spec_worker = pod["spec"]["containers"][0]
+    spec_helper = {**spec_worker, "name": "helper"}
+    pod["spec"]["containers"] = ([spec_worker, spec_helper] if first == "worker"
+                                 else [spec_helper, spec_worker])
+    return pod
+
+
+@pytest.mark.parametrize(("pod", "settings", "expected", "reported"), [
+    pytest.param(with_helper(0), ClassifySettings(), None, [("helper", 0)],
+                 id="a helper that exits 0 is no failure of a running worker (was ExitCode 0)"),
+    pytest.param(with_helper(3), ClassifySettings(), None, [("helper", 3)],
+                 id="nor one that fails, unless the policy names it"),
+    pytest.param(with_helper(3), ClassifySettings(policy_containers=frozenset({"helper"})),
+                 (3, "helper"), [], id="a policy rule names the helper: its exit counts"),
+    pytest.param(with_helper(0, worker_running=False), ClassifySettings(), (137, "worker"),
+                 [("helper", 0)], id="the training container's exit is the worker's"),
+    pytest.param(with_helper(0, first="helper"), ClassifySettings(), (0, "helper"), [],
+                 id="by default the first container is the training one"),
+    pytest.param(with_helper(0, first="helper"),
+                 ClassifySettings(training_container="worker"), None, [("helper", 0)],
+                 id="SUPERVISOR_WORKER_CONTAINER names it"),
+])
+def test_only_the_training_container_and_those_the_policy_names_count(
+        pod: dict[str, Any], settings: ClassifySettings, expected: tuple[int, str] | None,
+        reported: list[tuple[str, int]]) -> None:
+    f = classify(pod, EventType.MODIFIED, None, NodeState(READY), settings=settings, now=0.0)
+    assert (None if f is None else (f.exit_code, f.container)) == expected
+    assert uncounted_exits(pod, None, settings) == reported
 
 
 def test_a_pod_deleted_while_the_watch_was_down_is_judged_from_its_last_object() -> None:

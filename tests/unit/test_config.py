@@ -190,6 +190,8 @@ BAD = [
      " spaces"),
     ("SUPERVISOR_WORKER_TEMPLATE", "pod.yaml", "SUPERVISOR_WORKER_TEMPLATE='pod.yaml': expected"
      " an absolute path"),
+    ("SUPERVISOR_WORKER_CONTAINER", "a b", "SUPERVISOR_WORKER_CONTAINER='a b': expected a non-empty"
+     " word without spaces"),
     ("SUPERVISOR_POLICY_FILE", "/nonexistent/policy.yaml", "SUPERVISOR_POLICY_FILE="
      "'/nonexistent/policy.yaml': cannot read: No such file or directory"),
     ("SUPERVISOR_RESTART_EXIT_CODES", "137,300", "SUPERVISOR_RESTART_EXIT_CODES='137,300': "
@@ -445,3 +447,15 @@ def test_worker_template_is_validated_against_the_selector() -> None:
     assert problems({**BASE, "SUPERVISOR_WORKER_TEMPLATE": "/t/missing.yaml"},
                     read_text=files()) == [
         "SUPERVISOR_WORKER_TEMPLATE='/t/missing.yaml': cannot read: No such file or directory"]
+
+
+def test_the_training_container_must_be_one_of_the_templates() -> None:
+    env = {**BASE, "SUPERVISOR_WORKER_TEMPLATE": "/t/worker.yaml",
+           "SUPERVISOR_WORKER_SELECTOR": "app=x"}
+    read = files(**{"worker.yaml": TEMPLATE})
+    assert problems({**env, "SUPERVISOR_WORKER_CONTAINER": "trainer"}, read_text=read) == [
+        "SUPERVISOR_WORKER_CONTAINER='trainer': not a container of the worker template (its "
+        "containers: worker)"]
+    assert parse_config({**env, "SUPERVISOR_WORKER_CONTAINER": "worker"},
+                        read_text=read).worker_container == "worker"
+    assert parse_config(env, read_text=read).worker_container is None
