@@ -392,7 +392,8 @@ VARIABLES: tuple[Var, ...] = (
         "the training processes heartbeat: horovodrun is restarted (longer than any step, "
         "checkpoint or evaluation without collectives)."),
     Var("HOROVODRUN_RESTART_LIMIT", "3", "Restarts of horovodrun (a stalled job, a rendezvous "
-        "a dead worker broke or that is stuck) before the job fails instead (exit 9)."),
+        "a dead worker broke or that is stuck) before the job fails instead (exit 9); with a "
+        "WORKER_TEMPLATE counted over launcher attempts (saved with the workers' state)."),
 )
 KNOWN = {PREFIX + v.name for v in VARIABLES}
 DEFAULT_SELECTOR = "elastic-supervisor/job={job},elastic-supervisor/role=worker"

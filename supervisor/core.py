@@ -68,6 +68,13 @@ def classify_settings(cfg: Config) -> ClassifySettings:
                                     if r.container is not None))
 
 
+def horovodrun_restarts(c: Core) -> int:
+    """Restarts of horovodrun so far: kept in the fleet's persisted ledger where the supervisor
+    owns the workers, so the limit holds over launcher attempts (a Job retry, a takeover)."""
+    stored = c.fleet.ledger.horovodrun_restarts if c.fleet is not None else 0
+    return max(c.horovodrun_restarts, stored)
+
+
 @dataclass(frozen=True)
 class Settings:
     """What of the config the decisions read (config.Config holds them)."""
@@ -112,7 +119,7 @@ class Core:
     hung_nodes: Mapping[str, float] = field(default_factory=dict)  # node -> a worker hung
     failed_at: Mapping[str, float] = field(default_factory=dict)  # host -> found failed
     regroup: regroup.Pending | None = None  # a failure the survivors have not regrouped from
-    horovodrun_restarts: int = 0  # restarts of horovodrun (whole supervisor life)
+    horovodrun_restarts: int = 0  # of this supervisor (see horovodrun_restarts())
     # the host list (plan.listing): host -> (driver world, out of the file until) of hosts
     # announced again to Horovod; the hold-back of the pending regroup was said
     reannounced: Mapping[str, tuple[int, float]] = field(default_factory=dict)
@@ -321,8 +328,10 @@ def _watch_hangs(p: _Pass, s: Seen, st: Settings) -> tuple[Verdict, tuple[str, .
     if d.restart is not None and p.c.failing is None and not s.stopping:
         reason, why = d.restart
         restarts = (reason,)
-        n = p.c.horovodrun_restarts + 1
-        p.c = replace(p.c, horovodrun_restarts=n)
+        n = horovodrun_restarts(p.c) + 1
+        fl = p.c.fleet
+        p.c = replace(p.c, horovodrun_restarts=n, fleet=None if fl is None else replace(
+            fl, ledger=replace(fl.ledger, horovodrun_restarts=n)))
         if n > st.horovodrun_restart_limit:
             p.fail(ExitCode.STALLED, f"{why}; horovodrun was restarted "
                    f"{st.horovodrun_restart_limit} times already")

@@ -138,6 +138,7 @@ class Ledger:
     recent: tuple[float, ...] = ()  # times of counted restarts, for the rate window
     last_replaced: Mapping[str, float] = field(default_factory=dict)
     streak: Mapping[str, int] = field(default_factory=dict)  # consecutive, for backoff
+    horovodrun_restarts: int = 0  # against HOROVODRUN_RESTART_LIMIT, over launcher attempts
 
 
 @dataclass(frozen=True)
@@ -368,7 +369,7 @@ def ledger_to_dict(ledger: Ledger) -> dict[str, Any]:
     """Return the ledger as JSON-ready data (for the state ConfigMap)."""
     return {"version": LEDGER_VERSION, "total": ledger.total, "perSlot": dict(ledger.per_slot),
             "recent": list(ledger.recent), "lastReplaced": dict(ledger.last_replaced),
-            "streak": dict(ledger.streak)}
+            "streak": dict(ledger.streak), "horovodrunRestarts": ledger.horovodrun_restarts}
 
 
 def ledger_from_dict(data: Any) -> Ledger:
@@ -394,7 +395,10 @@ def ledger_from_dict(data: Any) -> Ledger:
         raise ValueError("total: expected an integer >= 0")
     if not isinstance(recent, list) or not all(isinstance(t, int | float) for t in recent):
         raise ValueError("recent: expected a list of times")
+    restarts = data.get("horovodrunRestarts", 0)  # absent in a state written before it
+    if not isinstance(restarts, int) or isinstance(restarts, bool) or restarts < 0:
+        raise ValueError("horovodrunRestarts: expected an integer >= 0")
     last = {k: float(v) for k, v in counts("lastReplaced", (int, float), "a time").items()}
     return Ledger(total=total, per_slot=counts("perSlot", (int,), "a count"),
                   recent=tuple(map(float, recent)), last_replaced=last,
-                  streak=counts("streak", (int,), "a count"))
+                  streak=counts("streak", (int,), "a count"), horovodrun_restarts=restarts)

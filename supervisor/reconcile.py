@@ -236,7 +236,7 @@ class Supervisor:
                                         f"stopped by signal {st.stop_signal} before start")
                 slots = st.rendered.slots(cfg.slots_per_worker) if st.rendered else 0
                 if st.view.synced and st.published is not None and slots >= cfg.min_np:
-                    np = start_np(cfg, slots, restart=st.core.horovodrun_restarts > 0)
+                    np = start_np(cfg, slots, restart=core.horovodrun_restarts(st.core) > 0)
                     self._start(horovodrun_argv(cfg, command, np), slots, np)
                 elif now - st.gate_since > cfg.start_timeout_s:
                     why = (f"only {slots} of {cfg.min_np} slots usable after "

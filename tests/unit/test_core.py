@@ -229,10 +229,23 @@ def test_a_stalled_job_restarts_horovodrun() -> None:
     c = replace(STEADY, failed_at={ip(1): NOW - 200}, regroup=Pending(NOW - 200, {}),
                 held_said=True)
     p = manage(c, seen(beats=stalled()), S)
-    assert script(p) == [("restart", "TrainingStalled", 1)]
+    # The count is saved with the fleet's ledger: a retried launcher keeps it.
+    assert script(p) == [("restart", "TrainingStalled", 1), ("save",)]
     assert p.core.horovodrun_restarts == 1 and p.core.failed_at == {}
+    assert p.core.fleet is not None and p.core.fleet.ledger.horovodrun_restarts == 1
     assert p.core.regroup is None and not p.core.held_said, "a new run: its own regroup"
     assert p.restarts == ("TrainingStalled",)
+
+
+def test_the_restart_limit_counts_the_restarts_a_previous_launcher_saved() -> None:
+    """A Job retry or a takeover starts with the ledger the last launcher saved: two restarts
+    there and one stall here are past the limit of 2 (exit 9), not the first of a fresh 2."""
+    fl = STEADY.fleet
+    assert fl is not None
+    c = replace(STEADY, expected={},
+                fleet=replace(fl, ledger=replace(fl.ledger, horovodrun_restarts=2)))
+    p = manage(c, seen(beats=stalled()), S)
+    assert script(p) == [("fail", ExitCode.STALLED)]
 
 
 def test_past_the_restart_limit_the_job_fails_and_nothing_more_is_planned() -> None:
