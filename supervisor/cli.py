@@ -43,6 +43,7 @@ from supervisor.observe import Kind, NodeLeases, slim
 from supervisor.policy import DEFAULT_RULES
 from supervisor.reconcile import Supervisor
 from supervisor.reload import PolicyWatcher
+from supervisor.workers import worker_pod
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -324,6 +325,12 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
             workers, rv, stored = retry.call("read the state", lambda: load_fleet(cfg, store))
             rv = _adopt(cfg, api, store, stored, rv, owner=owner, identity=identity,
                         retry=retry, log=log, events=recorder.record)
+            rejected = _dry_run_template(cfg, kube.Pods(api, cfg.namespace, cfg.api_timeout_s),
+                                         owner=owner, retry=retry, log=log)
+            if rejected is not None:
+                print(f"elastic-supervisor: {rejected}", file=sys.stderr)
+                recorder.record(EventSpec("Warning", "TemplateRejected", "Start", rejected))
+                return ExitCode.CONFIG
         stopping.check()
         return _supervise(cfg, command, env, api=api, log=log, metrics=metrics, channel=channel,
                           recorder=recorder, elector=elector, lost=lost, stopping=stopping,
@@ -417,6 +424,43 @@ def _lead(cfg: Config, elector: LeaderElector, retry: startup.ApiRetry,
         stopping.check()
     log.info("leader.acquired", lease=elector.name, identity=elector.me,
              transitions=elector.transitions, waited_s=round(time.monotonic() - since, 1))
+
+
+def _dry_run_template(cfg: Config, pods: kube.Pods, *, owner: Mapping[str, str] | None,
+                      retry: startup.ApiRetry, log: Any) -> str | None:
+    """Create a worker built from the template as a server-side dry run (the schema, defaults
+    and admission a real create goes through): a template the API server finds invalid (422)
+    is bad configuration, found before training starts, not at the first replacement. Return
+    why it was rejected, or None. A refusal by admission (quota, PodSecurity, a webhook) can
+    pass later: reported, not fatal."""
+    assert cfg.worker_template is not None
+    # Incarnation 0: a name no worker ever has (they count from 1), so no AlreadyExists.
+    body = worker_pod(cfg.worker_template, job=cfg.job_name, slot=0, incarnation=0,
+                      owner=owner)
+
+    def dry_run() -> str | None:
+        """None, or what admission refused (it may admit later: not retried here)."""
+        try:
+            pods.create(body, dry_run=True)
+        except kube.AlreadyExists:
+            pass  # validated and admitted before the name was found taken
+        except kube.Refused as e:
+            return e.detail
+        return None
+
+    try:
+        refused = retry.call("dry-run a worker pod", dry_run)
+    except kube.KubeError as e:
+        if e.status != 422:
+            raise
+        log.error("template.rejected", reason=e.detail)
+        return (f"SUPERVISOR_WORKER_TEMPLATE={str(cfg.worker_template_file)!r}: the API server "
+                f"rejects a worker pod built from it: {e.detail}")
+    if refused is not None:
+        log.warning("template.dry_run_refused", reason=refused)
+    else:
+        log.info("template.dry_run_ok", pod=body["metadata"]["name"])
+    return None
 
 
 def _adopt(cfg: Config, api: Any, store: kube.StateStore, stored: dict[str, Any] | None,

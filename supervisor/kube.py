@@ -649,11 +649,15 @@ class Pods:
         self.core = client.CoreV1Api(api)
         self.namespace, self.timeout = namespace, request_timeout(request_timeout_s)
 
-    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        what = f"create pod {self.namespace}/{body['metadata']['name']}"
+    def create(self, body: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        """Create the pod (`dry_run`: only validated and admitted by the API server, all its
+        admission included, nothing stored)."""
+        what = (f"{'dry-run ' if dry_run else ''}create pod "
+                f"{self.namespace}/{body['metadata']['name']}")
+        extra = {"dry_run": "All"} if dry_run else {}
         try:
             resp = self.core.create_namespaced_pod(self.namespace, body, _preload_content=False,
-                                                   _request_timeout=self.timeout)
+                                                   _request_timeout=self.timeout, **extra)
             return json.loads(resp.data)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
             raise map_error(e, what) from e

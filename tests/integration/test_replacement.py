@@ -283,3 +283,24 @@ def test_a_replacement_given_a_dead_workers_ip_is_replaced_again_without_budget(
     assert state["slots"]["0"]["incarnation"] == 3
     assert state["ledger"]["total"] == 1, "only the real failure used the budget"
     assert "WorkerHostReused" in wait_reason(api_client, namespace, "WorkerHostReused")
+
+
+def test_a_template_the_api_server_rejects_is_bad_configuration_before_any_worker(
+        job: Job, supervisor, api_client: client.ApiClient, namespace: str,
+        tmp_path: Path) -> None:
+    """Our own checks pass it (names, images, restartPolicy); the API server's validation does
+    not (a request above its limit). Found by a dry-run create at start: exit 2 naming the
+    template and the API's reason, before horovodrun or any worker (it used to be found at the
+    first create: the slots dropped, exit 6)."""
+    job.node("n1")
+    doc = json.loads(job.template(tmp_path / "good.json").read_text())
+    doc["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "2"},
+                                                 "limits": {"cpu": "1"}}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    sup = supervisor(SUPERVISOR_WORKER_TEMPLATE=str(bad), SUPERVISOR_NP="2")
+    assert sup.wait_exit() == ExitCode.CONFIG
+    rejected = sup.wait_log("template.rejected")
+    assert "must be less than or equal to cpu limit" in rejected["reason"], rejected
+    assert sup.records("start") == [] and job.pods() == {}
+    assert "TemplateRejected" in wait_reason(api_client, namespace, "TemplateRejected")
