@@ -98,9 +98,7 @@ def explain(cfg: Config, command: Sequence[str]) -> str:
               "  " + shlex.join(argv)]
     lines += ["", "failure rules (first match wins; the defaults come last):"]
     for rule in (*cfg.policy.rules, *DEFAULT_RULES):
-        what = (",".join(sorted(rule.causes)) if rule.causes is not None else
-                "exit codes " + ",".join(f"{lo}" if lo == hi else f"{lo}-{hi}"
-                                         for lo, hi in rule.exit_codes or ()))
+        what = rule.what() if rule.causes is not None else f"exit codes {rule.what()}"
         lines.append(f"  {rule.action.value:<8} {what}  [{rule.name}]")
     b = cfg.policy.budgets
     lines.append(f"budgets: restart limit {b.restart_limit}, per slot "

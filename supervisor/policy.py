@@ -81,6 +81,15 @@ class Rule:
     exit_codes: tuple[tuple[int, int], ...] | None = None
     container: str | None = None
     causes: frozenset[Cause] | None = None
+    not_in: bool = False  # operator NotIn: the exit codes NOT listed match
+
+    def what(self) -> str:
+        """What the rule matches, as text: "Evicted,NodeNotReady", "137,128-255",
+        "not 0,1" (NotIn)."""
+        if self.causes is not None:
+            return ",".join(sorted(self.causes))
+        codes = ",".join(f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in self.exit_codes or ())
+        return f"not {codes}" if self.not_in else codes
 
     def matches(self, f: Failure) -> bool:
         if self.causes is not None:
@@ -89,7 +98,7 @@ class Rule:
             return False
         if self.container is not None and f.container != self.container:
             return False
-        return any(lo <= f.exit_code <= hi for lo, hi in self.exit_codes)
+        return any(lo <= f.exit_code <= hi for lo, hi in self.exit_codes) is not self.not_in
 
 
 DEFAULT_RULES: tuple[Rule, ...] = (
@@ -240,8 +249,8 @@ def file_budget_fields(doc: Any) -> set[str]:
 
 _TOP = {"faultTolerantPolicy", "restartLimit", "restartLimitPerSlot", "restartRate", "backoff",
         "disruptionsFree"}
-_RULE = {"exitCodes", "containerName", "exceptionalEvent", "restartPolicy", "restartScope",
-         "action"}
+_RULE = {"exitCodes", "operator", "containerName", "exceptionalEvent", "restartPolicy",
+         "restartScope", "action"}
 
 
 def _int(v: Any, where: str, lo: int, problems: list[str]) -> int | None:
@@ -266,19 +275,24 @@ def _rule(i: int, raw: Any, problems: list[str]) -> Rule | None:
     for key in sorted(set(raw) - _RULE):
         problems.append(f"{where}.{key}: unknown field; expected one of {', '.join(sorted(_RULE))}")
     has_codes, has_events = "exitCodes" in raw, "exceptionalEvent" in raw
+    # Every problem of the rule is reported, not only the first one.
+    before = len(problems)
     if has_codes == has_events:
         problems.append(f"{where}: expected exactly one of exitCodes, exceptionalEvent")
-        return None
     codes = causes = None
     try:
-        if has_codes:
+        if has_codes and not has_events:
             codes = parse_codes(raw["exitCodes"])
-        else:
+        elif has_events and not has_codes:
             causes = parse_events(raw["exceptionalEvent"])
     except ValueError as e:
         field_name = "exitCodes" if has_codes else "exceptionalEvent"
         problems.append(f"{where}.{field_name}: {e}")
-        return None
+    operator = raw.get("operator", "In")
+    if operator not in ("In", "NotIn"):
+        problems.append(f"{where}.operator: {operator!r}: expected In|NotIn")
+    elif "operator" in raw and not has_codes:
+        problems.append(f"{where}.operator: only with exitCodes")
     container = raw.get("containerName")
     if container is not None and (has_events or not isinstance(container, str)):
         problems.append(f"{where}.containerName: only a container name string, with exitCodes")
@@ -301,10 +315,10 @@ def _rule(i: int, raw: Any, problems: list[str]) -> Rule | None:
                             + "|".join(sorted(CCE_RESTART_POLICIES)) + " (or use action)")
     else:
         problems.append(f"{where}: expected action (Restart|Ignore|FailJob) or restartPolicy")
-    if action is None:
+    if action is None or len(problems) > before:
         return None
     return Rule(where, action, exit_codes=codes, container=container if has_codes else None,
-                causes=causes)
+                causes=causes, not_in=operator == "NotIn")
 
 
 def policy_from_document(doc: Any) -> Policy:

@@ -22,9 +22,8 @@ from supervisor.policy import Policy, Rule
 
 
 def _rule_text(rule: Rule) -> str:
-    what = (",".join(sorted(rule.causes)) if rule.causes is not None else
-            ",".join(f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in rule.exit_codes or ()))
-    return f"{rule.action.value} {what}" + (f" [{rule.container}]" if rule.container else "")
+    return f"{rule.action.value} {rule.what()}" + (f" [{rule.container}]" if rule.container
+                                                    else "")
 
 
 def summary(old: Policy, new: Policy) -> dict[str, object]:

@@ -134,6 +134,11 @@ BAD = [
     ({"restartlimit": 3}, "restartlimit: unknown field"),
     ([1, 2], "policy: expected a mapping"),
     ({"faultTolerantPolicy": {"exitCodes": "1"}}, "faultTolerantPolicy: expected a list"),
+    ({"faultTolerantPolicy": [{"exitCodes": "1", "operator": "Out", "action": "Ignore"}]},
+     "faultTolerantPolicy[0].operator: 'Out': expected In|NotIn"),
+    ({"faultTolerantPolicy": [{"exceptionalEvent": "evicted", "operator": "NotIn",
+                               "action": "Ignore"}]},
+     "faultTolerantPolicy[0].operator: only with exitCodes"),
 ]
 
 
@@ -143,6 +148,33 @@ def test_validation_names_the_rule_and_field(doc: object, message: str) -> None:
     with pytest.raises(PolicyError) as err:
         policy_from_document(doc)
     assert err.value.problems[0].startswith(message), err.value.problems
+
+
+def test_a_rule_with_several_problems_reports_all_of_them() -> None:
+    with pytest.raises(PolicyError) as err:
+        policy_from_document({"faultTolerantPolicy": [
+            {"exitCodes": "1,300", "restartScope": "All", "action": "Retry"}]})
+    assert err.value.problems == [
+        "faultTolerantPolicy[0].exitCodes: '300' is outside 0-255 or reversed",
+        "faultTolerantPolicy[0].restartScope: 'All': only Pod is supported (Horovod elastic "
+        "keeps the other workers running)",
+        "faultTolerantPolicy[0].action: 'Retry': expected one of Restart|Ignore|FailJob"]
+
+
+@pytest.mark.parametrize(("code", "action"), [
+    (0, Action.IGNORE), (1, Action.IGNORE),  # listed: NotIn does not match
+    (3, Action.FAIL_JOB), (137, Action.FAIL_JOB),  # any other code of the worker container
+])
+def test_not_in_matches_the_exit_codes_not_listed(code: int, action: Action) -> None:
+    """podFailurePolicy's onExitCodes operator NotIn: fail the job on every exit code of the
+    worker container except the listed ones (here 0 and 1, ignored by the next rule)."""
+    p = policy_from_document({"faultTolerantPolicy": [
+        {"exitCodes": "0,1", "operator": "NotIn", "containerName": "worker",
+         "action": "FailJob"},
+        {"exitCodes": "0-1", "action": "Ignore"}]})
+    assert p.rules[0].what() == "not 0,1"
+    assert match(p.rules, failure(code=code)).action is action
+    assert match(p.rules, failure(code=3, container="sidecar")).action is not Action.FAIL_JOB
 
 
 def test_an_empty_file_means_the_defaults() -> None:
