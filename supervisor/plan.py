@@ -26,9 +26,11 @@ In order, as a person running the job would:
 4. a worker whose address an earlier worker had (CNIs reuse IPs: Horovod blacklisted that host
    string for good) is replaced, no budget used, at most REUSED_LIMIT times per slot;
 5. an expectation older than EXPECTATION_TIMEOUT_S is given up (the pod is created again);
-6. every active slot whose current pod neither exists nor is expected nor waits gets one,
+6. a live pod of an older incarnation than its slot's (a late create by a leader that lost its
+   lease, a delete that never happened) is deleted, once (ours);
+7. every active slot whose current pod neither exists nor is expected nor waits gets one,
    once its backoff has passed;
-7. fewer usable slots than MIN_NP: the job fails (WORKERS_LOST).
+8. fewer usable slots than MIN_NP: the job fails (WORKERS_LOST).
 
 No I/O, no clock: `now` (monotonic) and `wall` (epoch, the fleet's clock) are passed in; what
 needs the process tree (ssh clients per host) is counted by the adapter for the hosts
@@ -44,7 +46,7 @@ from typing import Any
 from supervisor import discovery, fleet, hang, regroup
 from supervisor.actuator import DeletePod
 from supervisor.channel import Beat, Driver
-from supervisor.classify import Cause, Failure
+from supervisor.classify import TERMINAL_PHASES, Cause, Failure
 from supervisor.config import Config, HostMode
 from supervisor.discovery import Rendered
 from supervisor.fleet import Create, Fleet
@@ -91,6 +93,7 @@ class Picture:
     ssh_clients: Mapping[str, int]  # host -> horovodrun's ssh clients (retiring_hosts)
     now: float
     wall: float
+    failed: frozenset[str] = frozenset()  # UIDs already classified failed or deleted by us
 
 
 @dataclass(frozen=True)
@@ -136,8 +139,10 @@ class _Step:
         self.fleet = replace(self.fleet, slots={**self.fleet.slots, i: slot})
 
     def delete(self, pod: Obj) -> None:
+        """Delete `pod` (graceful); its UID joins `ours`: never classified, never again."""
         self.deletes.append(DeletePod(pod["metadata"]["name"], pod["metadata"].get("uid"),
                                       None))
+        self.ours.add(pod["metadata"].get("uid", ""))
 
 
 def published_hosts(published: str) -> frozenset[str]:
@@ -220,7 +225,6 @@ def _retire(p: Picture, s: Settings, step: _Step, i: int, listed: frozenset[str]
         if clients and waited < s.scale_in_timeout_s:
             return
         step.delete(pod)
-        step.ours.add(pod["metadata"].get("uid", ""))
         step.say("info", "scale.worker_removed", EventSpec(
             "Normal", "WorkerRemoved", "Scale",
             f"scaled in: deleted {name} after {waited:.1f}s"
@@ -284,6 +288,7 @@ def plan(p: Picture, s: Settings) -> Plan:
                      waited_s=round(p.now - since, 1))
         else:
             expected[name] = since
+    _superseded(p, s, step)
     existing = set(p.pods) | set(expected) | set(p.waiting)
     for c in fleet.wanted(step.fleet, s.job, existing, p.wall):
         step.creates.append(c)
@@ -297,6 +302,29 @@ def plan(p: Picture, s: Settings) -> Plan:
     return Plan(step.fleet, step.reused, reuse_checked, None, expected,
                 tuple(step.creates), tuple(step.deletes), frozenset(step.ours),
                 tuple(step.notes), fail)
+
+
+def _superseded(p: Picture, s: Settings, step: _Step) -> None:
+    """A live pod of an older incarnation than its slot's (a late create by a leader that lost
+    its lease, a delete that never happened) is out of the file and serves nobody: delete it,
+    once (its UID joins `ours`)."""
+    deleting = {d.name for d in step.deletes}
+    for name, pod in sorted(p.pods.items()):
+        found = fleet.slot_of(pod, s.job)
+        meta, phase = pod["metadata"], pod.get("status", {}).get("phase")
+        if (found is None or name in deleting or meta.get("uid") in p.failed
+                or meta.get("deletionTimestamp") or phase in TERMINAL_PHASES):
+            continue
+        i, inc = found
+        slot = step.fleet.slots.get(i)
+        if slot is None or slot.dropped is not None or inc >= slot.incarnation:
+            continue
+        step.delete(pod)
+        current = pod_name(s.job, i, slot.incarnation)
+        step.say("warning", "worker.superseded", EventSpec(
+            "Warning", "WorkerSuperseded", "Delete",
+            f"worker {name} (slot {i}) runs although the slot is at {current}: deleted"),
+            pod=name, slot=i, current=current)
 
 
 # -- failures -----------------------------------------------------------------------------------

@@ -180,8 +180,42 @@ def test_a_worker_with_a_reused_address(before: int, replaced: bool, said: str |
     assert p.reused == {1: before + 1}
     assert p.reuse_checked is rendered
     again = plan(picture(p.fleet, RUNNING_TWO, listed=rendered, reuse_checked=rendered,
-                         reused=p.reused, expected=p.expected), S)
+                         reused=p.reused, expected=p.expected, failed=p.ours), S)
     assert (again.deletes, again.notes) == ((), ()), "one render is looked at once"
+
+
+def deleting(p: dict[str, Any]) -> dict[str, Any]:
+    p["metadata"]["deletionTimestamp"] = "2026-11-26T10:00:00Z"
+    return p
+
+
+SLOT1_AT_2 = replace(TWO, slots={**TWO.slots, 1: Slot(incarnation=2)})
+OLD = pod_name(JOB, 1, 1)
+
+
+@pytest.mark.parametrize(("f", "ps", "failed", "deleted"), [
+    pytest.param(SLOT1_AT_2, pods(worker(0), worker(1), worker(1, 2, ip="10.1.0.21")),
+                 frozenset(), [OLD], id="a live pod of an older incarnation is deleted"),
+    pytest.param(SLOT1_AT_2, pods(worker(0), worker(1), worker(1, 2, ip="10.1.0.21")),
+                 frozenset({f"uid-{OLD}"}), [],
+                 id="not one already classified failed or deleted by us"),
+    pytest.param(SLOT1_AT_2, pods(worker(0), deleting(worker(1))), frozenset(), [],
+                 id="not one being deleted"),
+    pytest.param(SLOT1_AT_2, pods(worker(0), worker(1, phase="Failed")), frozenset(), [],
+                 id="not one that ended (kept for its logs)"),
+    pytest.param(replace(TWO, slots={**TWO.slots, 1: Slot(incarnation=2, dropped="Ignore")}),
+                 pods(worker(0), worker(1)), frozenset(), [], id="not a dropped slot's"),
+    pytest.param(TWO, RUNNING_TWO, frozenset(), [], id="the current incarnations stay"),
+])
+def test_live_pods_of_older_incarnations_are_deleted(
+        f: Fleet, ps: dict[str, Any], failed: frozenset[str], deleted: list[str]) -> None:
+    p = plan(picture(f, ps, failed=failed), S)
+    assert [d.name for d in p.deletes] == deleted
+    assert [n.k8s.reason for n in p.notes if n.k8s] == ["WorkerSuperseded"] * len(deleted)
+    assert {f"uid-{n}" for n in deleted} <= p.ours
+    if deleted:
+        again = plan(picture(p.fleet, ps, failed=failed | p.ours, expected=p.expected), S)
+        assert again.deletes == (), "deleted once"
 
 
 def test_below_min_np_the_job_fails_with_the_dropped_slots() -> None:
