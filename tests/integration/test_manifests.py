@@ -599,8 +599,10 @@ def test_one_verb_less_fails_the_run_naming_the_permission(
     sup, job = replacement_run(control_plane, api_client, manifests, tmp_path, doctor)
     try:
         assert sup.start().wait_exit(30) == ExitCode.KUBE_FATAL
-        fatal = sup.wait_log("kube.fatal", action="create")
-        assert 'cannot create resource "pods"' in fatal["reason"]
+        # Found at start by the template's dry-run create, before horovodrun or any worker.
+        fatal = sup.wait_log("kube.fatal")
+        assert 'cannot create resource "pods"' in fatal["reason"], fatal
+        assert sup.records("start") == []
     finally:
         sup.close()
         job.close()
@@ -659,9 +661,10 @@ def pods_selected(policy: dict[str, Any], labels: dict[str, str]) -> bool:
 
 
 def ingress_ports(policy: dict[str, Any], labels: dict[str, str], *,
-                  same_namespace: bool = True) -> set[Any]:
+                  same_namespace: bool = True,
+                  namespace_labels: dict[str, str] | None = None) -> set[Any]:
     """Ports `policy` lets in from a pod with `labels` (in the policy's namespace, or another
-    one whose labels no selector names); {"all"} when every port is open to it."""
+    one with `namespace_labels`); {"all"} when every port is open to it."""
     def selects(selector: dict[str, Any] | None, have: dict[str, str]) -> bool:
         return all(have.get(k) == v for k, v in ((selector or {}).get("matchLabels") or {})
                    .items()) and not (selector or {}).get("matchExpressions")
@@ -669,8 +672,8 @@ def ingress_ports(policy: dict[str, Any], labels: dict[str, str], *,
     def peer_matches(src: dict[str, Any]) -> bool:
         # Only an empty namespaceSelector ({}: every namespace) selects a namespace whose
         # labels no selector names; without one, a peer is in the policy's own namespace.
-        ns_ok = (selects(src["namespaceSelector"], {}) if "namespaceSelector" in src
-                 else same_namespace)
+        ns_ok = (selects(src["namespaceSelector"], namespace_labels or {})
+                 if "namespaceSelector" in src else same_namespace)
         return ns_ok and ("podSelector" not in src or selects(src["podSelector"], labels))
 
     out: set[Any] = set()
@@ -709,11 +712,14 @@ def test_network_policies_let_only_the_job_reach_its_ports(
     assert ingress_ports(for_workers, worker_labels) == {"all"}
     assert ingress_ports(for_workers, stranger) == set()
     assert ingress_ports(for_workers, worker_labels, same_namespace=False) == set()
-    # Launcher: the workers (fence, horovodrun's driver service), metrics from anywhere.
+    # Launcher: the workers (fence, horovodrun's driver service), metrics from the namespaces
+    # labelled for scraping only.
     assert ingress_ports(for_launcher, worker_labels) == {"all"}
-    elsewhere = ingress_ports(for_launcher, worker_labels, same_namespace=False)
-    assert ingress_ports(for_launcher, stranger) == elsewhere == {metrics}
-    assert fence not in elsewhere
+    assert ingress_ports(for_launcher, worker_labels, same_namespace=False) == set()
+    assert ingress_ports(for_launcher, stranger) == set()
+    monitoring = ingress_ports(for_launcher, {"app": "prometheus"}, same_namespace=False,
+                               namespace_labels={"elastic-supervisor/scrapes-metrics": "true"})
+    assert monitoring == {metrics}
 
 
 def test_a_drain_cannot_evict_the_launcher(
