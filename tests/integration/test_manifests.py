@@ -719,7 +719,7 @@ def test_network_policies_let_only_the_job_reach_its_ports(
     assert ingress_ports(for_launcher, stranger) == set()
     monitoring = ingress_ports(for_launcher, {"app": "prometheus"}, same_namespace=False,
                                namespace_labels={"elastic-supervisor/scrapes-metrics": "true"})
-    assert monitoring == {metrics}
+    assert monitoring == {metrics} and fence not in monitoring
 
 
 def test_a_drain_cannot_evict_the_launcher(
