@@ -270,20 +270,19 @@ class TestStockTour:
         t1 = time.time()
         faults.kill(replacement)
         assert joining, "killed before training was back at size 2"
-        # The survivor waited for it in the rendezvous of the new world, which Horovod 0.28
-        # cannot finish without it: horovodrun is restarted and the script resumes from its
-        # checkpoint.
-        job.wait("training at size 2 again", lambda: any(
-            s["time"] > t1 and s["size"] == 2 for s in steps_of(job.records())), 240)
+        # Horovod 0.28 alone would send the survivor into the new world's rendezvous and wait
+        # there for the dead replacement until the Gloo timeout aborted it (a horovodrun
+        # restart: a checkpoint-less script starts over). The hardened driver holds the
+        # survivor out until the new worker is in (the join gate) and assigns the world again
+        # without it: the survivor resets elastically with the next replacement.
+        job.back_to(2, t1, timeout=240)
         d = decisions(job)
         assert d[victim]["action"] == d[replacement]["action"] == "Restart"
         assert job.successor(replacement) in job.live_workers()
-        broken = job.notes("RendezvousBroken")[broken_before:]
         ip = job.workers()[replacement]["status"]["podIP"]
-        assert len(broken) == 1 and f"worker {ip} failed" in broken[0], broken
-        resumed = [r for r in job.records() if r.get("event") == "resumed" and r["time"] > t1]
-        assert len(resumed) == 1, "the restarted run resumed from the checkpoint"
-        sound(job)
+        assert f"re-planning the world without {ip}" in job.text(), job.tail()
+        assert job.notes("RendezvousBroken")[broken_before:] == []
+        sound(job, t0)
 
     def test_two_workers_killed_at_once_are_both_replaced(
             self, tour: tuple[Job, PodFaults]) -> None:

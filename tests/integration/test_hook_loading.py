@@ -3,9 +3,9 @@
 Checks that the hook's sitecustomize runs the one it hides, leaves unrelated processes alone,
 patches the real Horovod 0.28.1 in a training process (every module that imports
 `synchronize` gets the wrapped one) and in horovodrun's driver (timed sockets, dead
-coordinators skipped, hello to the supervisor), and that the driver refuses to run, with one line
-and exit 8, when Horovod is another version or a patch target is missing (a stand-in `horovod`
-package on PYTHONPATH plays the other version).
+coordinators skipped, the join gate, hello to the supervisor), and that the driver refuses to
+run, with one line and exit 8, when Horovod is another version or a patch target is missing (a
+stand-in `horovod` package on PYTHONPATH plays the other version).
 """
 
 from __future__ import annotations
@@ -106,7 +106,8 @@ def test_horovodruns_driver_is_hardened_and_says_hello() -> None:
             print(network.socket.socket.__name__,
                   hasattr(ElasticDriver.get_worker_client, "__wrapped__")
                   and hasattr(ElasticDriver._update_host_assignments, "__wrapped__")
-                  and hasattr(ElasticDriver._handle_worker_exit, "__wrapped__"))
+                  and hasattr(ElasticDriver._handle_worker_exit, "__wrapped__")
+                  and hasattr(ElasticDriver._start_worker_processes, "__wrapped__"))
             time.sleep(0.5)  # the hello thread is a daemon
         """, pythonpath=[HOOK_DIR], port=sock.getsockname()[1])
         assert got.returncode == 0, got.stderr

@@ -6,9 +6,12 @@ right after the module's own code, before any other module can `from ... import`
 names. Nothing else is touched, so a process that never imports them is unchanged.
 
 - horovodrun's process (the driver): `horovod.runner.common.util.network` gets timed sockets,
-  `horovod.runner.elastic.driver` skips notifying a coordinator the supervisor declared dead
-  (driver.py). Once the driver module is patched, Horovod must be 0.28.x with every patch in
-  place, or the driver refuses to run: one line on stderr and exit REFUSED (a driver that can
+  `horovod.runner.elastic.driver` skips notifying a coordinator the supervisor declared dead,
+  reports its worlds and its workers' failures, and gates a rendezvous that starts new workers
+  until they are in it, assigning the world again when one is lost before (driver.py; the
+  join timeout is ELASTIC_SUPERVISOR_HOOK_JOIN_TIMEOUT_S, seconds > 0, default 120). Once the
+  driver module is patched, Horovod must be 0.28.x with every patch in place and the settings
+  valid, or the driver refuses to run: one line on stderr and exit REFUSED (a driver that can
   hang must not run silently). Otherwise it says hello to the supervisor every few seconds.
 - a training process (HOROVOD_HOSTNAME, HOROVOD_LOCAL_RANK and HOROVOD_GLOO_RENDEZVOUS_ADDR set
   by horovodrun): `horovod.torch.mpi_ops` gets its `synchronize` and `init` wrapped, and the
@@ -35,6 +38,7 @@ PORT_ENV = "ELASTIC_SUPERVISOR_HOOK_PORT"  # the supervisor's UDP port
 RUN_ENV = "ELASTIC_SUPERVISOR_HOOK_RUN"  # which run of horovodrun (restarts count up)
 WORKER_ENV = "ELASTIC_SUPERVISOR_HOOK_WORKER"  # "0": training processes are left alone
 DEAD_ENV = "ELASTIC_SUPERVISOR_HOOK_DEAD_FILE"  # the dead hosts, for the driver
+JOIN_TIMEOUT_ENV = "ELASTIC_SUPERVISOR_HOOK_JOIN_TIMEOUT_S"  # the driver's join gate, seconds
 REFUSED = 8  # the driver's exit code when it cannot be hardened (supervisor ExitCode too)
 SUPPORTED = "0.28."
 DRIVER_HELLO_S = 5.0
@@ -120,7 +124,7 @@ def install(env: dict[str, str] | None = None) -> str | None:
     port = int(env[PORT_ENV])
     run = env.get(RUN_ENV, "0")
     if which == "driver":
-        hook: Any = DriverHook(key, port, run, env.get(DEAD_ENV))
+        hook: Any = DriverHook(key, port, run, env.get(DEAD_ENV), env.get(JOIN_TIMEOUT_ENV))
     else:
         hook = WorkerHook(key, port, run, env)
     sys.meta_path.insert(0, _Finder(hook.patches(), hook.patched))
@@ -135,11 +139,28 @@ def _horovod_version() -> str:
         return f"unknown ({e})"
 
 
-class DriverHook:
-    """horovodrun's process: timed sockets, dead coordinators skipped, refuse if impossible."""
+def join_timeout(value: str | None) -> tuple[float, str]:
+    """The join gate's timeout from ELASTIC_SUPERVISOR_HOOK_JOIN_TIMEOUT_S, and a problem ("" if
+    none; the default is used then)."""
+    if value is None or not value.strip():
+        return driver.JOIN_TIMEOUT_S, ""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not (0 < seconds < float("inf")):
+        return driver.JOIN_TIMEOUT_S, f"{JOIN_TIMEOUT_ENV}={value!r} is not a number of seconds > 0"
+    return seconds, ""
 
-    def __init__(self, key: bytes, port: int, run: str, dead_file: str | None) -> None:
+
+class DriverHook:
+    """horovodrun's process: timed sockets, dead coordinators skipped, the join gate, refuse if
+    impossible."""
+
+    def __init__(self, key: bytes, port: int, run: str, dead_file: str | None,
+                 join_timeout_s: str | None = None) -> None:
         self.key, self.port, self.run, self.dead_file = key, port, run, dead_file
+        self.join_timeout_s, self.setting_problem = join_timeout(join_timeout_s)
         self.results: dict[str, str] = {}
         self.sender, self.seq = wire.new_sender_id(), 0
         self.current_world: tuple[int, list[str]] = (0, [])
@@ -152,6 +173,10 @@ class DriverHook:
         driver.skip_dead(module, lambda: driver.read_dead(self.dead_file))
         driver.refuse_dead(module, lambda: driver.read_dead(self.dead_file))
         driver.report_worlds(module, self.world)
+        # Inside report_exits (an exit the gate keeps from Horovod is still reported), around
+        # refuse_dead (a refused request is not held).
+        driver.join_gate(module, lambda: driver.read_dead(self.dead_file), self.join_timeout_s,
+                         report=self.world)
         driver.report_exits(module, self.exit)
 
     def world(self, hosts: list[str]) -> None:
@@ -186,6 +211,8 @@ class DriverHook:
                 found.append(f"{name} was not imported before {DRIVER}")
             elif self.results[name]:
                 found.append(f"{name}: {self.results[name]}")
+        if self.setting_problem:
+            found.append(self.setting_problem)
         return found
 
     def armed(self) -> None:
