@@ -3,7 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo setup test test-fast test-unit test-integration test-e2e lint cluster-up images bench clean help \
+.PHONY: demo setup test test-fast test-unit test-integration test-e2e test-e2e-loopback \
+	test-e2e-nodes lint cluster-up images bench clean help \
 	kind-up kind-load kind-deploy kind-chaos kind-down
 
 help:
@@ -12,7 +13,7 @@ help:
 	@echo "make test         the whole suite: lint, unit, integration, end-to-end (~20 min)"
 	@echo "make test-fast    lint, unit and integration only (the inner loop, ~10 min)"
 	@echo "make test-unit    only the fast pure tests"
-	@echo "make test-e2e     only the end-to-end tests on real nodes"
+	@echo "make test-e2e     only the end-to-end tests (loopback horovodrun, then real nodes)"
 	@echo "make cluster-up   run the local control plane until Ctrl-C, print its kubeconfig"
 	@echo "make images       build the images for real nodes (cached), print name -> tarball"
 	@echo "make bench        benchmarks -> bench/results.json, bench/out/scale.png (~25 min)"
@@ -34,10 +35,18 @@ $(PY):
 lint: $(PY)
 	$(VENV)/bin/ruff check .
 
+# The end-to-end tests that run real horovodrun over ssh to loopback hosts (no cluster).
+E2E_LOOPBACK := tests/e2e/test_driver_hardening.py tests/e2e/test_join_gate.py \
+	tests/e2e/test_train_script.py tests/e2e/test_horovod_build.py
+
 # The whole suite in phases, cheapest first, each its own pytest run that stops early: a broken
-# unit test is reported in seconds, not after the end-to-end tours, and the three-node cluster
-# of the end-to-end phase never shares the two cores with the integration control plane.
-test: test-fast test-e2e
+# unit test is reported in seconds, not after the end-to-end tours. The integration tests (a
+# control plane that mostly waits) and the loopback end-to-end tests (horovodrun, no cluster)
+# run side by side, each with its output in one piece (-O); the three-node cluster of the last
+# phase never shares the two cores with either.
+test: lint test-unit
+	$(MAKE) --no-print-directory -O -j2 test-integration test-e2e-loopback
+	$(MAKE) --no-print-directory test-e2e-nodes
 
 test-fast: lint test-unit test-integration
 
@@ -47,8 +56,16 @@ test-unit: $(PY)
 test-integration: $(PY)
 	$(VENV)/bin/pytest tests/integration --maxfail=3 $(PYTEST_ARGS)
 
-test-e2e: $(PY)
-	$(VENV)/bin/pytest tests/e2e --maxfail=5 $(PYTEST_ARGS)
+test-e2e: test-e2e-loopback test-e2e-nodes
+
+# Its own basetemp and no cache: it may run beside another pytest.
+test-e2e-loopback: $(PY)
+	$(VENV)/bin/pytest $(E2E_LOOPBACK) --maxfail=3 -p no:cacheprovider \
+		--basetemp=/tmp/elastic-supervisor-e2e-loopback $(PYTEST_ARGS)
+
+test-e2e-nodes: $(PY)
+	$(VENV)/bin/pytest tests/e2e --maxfail=5 $(addprefix --ignore=,$(E2E_LOOPBACK)) \
+		$(PYTEST_ARGS)
 
 cluster-up: $(PY)
 	$(PY) -m localcluster up
