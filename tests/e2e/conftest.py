@@ -19,6 +19,7 @@ from kubernetes import client
 
 from localcluster import images
 from localcluster.nodes import Cluster
+from tests.e2e.fakehosts import HorovodRun, HostSet, horovod_on_fake_hosts
 from tests.e2e.jobs import Job, main_job
 
 
@@ -57,3 +58,11 @@ def make_job(cluster: Cluster, cluster_api: client.ApiClient, main_images: dict[
         def make(**kw: Any) -> Job:
             return stack.enter_context(main_job(cluster, cluster_api, tmp_path, **kw))
         yield make
+
+
+@pytest.fixture
+def fake_hosts(tmp_path: Path) -> Iterator[tuple[HostSet, list[HorovodRun]]]:
+    """Loopback sshd hosts and the horovodruns a test starts on them (no cluster), stopped at
+    the end."""
+    with horovod_on_fake_hosts(tmp_path) as made:
+        yield made

@@ -30,6 +30,7 @@ from localcluster.sshd import FakeHost, KeyPair
 from supervisor.hook import HOOK_DIR
 from supervisor.hook.elastic_supervisor_hook import wire
 from tests.e2e.jobs import steps_of
+from tests.helpers import wait_for
 
 BIN = Path(sys.executable).parent
 STOCK = Path(__file__).resolve().with_name("stock_train.py")
@@ -228,3 +229,19 @@ def horovod_on_fake_hosts(workdir: Path) -> Iterator[tuple[HostSet, list[Horovod
         for r in runs:
             r.close()
         hosts.close()
+
+
+def training_at_size_3(workdir: Path, hosts: HostSet, runs: list[HorovodRun],
+                       listed: Sequence[str], *, batches: int, timeout: float = 180,
+                       env: dict[str, str] | None = None, **kw: Any) -> HorovodRun:
+    """A horovodrun of the stock script (np 3, min-np 2, max-np 3, 0.05 s batches) on `listed`,
+    returned once it trains at size 3 past batch 10; `kw` goes to HorovodRun."""
+    run = HorovodRun(workdir, hosts, np=3, min_np=2, max_np=3, batches=batches,
+                     script_args=["--sleep", "0.05"], **kw)
+    run.env.update(env or {})
+    runs.append(run)
+    run.set_hosts(listed)
+    run.start()
+    wait_for(lambda: (s := run.last_step()) and s["size"] == 3 and s["step"] > 10, timeout,
+             what=f"training at size 3:\n{run.tail()}")
+    return run

@@ -27,7 +27,13 @@ from pathlib import Path
 import pytest
 
 from supervisor.proc import kill_ssh_clients
-from tests.e2e.fakehosts import Channel, HorovodRun, HostSet, horovod_on_fake_hosts
+from tests.e2e.fakehosts import (
+    Channel,
+    HorovodRun,
+    HostSet,
+    horovod_on_fake_hosts,
+    training_at_size_3,
+)
 from tests.faults import freeze, kill, partitioned
 from tests.helpers import wait_for
 
@@ -38,24 +44,13 @@ BATCHES = 100_000  # a bound: training ends through the stop file once it resume
 RESUME_BOUND_S = GLOO_TIMEOUT_S + 6 + 25
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[tuple[HostSet, list[HorovodRun]]]:
-    with horovod_on_fake_hosts(tmp_path) as made:
-        yield made
-
-
 def training(tmp_path: Path, hosts: HostSet, runs: list[HorovodRun],
              channel: Channel | None) -> tuple[HorovodRun, list[str]]:
     """Three workers at full size past batch 10, and a fourth host for the replacement."""
     addresses = hosts.start(4)
-    run = HorovodRun(tmp_path, hosts, np=3, min_np=2, max_np=3, batches=BATCHES,
-                     channel=channel, worker_hook=False, gloo_timeout_s=GLOO_TIMEOUT_S,
-                     script_args=["--sleep", "0.05"])
-    runs.append(run)
-    run.set_hosts(addresses[:3])
-    run.start()
-    wait_for(lambda: (s := run.last_step()) and s["size"] == 3 and s["step"] > 10, 120,
-             what=f"training at size 3:\n{run.tail()}")
+    run = training_at_size_3(tmp_path, hosts, runs, addresses[:3], batches=BATCHES,
+                             timeout=120, channel=channel, worker_hook=False,
+                             gloo_timeout_s=GLOO_TIMEOUT_S)
     return run, addresses
 
 
@@ -147,10 +142,10 @@ class TestHardenedDriver:
 
 
 def test_without_the_hook_the_driver_hangs_for_good(
-        tmp_path: Path, cluster: tuple[HostSet, list[HorovodRun]]) -> None:
+        tmp_path: Path, fake_hosts: tuple[HostSet, list[HorovodRun]]) -> None:
     """The same fault under an unmodified horovodrun: what the hook is for (and proof that the
     test above can fail)."""
-    hosts, runs = cluster
+    hosts, runs = fake_hosts
     run, addresses = training(tmp_path, hosts, runs, channel=None)
     victims = [p.pid for p in hosts.training(run.last_step()["host"])]  # type: ignore[index]
     try:

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from supervisor.proc import kill_ssh_clients
-from tests.e2e.fakehosts import Channel, HorovodRun, HostSet, horovod_on_fake_hosts
+from tests.e2e.fakehosts import Channel, HorovodRun, HostSet, training_at_size_3
 from tests.e2e.jobs import check_steps, step_after_reset
 from tests.faults import freeze, kill
 from tests.helpers import wait_for
@@ -43,26 +42,13 @@ RESUME_BOUND_S = 20  # from the replacement's loss (or the join timeout) to a st
 SCALE_OUT_BOUND_S = 60  # from listing a fresh host to a step at size 3 (2 loaded cores)
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[tuple[HostSet, list[HorovodRun]]]:
-    with horovod_on_fake_hosts(tmp_path) as made:
-        yield made
-
-
 def training(tmp_path: Path, hosts: HostSet, runs: list[HorovodRun], channel: Channel | None,
              gloo_timeout_s: int, *, env: dict[str, str] | None = None,
              ) -> tuple[HorovodRun, list[str]]:
     """Three workers at full size past batch 10, a fourth host listed as a spare."""
     listed = hosts.start(4)
-    run = HorovodRun(tmp_path, hosts, np=3, min_np=2, max_np=3, batches=BATCHES,
-                     channel=channel, gloo_timeout_s=gloo_timeout_s,
-                     script_args=["--sleep", "0.05"])
-    run.env.update(env or {})
-    runs.append(run)
-    run.set_hosts(listed)
-    run.start()
-    wait_for(lambda: (s := run.last_step()) and s["size"] == 3 and s["step"] > 10, 180,
-             what=f"training at size 3:\n{run.tail()}")
+    run = training_at_size_3(tmp_path, hosts, runs, listed, batches=BATCHES, channel=channel,
+                             gloo_timeout_s=gloo_timeout_s, env=env)
     return run, listed
 
 
@@ -102,8 +88,8 @@ def replacement_lost_while_it_joins(run: HorovodRun, hosts: HostSet, listed: lis
     pytest.param(True, id="frozen: the join timeout triggers the re-plan"),
 ])
 def test_a_replacement_lost_while_it_joins_is_dropped_and_training_resumes_in_place(
-        tmp_path: Path, cluster: tuple[HostSet, list[HorovodRun]], frozen: bool) -> None:
-    hosts, runs = cluster
+        tmp_path: Path, fake_hosts: tuple[HostSet, list[HorovodRun]], frozen: bool) -> None:
+    hosts, runs = fake_hosts
     channel = Channel()
     with contextlib.ExitStack() as stack:
         stack.callback(channel.close)
@@ -156,10 +142,10 @@ def test_a_replacement_lost_while_it_joins_is_dropped_and_training_resumes_in_pl
 
 
 def test_without_the_gate_the_survivors_abort_at_the_gloo_timeout(
-        tmp_path: Path, cluster: tuple[HostSet, list[HorovodRun]]) -> None:
+        tmp_path: Path, fake_hosts: tuple[HostSet, list[HorovodRun]]) -> None:
     """The same fault under an unmodified horovodrun: what the gate is for (and proof that the
     test above can fail). The survivors' std::terminate reaches the driver as ssh's 255."""
-    hosts, runs = cluster
+    hosts, runs = fake_hosts
     run, listed = training(tmp_path, hosts, runs, None, BASELINE_GLOO_TIMEOUT_S)
     _, _, lost_at, _ = replacement_lost_while_it_joins(run, hosts, listed)
     assert run.wait(BASELINE_GLOO_TIMEOUT_S + 60) != 0, run.tail()
