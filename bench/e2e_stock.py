@@ -9,7 +9,9 @@ PLAN one at a time through tests.faults.PodFaults (real: containers killed, pods
 processes and whole nodes frozen, a pod IP partitioned with iptables), each
 once the job is back at full size and has trained a little. From rank 0's step lines and the
 supervisor's log:
-- resumed: fault injected -> rank 0's first batch after the reset that follows it;
+- resumed: fault injected -> rank 0's first batch after the reset that follows it (a stuck
+  rank: its main thread deadlocked through the script's --hang-file, found with the default
+  SUPERVISOR_STUCK_SECONDS=auto);
 - full size: fault -> the first batch at world size 2 again (the replacement's start included);
 - steps computed again at each rollback after the fault (last batch before - batch after + 1);
 - the longest interval between two batches over each whole job (no fault leaves training
@@ -34,6 +36,8 @@ from kubernetes import client, config
 from localcluster import demo
 from localcluster.nodes import Cluster
 from tests.e2e.jobs import (
+    CHECKPOINT_MOUNT,
+    HANG_FILE,
     STOCK,
     Job,
     main_job,
@@ -47,9 +51,10 @@ from tests.faults import PodFaults
 
 # The silent node comes last: its node stays frozen, and without the Lease option it is Ready
 # in the API for the node grace, so a later replacement may be bound there and wait.
-PLAN = ("kill", "kill rank 0", "freeze process", "partition", "force delete", "kill",
-        "silent node")
+PLAN = ("kill", "kill rank 0", "freeze process", "stuck", "partition", "force delete",
+        "stuck rank 0", "kill", "silent node")
 HANGS = ("freeze process", "silent node", "partition")
+STUCK = ("stuck", "stuck rank 0")  # a main thread deadlocked, its heartbeat thread running
 KILLS = ("kill", "kill rank 0")
 RUNS = 2
 
@@ -78,7 +83,8 @@ def inject(job: Job, faults: PodFaults, fault: str,
     and replacements may have put both workers on one)."""
     rank0 = job.rank0_host()
     live = sorted(job.live_workers().items())
-    pick = [n for n, p in live if (p["status"]["podIP"] == rank0) == (fault == "kill rank 0")]
+    pick = [n for n, p in live
+            if (p["status"]["podIP"] == rank0) == fault.endswith("rank 0")]
     if fault == "silent node":  # a node of its own: silencing it must leave a survivor
         nodes = [p["spec"]["nodeName"] for _, p in live]
         pick = [n for n in pick if nodes.count(dict(live)[n]["spec"]["nodeName"]) == 1]
@@ -97,6 +103,9 @@ def inject(job: Job, faults: PodFaults, fault: str,
         faults.silence_node(pod["spec"]["nodeName"])
     elif fault == "partition":
         stack.enter_context(faults.partition(victim))
+    elif fault in STUCK:
+        job.hang(pod["status"]["podIP"])
+        stack.callback(job.hang, "")  # once it is gone: a later pod with its IP trains on
     return victim, t0
 
 
@@ -108,7 +117,8 @@ def one_job(cluster: Cluster, api: client.ApiClient, work: Path) -> dict[str, An
         stock_script(docs)
         with_policy(lambda p: p.update(backoff={"initialSeconds": 1, "maxSeconds": 1}))(docs)
 
-    with main_job(cluster, api, work, steps=0, command=stock_command(1_000_000),
+    command = stock_command(1_000_000, "--hang-file", f"{CHECKPOINT_MOUNT}/{HANG_FILE}")
+    with main_job(cluster, api, work, steps=0, command=command,
                   checkpoint=work / "checkpoint", transform=fast_backoff) as job:
         faults = PodFaults(job, STOCK.name)
         try:
@@ -149,8 +159,9 @@ def one_job(cluster: Cluster, api: client.ApiClient, work: Path) -> dict[str, An
         steps = steps_of(job.records())
         gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(steps)]
         decisions = [(d["pod"], d["cause"], d["action"]) for d in job.logs("worker.failed")]
+        restarts = len(job.logs("horovodrun.started")) - 1
     return {"faults": faults_out, "longest_interval_without_a_step_s": round(max(gaps), 2),
-            "decisions": decisions}
+            "decisions": decisions, "horovodrun_restarts": restarts}
 
 
 def main(runs: int = RUNS) -> dict[str, Any]:
@@ -181,6 +192,7 @@ def main(runs: int = RUNS) -> dict[str, Any]:
         "resumed_after_hang_s": summary(of(HANGS, "resumed_s")),
         "resumed_after_sigkill_s": summary(of(KILLS, "resumed_s")),
         "resumed_after_force_delete_s": summary(of(("force delete",), "resumed_s")),
+        "resumed_after_stuck_s": summary(of(STUCK, "resumed_s")),
         "full_size_s": summary(of(PLAN, "full_size_s")),
         "steps_rerun_by_fault": {k: v for k, v in rerun.items() if v},
         "longest_interval_without_a_step_s": max(
@@ -189,13 +201,17 @@ def main(runs: int = RUNS) -> dict[str, Any]:
         "skipped": [f for f in faults if "skipped" in f],
     }
     hangs, kills = details["resumed_after_hang_s"], details["resumed_after_sigkill_s"]
+    stuck = details["resumed_after_stuck_s"]
     e2e_stock = {
         "resumed_after_hang_s": {"median": hangs["median"], "max": hangs["max"]}
         if hangs else None,
         "resumed_after_sigkill_s": {"median": kills["median"], "max": kills["max"]}
         if kills else None,
+        "resumed_after_stuck_s": {"median": stuck["median"], "max": stuck["max"]}
+        if stuck else None,
         "longest_interval_without_a_step_s": details["longest_interval_without_a_step_s"],
         "steps_rerun_max": max((n for v in rerun.values() for n in v), default=0),
+        "horovodrun_restarts": sum(j["horovodrun_restarts"] for j in jobs),
     }
     print(f"e2e_stock: {e2e_stock}", flush=True)
     return {"e2e_stock": e2e_stock, "e2e_stock_details": details}

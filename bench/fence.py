@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import selectors
 import socket
 import statistics
+import subprocess
 import tempfile
 import threading
 import time
@@ -40,7 +42,8 @@ from kubernetes import client
 
 from localcluster.controlplane import ControlPlane, Settings
 from supervisor import kube
-from supervisor.hook.elastic_supervisor_hook import wire, worker
+from supervisor.hook import HOOK_DIR
+from supervisor.hook.elastic_supervisor_hook import KEY_ENV, RUN_ENV, watch, wire, worker
 from tests.conftest import make_namespace
 from tests.e2e.fakehosts import Channel, HorovodRun, HostSet
 from tests.helpers import wait_for
@@ -53,6 +56,8 @@ BEAT_S = 0.5
 PAIRS = 3
 BATCHES = 400
 SKIP = 30
+STOCK_STEPS_PER_S = 62.79  # measured by speed() with the hook (results.json, fence.steps_per_s)
+STOCK_COLLECTIVES_PER_STEP = 4
 
 
 # ---- 1. steps/s with and without the hook ------------------------------------------------------
@@ -91,10 +96,36 @@ def hook_cpu() -> dict[str, float]:
         beater.connections()
     endpoints = (time.process_time() - t0) / 50
     beater.sock.close()
-    return {"wrapper_ns_per_collective": round((wrapped - bare) / n * 1e9),
+    watcher = watcher_cpu()
+    wrapper_s = (wrapped - bare) / n
+    # One step of the stock lane's script (tests/e2e/stock_train.py, no extra sleep): its model
+    # has 4 parameter tensors, so 4 allreduces end in 4 waits; in the step's time the heartbeat
+    # thread sends step_s / 0.5 heartbeats and reads the endpoints step_s / 10 times.
+    step_s = 1 / STOCK_STEPS_PER_S
+    per_step = STOCK_COLLECTIVES_PER_STEP * wrapper_s + step_s * (2 * beat + endpoints / 10.0)
+    return {"wrapper_ns_per_collective": round(wrapper_s * 1e9),
             "heartbeat_us": round(beat * 1e6, 1),
             "endpoints_read_ms": round(endpoints * 1e3, 3),
-            "cpu_percent_of_one_core": round(100 * (2 * beat + endpoints / 10.0), 4)}
+            "cpu_percent_of_one_core": round(100 * (2 * beat + endpoints / 10.0), 4),
+            "watcher_cpu_percent_of_one_core": watcher,
+            "stock_step_ms": round(step_s * 1e3, 2),
+            "percent_of_a_stock_step": round(100 * per_step / step_s, 4)}
+
+
+def watcher_cpu(seconds: float = 10.0) -> float:
+    """CPU % of one core that a real process watcher (watch.py) takes, watching this process."""
+    env = {**os.environ, KEY_ENV: wire.new_key().hex(), RUN_ENV: "1", watch.OF_ENV: "x",
+           watch.PID_ENV: str(os.getpid()), watch.TARGET_ENV: "127.0.0.1:9"}
+    proc = subprocess.Popen(watch.command(str(HOOK_DIR)), env=env)
+    try:
+        time.sleep(1.0)  # its start-up is not its steady cost
+        p = psutil.Process(proc.pid)
+        before = sum(p.cpu_times()[:2])
+        time.sleep(seconds)
+        return round(100 * (sum(p.cpu_times()[:2]) - before) / seconds, 3)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def speed(work: Path) -> dict[str, Any]:

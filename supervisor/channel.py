@@ -44,6 +44,7 @@ from supervisor.hook.elastic_supervisor_hook import (
 FENCE_KEEP_S = 600.0  # a dead host stays in the pushed set this long (its peers reset by then)
 FENCE_MAX = 256  # and at most this many, the most recent
 FORGET_S = 600.0  # a process silent this long (or gone with a bye) is dropped from the store
+GAPS = 64  # progress intervals kept per process (the step time, hang.stuck_threshold)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,22 @@ class Beat:
     problems: tuple[str, ...] = ()
     bye_at: float | None = None
     source: tuple[str, int] = ("", 0)
+    # the main thread: collectives completed since the last init (None: an older hook), since
+    # when its position, I/O and progress have not changed (None: the hook does not say), its
+    # innermost frames while it stands still, and the last GAPS intervals between two
+    # heartbeats that showed progress (the step time, at the heartbeat's resolution)
+    since_init: int | None = None
+    still_since: float | None = None
+    where: tuple[str, ...] = ()
+    gaps: tuple[float, ...] = ()
+    pos: str = ""
+    io: int | None = None
+    # what its process watcher (the hook's watch.py) said last: the scheduler state ("R", "S",
+    # "D", "T", ...), when it said it, and when the process's CPU time last grew
+    proc_state: str | None = None
+    proc_seen: float | None = None
+    proc_cpu: int | None = None
+    proc_cpu_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -292,6 +309,10 @@ class HookChannel:
                              "why": "this run of horovodrun was restarted"}
             elif body["t"] == "driver":
                 r.driver = _driver(r.driver, body, now)
+            elif body["t"] == "ps":
+                of = r.beats.get(str(body.get("of")))
+                if of is not None:
+                    r.beats[of.sender] = watched(of, body, now)
             else:
                 beat = _update(r.beats.get(body["s"]), body, addr, now)
                 if beat is not None:
@@ -329,6 +350,16 @@ def _driver(old: Driver | None, body: Mapping[str, Any], now: float) -> Driver:
                   world, seq, old.world_at if same and old is not None else now, exited)
 
 
+def watched(b: Beat, body: Mapping[str, Any], now: float) -> Beat:
+    """PURE: a process's record after its watcher's datagram."""
+    state = body.get("state")
+    cpu = body.get("cpu") if isinstance(body.get("cpu"), int) else None
+    grew = cpu is not None and (b.proc_cpu is None or cpu > b.proc_cpu)
+    return replace(b, proc_state=str(state) if isinstance(state, str) else None,
+                   proc_seen=now, proc_cpu=cpu,
+                   proc_cpu_at=now if grew and b.proc_cpu is not None else b.proc_cpu_at)
+
+
 def _int(v: Any, default: int = 0) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else default
 
@@ -353,8 +384,20 @@ def _update(old: Beat | None, body: Mapping[str, Any], addr: tuple[str, int],
         addrs=tuple(str(a) for a in body.get("addrs") or ()),
         ports=tuple(p for p in body.get("ports") or () if isinstance(p, int)),
         problems=tuple(str(p) for p in body.get("problems") or ()),
-        last_seen=now, source=(addr[0], int(addr[1])))
+        last_seen=now, source=(addr[0], int(addr[1])),
+        since_init=body["dc"] if isinstance(body.get("dc"), int) else None,
+        pos=str(body.get("pos") or ""), io=body["io"] if isinstance(body.get("io"), int) else None,
+        where=tuple(str(w) for w in body.get("where") or ())[:8])
     if old is None:
-        return Beat(sender=str(body["s"]), first_seen=now, progress_at=None, **fields)
+        return Beat(sender=str(body["s"]), first_seen=now, progress_at=None,
+                    still_since=now if fields["pos"] else None, **fields)
     progress = now if done != old.done else old.progress_at
-    return replace(old, progress_at=progress, bye_at=None, **fields)
+    gaps = old.gaps
+    if done != old.done and old.progress_at is not None:
+        gaps = (*old.gaps[-(GAPS - 1):], now - old.progress_at)
+    moved = (fields["pos"], fields["io"], done, fields["waiting"]) != (
+        old.pos, old.io, old.done, old.waiting)
+    still = None if not fields["pos"] else (
+        now if moved or old.still_since is None else old.still_since)
+    return replace(old, progress_at=progress, bye_at=None, gaps=gaps, still_since=still,
+                   **fields)

@@ -119,6 +119,7 @@ class Config:
     worker_container: str | None = None  # None: the worker pod's first container
     heartbeat_timeout_s: float = 3.0
     stall_timeout_s: float = 1800.0
+    stuck_s: float | None = None  # None: auto (hang.stuck_threshold)
     horovodrun_restart_limit: int = 3
     # variable name -> "env" | "default" | "derived: ..." (for `explain`)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
@@ -238,6 +239,21 @@ def _fraction_or_off(raw: str) -> float | None:
     if not 0 < number <= 1:  # also refuses nan
         raise ValueError(accepted)
     return number
+
+
+def _seconds_or_auto(lo: float) -> Callable[[str], float | None]:
+    number = _at_least(lo, "")
+    accepted = f"auto, or a number of seconds >= {lo:g}"
+
+    def parse(raw: str) -> float | None:
+        if raw.strip().lower() == "auto":
+            return None
+        try:
+            return number(raw)
+        except ValueError:
+            raise ValueError(accepted) from None
+
+    return parse
 
 
 def _nonempty(raw: str) -> str:
@@ -388,6 +404,12 @@ VARIABLES: tuple[Var, ...] = (
         "processes are left alone (horovodrun's driver is hardened either way)."),
     Var("HEARTBEAT_TIMEOUT_SECONDS", "3", "A training process whose heartbeats (every 0.5 s) "
         "stopped this long, while its peers wait in a collective and none completes, is Hung."),
+    Var("STUCK_SECONDS", "auto", "A training process that heartbeats but whose main thread "
+        "has not moved (same Python frame position, no I/O, no collective) this long, while "
+        "it is not in the collective every other process waits in, is stuck: named (Event "
+        "WorkerStuck, with where its main thread stands) and replaced like a Hung worker. "
+        "auto: the larger of 20 s and 4 times the job's recent p99 step time; or a number of "
+        "seconds >= 5."),
     Var("STALL_TIMEOUT_SECONDS", "1800", "No collective completed anywhere for this long while "
         "the training processes heartbeat: horovodrun is restarted (longer than any step, "
         "checkpoint or evaluation without collectives)."),
@@ -538,6 +560,7 @@ def parse_config(
     worker_hook = get("WORKER_HOOK", _bool)
     heartbeat_timeout = get("HEARTBEAT_TIMEOUT_SECONDS", _at_least(1.5, "three heartbeats"))
     stall_timeout = get("STALL_TIMEOUT_SECONDS", _at_least(10, "a few steps"))
+    stuck = get("STUCK_SECONDS", _seconds_or_auto(5))
     restart_limit = get("HOROVODRUN_RESTART_LIMIT", _int_in(0))
     template_file = get("WORKER_TEMPLATE", _abs_path)
     template = None
@@ -574,7 +597,7 @@ def parse_config(
         scale_out_timeout_s=scale_out, scale_in_timeout_s=scale_in,
         clean_pod_policy=clean, api_timeout_s=api_timeout, leader_lease_s=leader_lease,
         worker_hook=worker_hook, heartbeat_timeout_s=heartbeat_timeout,
-        stall_timeout_s=stall_timeout, horovodrun_restart_limit=restart_limit,
+        stall_timeout_s=stall_timeout, stuck_s=stuck, horovodrun_restart_limit=restart_limit,
         worker_container=container,
         sources=dict(sources),
     )  # type: ignore[arg-type]
@@ -726,6 +749,7 @@ def effective_values(cfg: Config) -> list[tuple[str, str, str]]:
         "WORKER_HOOK": str(cfg.worker_hook).lower(),
         "HEARTBEAT_TIMEOUT_SECONDS": cfg.heartbeat_timeout_s,
         "STALL_TIMEOUT_SECONDS": cfg.stall_timeout_s,
+        "STUCK_SECONDS": "auto" if cfg.stuck_s is None else cfg.stuck_s,
         "HOROVODRUN_RESTART_LIMIT": cfg.horovodrun_restart_limit,
     }
     rows = []

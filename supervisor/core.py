@@ -68,6 +68,11 @@ def classify_settings(cfg: Config) -> ClassifySettings:
                                     if r.container is not None))
 
 
+def hang_settings(cfg: Config) -> HangSettings:
+    return HangSettings(silence_s=cfg.heartbeat_timeout_s, stall_s=cfg.stall_timeout_s,
+                        stuck_s=cfg.stuck_s)
+
+
 def horovodrun_restarts(c: Core) -> int:
     """Restarts of horovodrun so far: kept in the fleet's persisted ledger where the supervisor
     owns the workers, so the limit holds over launcher attempts (a Job retry, a takeover)."""
@@ -90,7 +95,7 @@ class Settings:
     @classmethod
     def of(cls, cfg: Config) -> Settings:
         return cls(plan.Settings.of(cfg), cfg.policy, classify_settings(cfg),
-                   HangSettings(silence_s=cfg.heartbeat_timeout_s, stall_s=cfg.stall_timeout_s),
+                   hang_settings(cfg),
                    cfg.node_disruption_threshold, cfg.horovodrun_restart_limit,
                    cfg.stall_timeout_s)
 

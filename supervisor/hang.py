@@ -11,6 +11,19 @@ and whether it is inside one. From the last heartbeat of each process and `now`:
   deadlocked-with-the-GIL, partitioned or vanished process looks like that; a process that still
   heartbeats (a long step, a 2-minute checkpoint write, an evaluation) never does, and neither
   does one whose peers go on completing collectives (a lost heartbeat route).
+  A silent process whose watcher (a separate small process in its pod, hook/watch.py) still
+  reports it running (state R, or CPU time growing: its GIL held by a long garbage-collector
+  pass or a C extension) is given the stuck threshold before it is Hung; one the watcher
+  reports stopped or idle, or whose watcher is silent too, is Hung at `silence_s` as before.
+- a process is `Stuck` when it heartbeats (its other threads run) but its main thread stands
+  still: the same position (file, line, instruction offset of its innermost Python frame), no
+  I/O (storage, or the main thread's reads and writes), no collective completed, for the
+  threshold (SUPERVISOR_STUCK_SECONDS; auto: the larger of STUCK_FLOOR_S and STUCK_STEPS times
+  the job's recent p99 step time), while it is not in the collective the others wait in and
+  every other process waits in one (for half the threshold at least): a deadlocked loader, a
+  GPU kernel or a read that never returns, a rank-only code path that waits forever. A rank
+  busy in Python, writing a checkpoint, or waiting in the same collective as everybody (a
+  hang nobody can be named for) is never stuck; the stall rule is the last resort there.
 - the job is `stalled` when no process completed a collective for `stall_s` while some still
   heartbeat: everybody is alive and nobody progresses (a deadlock the first rule cannot see).
 - a rendezvous is `broken` when a host of the world horovodrun's driver last assigned (the
@@ -48,6 +61,8 @@ BEAT_S = 0.5  # the hook's heartbeat period (elastic_supervisor_hook.worker.BEAT
 BROKEN_AFTER_S = 5.0  # a failed member and no new world for this long: the rendezvous is broken
 STUCK_AFTER_S = 15.0  # every member waiting in its init this long after a failure: stuck
 UNMONITORED_AFTER_S = 60.0  # horovodrun has run this long: every listed host should heartbeat
+STUCK_FLOOR_S = 20.0  # a stuck main thread: at least this long (SUPERVISOR_STUCK_SECONDS=auto)
+STUCK_STEPS = 4  # and at least this many of the job's recent p99 step times
 
 
 @dataclass(frozen=True)
@@ -58,6 +73,7 @@ class HangSettings:
     silence_s: float = 3.0
     stall_s: float = 1800.0
     beat_s: float = BEAT_S
+    stuck_s: float | None = None  # SUPERVISOR_STUCK_SECONDS; None: stuck_threshold's
 
 
 @dataclass(frozen=True)
@@ -81,10 +97,23 @@ class Broken:
 
 
 @dataclass(frozen=True)
-class Stuck:
+class RendezvousStuck:
     host: str  # the host whose failure came last after the driver's assignment
     members: int  # hosts of the world, all waiting in their init
     waited_s: float  # the shortest of their waits
+
+
+@dataclass(frozen=True)
+class Stuck:
+    host: str
+    pid: int
+    rank: int | None
+    still_s: float  # how long its main thread has not moved
+    threshold_s: float
+    waiting: int  # peer processes waiting for it in a collective
+    waited_s: float  # the shortest of their waits
+    where: tuple[str, ...]  # its main thread's innermost frames
+    detail: str
 
 
 @dataclass(frozen=True)
@@ -92,9 +121,36 @@ class Verdict:
     hung: tuple[Hung, ...] = ()
     stall: Stall | None = None
     broken: Broken | None = None
-    stuck: Stuck | None = None
+    rendezvous_stuck: RendezvousStuck | None = None
+    stuck: tuple[Stuck, ...] = ()  # ranks whose main thread stopped while the others wait
+    # silent processes that would be Hung but whose watcher says they run (not yet Hung):
+    # (host, pid, seconds silent, scheduler state)
+    busy: tuple[tuple[str, int, float, str], ...] = ()
     unmonitored: tuple[str, ...] = ()  # listed hosts that never sent a heartbeat
     problems: tuple[tuple[str, str], ...] = ()  # (host, the hook's problem)
+
+
+def running(b: Beat, now: float, s: HangSettings) -> bool:
+    """Whether the process's watcher, heard within silence_s, says it runs: scheduler state R,
+    or (sleeping, in I/O) its CPU time grew within silence_s. Stopped (T, t), dead (Z, X),
+    a watcher silent too (a frozen node, a partition): not running."""
+    if b.proc_seen is None or now - b.proc_seen >= s.silence_s:
+        return False
+    if b.proc_state not in ("R", "S", "D"):
+        return False
+    return b.proc_state == "R" or (b.proc_cpu_at is not None
+                                   and now - b.proc_cpu_at < s.silence_s)
+
+
+def _blocks(b: Beat, fresh: list[Beat], waiting: list[Beat], beat_s: float) -> bool:
+    """Whether training is blocked on the silent `b`: another process heartbeats while waiting
+    in a collective or an init, and none completed one since b's last heartbeat (one
+    heartbeat period of slack each way for what was in flight)."""
+    if not any(p.sender != b.sender for p in waiting):
+        return False
+    progressed = max((p.progress_at for p in fresh
+                      if p.sender != b.sender and p.progress_at is not None), default=None)
+    return progressed is None or progressed <= b.last_seen + 2 * beat_s
 
 
 def _fresh(b: Beat, now: float, s: HangSettings) -> bool:
@@ -114,22 +170,27 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
     fresh = [b for b in all_beats if _fresh(b, now, s)]
     waiting = [b for b in fresh if b.wait_s is not None]
     hung: dict[str, Hung] = {}
+    busy: list[tuple[str, int, float, str]] = []
+    busy_bound = max(s.silence_s, stuck_threshold(all_beats, s))
     for b in all_beats:
         silent = now - b.last_seen
         if (b.host not in watched or b.bye_at is not None or b.problems
                 or silent < s.silence_s or b.host in hung):
             continue
-        peers = [p for p in waiting if p.sender != b.sender]
-        if not peers:
+        runs = running(b, now, s)
+        blocked = _blocks(b, fresh, waiting, s.beat_s)
+        if blocked and runs and silent < busy_bound:
+            busy.append((b.host, b.pid, silent, b.proc_state or ""))
+            continue  # its GIL is held (a garbage-collector pass): it will speak again
+        if not blocked:
             continue
-        progressed = max((p.progress_at for p in fresh
-                          if p.sender != b.sender and p.progress_at is not None), default=None)
-        if progressed is not None and progressed > b.last_seen + 2 * s.beat_s:
-            continue  # the others went on without it: it is not what blocks them
+        peers = [p for p in waiting if p.sender != b.sender]
         longest = max(peers, key=lambda p: p.wait_s or 0.0)
         where = "an init" if longest.waiting == "i" else "a collective"
+        ran = (f" though its process ran (state {b.proc_state}) for longer than "
+               f"{busy_bound:.0f}s" if runs else "")
         hung[b.host] = Hung(b.host, b.pid, silent, (
-            f"process {b.pid} (rank {b.rank}) sent no heartbeat for {silent:.1f}s while "
+            f"process {b.pid} (rank {b.rank}) sent no heartbeat for {silent:.1f}s{ran} while "
             f"{len(peers)} peer process(es) waited in {where} (longest {longest.wait_s:.1f}s at "
             f"its last heartbeat) and none completed one since"))
     last_progress = max((b.first_seen if b.progress_at is None else b.progress_at
@@ -145,20 +206,21 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
             if host in members and now - max(at, assigned_at) >= BROKEN_AFTER_S and stuck:
                 broken = Broken(host, len(stuck))
                 break
-    stuck_verdict = None
+    unformed = None
     if world is not None and broken is None:
-        stuck_verdict = _stuck(fresh, world, failed_at or {}, now)
+        unformed = _stuck(fresh, world, failed_at or {}, now)
     seen = {b.host for b in all_beats}
     unmonitored = tuple(sorted(
         h for h, since in watched.items()
         if h not in seen and now - max(since, started_at) >= UNMONITORED_AFTER_S))
     problems = tuple(sorted({(b.host, p) for b in all_beats for p in b.problems}))
-    return Verdict(tuple(hung[h] for h in sorted(hung)), stall, broken, stuck_verdict,
-                   unmonitored, problems)
+    return Verdict(tuple(hung[h] for h in sorted(hung)), stall, broken, unformed,
+                   stuck_ranks(fresh, watched, now, s), tuple(sorted(busy)), unmonitored,
+                   problems)
 
 
 def _stuck(fresh: list[Beat], world: tuple[frozenset[str], float],
-           failed_at: Mapping[str, float], now: float) -> Stuck | None:
+           failed_at: Mapping[str, float], now: float) -> RendezvousStuck | None:
     """The `stuck` rule (see the module's doc): None unless a host failed after the world's
     assignment and every member host has fresh processes, all waiting in an init for at least
     STUCK_AFTER_S (their wait at the last heartbeat plus the time since)."""
@@ -174,7 +236,7 @@ def _stuck(fresh: list[Beat], world: tuple[frozenset[str], float],
     if any(not ws or any(w is None or w < STUCK_AFTER_S for w in ws) for ws in waits.values()):
         return None
     shortest = min(w for ws in waits.values() for w in ws if w is not None)
-    return Stuck(late[-1][1], len(members), shortest)
+    return RendezvousStuck(late[-1][1], len(members), shortest)
 
 
 def run_progress(beats: Iterable[Beat], started_at: float, now: float) -> tuple[float, int]:
@@ -182,3 +244,68 @@ def run_progress(beats: Iterable[Beat], started_at: float, now: float) -> tuple[
     collectives one of its processes completed (what a restart throws away when the script
     keeps no checkpoint: it starts over at its first iteration)."""
     return max(0.0, now - started_at), max((b.done for b in beats), default=0)
+
+
+def stuck_threshold(beats: Iterable[Beat], settings: HangSettings) -> float:
+    """How long a main thread must stand still to be stuck: SUPERVISOR_STUCK_SECONDS, or (auto)
+    the larger of STUCK_FLOOR_S and STUCK_STEPS times the p99 of the recent step times (the
+    intervals between heartbeats that showed progress, GAPS per process): a job whose steps
+    take a minute must not see a rank stuck in every long kernel."""
+    if settings.stuck_s is not None:
+        return settings.stuck_s
+    gaps = sorted(g for b in beats for g in b.gaps)
+    if not gaps:
+        return STUCK_FLOOR_S
+    p99 = gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))]
+    return max(STUCK_FLOOR_S, STUCK_STEPS * p99)
+
+
+def _behind(x: Beat, waiting: list[Beat]) -> bool:
+    """Whether `x` is not in the collective its peers wait in: outside any wait, or still in
+    an older collective (its main thread completed fewer since the last init than a waiting
+    peer: Horovod's background thread finished that collective, the main thread never
+    returned from it)."""
+    if x.waiting is None:
+        return True
+    if x.waiting != "c" or x.since_init is None:
+        return False
+    return any(p.since_init is not None and p.since_init > x.since_init for p in waiting)
+
+
+def stuck_ranks(fresh: list[Beat], watched: Mapping[str, float], now: float,
+                s: HangSettings) -> tuple[Stuck, ...]:
+    """The `stuck` rule: a process that heartbeats (its other threads run) whose main thread
+    has not moved (position, I/O, progress) for the threshold, is not in the collective its
+    peers wait in, and every other process heartbeating is waiting in a collective (for half
+    the threshold at least) or is stuck itself: training is blocked on it. A rank busy in
+    Python (its position moves), writing a checkpoint (its I/O moves), or in the same
+    collective as everybody (a hang nobody can be named for: the stall rule's) is never
+    stuck. Ranks on hosts not watched (scaled in, not listed) are never named."""
+    threshold = stuck_threshold(fresh, s)
+
+    def still(b: Beat) -> float:
+        return -1.0 if b.still_since is None else now - b.still_since
+
+    candidates = [b for b in fresh if still(b) >= threshold and b.waiting != "i"]
+    named = []
+    for x in candidates:
+        if x.host not in watched:
+            continue
+        others = [p for p in fresh if p.sender != x.sender]
+        waiting = [p for p in others if p.waiting == "c"]
+        if not waiting or not _behind(x, waiting):
+            continue
+        waits = [(p.wait_s or 0.0) + now - p.last_seen for p in waiting]
+        if min(waits) < threshold / 2 or any(
+                p not in candidates for p in others if p.waiting != "c"):
+            continue
+        where = x.where or (x.pos,)
+        inside = "outside any collective" if x.waiting is None else (
+            "still in an older collective (its peers completed it)")
+        named.append(Stuck(x.host, x.pid, x.rank, still(x), threshold, len(waiting),
+                           min(waits), x.where, (
+            f"process {x.pid} (rank {x.rank}): its main thread has not moved for "
+            f"{still(x):.0f}s (at {'; '.join(where)}), {inside}, with no I/O, while "
+            f"{len(waiting)} peer process(es) waited in a collective (at least "
+            f"{min(waits):.0f}s); stuck after {threshold:.0f}s")))
+    return tuple(sorted(named, key=lambda k: (k.host, k.pid)))

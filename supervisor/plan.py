@@ -544,7 +544,8 @@ class Detected:
 def on_verdict(verdict: hang.Verdict, listed: Mapping[str, str], pods: Mapping[str, Obj],
                failed: frozenset[str], exited: Mapping[str, tuple[int, float]], *,
                stall_timeout_s: float, now: float) -> Detected:
-    """Turn hang.assess's verdict into failures of the usual path (a hung worker: Hung) and a
+    """Turn hang.assess's verdict into failures of the usual path (a hung worker, or one whose
+    main thread is stuck: Hung, with the verdict's detail) and a
     restart of horovodrun (a broken or stuck rendezvous, a stalled job); a worker whose
     training process horovodrun saw fail while its pod runs on (an OOM kill of the process, a
     crash, a `pkill`) is useless too, Horovod never uses its host again: after EXITED_GRACE_S
@@ -554,36 +555,56 @@ def on_verdict(verdict: hang.Verdict, listed: Mapping[str, str], pods: Mapping[s
     failures: list[tuple[Failure, Obj]] = []
     notes: list[Note] = []
     seen = set(failed)
-    for hung in verdict.hung:
-        name = listed.get(hung.host)
-        pod = pods.get(name) if name else None
-        uid = pod["metadata"].get("uid", "") if pod is not None else ""
-        if pod is None or name is None or uid in seen:
-            continue
-        seen.add(uid)
-        failures.append((Failure(Cause.HUNG, name, uid, pod.get("spec", {}).get("nodeName"),
-                                 detail=hung.detail), pod))
-        notes.append(Note("warning", "worker.hung", {
-            "pod": name, "host": hung.host, "pid": hung.pid,
-            "silent_s": round(hung.silent_s, 2), "detail": hung.detail}, EventSpec(
-            "Warning", "WorkerHung", "Detect", f"worker {name} ({hung.host}): {hung.detail}")))
-    for host, (code, at) in exited.items():
+
+    def claim(host: str, at: float | None = None) -> tuple[str, Obj, str | None] | None:
+        """The listed pod of `host` (name, pod, node), unless it failed already or its
+        report is younger than EXITED_GRACE_S (at: when it came)."""
         name = listed.get(host)
         pod = pods.get(name) if name else None
-        if pod is None or name is None or now - at < EXITED_GRACE_S:
-            continue
+        if pod is None or name is None or (at is not None and now - at < EXITED_GRACE_S):
+            return None
         uid = pod["metadata"].get("uid", "")
         if uid in seen:
-            continue
+            return None
         seen.add(uid)
+        return name, pod, pod.get("spec", {}).get("nodeName")
+
+    for found in (*verdict.hung, *verdict.stuck):
+        if (c := claim(found.host)) is None:
+            continue
+        name, pod, node = c
+        failures.append((Failure(Cause.HUNG, name, pod["metadata"].get("uid", ""), node,
+                                 detail=found.detail), pod))
+        notes.append(_hang_note(found, name, node))
+    for host, (code, at) in exited.items():
+        if (c := claim(host, at)) is None:
+            continue
+        name, pod, node = c
+        uid = pod["metadata"].get("uid", "")
         detail = (f"its training process on {host} exited with {code} (seen by horovodrun; "
                   "the pod still runs, and Horovod does not use this host again)")
-        failures.append((Failure(Cause.EXIT_CODE, name, uid, pod.get("spec", {}).get(
-            "nodeName"), exit_code=code, detail=detail), pod))
+        failures.append((Failure(Cause.EXIT_CODE, name, uid, node, exit_code=code,
+                                 detail=detail), pod))
         notes.append(Note("warning", "worker.process_exited", {
             "pod": name, "host": host, "exit_code": code}, EventSpec(
             "Warning", "WorkerProcessExited", "Detect", f"worker {name} ({host}): {detail}")))
     return Detected(tuple(failures), tuple(notes), _restart(verdict, stall_timeout_s))
+
+
+def _hang_note(found: hang.Hung | hang.Stuck, name: str, node: str | None) -> Note:
+    """The log line and Event of a worker found Hung (silent) or Stuck (its main thread)."""
+    if isinstance(found, hang.Hung):
+        return Note("warning", "worker.hung", {
+            "pod": name, "host": found.host, "pid": found.pid,
+            "silent_s": round(found.silent_s, 2), "detail": found.detail}, EventSpec(
+            "Warning", "WorkerHung", "Detect", f"worker {name} ({found.host}): {found.detail}"))
+    return Note("warning", "worker.stuck", {
+        "pod": name, "host": found.host, "node": node, "pid": found.pid, "rank": found.rank,
+        "still_s": round(found.still_s, 1), "threshold_s": round(found.threshold_s, 1),
+        "where": list(found.where), "waiting": found.waiting,
+        "waited_s": round(found.waited_s, 1)}, EventSpec(
+        "Warning", "WorkerStuck", "Detect",
+        f"worker {name} ({found.host}, node {node}): {found.detail}"))
 
 
 def _restart(verdict: hang.Verdict, stall_timeout_s: float) -> tuple[str, str] | None:
@@ -592,7 +613,7 @@ def _restart(verdict: hang.Verdict, stall_timeout_s: float) -> tuple[str, str] |
             f"worker {b.host} failed while {b.waiting} training process(es) waited for it in "
             "the rendezvous of horovodrun's world: Horovod 0.28 cannot finish that rendezvous "
             "(they would abort at the Gloo timeout)")
-    if (k := verdict.stuck) is not None:
+    if (k := verdict.rendezvous_stuck) is not None:
         return "RendezvousStuck", (
             f"all {k.members} host(s) of horovodrun's world waited in its rendezvous for "
             f"{k.waited_s:.0f}s after worker {k.host} failed, with no new world assigned: it "

@@ -52,7 +52,7 @@ from supervisor.config import Config
 from supervisor.core import Core
 from supervisor.discovery import Publish, Rendered
 from supervisor.fleet import Fleet
-from supervisor.hang import HangSettings, Verdict
+from supervisor.hang import Verdict
 from supervisor.launch import horovodrun_argv, horovodrun_env, start_np
 from supervisor.metrics import Metrics
 from supervisor.model import (
@@ -168,8 +168,7 @@ class Supervisor:
         self.act, self.kill_ssh_clients, self.owner, self.wall = act, kill_ssh_clients, owner, wall
         self.count_ssh_clients = count_ssh_clients
         self.channel = channel
-        self.hang_settings = HangSettings(silence_s=cfg.heartbeat_timeout_s,
-                                          stall_s=cfg.stall_timeout_s)
+        self.hang_settings = core.hang_settings(cfg)
         self.leases = leases if cfg.node_lease_s is not None else None
         self.queue: queue.Queue[Trigger] = queue.Queue()
         self.state = LoopState(core=Core(fleet=workers))
@@ -524,7 +523,8 @@ class Supervisor:
 
     def _hang_warnings(self, verdict: Verdict, driver: Any, running_s: float) -> None:
         """The one-time Warning Events of a run: hosts without heartbeats, the hook's problems,
-        a driver that never said the hook was loaded."""
+        a driver that never said the hook was loaded; and the log line of a process silent but
+        running (once per silence)."""
         h = self.state.hangs
         if verdict.unmonitored and "unmonitored" not in h.reported:
             h.reported.add("unmonitored")
@@ -537,6 +537,14 @@ class Supervisor:
                 "processes (a worker image without the package at the launcher's path, python "
                 "-I or -S, PYTHONPATH replaced), so hang detection and the fence are off for "
                 "them"))
+        busy = {f"busy:{host}:{pid}": (host, pid, silent, state)
+                for host, pid, silent, state in verdict.busy}
+        h.reported -= {k for k in h.reported if k.startswith("busy:") and k not in busy}
+        for key, (host, pid, silent, state) in busy.items():
+            if key not in h.reported:
+                h.reported.add(key)
+                self.log.info("worker.silent_but_running", host=host, pid=pid,
+                              silent_s=round(silent, 1), state=state)
         for host, problem in verdict.problems:
             key = f"problem:{problem}"
             if key not in h.reported:

@@ -32,6 +32,7 @@ from localcluster.nodes import Cluster
 COMMIT_EVERY = 5
 CHECKPOINT_MOUNT = "/checkpoint"  # where every worker mounts the job's checkpoint directory
 STOP_FILE = "stop"  # in it: the step to end training at (--stop-file of both scripts)
+HANG_FILE = "hang"  # in it: the host whose rank deadlocks (--hang-file of the stock script)
 TRAIN = "/workspace/train.py"  # in the worker image
 
 
@@ -94,6 +95,16 @@ class Job(MainJob):
         tmp.chmod(0o644)
         tmp.replace(self.stop_file)
         return target
+
+    def hang(self, host: str) -> None:
+        """Make the rank on `host` deadlock its main thread at its next batch (the stock
+        script's --hang-file, next to the stop file); "" for nobody."""
+        assert self.stop_file is not None, "the job was started without a checkpoint directory"
+        target = self.stop_file.with_name(HANG_FILE)
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(host)
+        tmp.chmod(0o644)
+        tmp.replace(target)
 
     def nodes_ready(self) -> bool:
         return all(any(c.type == "Ready" and c.status == "True"
@@ -161,6 +172,14 @@ class Job(MainJob):
                         "--namespace", self.namespace, "--workers", str(workers)], check=True,
                        env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)},
                        capture_output=True, text=True)
+
+    def status(self) -> dict[str, Any]:
+        """`elastic-supervisor status --output json`, as a user runs it."""
+        out = subprocess.run([sys.executable, "-m", "supervisor", "status", "--job", JOB,
+                              "--namespace", self.namespace, "--output", "json"], check=True,
+                             env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)},
+                             capture_output=True, text=True)
+        return dict(json.loads(out.stdout))
 
     def state(self) -> dict[str, Any]:
         cm = self.core.read_namespaced_config_map(f"{JOB}-supervisor-state", self.namespace)

@@ -7,8 +7,14 @@ hold for it as it is. Synthetic data, so that it runs anywhere.
 Output (rank 0 only): one JSON line per batch {"step", "size", "loss", "lr", "committed",
 "host", "time"} and events {"event": "reset" | "resumed" | "done", ...}; that is all the tests
 read. --slow-step N:S:KIND (repeatable) makes rank 0 spend S seconds after batch N, once per
-run, sleeping (KIND sleep) or writing and fsyncing a file (KIND write), while the other ranks
-wait in the next allreduce: a slow step, or a long checkpoint. --stop-file PATH: a file on a
+run, sleeping (KIND sleep), writing and fsyncing a file (KIND write) or computing in Python only
+(KIND python: an evaluation) or in one C call that holds the GIL (KIND gil: what a long
+garbage-collector pass does; a real 5 s one needs a heap of ~90 million objects, ~10 GB here),
+while the other ranks wait in the next allreduce: a slow step, a long checkpoint, an evaluation,
+a pause; KIND sleepall: every rank sleeps. --hang-file PATH: a file on a
+volume every rank sees; the rank whose host (HOROVOD_HOSTNAME) it holds blocks its main thread
+for good at its next batch (a lock it already holds: a deadlock in a rank-only code path) while
+its other threads run on. --stop-file PATH: a file on a
 volume every rank sees, holding a batch number: training ends there instead of at --batches (the
 file is read at every batch, so every rank stops at the same one).
 """
@@ -16,6 +22,9 @@ file is read at every batch, so every rank stops at the same one).
 import argparse
 import json
 import os
+import re
+import statistics
+import threading
 import time
 
 import horovod.torch as hvd
@@ -31,7 +40,10 @@ parser.add_argument("--checkpoint", default=None, help="rank 0 saves here at eve
 parser.add_argument("--sleep", type=float, default=0.0, help="seconds of extra work per batch")
 parser.add_argument("--stop-file", default=None, help="a file holding the batch to end at")
 parser.add_argument("--slow-step", action="append", default=[],
-                    help="N:SECONDS:sleep|write, rank 0 is slow once after batch N")
+                    help="N:SECONDS:sleep|write|python|gil|sleepall, rank 0 is slow once after "
+                         "batch N (sleepall: every rank)")
+parser.add_argument("--hang-file", default=None, help="a file holding the host whose rank "
+                    "deadlocks")
 args = parser.parse_args()
 
 torch.set_num_threads(1)
@@ -49,9 +61,33 @@ def log(**fields):
         print(json.dumps(fields), flush=True)
 
 
+def hold_the_gil(seconds):
+    """One regular-expression match that takes about `seconds` (the re module never releases
+    the GIL): a*a*a*c against n "a"s costs n**3, sized from the median of three short ones."""
+    pattern, n = re.compile(r"a*a*a*c"), 200
+
+    def timed(k):
+        start = time.monotonic()
+        pattern.match("a" * k)
+        return time.monotonic() - start
+
+    while timed(n) < 0.05:
+        n = int(n * 1.5)
+    took = statistics.median(timed(n) for _ in range(3))
+    pattern.match("a" * int(n * (seconds / took) ** (1 / 3)))
+
+
 def slow_down(seconds, kind):
-    if kind == "sleep":
+    if kind == "gil":
+        hold_the_gil(seconds)
+        return
+    if kind in ("sleep", "sleepall"):
         time.sleep(seconds)
+        return
+    if kind == "python":
+        end, total = time.monotonic() + seconds, 0
+        while time.monotonic() < end:
+            total += sum(i * i for i in range(1000))
         return
     # Rewrites the same 16 MiB over and over: the time, not the size, of a long checkpoint (a
     # disk that takes 300 MB/s would otherwise fill with 12 GB in 40 s).
@@ -74,6 +110,21 @@ def save_checkpoint(state):
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "batch": state.batch}, tmp)
     os.replace(tmp, args.checkpoint)
+
+
+def deadlock_if_named(host):
+    if not args.hang_file:
+        return
+    try:
+        with open(args.hang_file) as f:
+            named = f.read().strip()
+    except OSError:
+        return
+    if named and named == host:
+        print(f"rank {hvd.rank()} on {host}: deadlocking", flush=True)
+        lock = threading.Lock()
+        lock.acquire()
+        lock.acquire()
 
 
 def batches_to_train():
@@ -101,8 +152,9 @@ def train(state):
             time.sleep(args.sleep)
         if state.batch + 1 in slow and state.batch + 1 not in state.slowed:
             state.slowed = [*state.slowed, state.batch + 1]
-            if hvd.rank() == 0:
+            if hvd.rank() == 0 or slow[state.batch + 1][1] == "sleepall":
                 slow_down(*slow[state.batch + 1])
+        deadlock_if_named(host)
         state.batch += 1
         committed = state.batch % args.batches_per_commit == 0
         log(step=state.batch, size=hvd.size(), loss=round(loss.item(), 6),

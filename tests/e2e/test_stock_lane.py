@@ -35,6 +35,8 @@ from kubernetes import client
 from localcluster.job import log_time
 from localcluster.nodes import Cluster
 from tests.e2e.jobs import (
+    CHECKPOINT_MOUNT,
+    HANG_FILE,
     STOCK,
     STOCK_DIR,
     Job,
@@ -57,11 +59,18 @@ from tests.integration.harness import scrape
 BATCHES = 1_000_000  # a bound no job reaches: tours end through the stop file
 GLOO_TIMEOUT_S = 60  # the manifests'; the fence must make the survivors leave long before
 METRICS_PORT = 9400  # the manifests' SUPERVISOR_METRICS_PORT, on the launcher pod's IP
-# The tour's first batch sleeps FIRST_BATCH_S, and rank 0 writes for WRITE_S after batch 60 (a
-# long checkpoint) while the other waits in the next allreduce: both several times the
-# heartbeat timeout (3 s), during which no collective completes.
-FIRST_BATCH_S, WRITE_S = 12, 15
-SLOW = ("--slow-step", f"1:{FIRST_BATCH_S}:sleep", "--slow-step", f"60:{WRITE_S}:write")
+# The tour's first batch sleeps FIRST_BATCH_S; rank 0 computes in Python only for PYTHON_S after
+# batch 30 (an evaluation) and writes for WRITE_S after batch 60 (a long checkpoint) while the
+# other waits in the next allreduce: all longer than the heartbeat timeout (3 s), during which
+# no collective completes; the evaluation and the write are longer than the tour's stuck
+# threshold (STUCK_S), for which only the position and the I/O of rank 0's main thread move.
+# After batch 90 rank 0 holds the GIL for about GIL_S (4-6.5 s measured) in one C call (a long
+# garbage-collector pass): its heartbeat thread cannot run, it is silent past the heartbeat
+# timeout, but its process watcher says it runs (given STUCK_S before it would be Hung).
+FIRST_BATCH_S, PYTHON_S, WRITE_S, GIL_S, STUCK_S = 4, 11, 11, 5, 8
+SLOW = ("--slow-step", f"1:{FIRST_BATCH_S}:sleep", "--slow-step", f"30:{PYTHON_S}:python",
+        "--slow-step", f"60:{WRITE_S}:write", "--slow-step", f"90:{GIL_S}:gil",
+        "--hang-file", f"{CHECKPOINT_MOUNT}/{HANG_FILE}")
 MakeJob = Callable[..., tuple[Job, PodFaults]]
 
 
@@ -101,7 +110,8 @@ def tour(cluster: Cluster, cluster_api: client.ApiClient, main_images: dict[str,
     # The manifests' leader lease (60 s) rides out the kube-apiserver restart; main_job's 10 s
     # (for fast takeovers) would end the run with exit 7, which is right but not checked here.
     with stock_job(cluster, cluster_api, tmp_path_factory.mktemp("stock-tour"), script=SLOW,
-                   policy=tour_budgets, SUPERVISOR_LEADER_LEASE_SECONDS="60") as jf:
+                   policy=tour_budgets, SUPERVISOR_LEADER_LEASE_SECONDS="60",
+                   SUPERVISOR_STUCK_SECONDS=str(STUCK_S)) as jf:
         yield jf
 
 
@@ -156,12 +166,13 @@ def hung_then_replaced(job: Job, victim: str, t0: float) -> dict[str, Any]:
 class TestStockTour:
     # ---- no false positives (the job's first minute) ---------------------------------------------
 
-    def test_a_long_checkpoint_and_a_slow_first_batch_are_not_hangs(
+    def test_a_long_checkpoint_an_evaluation_a_pause_and_a_slow_first_batch_are_not_hangs(
             self, tour: tuple[Job, PodFaults]) -> None:
-        """No collective completes during either, yet every process heartbeats, so nothing is
-        Hung and nothing is restarted."""
+        """No collective completes during any, yet every process heartbeats (or, while its GIL
+        is held, runs: its watcher says so), so nothing is Hung; rank 0's main thread moves
+        (Python) or writes, so nothing is stuck either; and nothing is restarted."""
         job, _ = tour
-        job.wait_training(past=65, size=2, timeout=180)
+        job.wait_training(past=95, size=2, timeout=240)
         steps = steps_of(job.records())
         # The slow part of batch N comes before rank 0 prints it: the first batch's sleep lies
         # between horovodrun's start and batch 1, the write between batches 59 and 60.
@@ -169,7 +180,13 @@ class TestStockTour:
         assert steps[0]["step"] == 1 and steps[0]["time"] - started >= FIRST_BATCH_S, steps[0]
         gaps = {a["step"]: b["time"] - a["time"] for a, b in itertools.pairwise(steps)}
         assert gaps[59] >= WRITE_S, "the long write happened between batches 59 and 60"
+        assert gaps[29] >= PYTHON_S, "the evaluation happened between batches 29 and 30"
+        assert gaps[89] >= 3.5, "the GIL was held (silence) past the heartbeat timeout (3 s)"
+        # Silent past the timeout, yet not Hung: its watcher said it runs.
+        busy = job.logs("worker.silent_but_running")
+        assert [b["host"] for b in busy] == [steps[89]["host"]], busy
         assert job.logs("worker.hung") == [] and job.logs("worker.failed") == []
+        assert job.logs("worker.stuck") == [] and "WorkerStuck" not in job.reasons()
         assert [r for r in job.records() if r.get("event") == "reset"] == []
         assert "WorkerHung" not in job.reasons() and "TrainingStalled" not in job.reasons()
         sound(job, job.applied_at)
@@ -217,6 +234,40 @@ class TestStockTour:
         node = job.core.read_node(pod["spec"]["nodeName"])
         ready = next(c for c in node.status.conditions if c.type == "Ready")
         assert ready.status == "True", "the node stayed healthy throughout"
+
+    @pytest.mark.parametrize("which", ["a worker", "rank 0's worker"])
+    def test_a_rank_whose_main_thread_deadlocks_is_named_stuck_and_replaced(
+            self, tour: tuple[Job, PodFaults], which: str) -> None:
+        """Its heartbeat thread runs on, so it is not silent; its main thread stands still
+        outside the collective the other waits in: stuck after STUCK_S, fenced, replaced."""
+        job, _ = tour
+        job.settled(2)
+        rank0 = job.rank0_host()
+        victim, pod = next((n, p) for n, p in sorted(job.live_workers().items())
+                           if (p["status"]["podIP"] == rank0) == (which == "rank 0's worker"))
+        t0 = time.time()
+        job.hang(pod["status"]["podIP"])
+        try:
+            job.wait("the stuck pod deleted", lambda: victim not in job.live_workers(), 90)
+        finally:
+            job.hang("")  # a later pod that gets the same IP trains on
+        took = no_gloo_timeout(job, t0)
+        job.back_to(2, t0)
+        d = decisions(job)[victim]
+        assert (d["cause"], d["action"]) == ("Hung", "Restart"), d
+        stuck = job.logs_since("worker.stuck", t0)
+        assert [k["pod"] for k in stuck] == [victim], stuck
+        assert stuck[0]["still_s"] >= STUCK_S and stuck[0]["node"] == pod["spec"]["nodeName"]
+        assert "deadlock_if_named" in stuck[0]["where"][0], stuck[0]["where"]
+        note = [n for n in job.notes("WorkerStuck") if victim in n]
+        assert len(note) == 1 and "its main thread has not moved" in note[0], note
+        assert "stock_train.py" in note[0] and "waited in a collective" in note[0], note
+        assert job.logs_since("worker.hung", t0) == [], "it was never silent"
+        shown = [d for d in job.status()["decisions"] if d["reason"] == "WorkerStuck"]
+        assert any(victim in d["note"] for d in shown), shown
+        assert job.ssh_killed(victim), "horovodrun's ssh client to it was killed"
+        print(f"{victim}: resumed {took:.2f}s after the deadlock")
+        sound(job, t0)
 
     def test_a_silent_node_with_a_frozen_worker_is_found_without_the_lease_option(
             self, tour: tuple[Job, PodFaults]) -> None:
@@ -371,11 +422,12 @@ class TestStockTour:
 # ---- jobs of their own -----------------------------------------------------------------------
 
 def test_a_job_that_stalls_is_restarted_then_failed(make_job: MakeJob) -> None:
-    """Rank 0 blocks forever (a deadlock in the script) while everybody heartbeats: after the
-    stall timeout horovodrun is restarted and the script resumes from its checkpoint; it
-    stalls again, and with the restart limit used up the job fails with exit 9."""
-    job, _ = make_job(script=("--slow-step", "20:100000:sleep"),
-                      SUPERVISOR_STALL_TIMEOUT_SECONDS="15",
+    """Every rank blocks forever (a deadlock in the script everywhere: nobody to name as
+    stuck) while everybody heartbeats: after the stall timeout horovodrun is restarted and the
+    script resumes from its checkpoint; it stalls again, and with the restart limit used up the
+    job fails with exit 9."""
+    job, _ = make_job(script=("--slow-step", "20:100000:sleepall"),
+                      SUPERVISOR_STALL_TIMEOUT_SECONDS="10",
                       SUPERVISOR_HOROVODRUN_RESTART_LIMIT="1",
                       SUPERVISOR_SHUTDOWN_GRACE_SECONDS="5")
     assert job.wait_exit(300) == 9, job.tail()
@@ -384,12 +436,12 @@ def test_a_job_that_stalls_is_restarted_then_failed(make_job: MakeJob) -> None:
     # What the restart throws away, for a script without a checkpoint: this run's training.
     lost = re.search(r"This run trained (\d+)s \(up to (\d+) collectives in one process\): a "
                      "script that keeps no checkpoint starts over", stalls[0])
-    assert lost and int(lost[1]) >= 15 and int(lost[2]) > 0, stalls[0]
+    assert lost and int(lost[1]) >= 10 and int(lost[2]) > 0, stalls[0]
     # The restart starts with the slots usable then (both workers), not NP regardless.
     assert [s["np"] for s in job.logs("horovodrun.started")] == [2, 2]
     assert [f["code"] for f in job.logs("job.failing")] == [9]
     assert [r["event"] for r in job.records() if r.get("event") == "resumed"] == ["resumed"]
-    assert job.logs("worker.hung") == []
+    assert job.logs("worker.hung") == [] and job.logs("worker.stuck") == []
     assert sum(1 for e in job.logs("horovodrun.started")) == 2
 
 

@@ -93,6 +93,7 @@ def test_every_variable_set_explicitly() -> None:
         "SUPERVISOR_LEADER_LEASE_SECONDS": "30",
         "SUPERVISOR_WORKER_HOOK": "false", "SUPERVISOR_HEARTBEAT_TIMEOUT_SECONDS": "2.5",
         "SUPERVISOR_STALL_TIMEOUT_SECONDS": "900", "SUPERVISOR_HOROVODRUN_RESTART_LIMIT": "0",
+        "SUPERVISOR_STUCK_SECONDS": "45",
     }, read_text=lambda _: TEMPLATE.replace("app: x", "app: bert\n    role: worker"))
     assert (cfg.worker_selector, cfg.slots_per_worker, cfg.np, cfg.min_np, cfg.max_np) == (
         "app=bert,role=worker", 2, 4, 2, 8)
@@ -109,7 +110,7 @@ def test_every_variable_set_explicitly() -> None:
     assert (cfg.clean_pod_policy, cfg.api_timeout_s, cfg.leader_lease_s) == (
         CleanPodPolicy.ALL, 10, 30)
     assert (cfg.worker_hook, cfg.heartbeat_timeout_s, cfg.stall_timeout_s,
-            cfg.horovodrun_restart_limit) == (False, 2.5, 900.0, 0)
+            cfg.horovodrun_restart_limit, cfg.stuck_s) == (False, 2.5, 900.0, 0, 45.0)
     assert cfg.policy.budgets == Budgets(restart_limit=5, per_slot_limit=2,
                                          backoff_initial_s=0.5, backoff_max_s=10.0,
                                          disruptions_free=True)
@@ -233,6 +234,10 @@ BAD = [
      "expected a number of seconds >= 1.5 (three heartbeats)"),
     ("SUPERVISOR_STALL_TIMEOUT_SECONDS", "5", "SUPERVISOR_STALL_TIMEOUT_SECONDS='5': expected a "
      "number of seconds >= 10 (a few steps)"),
+    ("SUPERVISOR_STUCK_SECONDS", "4", "SUPERVISOR_STUCK_SECONDS='4': expected auto, or a "
+     "number of seconds >= 5"),
+    ("SUPERVISOR_STUCK_SECONDS", "never", "SUPERVISOR_STUCK_SECONDS='never': expected auto, "
+     "or a number of seconds >= 5"),
     ("SUPERVISOR_HOROVODRUN_RESTART_LIMIT", "-1", "SUPERVISOR_HOROVODRUN_RESTART_LIMIT='-1': "
      "expected an integer >= 0"),
 ]

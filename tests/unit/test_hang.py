@@ -18,8 +18,8 @@ from supervisor.hang import (
     Broken,
     HangSettings,
     Hung,
+    RendezvousStuck,
     Stall,
-    Stuck,
     Verdict,
     assess,
     run_progress,
@@ -117,6 +117,44 @@ def test_assess(beats: list[Beat], expected: Verdict) -> None:
     assert assess(beats, LISTED, started_at=NOW - 30, settings=S, now=NOW) == expected
 
 
+def watched_as(state: str | None, *, seen: float = NOW - 0.3, cpu_at: float | None = None,
+               silent_for: float = 3.4) -> Beat:
+    """A process silent for `silent_for` whose watcher said `state` at `seen` (None: no
+    watcher), its CPU time last growing at `cpu_at`."""
+    return replace(frozen(last=NOW - silent_for, progress=NOW - silent_for - 0.2),
+                   proc_state=state, proc_seen=None if state is None else seen, proc_cpu=500,
+                   proc_cpu_at=cpu_at)
+
+
+@pytest.mark.parametrize(("silent", "hung_after"), [
+    pytest.param(watched_as("R"), None,
+                 id="silent, its watcher says it runs (the GIL held by a GC pass): not yet"),
+    pytest.param(watched_as("S", cpu_at=NOW - 1.0), None,
+                 id="sleeping between samples but its CPU time grows: runs, not yet"),
+    pytest.param(watched_as("R", silent_for=20.5), "though its process ran (state R) for "
+                 "longer than 20s", id="silent and running past the stuck threshold: Hung"),
+    pytest.param(watched_as("T"), "", id="its watcher says it is stopped (SIGSTOP): Hung"),
+    pytest.param(watched_as("t"), "", id="stopped by a tracer: Hung"),
+    pytest.param(watched_as("S", cpu_at=NOW - 10), "",
+                 id="asleep with no CPU (a deadlock with the GIL held): Hung"),
+    pytest.param(watched_as("D", cpu_at=None), "", id="in uninterruptible I/O, no CPU: Hung"),
+    pytest.param(watched_as("R", seen=NOW - 3.1), "",
+                 id="its watcher fell silent too (a frozen node, a partition): Hung"),
+    pytest.param(watched_as(None), "", id="no watcher (an older hook): its silence alone"),
+])
+def test_a_silent_process_gets_a_second_signal_from_its_watcher(
+        silent: Beat, hung_after: str | None) -> None:
+    beats = [waiting("10.0.0.1", 25.0), waiting("10.0.0.2", 24.0), silent]
+    verdict = assess(beats, LISTED, started_at=NOW - 30, settings=S, now=NOW)
+    if hung_after is None:
+        assert verdict.hung == ()
+        assert verdict.busy == (("10.0.0.3", 7, pytest.approx(3.4), silent.proc_state),)
+    else:
+        (h,) = verdict.hung
+        assert h.host == "10.0.0.3" and f"no heartbeat for {NOW - silent.last_seen:.1f}s" \
+            f"{' ' + hung_after if hung_after else ''} while" in h.detail, h.detail
+
+
 def test_listed_hosts_without_a_heartbeat_are_reported_after_a_minute() -> None:
     beats = [beat("10.0.0.1")]
     listed = {"10.0.0.1": NOW - 100, "10.0.0.2": NOW - 100, "10.0.0.3": NOW - 10}
@@ -186,7 +224,7 @@ def init_wait(host: str, seconds: float, **kw: object) -> Beat:
 
 @pytest.mark.parametrize(("beats", "failed_at", "world", "expected"), [
     pytest.param([init_wait("10.0.0.1", 24.0), init_wait("10.0.0.2", 23.0)], EVICTED, PAIR,
-                 Stuck("10.0.0.3", 2, pytest.approx(23.2)),
+                 RendezvousStuck("10.0.0.3", 2, pytest.approx(23.2)),
                  id="the soak's stall: members all waiting in init after a failure: stuck"),
     pytest.param([init_wait("10.0.0.1", 24.0), init_wait("10.0.0.2", 14.0)], EVICTED, PAIR,
                  None, id="one member has waited less than STUCK_AFTER_S: not yet"),
@@ -213,10 +251,10 @@ def init_wait(host: str, seconds: float, **kw: object) -> Beat:
 ])
 def test_a_rendezvous_stuck_with_every_member_present(
         beats: list[Beat], failed_at: dict[str, float], world: Any,
-        expected: Stuck | None) -> None:
+        expected: RendezvousStuck | None) -> None:
     verdict = assess(beats, LISTED, started_at=NOW - 40, settings=S, now=NOW,
                      failed_at=failed_at, world=world)
-    assert verdict.stuck == expected
+    assert verdict.rendezvous_stuck == expected
     assert verdict.broken is None
     assert STUCK_AFTER_S == 15.0, "the table's waits are chosen around 15 s"
 
@@ -228,7 +266,7 @@ def test_a_broken_rendezvous_is_not_also_stuck() -> None:
     verdict = assess(beats, LISTED, started_at=NOW - 40, settings=S, now=NOW,
                      failed_at=EVICTED, world=world)
     assert verdict.broken == Broken("10.0.0.3", 2)
-    assert verdict.stuck is None
+    assert verdict.rendezvous_stuck is None
 
 
 @pytest.mark.parametrize(("beats", "started", "expected"), [

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 import socket
 import threading
 import time
@@ -370,3 +371,85 @@ def test_a_dead_peer_that_still_answers_is_cut_off_at_once_not_only_when_stalled
         survivor.close()
         for s in (dead_srv, to_dead, dead_end):
             s.close()
+
+
+# ---- the main thread: where it stands ---------------------------------------------------------
+
+def _main_thread_waits(done: threading.Event, seconds: float) -> None:
+    done.wait(seconds)  # blocks in a lock, the GIL released: the heartbeat thread runs
+
+
+def test_heartbeats_show_a_main_thread_that_stands_still_and_one_that_works(
+        channel: HookChannel) -> None:
+    """The Beater samples this (the main) thread: blocked in a wait, its position and I/O stay
+    the same and its frames are named; running Python, its position moves."""
+    b = beater(channel, "10.0.0.1", Progress()).start()
+    try:
+        wait_for(lambda: channel.snapshot().beats.get(b.sender), 5, what="a heartbeat")
+        _main_thread_waits(threading.Event(), 2.5)
+        beat = channel.snapshot().beats[b.sender]
+        assert beat.still_since is not None and channel.clock() - beat.still_since >= 1.4, beat
+        assert beat.io is not None and beat.since_init == 0
+        assert any("_main_thread_waits" in w for w in beat.where), beat.where
+        assert beat.where[0].startswith("threading.py:") or "wait" in beat.where[0], beat.where
+        end, n = time.monotonic() + 1.5, 0
+        while time.monotonic() < end:  # Python only: the position moves
+            n += sum(i * i for i in range(200))
+        beat = channel.snapshot().beats[b.sender]
+        assert channel.clock() - beat.still_since < 0.9, (beat.pos, beat.still_since)
+    finally:
+        b.close()
+
+
+def test_the_main_threads_io_counts_its_reads_and_the_processes_writes(tmp_path: Path) -> None:
+    from supervisor.hook.elastic_supervisor_hook.worker import io_bytes, io_fields
+    assert io_fields("rchar: 10\nwchar: 5\nread_bytes: 7\nwrite_bytes: 0\n",
+                     ("rchar", "wchar")) == 15
+    tid = threading.main_thread().native_id
+    before = io_bytes(tid)
+    assert before is not None
+    (tmp_path / "f").write_bytes(b"x" * 100_000)
+    (tmp_path / "f").read_bytes()
+    after = io_bytes(tid)
+    assert after is not None and after - before >= 200_000
+
+
+def test_parse_stat_reads_the_state_and_cpu_time_past_a_command_with_parentheses() -> None:
+    from supervisor.hook.elastic_supervisor_hook.watch import parse_stat
+    line = ("4242 (python (x) y) S 1 4242 4242 0 -1 4194560 100 0 0 0 750 125 0 0 20 0 9 0 "
+            "1000 10000 100 18446744073709551615")
+    assert parse_stat(line) == ("S", 875)
+
+
+def test_the_process_watcher_reports_its_parent_and_ends_with_it(channel: HookChannel) -> None:
+    """A real watcher process (watch.py, started as the hook starts it) reports this process's
+    scheduler state and CPU time under the Beater's sender; closing the Beater ends it."""
+    env = {**channel.new_run(None), "PATH": "/usr/bin:/bin"}
+    b = Beater(Progress(), key=channel.key, supervisor=("127.0.0.1", channel.port),
+               run=env["ELASTIC_SUPERVISOR_HOOK_RUN"], host="10.0.0.1", local_rank=0,
+               keep=[]).start(watch_env=env)
+    try:
+        assert b.watcher is not None and b.watcher.poll() is None
+        beat = wait_for(lambda: (x := channel.snapshot().beats.get(b.sender)) is not None
+                        and x.proc_state is not None and x, 10, what="the watcher's report")
+        assert beat.proc_state in ("R", "S") and beat.proc_cpu is not None and beat.proc_cpu > 0
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:  # burn CPU: the watcher sees it grow
+            sum(i * i for i in range(1000))
+        grown = channel.snapshot().beats[b.sender]
+        assert grown.proc_cpu_at is not None and grown.proc_cpu > beat.proc_cpu
+    finally:
+        b.close()
+    assert b.watcher.returncode is not None
+
+
+def test_the_watcher_stops_when_its_parent_is_gone() -> None:
+    from supervisor.hook.elastic_supervisor_hook.watch import run
+    parents = iter([os.getpid(), os.getpid(), 1])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as rx:
+        rx.bind(("127.0.0.1", 0))
+        sent = run(KEY, rx.getsockname(), "1", "abc", os.getpid(),
+                   parent=lambda: next(parents), sleep=lambda _: None)
+        got = [wire.decode(KEY, rx.recv(65535)) for _ in range(sent)]
+    assert sent == 2 and [g["of"] for g in got if g] == ["abc", "abc"]
+    assert got[0] is not None and got[0]["t"] == "ps" and got[0]["pid"] == os.getpid()

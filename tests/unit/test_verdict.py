@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from supervisor.classify import Cause
-from supervisor.hang import Broken, Hung, Stall, Stuck, Verdict
+from supervisor.hang import Broken, Hung, RendezvousStuck, Stall, Stuck, Verdict
 from supervisor.plan import EXITED_GRACE_S, on_verdict
 from tests.unit import shapes
 
@@ -48,7 +48,8 @@ def test_failures_found_by_the_hook(verdict: Verdict, exited: dict[str, tuple[in
 
 @pytest.mark.parametrize(("verdict", "reason"), [
     pytest.param(Verdict(broken=Broken(HOST, 1)), "RendezvousBroken", id="broken"),
-    pytest.param(Verdict(stuck=Stuck(HOST, 2, 16.0)), "RendezvousStuck", id="stuck"),
+    pytest.param(Verdict(rendezvous_stuck=RendezvousStuck(HOST, 2, 16.0)), "RendezvousStuck",
+                 id="stuck"),
     pytest.param(Verdict(stall=Stall(1900.0, 2)), "TrainingStalled", id="stalled"),
     pytest.param(Verdict(broken=Broken(HOST, 1), stall=Stall(1900.0, 2)),
                  "RendezvousBroken", id="broken before stalled"),
@@ -61,3 +62,22 @@ def test_restarts_of_horovodrun(verdict: Verdict, reason: str | None) -> None:
         assert d.restart is not None and d.restart[1].startswith(
             "all 2 host(s) of horovodrun's world waited in its rendezvous for 16s after worker "
             f"{HOST} failed")
+
+
+STUCK = Stuck(OTHER, 8, 1, 21.0, 20.0, 1, 20.5, ("train.py:88 step", "train.py:120 <module>"),
+              "process 8 (rank 1): its main thread has not moved for 21s (...)")
+
+
+def test_a_stuck_worker_is_a_hung_failure_with_its_own_event() -> None:
+    d = on_verdict(Verdict(stuck=(STUCK,)), LISTED, PODS, frozenset(), {},
+                   stall_timeout_s=1800, now=NOW)
+    assert [(f.pod, f.cause, f.node, f.detail) for f, _ in d.failures] == [
+        ("w-1", Cause.HUNG, "node-b", STUCK.detail)]
+    (note,) = d.notes
+    assert note.event == "worker.stuck" and note.k8s is not None
+    assert note.k8s.reason == "WorkerStuck"
+    assert note.k8s.note == f"worker w-1 ({OTHER}, node node-b): {STUCK.detail}"
+    assert note.fields["where"] == list(STUCK.where) and note.fields["rank"] == 1
+    both = on_verdict(Verdict(hung=(Hung(OTHER, 8, 3.1, "silent"),), stuck=(STUCK,)), LISTED,
+                      PODS, frozenset(), {}, stall_timeout_s=1800, now=NOW)
+    assert len(both.failures) == 1, "one failure per pod"

@@ -291,4 +291,4 @@ class WorkerHook:
         self.beater = worker.Beater(
             self.progress, key=self.key, supervisor=(addr, self.port), run=self.run,
             host=env["HOROVOD_HOSTNAME"], local_rank=int(env["HOROVOD_LOCAL_RANK"]), keep=keep,
-            problems=self.problems).start()
+            problems=self.problems).start(watch_env=dict(os.environ))

@@ -7,7 +7,8 @@ sender). `decode` returns None for anything whose tag does not verify or whose b
 an object; `Replays` drops what is not newer than the last datagram accepted from its sender.
 So a client without the key changes nothing, and a recorded datagram sent again neither.
 
-Types: training process -> supervisor "hb" (heartbeat) and "bye" (a clean exit), horovodrun's
+Types: training process -> supervisor "hb" (heartbeat) and "bye" (a clean exit), its process
+watcher -> supervisor "ps" (the process's scheduler state and CPU time), horovodrun's
 driver -> supervisor "driver"; supervisor -> training process "fence" (the dead set) and "exit"
 (leave: this run of horovodrun is being restarted).
 Standard library only, Python >= 3.8: this module runs inside users' training processes.
@@ -28,7 +29,7 @@ TAG_LEN = 32
 # dead set (about 40 bytes a host on real nodes).
 MAX_DATAGRAM = 60000
 SUPERVISOR = "supervisor"
-TYPES = frozenset({"hb", "bye", "driver", "fence", "exit"})
+TYPES = frozenset({"hb", "bye", "ps", "driver", "fence", "exit"})
 
 
 def new_key() -> bytes:

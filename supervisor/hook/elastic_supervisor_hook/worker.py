@@ -6,9 +6,16 @@ collective (or an init) and since when, and counts the completed ones (progress)
 
 `Beater`, a daemon thread started by the first `hvd.init()`, sends a heartbeat to the supervisor
 every BEAT_S over UDP (to HOROVOD_GLOO_RENDEZVOUS_ADDR, the launcher, on the channel's port):
-host, pid, rank, size, inits, completed collectives, the current wait, the local endpoints of the
-process's TCP connections, and any problem of the hook. The supervisor answers a heartbeat that
-shows an old fence version, and pushes to every process when the set changes, the hosts it
+host, pid, rank, size, inits, completed collectives (in all, and since the last init), the
+current wait, the local endpoints of the process's TCP connections, any problem of the hook, and
+what the main thread does: its position (file, line and instruction offset of its innermost
+Python frame, sampled with sys._current_frames()), its innermost frames when the position did not
+change since the last heartbeat, and the I/O bytes of the process (storage) and of the main
+thread (reads and writes). The heartbeat thread runs while the main thread waits in a C call, a
+GPU kernel, a lock or a read that never returns: the supervisor sees it stand still while its
+peers wait for it in a collective (a stuck rank, supervisor/hang.py). The supervisor answers a
+heartbeat that shows an old fence version, and pushes to every process when the set changes,
+the hosts it
 declared dead: for each, its addresses, with the TCP ports its processes reported when the
 address is a loopback one (shared by every process of the machine: loopback test hosts).
 
@@ -68,6 +75,7 @@ class Progress:
         self.clock = clock
         self.inflight: dict[object, tuple[float, str]] = {}  # token -> (start, "c" | "i")
         self.done = 0  # completed collectives and inits
+        self.since_init = 0  # completed collectives since the last init (equal across a world)
         self.inits = 0
         self.rank: int | None = None
         self.size: int | None = None
@@ -94,6 +102,7 @@ class Progress:
             finally:
                 self.inflight.pop(token, None)
             self.done += 1
+            self.since_init = 0 if kind == "i" else self.since_init + 1
             if after is not None:
                 after()
             return result
@@ -155,6 +164,72 @@ def sever(fds: Iterable[int]) -> int:
     return n
 
 
+WHERE_FRAMES = 3  # the main thread's innermost frames a heartbeat names while it stands still
+LOCALS = 32  # the innermost frame's local variables its position digests
+
+
+def _short(path: str) -> str:
+    parts = path.replace("\\", "/").split("/")
+    return "/".join(parts[-2:])
+
+
+_PLAIN = (int, float, bool, str, bytes, type(None))
+
+
+def _locals_digest(frame: Any) -> str:
+    """A digest of the frame's local variables (plain values, else which object): a Python loop
+    is always sampled at the same instruction (where the main thread hands the GIL over, so the
+    position alone aliases), but its variables change every iteration."""
+    try:
+        items = list(frame.f_locals.items())[:LOCALS]
+    except Exception:
+        return ""
+    return format(hash(tuple(
+        (k, v if (isinstance(v, _PLAIN) and not isinstance(v, (str, bytes))) or (
+            isinstance(v, (str, bytes)) and len(v) <= 64) else id(v)) for k, v in items))
+        & 0xFFFFFFFF, "x")
+
+
+def position(frame: Any) -> tuple[str, list[str]]:
+    """Where a thread stands, from its innermost Python frame: a position that changes
+    whenever it executes Python (file, line, instruction offset, its local variables), and
+    its WHERE_FRAMES
+    innermost frames as "file:line function" (a thread inside a C call, a GPU kernel or a
+    lock keeps both)."""
+    if frame is None:
+        return "", []
+    code = frame.f_code
+    pos = f"{code.co_filename}:{frame.f_lineno}:{frame.f_lasti}:{_locals_digest(frame)}"
+    where, f = [], frame
+    while f is not None and len(where) < WHERE_FRAMES:
+        where.append(f"{_short(f.f_code.co_filename)}:{f.f_lineno} {f.f_code.co_name}")
+        f = f.f_back
+    return pos, where
+
+
+def io_fields(text: str, keys: Sequence[str]) -> int:
+    """PURE: the sum of `keys` in a /proc/<pid>/io text."""
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        values[name.strip()] = value.strip()
+    return sum(int(values[k]) for k in keys if values.get(k, "").isdigit())
+
+
+def io_bytes(main_tid: int) -> int | None:
+    """The process's storage I/O (read_bytes + write_bytes: a checkpoint, a dataset) plus
+    every byte the main thread moved through read and write calls (rchar + wchar: a loader
+    that reads in the main thread), or None where /proc has no io file. Sockets count only
+    through the main thread: Horovod's background thread talks to its peers all the time."""
+    try:
+        with open("/proc/self/io") as f:
+            process = io_fields(f.read(), ("read_bytes", "write_bytes"))
+        with open(f"/proc/self/task/{main_tid}/io") as f:
+            return process + io_fields(f.read(), ("rchar", "wchar"))
+    except (OSError, ValueError):
+        return None
+
+
 def _connections() -> list[Any]:
     import psutil
     return psutil.Process().net_connections(kind="tcp")
@@ -181,21 +256,47 @@ class Beater:
         self.severed_version = 0  # the last fence version whose connections were cut
         self.endpoints: tuple[list[str], list[int]] = ([], [])
         self.endpoints_read: tuple[int, float] | None = None  # (inits, when)
+        main = threading.main_thread()
+        self.main_ident, self.main_tid = main.ident, getattr(main, "native_id", os.getpid())
+        self.last_pos = ""
+        self.watcher: Any = None
         self.replays = wire.Replays(limit=4)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="elastic-supervisor-hook",
                                         daemon=True)
 
-    def start(self) -> Beater:
+    def start(self, watch_env: dict[str, str] | None = None) -> Beater:
+        """Start heartbeating; with `watch_env` (the hook's environment), start the process
+        watcher too (watch.py: the second signal when this process falls silent)."""
         self._thread.start()
         atexit.register(self.bye)
+        if watch_env is not None:
+            self.watcher = self._watch(watch_env)
         return self
+
+    def _watch(self, env: dict[str, str]) -> Any:
+        import subprocess
+
+        from . import watch
+        hook_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        try:
+            return subprocess.Popen(
+                watch.command(hook_dir), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                env={**env, watch.OF_ENV: self.sender, watch.PID_ENV: str(os.getpid()),
+                     watch.TARGET_ENV: f"{self.supervisor[0]}:{self.supervisor[1]}"})
+        except OSError as e:
+            self._problem(f"cannot start the process watcher: {e!r} (a silent process is "
+                          "judged by its silence alone)")
+            return None
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
         self.sock.close()
+        if self.watcher is not None:
+            self.watcher.kill()
+            self.watcher.wait(5)
 
     # -- sending ---------------------------------------------------------------------------------
 
@@ -217,11 +318,16 @@ class Beater:
             except Exception as e:  # never let the thread die of psutil
                 self._problem(f"cannot read this process's connections: {e!r}")
         addrs, ports = self.endpoints
-        return {"t": "hb", "pid": os.getpid(), "host": self.host, "lr": self.local_rank,
+        pos, where = position(sys._current_frames().get(self.main_ident))
+        body = {"t": "hb", "pid": os.getpid(), "host": self.host, "lr": self.local_rank,
                 "rank": p.rank, "size": p.size, "inits": p.inits, "done": p.done,
-                "wait": None if start is None else round(now - start, 3), "in": kind,
-                "addrs": addrs, "ports": ports, "fv": self.fence_version,
-                "problems": self.problems}
+                "dc": p.since_init, "wait": None if start is None else round(now - start, 3),
+                "in": kind, "addrs": addrs, "ports": ports, "fv": self.fence_version,
+                "problems": self.problems, "pos": pos, "io": io_bytes(self.main_tid)}
+        if pos and pos == self.last_pos:
+            body["where"] = where  # standing still: say where (only then: datagrams stay small)
+        self.last_pos = pos
+        return body
 
     def bye(self) -> None:
         """Tell the supervisor this process ends on purpose (at interpreter exit)."""
