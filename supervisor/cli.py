@@ -418,7 +418,7 @@ def _lead(cfg: Config, elector: LeaderElector, retry: startup.ApiRetry,
                                  f"(Lease {elector.name}); waiting until it ends or its lease "
                                  "expires"))
             shown, next_log = elector.holder, now + 30
-        stopping.event.wait(elector.retry_s)
+        stopping.wait(elector.retry_s)
         stopping.check()
     log.info("leader.acquired", lease=elector.name, identity=elector.me,
              transitions=elector.transitions, waited_s=round(time.monotonic() - since, 1))

@@ -170,7 +170,9 @@ class Supervisor:
         self.channel = channel
         self.hang_settings = core.hang_settings(cfg)
         self.leases = leases if cfg.node_lease_s is not None else None
-        self.queue: queue.Queue[Trigger] = queue.Queue()
+        # SimpleQueue: handle_signal puts from a signal handler, which interrupts the main
+        # thread anywhere, even inside this queue's get; a queue.Queue's Lock would deadlock.
+        self.queue: queue.SimpleQueue[Trigger] = queue.SimpleQueue()
         self.state = LoopState(core=Core(fleet=workers))
         if workers is not None and cfg.worker_template is None:
             raise ValueError("a fleet needs the worker template")

@@ -15,8 +15,9 @@ denial, 404 where an object must exist) is raised at once. A signal during the s
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import random
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -42,15 +43,27 @@ class Stopped(Exception):
 
 
 class Stopping:
-    """The signals that arrive before the loop owns them (its handlers replace these)."""
+    """The signals that arrive before the loop owns them (its handlers replace these).
+
+    The handler only puts into a SimpleQueue: a signal handler runs in the main thread between
+    two bytecodes of whatever it interrupted, and a threading.Event (or queue.Queue) takes a
+    Lock that the interrupted code may hold (inside Event.wait itself): the handler would
+    wait for it for good. SimpleQueue.put is reentrant."""
 
     def __init__(self) -> None:
-        self.event = threading.Event()
+        self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
         self.signum: int | None = None
 
     def handle(self, signum: int, _frame: object = None) -> None:
         self.signum = signum
-        self.event.set()
+        self._signals.put_nowait(signum)
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to `timeout` seconds, less if a signal arrives; whether one has."""
+        if self.signum is None:
+            with contextlib.suppress(queue.Empty):
+                self._signals.get(timeout=timeout)
+        return self.signum is not None
 
     def check(self) -> None:
         if self.signum is not None:
@@ -87,7 +100,7 @@ class ApiRetry:
                 wait = min(delay * (0.5 + self.rng() / 2), self.budget_s - failing)
                 self.log.warning("start.api_retrying", call=what, reason=str(e),
                                  failing_s=round(failing, 2), retry_in_s=round(wait, 2))
-                self.stopping.event.wait(wait)
+                self.stopping.wait(wait)
                 delay = min(self.max_s, delay * 2)
 
 
