@@ -29,6 +29,10 @@ from supervisor.config import HostMode
 from supervisor.observe import ClusterView, Kind, Obj, Unusable, pod_problem
 from supervisor.workers import LABEL_SLOT
 
+# A worker's node is down (not Ready, or a not-ready/unreachable taint): out of the file unless
+# its training processes heartbeat (a blip).
+NODE_DOWN = frozenset({Unusable.NODE_NOT_READY, Unusable.NODE_TAINTED})
+
 
 @dataclass(frozen=True)
 class Rendered:
@@ -137,10 +141,13 @@ class _Args:
     failed: frozenset[str] = frozenset()
     declared: frozenset[str] = frozenset()
     active: frozenset[str] | None = None
+    heartbeating: frozenset[str] = frozenset()
 
     def placed(self, name: str, pod: Obj, problem: Unusable | None,
                host: str | None) -> Unusable | None:
         """The problem after the checks that depend on more than the pod and its node."""
+        if problem in NODE_DOWN and host in self.heartbeating:
+            problem = None  # its node blipped, its training processes still talk to us
         if problem is None and (owner := self.first_owner.get(host)) is not None and (  # type: ignore[arg-type]
                 owner != pod["metadata"]["uid"]):
             return Unusable.HOST_REUSED
@@ -160,7 +167,7 @@ def render(
     view: ClusterView, slots: int, mode: HostMode, first_owner: Mapping[str, str], *,
     retiring: frozenset[str] = frozenset(), failed: frozenset[str] = frozenset(),
     declared: frozenset[str] = frozenset(), active: frozenset[str] | None = None,
-    memo: Memo | None = None,
+    heartbeating: frozenset[str] = frozenset(), memo: Memo | None = None,
 ) -> Rendered:
     """Return the sorted `host:slots` lines of the usable workers in `view`.
 
@@ -174,13 +181,16 @@ def render(
     `active`: names of the pods of the active slots' current incarnations (None: the
     supervisor does not own the workers); a pod it created (slot label) for anything else,
     an old incarnation or a dropped slot, is left out.
+    `heartbeating`: hosts on a node that is not Ready (or carries a node-down taint) whose
+    training processes heartbeat: kept, since a one-second Ready blip of a kubelet has not
+    lost them (the node's grace decides, on the failure path, when it has).
     `memo`: reuse what earlier calls concluded (see Memo; the result is the same).
     """
     if memo is None:
         memo = Memo()
-    args = _Args(slots, mode, first_owner, retiring, failed, declared, active)
-    inputs = (id(view), slots, mode, retiring, failed, declared, active, id(first_owner),
-              len(first_owner))
+    args = _Args(slots, mode, first_owner, retiring, failed, declared, active, heartbeating)
+    inputs = (id(view), slots, mode, retiring, failed, declared, active, heartbeating,
+              id(first_owner), len(first_owner))
     changes = (view.changes_since(memo.version)
                if memo.version is not None and memo.inputs == inputs else None)
     if changes is None or not _update(memo, view, changes, args):

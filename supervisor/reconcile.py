@@ -74,6 +74,7 @@ from supervisor.observe import (
     NodeLeases,
     Obj,
     SourceHealth,
+    node_problem,
 )
 from supervisor.proc import job_exit_code
 from supervisor.workers import pod_name, worker_pod
@@ -138,6 +139,7 @@ class LoopState:
     replace_from: dict[str, float] = field(default_factory=dict)  # new pod -> failure seen
     scale_version: str | None = None  # resourceVersion of the last scale request seen
     gate_since: float = 0.0  # since when the start gate waits for MIN_NP slots
+    kept: frozenset[str] = frozenset()  # hosts on down nodes kept while they heartbeat
     hangs: HangWatch = field(default_factory=HangWatch)
 
 
@@ -797,11 +799,18 @@ class Supervisor:
         if fl is not None and st.active_pods[0] is not fl:
             st.active_pods = (fl, fleet.current_pods(fl, cfg.job_name))
         active = st.active_pods[1] if fl is not None else None
-        inputs = (st.view.version, retiring, len(st.first_owner), failed, declared, active)
+        talking = self._heartbeating_on_down_nodes(now)
+        if talking != st.kept:
+            self.log.info("workers.kept_on_down_nodes", hosts=sorted(talking),
+                          released=sorted(st.kept - talking))
+            st.kept = talking
+        inputs = (st.view.version, retiring, len(st.first_owner), failed, declared, active,
+                  talking)
         if st.listed is None or inputs != st.rendered_from:
             st.listed = discovery.render(st.view, cfg.slots_per_worker, cfg.host_mode,
                                          st.first_owner, retiring=retiring, failed=failed,
-                                         declared=declared, active=active, memo=st.memo)
+                                         declared=declared, active=active,
+                                         heartbeating=talking, memo=st.memo)
             st.rendered_from = inputs
             self.metrics.workers_listed.set(len(st.view.pods))
             self.metrics.workers_live.set(st.listed.live)
@@ -838,6 +847,26 @@ class Supervisor:
                 self.events(EventSpec("Warning", "DiscoveryWithdrawn", "Discovery",
                                       f"host list withdrawn: {decision.reason}"))
             st.published = None
+
+    def _heartbeating_on_down_nodes(self, now: float) -> frozenset[str]:
+        """Hosts of worker pods on nodes that are down (not Ready, or a node-down taint) whose
+        training processes heartbeat now: kept in the file through a kubelet's blip (the
+        node's grace, on the failure path, decides when a node is lost; a host that falls
+        silent leaves at once). Empty without the hook or while every node is up."""
+        st = self.state
+        if self.channel is None or st.child is None:
+            return frozenset()
+        down = {n for n, node in st.view.nodes.items()
+                if node_problem(node) in discovery.NODE_DOWN}
+        if not down:
+            return frozenset()
+        hosts = {h for p in st.view.pods.values()
+                 if p.get("spec", {}).get("nodeName") in down
+                 and (h := discovery.host_of(p, self.cfg.host_mode))}
+        silence = self.hang_settings.silence_s
+        fresh = {b.host for b in self.channel.snapshot().beats.values()
+                 if b.bye_at is None and now - b.last_seen < silence}
+        return frozenset(hosts & fresh)
 
     def _listing(self, listed: Rendered, now: float) -> Rendered:
         """The hosts to publish (plan.listing, pure): gather its inputs, keep its outputs."""

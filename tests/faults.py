@@ -18,12 +18,15 @@ import os
 import signal
 import socket
 import subprocess
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+from localcluster.kubelet import ready_condition
 
 CGROUP2 = Path("/sys/fs/cgroup/unified")
 
@@ -39,6 +42,16 @@ class PodFaults:
         """The pods' containers get `sig` at once (a crash, an OOM kill): they end 128+sig."""
         for name in names:
             self.job.kill_container(name, sig)
+
+    def blip_node(self, node: str, seconds: float = 1.0) -> None:
+        """The node's Ready condition goes False for `seconds`, as its kubelet posts it for a
+        PLEG hiccup or a container runtime restart, then True again: none of its pods was
+        lost (the node controller taints it not-ready meanwhile, and untaints it after)."""
+        core = self.job.core
+        core.patch_node_status(node, {"status": {"conditions": [
+            ready_condition("False", "KubeletNotReady")]}})
+        time.sleep(seconds)
+        core.patch_node_status(node, {"status": {"conditions": [ready_condition()]}})
 
     def force_delete(self, name: str) -> None:
         self.job.force_delete(name)

@@ -303,6 +303,32 @@ class TestStockTour:
             job.wait("the partitioned pod deleted", lambda: victim not in job.live_workers(), 60)
         hung_then_replaced(job, victim, t0)
 
+    def test_six_ready_blips_of_a_workers_node_cost_nothing(
+            self, tour: tuple[Job, PodFaults]) -> None:
+        """Issue 27, item 12: the node's Ready goes False for a second, six times (a kubelet's
+        PLEG hiccups): its worker's training processes heartbeat throughout, so its host stays
+        in the file (without them it leaves at once: tests/integration/test_node_blips.py):
+        no reset, no restart, no failure."""
+        job, faults = tour
+        job.settled(2)
+        victim, pod = job.victim()
+        node = pod["spec"]["nodeName"]
+        at = (job.last_step() or {"step": 0})["step"]
+        t0 = time.time()
+        for _ in range(6):
+            faults.blip_node(node, 1.0)
+            time.sleep(1.0)
+        job.wait("the node untainted", lambda: not any(
+            t.key.startswith("node.kubernetes.io/")
+            for t in job.core.read_node(node).spec.taints or ()), 60)
+        job.wait_training(past=at + 20, size=2, timeout=60)
+        kept = [e for e in job.logs_since("workers.kept_on_down_nodes", t0) if e["hosts"]]
+        assert kept and all(pod["status"]["podIP"] in e["hosts"] for e in kept), kept
+        assert [r for r in job.records() if r.get("event") == "reset" and r["time"] > t0] == []
+        assert job.logs_since("worker.failed", t0) == []
+        assert victim in job.live_workers()
+        sound(job, t0)
+
     # ---- faults during a recovery, several at once -----------------------------------------------
 
     def test_a_replacement_killed_while_it_joins_is_replaced_again(

@@ -82,6 +82,32 @@ def test_usability_rules(objs: list[dict], problem: Unusable | None) -> None:
         assert r.left_out == {name: problem}
 
 
+@pytest.mark.parametrize(("down", "problem"), [
+    pytest.param(with_condition(READY_NODE, "Ready", "False"), Unusable.NODE_NOT_READY,
+                 id="Ready False (a kubelet's blip)"),
+    pytest.param(node("node-a", "node_unreachable"), Unusable.NODE_NOT_READY,
+                 id="Ready Unknown (the captured unreachable node)"),
+    pytest.param(tainted(READY_NODE, "node.kubernetes.io/not-ready"), Unusable.NODE_TAINTED,
+                 id="Ready again, the not-ready taint not removed yet"),
+])
+def test_a_host_on_a_down_node_stays_while_its_processes_heartbeat(
+        down: dict, problem: Unusable) -> None:
+    """Issue 27, item 12: a node's Ready blip does not take out a host whose training
+    processes still heartbeat; one that does not heartbeat (or the hook off) leaves."""
+    p, other = pod("w-0", "10.1.0.10"), pod("w-1", "10.1.0.11", "b")
+    v = view_of(p, other, down, node("b"))
+    talking = discovery.render(v, 1, HostMode.POD_IP, {}, heartbeating=frozenset({"10.1.0.10"}))
+    assert talking.lines == ("10.1.0.10:1", "10.1.0.11:1") and talking.left_out == {}
+    silent = discovery.render(v, 1, HostMode.POD_IP, {})
+    assert silent.lines == ("10.1.0.11:1",) and silent.left_out == {"w-0": problem}
+    elsewhere = discovery.render(v, 1, HostMode.POD_IP, {},
+                                 heartbeating=frozenset({"10.1.0.11"}))
+    assert elsewhere.left_out == {"w-0": problem}
+    failed = discovery.render(v, 1, HostMode.POD_IP, {}, heartbeating=frozenset({"10.1.0.10"}),
+                              declared=frozenset({p["metadata"]["uid"]}))
+    assert failed.left_out == {"w-0": Unusable.FOUND_FAILED}, "past the grace: failed, out"
+
+
 def test_lines_are_sorted_and_carry_slots() -> None:
     v = view_of(pod("w-2", "10.1.0.9"), pod("w-0", "10.1.0.10"), pod("w-1", "10.1.0.11", "b"),
                 READY_NODE, node("b"))
