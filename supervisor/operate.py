@@ -85,7 +85,7 @@ def status(job: str, namespace: str, *, pods: Iterable[Obj], state: Mapping[str,
     used, limit = ledger.get("total", 0), (state or {}).get("restartLimit")
     decisions = sorted(
         (e for e in events if e.get("reportingController") == "elastic-supervisor.io/supervisor"),
-        key=lambda e: e.get("eventTime") or "")[-last:]
+        key=_last_seen)[-last:]
     return {
         "job": job, "namespace": namespace,
         "desired": (state or {}).get("desiredWorkers"),
@@ -94,9 +94,16 @@ def status(job: str, namespace: str, *, pods: Iterable[Obj], state: Mapping[str,
         "restarts": {"used": used, "limit": limit,
                      "left": None if limit is None else max(0, limit - used)},
         "workers": workers,
-        "decisions": [{"time": e.get("eventTime"), "type": e.get("type"),
-                       "reason": e.get("reason"), "note": e.get("note")} for e in decisions],
+        "decisions": [{"time": _last_seen(e), "type": e.get("type"),
+                       "reason": e.get("reason"), "note": e.get("note"),
+                       "count": (e.get("series") or {}).get("count", 1)} for e in decisions],
     }
+
+
+def _last_seen(event: Mapping[str, Any]) -> str:
+    """When an Event was last observed: its series' last time, else its own."""
+    return str((event.get("series") or {}).get("lastObservedTime") or event.get("eventTime")
+               or "")
 
 
 def render(s: Mapping[str, Any]) -> str:
@@ -117,7 +124,8 @@ def render(s: Mapping[str, Any]) -> str:
         lines.append("  ".join(v.ljust(widths[i]) for i, v in enumerate(row)).rstrip())
     lines += ["", "LAST DECISIONS"]
     for d in s["decisions"]:
-        lines.append(f"{d['time']}  {d['type']:<7}  {d['reason']:<18}  {d['note']}")
+        times = f" (x{d['count']})" if d.get("count", 1) > 1 else ""
+        lines.append(f"{d['time']}  {d['type']:<7}  {d['reason']:<18}  {d['note']}{times}")
     if not s["decisions"]:
         lines.append("(none)")
     return "\n".join(lines)
