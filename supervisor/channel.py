@@ -73,7 +73,8 @@ class Beat:
     # the main thread: collectives completed since the last init (None: an older hook), since
     # when its position, I/O and progress have not changed (None: the hook does not say), its
     # innermost frames while it stands still, and the last GAPS intervals between two
-    # heartbeats that showed progress (the step time, at the heartbeat's resolution)
+    # heartbeats that showed progress with no init between them (the step time, at the
+    # heartbeat's resolution)
     since_init: int | None = None
     still_since: float | None = None
     where: tuple[str, ...] = ()
@@ -393,7 +394,9 @@ def _update(old: Beat | None, body: Mapping[str, Any], addr: tuple[str, int],
                     still_since=now if fields["pos"] else None, **fields)
     progress = now if done != old.done else old.progress_at
     gaps = old.gaps
-    if done != old.done and old.progress_at is not None:
+    if done != old.done and old.progress_at is not None and fields["inits"] == old.inits:
+        # A step's time; not a pause that spans a reset (an init: a fault, a worker joining),
+        # which would make the stuck threshold minutes long right after every recovery.
         gaps = (*old.gaps[-(GAPS - 1):], now - old.progress_at)
     moved = (fields["pos"], fields["io"], done, fields["waiting"]) != (
         old.pos, old.io, old.done, old.waiting)

@@ -214,3 +214,22 @@ def test_an_older_hook_and_an_unwatched_host_are_never_named() -> None:
     procs = {HOSTS[0]: waits_from(STOP + 0.05), HOSTS[1]: stops_at(STOP)}
     assert stuck(play(procs, STOP + 30), STOP + 30, watched={HOSTS[0]: 0.0}) == (), \
         "a host being scaled in is not judged"
+
+
+def test_a_recovery_pause_is_not_a_step_time() -> None:
+    """A 15 s pause that spans a reset (an init: a fault, a worker joining) right before the
+    fault must not raise the threshold to a minute (4 x 15 s): only intervals without an
+    init between them count as steps."""
+    def recovered(t: float) -> dict[str, Any]:
+        if t < 30:
+            return training(t)
+        if t < 45:  # the survivors wait in the rendezvous of a reset
+            return {**training(30), "pos": ALLREDUCE, "wait": t - 30, "in": "i"}
+        return {**training(t, 15), "inits": 2}
+
+    def then(after: Behaviour) -> Behaviour:
+        return lambda t: recovered(t) if t < 60 else {**after(t), "inits": 2}
+
+    procs = {HOSTS[0]: then(waits_from(60.05)), HOSTS[1]: then(stops_at(60))}
+    (k,) = stuck(play(procs, 81), 81)
+    assert k.host == HOSTS[1] and k.threshold_s == STUCK_FLOOR_S
