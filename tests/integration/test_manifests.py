@@ -68,6 +68,7 @@ KUBE_CALLS: dict[str, list[Permission] | None] = {
     "patch_namespaced_pod": [("", "pods", "patch", JOB, None)],
     "list_node": [("", "nodes", "list", CLUSTER, None), ("", "nodes", "watch", CLUSTER, None)],
     "create_namespaced_event": [("events.k8s.io", "events", "create", JOB, None)],
+    "patch_namespaced_event": [("events.k8s.io", "events", "patch", JOB, None)],
     "read_namespaced_config_map": [("", "configmaps", "get", JOB, STATE)],
     "list_namespaced_config_map": [("", "configmaps", "list", JOB, SCALE),
                                    ("", "configmaps", "watch", JOB, SCALE)],
