@@ -1,8 +1,9 @@
 """`make bench`: run the benchmarks and write bench/results.json and bench/out/scale.png, then
 print a table.
 
-Keys not measured stay null (never invented). `--only NAME` runs one benchmark and keeps the
-others' stored numbers (`--only plot` only redraws the PNG from results.json).
+Keys not measured stay null (never invented); keys no benchmark writes (`suite`) are kept.
+`--only NAME` runs one benchmark and keeps the others' stored numbers (`--only plot` only
+redraws the PNG from results.json).
 """
 
 from __future__ import annotations
@@ -86,8 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         "soak": None,
         "soak_details": None,
     }
-    if RESULTS.exists() and args.only:
-        stored = json.loads(RESULTS.read_text())
+    stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    # Keys no benchmark writes (`suite`: the test suite's times, measured by `make test` and
+    # `.ci/run`) are kept by every run; a benchmark's keys only by a run of another one.
+    results.update({k: v for k, v in stored.items() if k not in results})
+    if args.only:
         results.update({k: v for k, v in stored.items() if k in results and k != "when"})
         if args.only == "plot":
             results["when"] = stored.get("when")
