@@ -171,7 +171,8 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
     waiting = [b for b in fresh if b.wait_s is not None]
     hung: dict[str, Hung] = {}
     busy: list[tuple[str, int, float, str]] = []
-    busy_bound = max(s.silence_s, stuck_threshold(all_beats, s))
+    threshold = stuck_threshold(fresh, s)
+    busy_bound = max(s.silence_s, threshold)
     for b in all_beats:
         silent = now - b.last_seen
         if (b.host not in watched or b.bye_at is not None or b.problems
@@ -215,7 +216,7 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
         if h not in seen and now - max(since, started_at) >= UNMONITORED_AFTER_S))
     problems = tuple(sorted({(b.host, p) for b in all_beats for p in b.problems}))
     return Verdict(tuple(hung[h] for h in sorted(hung)), stall, broken, unformed,
-                   stuck_ranks(fresh, watched, now, s), tuple(sorted(busy)), unmonitored,
+                   stuck_ranks(fresh, watched, now, threshold), tuple(sorted(busy)), unmonitored,
                    problems)
 
 
@@ -260,52 +261,47 @@ def stuck_threshold(beats: Iterable[Beat], settings: HangSettings) -> float:
     return max(STUCK_FLOOR_S, STUCK_STEPS * p99)
 
 
-def _behind(x: Beat, waiting: list[Beat]) -> bool:
-    """Whether `x` is not in the collective its peers wait in: outside any wait, or still in
-    an older collective (its main thread completed fewer since the last init than a waiting
-    peer: Horovod's background thread finished that collective, the main thread never
-    returned from it)."""
-    if x.waiting is None:
-        return True
-    if x.waiting != "c" or x.since_init is None:
-        return False
-    return any(p.since_init is not None and p.since_init > x.since_init for p in waiting)
-
-
 def stuck_ranks(fresh: list[Beat], watched: Mapping[str, float], now: float,
-                s: HangSettings) -> tuple[Stuck, ...]:
+                threshold: float) -> tuple[Stuck, ...]:
     """The `stuck` rule: a process that heartbeats (its other threads run) whose main thread
     has not moved (position, I/O, progress) for the threshold, is not in the collective its
     peers wait in, and every other process heartbeating is waiting in a collective (for half
     the threshold at least) or is stuck itself: training is blocked on it. A rank busy in
     Python (its position moves), writing a checkpoint (its I/O moves), or in the same
     collective as everybody (a hang nobody can be named for: the stall rule's) is never
-    stuck. Ranks on hosts not watched (scaled in, not listed) are never named."""
-    threshold = stuck_threshold(fresh, s)
+    stuck. Ranks on hosts not watched (scaled in, not listed) are never named. `threshold`:
+    stuck_threshold's."""
 
     def still(b: Beat) -> float:
         return -1.0 if b.still_since is None else now - b.still_since
 
-    candidates = [b for b in fresh if still(b) >= threshold and b.waiting != "i"]
+    # Linear in the processes: at 1,000 workers stuck in one collective every one of them is
+    # a candidate, and this runs on every tick.
+    candidates = {b.sender for b in fresh if still(b) >= threshold and b.waiting != "i"}
+    waiting = [p for p in fresh if p.waiting == "c"]
+    waits = sorted(((p.wait_s or 0.0) + now - p.last_seen, p.sender) for p in waiting)
+    counts = sorted((p.since_init, p.sender) for p in waiting if p.since_init is not None)
+    # processes neither waiting in a collective nor stuck themselves: training is not blocked
+    busy = {p.sender for p in fresh if p.waiting != "c" and p.sender not in candidates}
     named = []
-    for x in candidates:
-        if x.host not in watched:
+    for x in fresh:
+        if x.sender not in candidates or x.host not in watched or busy - {x.sender}:
             continue
-        others = [p for p in fresh if p.sender != x.sender]
-        waiting = [p for p in others if p.waiting == "c"]
-        if not waiting or not _behind(x, waiting):
+        peer_waits = [w for w, sender in waits[:2] if sender != x.sender][:1]
+        n_waiting = len(waiting) - (x.waiting == "c")
+        if not n_waiting or not peer_waits or peer_waits[0] < threshold / 2:
             continue
-        waits = [(p.wait_s or 0.0) + now - p.last_seen for p in waiting]
-        if min(waits) < threshold / 2 or any(
-                p not in candidates for p in others if p.waiting != "c"):
-            continue
+        most = [c for c, sender in counts[-2:] if sender != x.sender][-1:]
+        if x.waiting == "c" and not (x.since_init is not None and most
+                                     and most[0] > x.since_init):
+            continue  # in the same collective as the others: nobody to name
         where = x.where or (x.pos,)
         inside = "outside any collective" if x.waiting is None else (
             "still in an older collective (its peers completed it)")
-        named.append(Stuck(x.host, x.pid, x.rank, still(x), threshold, len(waiting),
-                           min(waits), x.where, (
+        named.append(Stuck(x.host, x.pid, x.rank, still(x), threshold, n_waiting,
+                           peer_waits[0], x.where, (
             f"process {x.pid} (rank {x.rank}): its main thread has not moved for "
             f"{still(x):.0f}s (at {'; '.join(where)}), {inside}, with no I/O, while "
-            f"{len(waiting)} peer process(es) waited in a collective (at least "
-            f"{min(waits):.0f}s); stuck after {threshold:.0f}s")))
+            f"{n_waiting} peer process(es) waited in a collective (at least "
+            f"{peer_waits[0]:.0f}s); stuck after {threshold:.0f}s")))
     return tuple(sorted(named, key=lambda k: (k.host, k.pid)))

@@ -193,9 +193,8 @@ def _locals_digest(frame: Any) -> str:
 def position(frame: Any) -> tuple[str, list[str]]:
     """Where a thread stands, from its innermost Python frame: a position that changes
     whenever it executes Python (file, line, instruction offset, its local variables), and
-    its WHERE_FRAMES
-    innermost frames as "file:line function" (a thread inside a C call, a GPU kernel or a
-    lock keeps both)."""
+    its WHERE_FRAMES innermost frames as "file:line function" (a thread inside a C call, a GPU
+    kernel or a lock keeps both)."""
     if frame is None:
         return "", []
     code = frame.f_code
@@ -286,8 +285,10 @@ class Beater:
                 env={**env, watch.OF_ENV: self.sender, watch.PID_ENV: str(os.getpid()),
                      watch.TARGET_ENV: f"{self.supervisor[0]}:{self.supervisor[1]}"})
         except OSError as e:
-            self._problem(f"cannot start the process watcher: {e!r} (a silent process is "
-                          "judged by its silence alone)")
+            # Not a problem of the hook (those switch hang detection off for the process):
+            # without its watcher a silent process is judged by its silence alone, as before.
+            print(f"elastic-supervisor hook: cannot start the process watcher: {e!r} (a "
+                  "silent process is judged by its silence alone)", file=sys.stderr, flush=True)
             return None
 
     def close(self) -> None:
