@@ -20,13 +20,13 @@ import contextlib
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 from supervisor.config import HostMode
-from supervisor.observe import ClusterView, Kind, Obj, Unusable, pod_problem
+from supervisor.observe import ClusterView, Kind, Obj, Unusable, node_problem, pod_problem
 from supervisor.workers import LABEL_SLOT
 
 # A worker's node is down (not Ready, or a not-ready/unreachable taint): out of the file unless
@@ -128,6 +128,19 @@ def _judge(pod: Obj, nodes: Mapping[str, Obj], mode: HostMode,
     live = not pod["metadata"].get("deletionTimestamp") and pod.get("status", {}).get(
         "phase") not in ("Succeeded", "Failed")
     return problem, host, live
+
+
+def talking_on_down_nodes(view: ClusterView, mode: HostMode,
+                          heartbeating: Callable[[], Iterable[str]]) -> frozenset[str]:
+    """PURE: the hosts of worker pods on nodes that are down (not Ready, or a node-down taint)
+    among `heartbeating()` (hosts whose training processes heartbeat now; asked only while a
+    node is down): render keeps them through a kubelet's blip."""
+    down = {n for n, node in view.nodes.items() if node_problem(node) in NODE_DOWN}
+    if not down:
+        return frozenset()
+    hosts = {h for p in view.pods.values()
+             if p.get("spec", {}).get("nodeName") in down and (h := host_of(p, mode))}
+    return frozenset(hosts.intersection(heartbeating()))
 
 
 @dataclass(frozen=True)

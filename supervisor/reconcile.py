@@ -74,7 +74,6 @@ from supervisor.observe import (
     NodeLeases,
     Obj,
     SourceHealth,
-    node_problem,
 )
 from supervisor.proc import job_exit_code
 from supervisor.workers import pod_name, worker_pod
@@ -849,24 +848,15 @@ class Supervisor:
             st.published = None
 
     def _heartbeating_on_down_nodes(self, now: float) -> frozenset[str]:
-        """Hosts of worker pods on nodes that are down (not Ready, or a node-down taint) whose
-        training processes heartbeat now: kept in the file through a kubelet's blip (the
-        node's grace, on the failure path, decides when a node is lost; a host that falls
-        silent leaves at once). Empty without the hook or while every node is up."""
+        """discovery.talking_on_down_nodes with the hosts heartbeating now (empty without the
+        hook or horovodrun)."""
         st = self.state
         if self.channel is None or st.child is None:
             return frozenset()
-        down = {n for n, node in st.view.nodes.items()
-                if node_problem(node) in discovery.NODE_DOWN}
-        if not down:
-            return frozenset()
-        hosts = {h for p in st.view.pods.values()
-                 if p.get("spec", {}).get("nodeName") in down
-                 and (h := discovery.host_of(p, self.cfg.host_mode))}
-        silence = self.hang_settings.silence_s
-        fresh = {b.host for b in self.channel.snapshot().beats.values()
-                 if b.bye_at is None and now - b.last_seen < silence}
-        return frozenset(hosts & fresh)
+        channel, silence = self.channel, self.hang_settings.silence_s
+        return discovery.talking_on_down_nodes(st.view, self.cfg.host_mode, lambda: [
+            b.host for b in channel.snapshot().beats.values()
+            if b.bye_at is None and now - b.last_seen < silence])
 
     def _listing(self, listed: Rendered, now: float) -> Rendered:
         """The hosts to publish (plan.listing, pure): gather its inputs, keep its outputs."""

@@ -76,6 +76,14 @@ def stock_script(docs: list[dict[str, Any]]) -> None:
             doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)
 
 
+def _shared_write(path: Path, text: str) -> None:
+    """Replace `path` (on the volume every worker mounts) atomically, readable by them."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.chmod(0o644)
+    tmp.replace(path)
+
+
 class Job(MainJob):
     """A MainJob with the waits and picks the scenarios share."""
 
@@ -90,21 +98,14 @@ class Job(MainJob):
         last = self.last_step()
         assert last is not None, "rank 0 reported no step yet"
         target = int(last["step"]) + ahead
-        tmp = self.stop_file.with_suffix(".tmp")
-        tmp.write_text(str(target))
-        tmp.chmod(0o644)
-        tmp.replace(self.stop_file)
+        _shared_write(self.stop_file, str(target))
         return target
 
     def hang(self, host: str) -> None:
         """Make the rank on `host` deadlock its main thread at its next batch (the stock
         script's --hang-file, next to the stop file); "" for nobody."""
         assert self.stop_file is not None, "the job was started without a checkpoint directory"
-        target = self.stop_file.with_name(HANG_FILE)
-        tmp = target.with_suffix(".tmp")
-        tmp.write_text(host)
-        tmp.chmod(0o644)
-        tmp.replace(target)
+        _shared_write(self.stop_file.with_name(HANG_FILE), host)
 
     def nodes_ready(self) -> bool:
         return all(any(c.type == "Ready" and c.status == "True"
@@ -167,19 +168,18 @@ class Job(MainJob):
     def notes(self, reason: str) -> list[str]:
         return [e.get("note", "") for e in self.events() if e["reason"] == reason]
 
+    def cli(self, command: str, *args: str) -> str:
+        """`elastic-supervisor COMMAND --job ... ARGS` as a user runs it; its stdout."""
+        return subprocess.run([sys.executable, "-m", "supervisor", command, "--job", JOB,
+                               "--namespace", self.namespace, *args], check=True,
+                              env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)},
+                              capture_output=True, text=True).stdout
+
     def scale(self, workers: int) -> None:
-        subprocess.run([sys.executable, "-m", "supervisor", "scale", "--job", JOB,
-                        "--namespace", self.namespace, "--workers", str(workers)], check=True,
-                       env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)},
-                       capture_output=True, text=True)
+        self.cli("scale", "--workers", str(workers))
 
     def status(self) -> dict[str, Any]:
-        """`elastic-supervisor status --output json`, as a user runs it."""
-        out = subprocess.run([sys.executable, "-m", "supervisor", "status", "--job", JOB,
-                              "--namespace", self.namespace, "--output", "json"], check=True,
-                             env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)},
-                             capture_output=True, text=True)
-        return dict(json.loads(out.stdout))
+        return dict(json.loads(self.cli("status", "--output", "json")))
 
     def state(self) -> dict[str, Any]:
         cm = self.core.read_namespaced_config_map(f"{JOB}-supervisor-state", self.namespace)

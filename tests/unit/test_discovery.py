@@ -108,6 +108,20 @@ def test_a_host_on_a_down_node_stays_while_its_processes_heartbeat(
     assert failed.left_out == {"w-0": Unusable.FOUND_FAILED}, "past the grace: failed, out"
 
 
+def test_the_hosts_kept_on_down_nodes_are_those_that_heartbeat() -> None:
+    down = with_condition(READY_NODE, "Ready", "False")
+    v = view_of(pod("w-0", "10.1.0.10"), pod("w-1", "10.1.0.11", "b"), down, node("b"))
+    talking = lambda: ["10.1.0.10", "10.1.0.11"]  # noqa: E731
+    assert discovery.talking_on_down_nodes(v, HostMode.POD_IP, talking) == {"10.1.0.10"}
+    assert discovery.talking_on_down_nodes(v, HostMode.POD_IP, list) == frozenset()
+    up = view_of(pod("w-0", "10.1.0.10"), READY_NODE)
+
+    def never() -> list[str]:
+        raise AssertionError("heartbeats are read only while a node is down")
+
+    assert discovery.talking_on_down_nodes(up, HostMode.POD_IP, never) == frozenset()
+
+
 def test_lines_are_sorted_and_carry_slots() -> None:
     v = view_of(pod("w-2", "10.1.0.9"), pod("w-0", "10.1.0.10"), pod("w-1", "10.1.0.11", "b"),
                 READY_NODE, node("b"))
