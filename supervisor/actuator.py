@@ -1,11 +1,16 @@
-"""ADAPTER: carries out the loop's changes to the cluster, in order, from one thread.
+"""ADAPTER: carries out the loop's changes to the cluster, each object on its own, in order.
 
 The loop never blocks on the API: it hands `SaveState`, `CreatePod` and `DeletePod` to
-`Actuator.submit`; a single thread runs them in FIFO order (so the state that records a new
-incarnation is always saved before that incarnation's pod is created) and reports each outcome to
-the loop's queue as an `ActionDone`. Retryable errors (connection, timeouts, 429, 5xx) are
-retried with jittered exponential backoff, reported once; "already exists" on create and "gone"
-on delete count as done (the operations are idempotent by pod name and UID).
+`Actuator.submit`; a few threads run them and report each outcome to the loop's queue as an
+`ActionDone`. The order that matters is kept (`runnable`, pure): operations on one object run in
+the order submitted, and a pod operation waits for every state save submitted before it (so the
+state that records a new incarnation is always saved before that incarnation's pod is created).
+Nothing else waits for anything: like client-go's workqueue, each object is retried on its own,
+with per-object jittered exponential backoff, so a create that a failing webhook keeps refusing
+(500) never holds up a force delete on a lost node. A newer state replaces a save still queued
+(the state is written whole: only the newest matters). Retryable errors (connection, timeouts,
+429, 5xx) are reported once and retried; "already exists" on create and "gone" on delete count as
+done (the operations are idempotent by pod name and UID).
 
 What is fatal: a denial of the supervisor's own verbs (RBAC 403), a state another supervisor
 wrote (a Conflict whose stored writer is not us: two supervisors must never share a job's
@@ -13,22 +18,25 @@ budgets), and a state save that fails for good (the pods queued behind it would 
 incarnations no state records). After a fatal outcome nothing queued runs. A state ConfigMap
 that is gone (404 on update) is created again. A create that admission refuses (ResourceQuota,
 LimitRange, PodSecurity) is reported as `refused` and not retried here: the loop decides whether
-and when that pod is still wanted. Nothing runs while `may_act` says this supervisor is not the
-job's leader.
+and when that pod is still wanted. `may_act` (the job's leadership) is asked before every write,
+retries included: while it says no, nothing is written and nothing is given up; the loop ends
+the run if leadership is lost for good.
 """
 
 from __future__ import annotations
 
-import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from supervisor.kube import AlreadyExists, Conflict, Forbidden, KubeError, NotFound, Refused
 from supervisor.model import ActionDone
+
+WORKERS = 4  # API calls in flight at once
+PAUSED_POLL_S = 0.2  # how often a write held back by `may_act` asks again
 
 
 class PodsApi(Protocol):
@@ -61,8 +69,54 @@ class DeletePod:
 Op = SaveState | CreatePod | DeletePod
 
 
+@dataclass
+class Pending:
+    """An operation waiting or retrying; `key` names its object."""
+
+    seq: int
+    op: Op
+    submitted_at: float
+    not_before: float = 0.0  # monotonic: its next try (backoff)
+    delay_s: float = 0.0  # the next backoff
+    reported: bool = False  # its retryable error was reported
+    note: str = ""
+    running: bool = False
+
+    @property
+    def key(self) -> str:
+        return key_of(self.op)
+
+
+def key_of(op: Op) -> str:
+    return "state" if isinstance(op, SaveState) else f"pod/{_describe(op)[1]}"
+
+
+def runnable(pending: Sequence[Pending], now: float) -> Pending | None:
+    """The first operation (in submission order) that may run now: not running, its backoff
+    over, no earlier operation on its object still pending, and, for a pod, no earlier state
+    save pending."""
+    blocked: set[str] = set()  # objects with an earlier operation pending
+    saving = False  # an earlier state save is pending
+    for p in sorted(pending, key=lambda p: p.seq):
+        key = p.key
+        if (not p.running and p.not_before <= now and key not in blocked
+                and not (saving and key != "state")):
+            return p
+        blocked.add(key)
+        saving = saving or key == "state"
+    return None
+
+
+@dataclass
+class _Queue:
+    items: list[Pending] = field(default_factory=list)
+    seq: int = 0
+    fatal: bool = False
+    closing: bool = False
+
+
 class Actuator:
-    """One thread running operations in order; outcomes go to `sink` as ActionDone."""
+    """A few threads running operations by object; outcomes go to `sink` as ActionDone."""
 
     WRITER_KEY = "writer"
 
@@ -70,78 +124,118 @@ class Actuator:
                  writer: str, sink: Callable[[ActionDone], None],
                  clock: Callable[[], float] = time.monotonic,
                  backoff_initial_s: float = 0.2, backoff_max_s: float = 5.0,
-                 may_act: Callable[[], bool] = lambda: True) -> None:
+                 may_act: Callable[[], bool] = lambda: True, workers: int = WORKERS) -> None:
         self.pods, self.store, self.rv, self.writer = pods, store, resource_version, writer
         self.sink, self.clock, self.may_act = sink, clock, may_act
         self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
-        self.queue: queue.Queue[Op | None] = queue.Queue()
+        self._q = _Queue()
+        self._cond = threading.Condition()
         self._stop = threading.Event()
-        self._abandoned = 0
-        self._thread = threading.Thread(target=self._run, name="actuator", daemon=True)
+        self._threads = [threading.Thread(target=self._run, name=f"actuator-{i}", daemon=True)
+                         for i in range(workers)]
 
     def start(self) -> Actuator:
-        self._thread.start()
+        for t in self._threads:
+            t.start()
         return self
 
     def submit(self, op: Op) -> None:
-        self.queue.put_nowait(op)
+        with self._cond:
+            q = self._q
+            if isinstance(op, SaveState):
+                queued = next((p for p in q.items if p.key == "state" and not p.running), None)
+                if queued is not None:  # the newest state replaces a save not yet written
+                    queued.op = op
+                    self._cond.notify_all()
+                    return
+            q.seq += 1
+            q.items.append(Pending(q.seq, op, self.clock(), delay_s=self.backoff_initial_s))
+            self._cond.notify_all()
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._q.items)
 
     def close(self, timeout: float = 10.0) -> int:
-        """Finish what is queued within `timeout` seconds, then stop; return ops abandoned."""
-        self.queue.put_nowait(None)
-        self._thread.join(timeout)
-        self._stop.set()
-        self._thread.join(2.0)
-        left = []
-        while True:
-            try:
-                left.append(self.queue.get_nowait())
-            except queue.Empty:
-                break
-        return self._abandoned + sum(op is not None for op in left)
+        """Finish what is queued within `timeout` seconds (at once if writes are not allowed
+        now), then stop; return the operations abandoned."""
+        deadline = self.clock() + timeout
+        with self._cond:
+            self._q.closing = True
+            self._cond.notify_all()
+            while (self._q.items and not self._q.fatal and self.may_act()
+                   and self.clock() < deadline):
+                self._cond.wait(min(PAUSED_POLL_S, max(0.0, deadline - self.clock())))
+            self._stop.set()
+            self._cond.notify_all()
+        for t in self._threads:
+            if t.is_alive():
+                t.join(2.0)
+        with self._cond:
+            return len(self._q.items)
+
+    # -- the threads ---------------------------------------------------------------------------
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            op = self.queue.get()
-            if op is None:
-                return
-            if not self.may_act():  # no longer the job's leader: nothing more may change
-                self._abandoned += 1
-                self._stop.set()
-                return
-            if self._execute(op).fatal:
-                self._stop.set()
-
-    def _execute(self, op: Op) -> ActionDone:
-        what, name = _describe(op)
-        started = self.clock()
-        delay, reported, note = self.backoff_initial_s, False, ""
         while True:
+            with self._cond:
+                item = self._next()
+                if item is None:
+                    return
+                item.running = True
+            outcome: ActionDone | _Retry | None = None
             try:
-                self._once(op)
-                done = ActionDone(what, name, at=self.clock(), started_at=started, note=note)
-                self.sink(done)
-                return done
-            except KubeError as e:
-                if isinstance(op, SaveState) and isinstance(e, NotFound) and self.rv:
-                    self.rv, note = None, "recreated: the ConfigMap was deleted"
-                    continue  # create it at once: the state must be stored before what follows
-                final = self._classify(op, e)
-                if final is not None:
-                    self.sink(final)
-                    return final
-                if not reported:  # retryable: say so once, then keep trying
-                    self.sink(ActionDone(what, name, at=self.clock(), started_at=started,
-                                         error=str(e), retrying=True))
-                    reported = True
-            except Exception as e:  # a bug must reach the loop, not kill this thread
-                bug = ActionDone(what, name, at=self.clock(), started_at=started,
-                                 error=f"{type(e).__name__}: {e}", fatal=True, note="bug")
-                self.sink(bug)
-                return bug
-            if self._stop.wait(delay * (0.5 + random.random())):
-                return ActionDone(what, name, at=self.clock(), error="stopped", fatal=True)
-            delay = min(self.backoff_max_s, delay * 2)
+                outcome = self._attempt(item) if self.may_act() else None
+            finally:
+                with self._cond:
+                    item.running = False
+                    if outcome is None:  # held back: leadership paused
+                        item.not_before = self.clock() + PAUSED_POLL_S
+                    elif outcome is not _RETRY:
+                        self._q.items.remove(item)
+                        self._q.fatal = self._q.fatal or outcome.fatal
+                    self._cond.notify_all()
+            if outcome is not None and outcome is not _RETRY:
+                self.sink(outcome)
+
+    def _next(self) -> Pending | None:
+        """Wait (holding the lock) for an operation that may run; None once stopped."""
+        while not self._stop.is_set() and not self._q.fatal:
+            now = self.clock()
+            item = runnable(self._q.items, now)
+            if item is not None:
+                return item
+            waits = [p.not_before - now for p in self._q.items
+                     if not p.running and p.not_before > now]
+            self._cond.wait(min(waits) if waits else None)
+        return None
+
+    def _attempt(self, item: Pending) -> ActionDone | _Retry:
+        """One try of `item`: its final outcome, or _RETRY with its backoff set."""
+        op = item.op
+        what, name = _describe(op)
+        try:
+            self._once(op)
+            return ActionDone(what, name, at=self.clock(), started_at=item.submitted_at,
+                              note=item.note)
+        except KubeError as e:
+            if isinstance(op, SaveState) and isinstance(e, NotFound) and self.rv:
+                self.rv, item.note = None, "recreated: the ConfigMap was deleted"
+                item.not_before = 0.0  # create it at once: it must be stored before what follows
+                return _RETRY
+            final = self._classify(op, e)
+            if final is not None:
+                return final
+            if not item.reported:  # retryable: say so once, then keep trying
+                self.sink(ActionDone(what, name, at=self.clock(), started_at=item.submitted_at,
+                                     error=str(e), retrying=True))
+                item.reported = True
+        except Exception as e:  # a bug must reach the loop, not kill this thread
+            return ActionDone(what, name, at=self.clock(), started_at=item.submitted_at,
+                              error=f"{type(e).__name__}: {e}", fatal=True, note="bug")
+        item.not_before = self.clock() + item.delay_s * (0.5 + random.random())
+        item.delay_s = min(self.backoff_max_s, item.delay_s * 2)
+        return _RETRY
 
     def _once(self, op: Op) -> None:
         if isinstance(op, SaveState):
@@ -180,6 +274,13 @@ class Actuator:
             # A state that cannot be stored must stop what was queued behind it.
             return ActionDone(what, name, at=at, error=str(e), fatal=isinstance(op, SaveState))
         return None
+
+
+class _Retry:
+    """An attempt that failed retryably; the operation stays queued."""
+
+
+_RETRY = _Retry()
 
 
 def _describe(op: Op) -> tuple[str, str]:

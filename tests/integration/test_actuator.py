@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import threading
 import time
 from pathlib import Path
 
@@ -127,3 +128,101 @@ def test_a_state_save_that_fails_for_good_stops_the_operations_queued_behind_it(
     assert done.empty(), done.get_nowait()
     assert abandoned == 2
     assert [p.metadata.name for p in core.list_namespaced_pod(namespace).items] == []
+
+
+def failing_webhook(api_client: client.ApiClient, namespace: str) -> str:
+    """A validating webhook for this namespace's pods labelled blocked=yes, at an address where
+    nothing listens: the API server answers 500 (failed calling webhook), as for a webhook
+    that is down. Returns its name."""
+    name = f"down-{namespace}"
+    client.AdmissionregistrationV1Api(api_client).create_validating_webhook_configuration({
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": "down.elastic-supervisor.test",
+            "clientConfig": {"url": "https://127.0.0.1:1/validate"},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                       "resources": ["pods"]}],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            "objectSelector": {"matchLabels": {"blocked": "yes"}},
+            "failurePolicy": "Fail", "sideEffects": "None", "timeoutSeconds": 1,
+            "admissionReviewVersions": ["v1"]}]})
+    return name
+
+
+def test_a_create_a_failing_webhook_keeps_refusing_blocks_no_other_object(
+        api_client: client.ApiClient, namespace: str) -> None:
+    core = client.CoreV1Api(api_client)
+    core.create_namespaced_pod(namespace, pod_body("lost"))
+    webhook = failing_webhook(api_client, namespace)
+    blocked = pod_body("blocked")
+    blocked["metadata"]["labels"] = {"blocked": "yes"}
+    act, done = make(api_client, namespace)
+    try:
+        act.submit(CreatePod(blocked))
+        first = done.get(timeout=10)
+        assert (first.what, first.name, first.retrying) == ("create", "blocked", True), first
+        assert "failed calling webhook" in (first.error or "")
+        # Submitted after it: a force delete (a worker on a lost node) and another create.
+        act.submit(DeletePod("lost", None, 0))
+        act.submit(CreatePod(pod_body("other")))
+        later = sorted((r.what, r.name, r.error) for r in (done.get(timeout=10),
+                                                           done.get(timeout=10)))
+        assert later == [("create", "other", None), ("delete", "lost", None)]
+        assert act.pending() == 1  # the blocked create, still retried on its own
+        client.AdmissionregistrationV1Api(api_client).delete_validating_webhook_configuration(
+            webhook)
+        webhook = ""
+        last = done.get(timeout=30)
+        assert (last.what, last.name, last.error) == ("create", "blocked", None)
+    finally:
+        act.close()
+        if webhook:
+            client.AdmissionregistrationV1Api(
+                api_client).delete_validating_webhook_configuration(webhook)
+    assert sorted(p.metadata.name for p in core.list_namespaced_pod(namespace).items
+                  if p.metadata.deletion_timestamp is None) == ["blocked", "other"]
+
+
+def test_nothing_is_written_while_leadership_is_paused_and_nothing_is_given_up(
+        api_client: client.ApiClient, namespace: str) -> None:
+    core = client.CoreV1Api(api_client)
+    leading = threading.Event()
+    calls: list[str] = []
+
+    class Counted(kube.Pods):
+        def create(self, body):  # type: ignore[no-untyped-def]
+            calls.append(body["metadata"]["name"])
+            return super().create(body)
+
+    webhook = failing_webhook(api_client, namespace)
+    done: queue.Queue[ActionDone] = queue.Queue()
+    store = kube.StateStore(api_client, namespace, "job1-supervisor-state", None)
+    act = Actuator(Counted(api_client, namespace), store, resource_version=None, writer="a",
+                   sink=done.put, backoff_max_s=0.5, may_act=leading.is_set).start()
+    blocked = pod_body("blocked")
+    blocked["metadata"]["labels"] = {"blocked": "yes"}
+    try:
+        leading.set()
+        act.submit(CreatePod(blocked))
+        assert done.get(timeout=10).retrying
+        leading.clear()  # the Lease could not be renewed: between two retries of one create
+        time.sleep(0.6)
+        tried = len(calls)
+        act.submit(SaveState({"n": 1}))
+        act.submit(CreatePod(pod_body("p1")))
+        time.sleep(2)
+        assert len(calls) == tried, "a retry was written while not leading"
+        assert done.empty() and act.pending() == 3
+        assert core.list_namespaced_pod(namespace).items == []
+        leading.set()  # renewed again: everything goes through, in order
+        results = [done.get(timeout=10) for _ in range(2)]
+        assert [(r.what, r.error) for r in results] == [("save", None), ("create", None)]
+        leading.clear()  # paused again, then the run ends: close gives up at once
+        started = time.monotonic()
+        abandoned = act.close(timeout=10)
+        assert abandoned == 1 and time.monotonic() - started < 3
+    finally:
+        act.close()
+        client.AdmissionregistrationV1Api(api_client).delete_validating_webhook_configuration(
+            webhook)
+    assert store.load()[0] == {"n": 1, "writer": "a"}
