@@ -38,7 +38,14 @@ from supervisor.launch import horovodrun_argv
 from supervisor.leader import LeaderElector, lease_name
 from supervisor.logs import make_logger
 from supervisor.metrics import make_metrics, serve
-from supervisor.model import EventSpec, ExitCode, LeadershipLost, SourceState
+from supervisor.model import (
+    EventSpec,
+    ExitCode,
+    LeadershipLost,
+    LeadershipPaused,
+    LeadershipResumed,
+    SourceState,
+)
 from supervisor.observe import Kind, NodeLeases, slim
 from supervisor.policy import DEFAULT_RULES
 from supervisor.reconcile import Supervisor
@@ -299,11 +306,13 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
     instance = cfg.pod_name or f"{cfg.job_name}-{socket.gethostname()}"
     identity = f"{instance}/{os.getpid()}"
     retry = startup.ApiRetry(cfg.start_timeout_s, log=log, stopping=stopping)
-    lost = Relay()
+    leadership = Relay()  # the elector thread's news, held until the loop runs
     elector = LeaderElector(kube.Leases(api, cfg.namespace, cfg.api_timeout_s),
                             lease_name(cfg.job_name), identity, cfg.leader_lease_s,
                             api_timeout_s=cfg.api_timeout_s,
-                            on_lost=lambda why: lost(LeadershipLost(why)))
+                            on_lost=lambda why: leadership(LeadershipLost(why)),
+                            on_paused=lambda why: leadership(LeadershipPaused(why)),
+                            on_resumed=lambda s: leadership(LeadershipResumed(s)))
 
     def event_failed(err: kube.KubeError) -> None:
         log.warning("event.failed", reason=str(err), retryable=err.retryable)
@@ -331,8 +340,9 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
                 return ExitCode.CONFIG
         stopping.check()
         return _supervise(cfg, command, env, api=api, log=log, metrics=metrics, channel=channel,
-                          recorder=recorder, elector=elector, lost=lost, stopping=stopping,
-                          store=store, workers=workers, rv=rv, identity=identity, owner=owner)
+                          recorder=recorder, elector=elector, leadership=leadership,
+                          stopping=stopping, store=store, workers=workers, rv=rv,
+                          identity=identity, owner=owner)
     except startup.Stopped as e:
         log.info("start.stopped", signal=e.signum, leader=elector.is_leader())
         return 128 + e.signum
@@ -500,7 +510,7 @@ def _adopt(cfg: Config, api: Any, store: kube.StateStore, stored: dict[str, Any]
 
 def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, api: Any,
                log: Any, metrics: Any, channel: HookChannel, recorder: kube.EventRecorder,
-               elector: LeaderElector, lost: Relay, stopping: startup.Stopping,
+               elector: LeaderElector, leadership: Relay, stopping: startup.Stopping,
                store: kube.StateStore, workers: fleet.Fleet | None, rv: str | None,
                identity: str, owner: Mapping[str, str] | None) -> int:
     """Run the loop as the job's leader; clean up (CLEAN_POD_POLICY) on the way out."""
@@ -517,7 +527,7 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
                      workers=workers, owner=owner, leases=leases)
     actuator.sink = sup.submit
     actuator.start()
-    lost.attach(sup.submit)
+    leadership.attach(sup.submit)
     settings = kube.WatchSettings(read_timeout_s=cfg.watch_read_timeout_s)
     reflectors = [
         kube.Reflector(kind, kube.lister(api, kind, cfg.namespace, cfg.worker_selector),
@@ -539,6 +549,15 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
         reflectors.append(kube.Reflector(
             Kind.LEASE, kube.lister(api, Kind.LEASE, cfg.namespace, ""), lease_news,
             settings, transform=slim))
+
+    def resumed(paused_s: float) -> None:
+        # The watches may have died silently through the same outage: resume them at once,
+        # so what changed meanwhile is reconciled now, not after their read timeout.
+        for r in reflectors:
+            r.reconnect()
+        leadership(LeadershipResumed(paused_s))
+
+    elector.on_resumed = resumed
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, sup.handle_signal)
     if stopping.signum is not None:  # arrived between the start and the handlers above
@@ -572,34 +591,61 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
         if abandoned := actuator.close():
             log.warning("actuator.abandoned", operations=abandoned)
         if cfg.worker_template is not None and elector.is_leader():
-            clean_up(cfg, kube.Pods(api, cfg.namespace, cfg.api_timeout_s), log=log,
+            clean_up(cfg, api, store, int(outcome_code), owner=owner, log=log,
                      events=recorder.record)
     return int(outcome_code)
 
 
-def clean_up(cfg: Config, pods: kube.Pods, *, log: Any,
+def clean_up(cfg: Config, api: Any, store: kube.StateStore, code: int, *,
+             owner: Mapping[str, str] | None, log: Any,
              events: Callable[[EventSpec], None]) -> None:
-    """Delete the worker pods SUPERVISOR_CLEAN_POD_POLICY removes (never raises)."""
+    """On a terminal exit, delete the worker pods SUPERVISOR_CLEAN_POD_POLICY removes, after
+    marking them in the state (supervisor.cleanup); never raises."""
     policy = cfg.clean_pod_policy
+    job = None
+    if owner is not None and owner.get("kind") == "Job":
+        try:
+            job = kube.read_job(api, cfg.namespace, owner["name"], cfg.api_timeout_s)
+        except kube.NotFound:
+            pass  # gone (deleted with orphans): nobody runs another launcher
+        except kube.KubeError as e:
+            # Unknown: clean up as before; the mark keeps a later launcher's budgets whole.
+            log.warning("cleanup.job_unread", job=owner["name"], reason=str(e))
+    why = cleanup.terminal(code, job)
+    if why is None:
+        log.info("cleanup.skipped", code=code, reason="the Job runs another launcher, which "
+                 "adopts the workers")
+        return
     chosen = cleanup.selectors(policy, cfg.job_name)
     if chosen is None:
-        log.info("cleanup.done", policy=policy.value, deleted=[])
+        log.info("cleanup.done", policy=policy.value, deleted=[], terminal=why)
         return
     try:
-        deleted = pods.delete_all(*chosen)
-    except kube.KubeError as e:
+        _mark_released(store)
+        deleted = kube.Pods(api, cfg.namespace, cfg.api_timeout_s).delete_all(*chosen)
+    except (kube.KubeError, ValueError) as e:
         log.error("cleanup.failed", policy=policy.value, reason=str(e))
         events(EventSpec("Warning", "CleanupFailed", "Cleanup",
                          f"SUPERVISOR_CLEAN_POD_POLICY={policy.value}: could not delete the "
                          f"workers: {e}"))
         return
-    log.info("cleanup.done", policy=policy.value, deleted=deleted)
+    log.info("cleanup.done", policy=policy.value, deleted=deleted, terminal=why)
     if deleted:
         shown = ", ".join(deleted[:20]) + (f" and {len(deleted) - 20} more"
                                            if len(deleted) > 20 else "")
         events(EventSpec("Normal", "WorkersCleanedUp", "Cleanup",
-                         f"SUPERVISOR_CLEAN_POD_POLICY={policy.value}: deleted {len(deleted)} "
-                         f"worker pods: {shown}"))
+                         f"SUPERVISOR_CLEAN_POD_POLICY={policy.value} ({why}): deleted "
+                         f"{len(deleted)} worker pods: {shown}"))
+
+
+def _mark_released(store: kube.StateStore) -> None:
+    """Store every active slot at its next incarnation (fleet.released) before its pod is
+    deleted; raise KubeError or ValueError (then nothing may be deleted)."""
+    stored, rv = store.load()
+    if stored is None:
+        return
+    marked = fleet.fleet_to_dict(fleet.released(fleet.fleet_from_dict(stored)))
+    store.save({**stored, **marked}, rv)
 
 
 def load_fleet(cfg: Config, store: kube.StateStore

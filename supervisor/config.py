@@ -389,16 +389,19 @@ VARIABLES: tuple[Var, ...] = (
         "within this long is deleted again (rollback, Warning Event)."),
     Var("SCALE_IN_TIMEOUT_SECONDS", "60", "A worker removed by `scale` leaves the discovery "
         "file first; it is deleted when horovodrun's ssh clients to it are gone, or after this."),
-    Var("CLEAN_POD_POLICY", "Running", "Worker pods deleted when the run ends, whatever the "
-        "way out (mpi-operator's names): Running (those still Running or Pending), All, or "
-        "None. Only pods the supervisor created (WORKER_TEMPLATE)."),
+    Var("CLEAN_POD_POLICY", "Running", "Worker pods deleted when the job ends (a terminal "
+        "exit: success, a FailJob exit code, the Job's last attempt, no Job; an exit the Job "
+        "retries leaves them to the next launcher), mpi-operator's names: Running (those "
+        "still Running or Pending), All, or None. Only pods the supervisor created "
+        "(WORKER_TEMPLATE)."),
     Var("API_TIMEOUT_SECONDS", "30", "Client timeout of every Kubernetes API call except "
         "watches (state, Events, creates, deletes, the leader Lease); 1 to 300. A call that "
         "stalls is given up and retried."),
     Var("LEADER_LEASE_SECONDS", "60", "Duration of the job's leader Lease "
         "(<job>-supervisor-leader): a second launcher waits as a standby; a leader that cannot "
-        "renew it for 2/3 of this stops horovodrun (exit 7); a standby takes over a dead "
-        "leader's job after this. 2 to 3600."),
+        "renew it for 2/3 of this pauses (writes nothing, training goes on) until it renews "
+        "again, and stops horovodrun (exit 7) only when it sees another launcher holding it; "
+        "a standby takes over a dead leader's job after this. 2 to 3600."),
     Var("WORKER_HOOK", "true", "Load the hook into every training process horovodrun starts "
         "(fence, heartbeats, hang detection; no change to the script). false: training "
         "processes are left alone (horovodrun's driver is hardened either way)."),

@@ -209,6 +209,16 @@ def next_due(fleet: Fleet, now: float) -> float | None:
 
 # ---- persistence --------------------------------------------------------------------------------
 
+def released(fleet: Fleet) -> Fleet:
+    """The fleet after a cleanup deleted its workers: every active slot at its next
+    incarnation, so a later supervisor sees those pods as older incarnations (never charged)
+    and creates new ones at once."""
+    return replace(fleet, slots={
+        i: replace(s, incarnation=s.incarnation + 1, avoid_node=None, due=0.0)
+        if s.dropped is None and s.retiring_at is None else s
+        for i, s in fleet.slots.items()})
+
+
 def fleet_to_dict(fleet: Fleet) -> dict[str, Any]:
     slots = {}
     for i, s in sorted(fleet.slots.items()):

@@ -284,6 +284,14 @@ class Reflector:
                 (getattr(resp, "shutdown", None) or resp.close)()
         self._thread.join(timeout)
 
+    def reconnect(self) -> None:
+        """End the current watch connection now (it may be silently dead: a partition that
+        just healed); the thread resumes from the last resourceVersion at once."""
+        resp = self._resp
+        if resp is not None:
+            with contextlib.suppress(Exception):
+                (getattr(resp, "shutdown", None) or resp.close)()
+
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
@@ -561,6 +569,17 @@ def launcher_refs(api: client.ApiClient, namespace: str, pod: str,
             return regarding, {"apiVersion": "batch/v1", "kind": "Job", "namespace": namespace,
                                "name": ref["name"], "uid": ref["uid"]}
     return regarding, regarding
+
+
+def read_job(api: client.ApiClient, namespace: str, name: str,
+             timeout_s: float = 30.0) -> dict[str, Any]:
+    """The batch/v1 Job `name` as a dict; raise KubeError (NotFound if it is gone)."""
+    try:
+        resp = client.BatchV1Api(api).read_namespaced_job(
+            name, namespace, _preload_content=False, _request_timeout=request_timeout(timeout_s))
+        return json.loads(resp.data)  # type: ignore[no-any-return]
+    except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+        raise map_error(e, f"get job {namespace}/{name}") from e
 
 
 def pod_reference(api: client.ApiClient, namespace: str, name: str,

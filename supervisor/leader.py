@@ -9,12 +9,18 @@ The rules are client-go's leaderelection, on our own clocks: a Lease is expired 
 (holder, renewTime, transitions) has not changed for its `leaseDurationSeconds` as measured on
 this process's monotonic clock since this process saw it change (so no two clocks are ever
 compared); writes use the Lease's resourceVersion (optimistic concurrency: of two standbys
-only one takes over). The leader renews every `retry_s`; if it has not renewed for
-`renew_deadline_s` (2/3 of the duration) it has lost: `on_lost` is called once and `is_leader`
-turns false, before any standby can see the Lease expire, so the old leader stops horovodrun
-first. Each renewal's client timeout ends at that deadline, so a stalled connection cannot
-delay the verdict. A leader that exits releases the Lease (empty holder), and a standby takes
-over at once.
+only one takes over). The leader renews every `retry_s`; each renewal's client timeout ends at
+the renew deadline (2/3 of the duration), so a stalled connection cannot delay the verdict.
+
+Not renewed within that deadline (the API unreachable: a control-plane upgrade, an outage) the
+leader is *paused*: `is_leader` turns false, so nothing is written (no create, no delete, no
+state) before any standby could see the Lease expire, but training goes on: an outage is no
+reason to throw away the progress of a job that does not need the API to train. It keeps
+trying; when a renewal succeeds again (the Lease still ours) it resumes. Only when it reads the
+Lease held by someone else has it *lost*: `on_lost` is called once, and the caller stops
+horovodrun at once. The price, documented: a leader cut off from the API while a standby is not
+drives its horovodrun until it can read the Lease again. A leader that exits releases the Lease
+(empty holder), and a standby takes over at once.
 
 `step` is the pure decision; `LeaderElector` does the I/O through an injected `LeaseApi`
 (supervisor.kube.Leases).
@@ -103,14 +109,16 @@ class LeaderElector:
 
     def __init__(self, leases: LeaseApi, name: str, me: str, duration_s: float, *,
                  api_timeout_s: float = 30.0, on_lost: Callable[[str], None] = lambda _: None,
+                 on_paused: Callable[[str], None] = lambda _: None,
+                 on_resumed: Callable[[float], None] = lambda _: None,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time) -> None:
         self.leases, self.name, self.me = leases, name, me
         self.duration_s = max(1, math.ceil(duration_s))
         self.renew_deadline_s = duration_s * 2 / 3
         self.retry_s = max(0.2, duration_s / 12)
-        self.api_timeout_s, self.on_lost, self.clock, self.wall = (
-            api_timeout_s, on_lost, clock, wall)
+        self.api_timeout_s, self.clock, self.wall = api_timeout_s, clock, wall
+        self.on_lost, self.on_paused, self.on_resumed = on_lost, on_paused, on_resumed
         self.transitions = 0
         self.holder = ""  # who holds it, as last seen
         self._lease: dict[str, Any] | None = None  # as last read or written
@@ -118,6 +126,7 @@ class LeaderElector:
         self._seen_at = 0.0
         self._renewed_at: float | None = None  # monotonic start of the last successful write
         self._lost: str | None = None
+        self._paused_at: float | None = None  # monotonic: since when renewals keep failing
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -177,22 +186,30 @@ class LeaderElector:
         while not self._stop.wait(self.retry_s):
             assert self._renewed_at is not None
             left = self._renewed_at + self.renew_deadline_s - self.clock()
-            if left > 0:
-                try:
-                    if self.attempt(timeout_s=min(self.api_timeout_s, max(0.5, left))):
-                        failure = None
-                        continue
-                    failure = f"the lease is held by {self.holder!r}"
-                except KubeError as e:
-                    failure = str(e)
+            # Within the deadline a call may take what is left of it; paused, a few retries.
+            timeout = min(self.api_timeout_s, max(0.5, left if left > 0 else 2 * self.retry_s))
+            try:
+                if self.attempt(timeout_s=timeout):
+                    failure = None
+                    if self._paused_at is not None:
+                        paused_s, self._paused_at = self.clock() - self._paused_at, None
+                        self.on_resumed(paused_s)
+                    continue
+                failure = f"the lease is held by {self.holder!r}"
+            except KubeError as e:
+                failure = str(e)
             if self._stop.is_set():
                 return
-            if self.holder not in ("", self.me) or not self.is_leader():
-                self._lost = (f"could not renew lease {self.name} for "
-                              f"{self.clock() - self._renewed_at:.1f}s (deadline "
-                              f"{self.renew_deadline_s:g}s): {failure}")
+            if self.holder not in ("", self.me):  # seen held by another: they may drive now
+                self._lost = (f"lease {self.name} is held by {self.holder!r} (not renewed for "
+                              f"{self.clock() - self._renewed_at:.1f}s: {failure})")
                 self.on_lost(self._lost)
                 return
+            if not self.is_leader() and self._paused_at is None:
+                self._paused_at = self.clock()
+                self.on_paused(f"could not renew lease {self.name} for "
+                               f"{self._paused_at - self._renewed_at:.1f}s (deadline "
+                               f"{self.renew_deadline_s:g}s): {failure}")
 
     def stop(self) -> None:
         self._stop.set()

@@ -26,7 +26,7 @@ class ExitCode(IntEnum):
     KUBE_FATAL = 4  # the Kubernetes API refused us for good (403, no credentials)
     POLICY_FAILED = 5  # a FailJob rule matched a worker failure
     WORKERS_LOST = 6  # too few workers left to reach MIN_NP (dropped, restart limits used up)
-    LEADERSHIP_LOST = 7  # the leader Lease could not be renewed: horovodrun stopped at once
+    LEADERSHIP_LOST = 7  # another launcher holds the leader Lease: horovodrun stopped at once
     HOOK_REFUSED = 8  # horovodrun's driver could not be hardened (elastic_supervisor_hook)
     STALLED = 9  # horovodrun needed restarting more than HOROVODRUN_RESTART_LIMIT times
     INTERNAL = 70  # a bug: an unexpected exception in the supervisor
@@ -83,9 +83,24 @@ class ActionDone:
 
 @dataclass(frozen=True)
 class LeadershipLost:
-    """The leader Lease could not be renewed in time (or another launcher holds it)."""
+    """Another launcher holds the leader Lease: it may drive the workers now."""
 
     reason: str
+
+
+@dataclass(frozen=True)
+class LeadershipPaused:
+    """The leader Lease could not be renewed in time (the API unreachable): nothing is written
+    until it is renewed again; training goes on."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class LeadershipResumed:
+    """The leader Lease was renewed again after `paused_s` seconds paused."""
+
+    paused_s: float
 
 
 @dataclass(frozen=True)
@@ -98,7 +113,7 @@ class PolicyChanged:
 
 
 Trigger = (WatchEvent | SourceState | ChildExited | SignalReceived | ActionDone
-           | PolicyChanged | LeadershipLost)
+           | PolicyChanged | LeadershipLost | LeadershipPaused | LeadershipResumed)
 
 
 @dataclass(frozen=True)

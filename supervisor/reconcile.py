@@ -61,6 +61,8 @@ from supervisor.model import (
     EventSpec,
     ExitCode,
     LeadershipLost,
+    LeadershipPaused,
+    LeadershipResumed,
     PolicyChanged,
     SignalReceived,
     SourceState,
@@ -319,6 +321,14 @@ class Supervisor:
                 self._on_signal(item.signum, now)
             elif isinstance(item, LeadershipLost):
                 self._leadership_lost(item.reason, now)
+            elif isinstance(item, LeadershipPaused):
+                self.log.warning("leader.paused", reason=item.reason)
+            elif isinstance(item, LeadershipResumed):
+                self.log.info("leader.resumed", paused_s=round(item.paused_s, 1))
+                self.events(EventSpec(
+                    "Normal", "LeadershipResumed", "Lead",
+                    f"the leader Lease was renewed again after {item.paused_s:.0f}s unreachable; "
+                    "training went on, nothing was created or deleted meanwhile"))
         return earliest, exited
 
     # -- failures ------------------------------------------------------------------------------

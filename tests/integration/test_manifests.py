@@ -84,6 +84,8 @@ KUBE_CALLS: dict[str, list[Permission] | None] = {
     "create_namespaced_lease": [("coordination.k8s.io", "leases", "create", JOB, None)],
     "replace_namespaced_lease": [("coordination.k8s.io", "leases", "update", JOB, LEADER)],
     "list_namespaced_event": None,
+    # At the end: does the Job run another launcher (supervisor.cleanup.terminal)?
+    "read_namespaced_job": [("batch", "jobs", "get", JOB, "elastic-train")],
 }
 # What admission (not a call) asks of the supervisor: OwnerReferencesPermissionEnforcement lets
 # only who may set finalizers on the owner (the launcher Job) set blockOwnerDeletion on a
@@ -94,7 +96,7 @@ ADMISSION: list[Permission] = [
     ("", "configmaps", "delete", JOB, STATE),
 ]
 # The API classes kube.py uses (so create_namespaced_event is known to be events.k8s.io).
-KUBE_API_CLASSES = {"CoreV1Api", "EventsV1Api", "CoordinationV1Api"}
+KUBE_API_CLASSES = {"CoreV1Api", "EventsV1Api", "CoordinationV1Api", "BatchV1Api"}
 DENIED: list[Permission] = [
     # Nothing the code does not use: no single reads of nodes or node Leases, no other
     # ConfigMap, Lease or Job than the job's own.
@@ -109,6 +111,7 @@ DENIED: list[Permission] = [
     ("", "configmaps", "list", JOB, None), ("", "configmaps", "list", "default", None),
     ("", "secrets", "get", JOB, None), ("events.k8s.io", "events", "delete", JOB, None),
     ("", "events", "create", JOB, None), ("batch", "jobs", "get", JOB, None),
+    ("batch", "jobs", "get", JOB, "another-job"), ("batch", "jobs", "update", JOB, "elastic-train"),
     ("batch", "jobs/finalizers", "update", JOB, "another-job"),
     ("", "nodes", "patch", CLUSTER, None), ("", "nodes", "delete", CLUSTER, None),
     ("coordination.k8s.io", "leases", "list", "default", None),

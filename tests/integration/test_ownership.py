@@ -55,12 +55,14 @@ def world(control_plane: ControlPlane, api_client: client.ApiClient,
     job.node("n1")
     made: list[SupervisorProcess] = []
 
-    def supervisor(pod: str) -> SupervisorProcess:
-        sup = SupervisorProcess(control_plane, ns, tmp_path, KUBECONFIG=str(kubeconfig),
+    def supervisor(pod: str, **env: str) -> SupervisorProcess:
+        own = tmp_path / f"run{len(made)}"  # each launcher its own directory (its own pod)
+        own.mkdir()
+        sup = SupervisorProcess(control_plane, ns, own, KUBECONFIG=str(kubeconfig),
                                 SUPERVISOR_JOB_NAME=JOB, SUPERVISOR_POD_NAME=pod,
                                 SUPERVISOR_LEADER_LEASE_SECONDS="4",
                                 SUPERVISOR_WORKER_TEMPLATE=str(job.template(
-                                    tmp_path / "worker.json")))
+                                    own / "worker.json")), **env)
         made.append(sup)
         return sup.start()
 
@@ -176,3 +178,52 @@ def test_workers_an_older_launcher_pod_owned_are_re_owned_by_the_job(world) -> N
     gc_done(core, ns, launcher)
     assert {n: p["metadata"]["uid"] for n, p in job.pods().items()} == before
     assert json.loads(state(core, ns).data["state.json"])["ledger"]["total"] == 3
+
+
+def ledger_total(core: client.CoreV1Api, ns: str) -> int:
+    return int(json.loads(state(core, ns).data["state.json"])["ledger"].get("total", 0))
+
+
+def test_an_exit_the_job_retries_leaves_the_workers_to_the_next_launcher(world) -> None:
+    core, ns, job = world["core"], world["ns"], world["job"]
+    [launcher] = wait_for(lambda: launcher_pods(core, ns), 30, what="the launcher pod")
+    # horovodrun exits 1 (a crash of the script): the Job (backoffLimit 6) runs another.
+    sup = world["supervisor"](launcher.metadata.name, FAKE_EXIT_AFTER="3", FAKE_EXIT_CODE="1")
+    wait_for(lambda: len(job.live()) == 2, 30, what="2 workers")
+    before = {n: p["metadata"]["uid"] for n, p in job.pods().items()}
+    assert sup.wait_exit(30) == 1
+    assert job.live() == sorted(before), "the workers of a retried launcher were deleted"
+    assert sup.wait_log("cleanup.skipped")["code"] == 1
+    assert not [e for e in sup.logs() if e.get("event") == "cleanup.done"]
+    again = world["supervisor"](launcher.metadata.name)
+    again.wait_log("horovodrun.started", timeout=30)
+    assert {n: p["metadata"]["uid"] for n, p in job.pods().items()} == before
+    assert ledger_total(core, ns) == 0
+
+
+def test_a_terminal_exit_marks_what_it_deletes_so_a_later_launcher_charges_nothing(
+        world) -> None:
+    core, ns, job = world["core"], world["ns"], world["job"]
+    world["batch"].patch_namespaced_job(JOB, ns, {"spec": {"backoffLimit": 0}})  # last attempt
+    [launcher] = wait_for(lambda: launcher_pods(core, ns), 30, what="the launcher pod")
+    sup = world["supervisor"](launcher.metadata.name, FAKE_EXIT_AFTER="3", FAKE_EXIT_CODE="1")
+    workers = wait_for(lambda: len(job.live()) == 2 and job.live(), 30, what="2 workers")
+    for name in workers:  # they stay Terminating after the cleanup, as on a slow kubelet
+        core.patch_namespaced_pod(name, ns, {"metadata": {"finalizers": ["es-test/hold"]}})
+    try:
+        assert sup.wait_exit(30) == 1
+        done = sup.wait_log("cleanup.done")
+        assert done["deleted"] == workers and "last attempt" in done["terminal"]
+        slots = json.loads(state(core, ns).data["state.json"])["slots"]
+        assert {k: v["incarnation"] for k, v in slots.items()} == {"0": 2, "1": 2}
+        # A launcher comes after all (the Job was changed, or a person re-ran it) while the
+        # deleted workers still terminate: nothing is charged, new incarnations are made.
+        world["batch"].patch_namespaced_job(JOB, ns, {"spec": {"backoffLimit": 6}})
+        again = world["supervisor"](launcher.metadata.name)
+        again.wait_log("horovodrun.started", timeout=30)
+        assert sorted(job.live()) == [f"{JOB}-w0-2", f"{JOB}-w1-2"]
+        assert ledger_total(core, ns) == 0
+        assert not [e for e in again.logs() if e.get("event") == "worker.failed"]
+    finally:
+        for name in workers:
+            core.patch_namespaced_pod(name, ns, {"metadata": {"finalizers": None}})
