@@ -3,11 +3,12 @@
 The main job of `make demo` (manifests/overlays/local, the real images, 2 workers, max 3) trains
 long enough for the plan: FAULTS faults drawn by a seeded random generator from the whole set
 (a worker's container killed, its training process killed, a force delete, an eviction, its node
-frozen, its node's kubelet stopped, the pod partitioned, a scale-out or scale-in), each once the
-job trained at its desired size for a random number of steps; a frozen node, a stopped kubelet
-and a partition are undone once the job recovered without them. Meanwhile, every second, the
-invariants are checked against the API and the launcher's discovery file (read on the node's
-disk, from the launcher pod's emptyDir):
+frozen, its node's kubelet stopped, the pod partitioned, a scale-out or scale-in, kube-apiserver
+stopped for OUTAGE_S, the launcher's horovodrun killed so the launcher exits and its Job runs the
+next one), each once the job trained at its desired size for a random number of steps; a frozen
+node, a stopped kubelet and a partition are undone once the job recovered without them.
+Meanwhile, every second, the invariants are checked against the API and the launcher's discovery
+file (read on the node's disk, from the launcher pod's emptyDir):
 - never more live workers than the job's max, never two live pods for one slot;
 - the file lists only usable hosts: a listed host's pod exists, runs, is Ready and not being
   deleted, on a node not NotReady (the file and the API are read one after the other, so a
@@ -21,6 +22,8 @@ may be restarted as often (budget exhaustion has its own e2e tests). The script 
 checkpoint on a directory every worker mounts (as a network volume would be): when the
 supervisor restarts horovodrun (a rendezvous Horovod cannot finish), the new run resumes from
 it, and a run resumed at the desired size counts as a recovery like an elastic reset.
+An API outage and a launcher exit retried by the Job must charge no restart budget, and during
+the outage training goes on with no decision taken (issue 27).
 A failing seed becomes a regression test (its plan is `plan(seed)`).
 """
 
@@ -29,7 +32,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 import random
+import signal
 import tempfile
 import threading
 import time
@@ -41,13 +46,16 @@ from typing import Any
 from kubernetes import client, config
 
 from localcluster import demo
-from localcluster.job import API_ERRORS, JOB, MainJob
+from localcluster.job import API_ERRORS, JOB, MainJob, log_time
 from tests.e2e.jobs import checkpointed, compose, with_policy
 
 FAULTS = ("kill", "kill-training", "force-delete", "evict", "freeze", "kubelet", "partition",
-          "scale")
+          "scale", "api-outage", "launcher-exit")
+# Faults that must cost no restart budget (issue 27): the supervisor's own outage and retry.
+FREE = ("api-outage", "launcher-exit")
+OUTAGE_S = 180.0  # a managed control-plane upgrade
 COUNT = 20
-STEPS = 10_000  # 10-17 steps/s: outlasts COUNT faults and their recoveries (~8 minutes)
+STEPS = 16_000  # 10-17 steps/s: outlasts COUNT faults, their recoveries and a few outages
 HANG_S = 180.0  # the harness gives up: no step for this long
 GAP_S = 30.0  # a longer interval without a step breaks the invariant (issue 14's target)
 DOCUMENTED_EXITS = (0, 5, 6, 9)  # success, FailJob, restart limit, horovodrun restart limit
@@ -150,6 +158,13 @@ def _generous(policy: dict[str, Any]) -> None:
 generous_budget = with_policy(_generous)  # the manifests' policy with room for the whole plan
 
 
+def job_retries(docs: list[dict[str, Any]]) -> None:
+    """The launcher Job retries as often as the plan may make its launcher exit."""
+    for doc in docs:
+        if doc["kind"] == "Job":
+            doc["spec"]["backoffLimit"] = COUNT
+
+
 @dataclass
 class Watch:
     """The invariant checker's thread and what it found."""
@@ -159,6 +174,17 @@ class Watch:
     violations: list[str] = field(default_factory=list)
     samples: int = 0
     stop: threading.Event = field(default_factory=threading.Event)
+
+    def ledger_total(self) -> int:
+        """The restart budget charged so far (retried through an API outage)."""
+        for _ in range(60):
+            with contextlib.suppress(client.ApiException, KeyError, ValueError, *API_ERRORS):
+                cm = self.job.core.read_namespaced_config_map(f"{JOB}-supervisor-state",
+                                                              self.job.namespace)
+                return int((json.loads(cm.data["state.json"]).get("ledger") or {})
+                           .get("total", 0))
+            time.sleep(1)
+        raise SystemExit("soak: the state ConfigMap could not be read for 60 s")
 
     def sample(self) -> Sample:
         pods = list(self.job.workers().values())
@@ -247,6 +273,18 @@ def drive(job: MainJob, steps: list[Step], watch: Watch) -> dict[str, Any]:
             undo.append(node.start_kubelet)
         elif fault == "partition":
             hold(job.partitioned(pod))
+        elif fault == "api-outage":
+            # On this (main) thread: the control plane's children die with the thread that
+            # started them. Training must go on meanwhile, nothing decided.
+            assert job.cluster.cp is not None
+            job.cluster.cp.restart_apiserver(down_s=OUTAGE_S)
+        elif fault == "launcher-exit":
+            launcher = job.launcher()
+            assert launcher is not None
+            pids = job.processes(launcher["metadata"]["name"],
+                                 lambda argv: any("horovodrun" in a for a in argv[:3]))
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)  # the supervisor exits 137: the Job retries it
         return desired
 
     demo.wait("training to start", lambda: run.step > 0, run, 600, progress)
@@ -257,14 +295,25 @@ def drive(job: MainJob, steps: list[Step], watch: Watch) -> dict[str, Any]:
         if run.done:
             break
         t0 = time.time()
+        charged_before = watch.ledger_total()
         desired = act(step.fault)
-        demo.wait(f"recovery from {step.fault}", demo.at_size(run, job, desired, t0), run, 300,
-                  progress)
+        acted = time.time()
+        if step.fault == "api-outage":
+            run.poll()
+            during = [s["time"] for s in run.steps if t0 + 5 <= s["time"] <= acted - 5]
+            outage = {"steps_during": len(during), "decisions_during": sum(
+                t0 <= log_time(d) <= acted for d in run.decisions)}
+        else:
+            outage = {}
+            demo.wait(f"recovery from {step.fault}", demo.at_size(run, job, desired, t0), run,
+                      300, progress)
         while undo:
             undo.pop()()
         done.append({"fault": step.fault, "recovered_s": round(time.time() - t0, 1),
                      "at_step": start + step.after_steps,
-                     "horovodrun_restarts": sum(r["seen"] >= t0 for r in run.restarts)})
+                     "horovodrun_restarts": sum(r["seen"] >= t0 for r in run.restarts),
+                     **({"charged": watch.ledger_total() - charged_before}
+                        if step.fault in FREE else {}), **outage})
         print(f"\nsoak: fault {len(done)}: {done[-1]}")
     demo.wait("the end of training", lambda: run.done or run.ended is not None, run,
               1800, progress)
@@ -287,7 +336,7 @@ def soak(seed: int, count: int = COUNT) -> dict[str, Any]:
         args = ["python", "/workspace/train.py", "--steps", str(STEPS), "--commit-every", "5",
                 *checkpoint_args]
         job = MainJob(cluster, api, f"soak-{seed}", out, args=args,
-                      transform=compose(generous_budget, mount),
+                      transform=compose(generous_budget, mount, job_retries),
                       env={"SUPERVISOR_HOROVODRUN_RESTART_LIMIT": str(COUNT)})
         watch = Watch(job, max_workers=3)
         checker = threading.Thread(target=watch.run, name="invariants", daemon=True)
@@ -304,6 +353,9 @@ def soak(seed: int, count: int = COUNT) -> dict[str, Any]:
                   violations=watch.violations, logs=str(out),
                   ok=not watch.violations and not result["gaps"]
                   and result["exit_code"] in DOCUMENTED_EXITS
+                  and not any(f.get("charged") for f in result["faults"])
+                  and all(f["steps_during"] > 0 and not f["decisions_during"]
+                          for f in result["faults"] if f["fault"] == "api-outage")
                   and len(result["faults"]) >= min(count, COUNT))
     print(f"soak: seed {seed}: {len(result['faults'])} faults, exit {result['exit_code']}, "
           f"{len(watch.violations)} violations in {watch.samples} samples, longest interval "

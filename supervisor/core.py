@@ -121,6 +121,7 @@ class Core:
     # the hang watch (this run of horovodrun, except the restarts and the hung pods)
     listed_since: Mapping[str, float] = field(default_factory=dict)  # host -> listed since
     hung: frozenset[str] = frozenset()  # UIDs of pods found Hung: never listed again
+    forced: frozenset[str] = frozenset()  # UIDs of hung pods force-deleted: their node went down
     hung_nodes: Mapping[str, float] = field(default_factory=dict)  # node -> a worker hung
     failed_at: Mapping[str, float] = field(default_factory=dict)  # host -> found failed
     regroup: regroup.Pending | None = None  # a failure the survivors have not regrouped from
@@ -258,6 +259,8 @@ def manage(c: Core, s: Seen, st: Settings) -> Pass:
         running = running and not any(isinstance(t, RestartHorovodrun) for t in p.todo)
     suspects = set(p.c.node_down) | set(s.lease_stale)
     _brake(p, s, st, suspects)
+    if suspects and p.c.hung:
+        _force_hung_on_lost_nodes(p, s, suspects)
     if not p.c.scanned or suspects:
         failed = set(p.c.failed)
         for name, pod in s.pods.items():
@@ -305,6 +308,25 @@ def manage(c: Core, s: Seen, st: Settings) -> Pass:
         p.todo.append(plan.scale_refused(p.c.scale_request, why))
         p.c = replace(p.c, scale_request=None)
     return Pass(p.c, tuple(p.todo), verdict, counts, restarts, replace_from)
+
+
+def _force_hung_on_lost_nodes(p: _Pass, s: Seen, suspects: set[str]) -> None:
+    """A hung pod deleted with a grace whose node went down since: its kubelet will never
+    confirm, so the pod would stay Terminating (and its replacement held): force it out."""
+    forced = set(p.c.forced)
+    for name, pod in sorted(s.pods.items()):
+        meta = pod["metadata"]
+        uid, node = meta.get("uid", ""), pod.get("spec", {}).get("nodeName")
+        if (uid in p.c.hung and uid not in forced and node in suspects
+                and meta.get("deletionTimestamp")
+                and meta.get("deletionGracePeriodSeconds") != 0):
+            forced.add(uid)
+            p.todo.append(DeletePod(name, uid, 0))
+            note = (f"hung worker {name} was deleted with a grace its kubelet would honour, but "
+                    f"its node {node} is down now: force-deleted")
+            p.todo.append(Note("warning", "worker.force_deleted", {"pod": name, "node": node},
+                               EventSpec("Warning", "WorkerForceDeleted", "Delete", note)))
+    p.c = replace(p.c, forced=frozenset(forced))
 
 
 def _watch_hangs(p: _Pass, s: Seen, st: Settings) -> tuple[Verdict, tuple[str, ...],
@@ -397,7 +419,9 @@ def _plan_fleet(p: _Pass, s: Seen, st: Settings, suspects: set[str]) -> None:
     lost = tuple(sorted(suspects))
     suspect = tuple(sorted(n for n, t in p.c.hung_nodes.items()
                            if s.now - t < HUNG_NODE_AVOID_S))
-    p.todo += [CreateWorker(x, lost, suspect) for x in out.creates]
+    # A hung pod still there after the hold: its node is kept off, required (fleet.wanted).
+    p.todo += [CreateWorker(x, tuple(sorted({*lost, x.avoid_node})) if x.away and x.avoid_node
+                            else lost, suspect) for x in out.creates]
     if out.fail is not None:
         p.fail(ExitCode.WORKERS_LOST, out.fail)
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from supervisor.classify import Failure
+from supervisor.classify import Cause, Failure
 from supervisor.observe import Obj
 from supervisor.policy import (
     Action,
@@ -54,6 +54,9 @@ class Slot:
     avoid_node: str | None = None  # the node its previous incarnation failed on
     added_at: float | None = None  # scale-out: when it was added, until its pod runs
     retiring_at: float | None = None  # scale-in: when it was asked to go
+    # Its previous pod hung and is being deleted (the kubelet kills it): this one is created
+    # once that pod is gone, or after this time kept off its node (`avoid_node`, required).
+    hold_until: float | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,9 @@ class Fleet:
 def initial(workers: int) -> Fleet:
     """The fleet of a new job: slots 0..workers-1, first incarnation, due at once."""
     return Fleet(slots={i: Slot() for i in range(workers)})
+
+
+HUNG_HOLD_S = 10.0  # a hung pod's replacement waits this long for it to be gone (see `wanted`)
 
 
 def workers_for(np: int, slots_per_worker: int) -> int:
@@ -156,7 +162,9 @@ def on_failure(fleet: Fleet, failure: Failure, found: tuple[int, int] | None, po
         return fleet, None
     d = decide(policy, failure, str(i), fleet.ledger, now)
     if d.action is Action.RESTART:
-        new = Slot(incarnation=inc + 1, due=now + d.delay_s, avoid_node=failure.node)
+        hold = now + HUNG_HOLD_S if failure.cause is Cause.HUNG and failure.node else None
+        new = Slot(incarnation=inc + 1, due=now + d.delay_s, avoid_node=failure.node,
+                   hold_until=hold)
     else:
         why = d.refused or (f"{d.action.value} by {d.rule}")
         new = replace(slot, dropped=why)
@@ -186,24 +194,33 @@ class Create:
     incarnation: int
     name: str
     avoid_node: str | None
+    away: bool = False  # `avoid_node` is required, not preferred: the old pod is still there
 
 
 def wanted(fleet: Fleet, job: str, existing: Mapping[str, Any] | set[str],
            now: float) -> list[Create]:
     """Return the pods to create now: active slots whose current pod does not exist yet and
-    whose backoff has passed. `existing`: names of pods seen or being created."""
+    whose backoff has passed. `existing`: names of pods seen or being created. A slot whose
+    previous pod hung waits until that pod is gone (its kubelet killed it), at most until
+    `hold_until`; then its pod is created kept off that node."""
     out = []
     for i in fleet.active():
         slot = fleet.slots[i]
         name = pod_name(job, i, slot.incarnation)
-        if name not in existing and slot.due <= now:
-            out.append(Create(i, slot.incarnation, name, slot.avoid_node))
+        if name in existing or slot.due > now:
+            continue
+        held = (slot.hold_until is not None
+                and pod_name(job, i, slot.incarnation - 1) in existing)
+        if held and now < (slot.hold_until or 0.0):
+            continue
+        out.append(Create(i, slot.incarnation, name, slot.avoid_node, away=held))
     return out
 
 
 def next_due(fleet: Fleet, now: float) -> float | None:
-    """Return the earliest future backoff deadline of an active slot, or None."""
-    future = [s.due for s in fleet.slots.values() if s.dropped is None and s.due > now]
+    """Return the earliest future backoff or hold deadline of an active slot, or None."""
+    future = [t for s in fleet.slots.values() if s.dropped is None
+              for t in (s.due, s.hold_until or 0.0) if t > now]
     return min(future) if future else None
 
 
@@ -214,7 +231,8 @@ def released(fleet: Fleet) -> Fleet:
     incarnation, so a later supervisor sees those pods as older incarnations (never charged)
     and creates new ones at once."""
     return replace(fleet, slots={
-        i: replace(s, incarnation=s.incarnation + 1, avoid_node=None, due=0.0)
+        i: replace(s, incarnation=s.incarnation + 1, avoid_node=None, due=0.0,
+                   hold_until=None)
         if s.dropped is None and s.retiring_at is None else s
         for i, s in fleet.slots.items()})
 
@@ -233,6 +251,8 @@ def fleet_to_dict(fleet: Fleet) -> dict[str, Any]:
             entry["addedAt"] = s.added_at
         if s.retiring_at is not None:
             entry["retiringAt"] = s.retiring_at
+        if s.hold_until is not None:
+            entry["holdUntil"] = s.hold_until
         slots[str(i)] = entry
     return {"version": FLEET_VERSION, "slots": slots, "ledger": ledger_to_dict(fleet.ledger)}
 
@@ -252,7 +272,9 @@ def fleet_from_dict(data: Any) -> Fleet:
         inc, due = s.get("incarnation"), s.get("due", 0.0)
         dropped, avoid = s.get("dropped"), s.get("avoidNode")
         added, retiring = s.get("addedAt"), s.get("retiringAt")
-        for field_name, t in (("addedAt", added), ("retiringAt", retiring)):
+        hold = s.get("holdUntil")
+        for field_name, t in (("addedAt", added), ("retiringAt", retiring),
+                              ("holdUntil", hold)):
             if t is not None and (not isinstance(t, int | float) or isinstance(t, bool)):
                 raise ValueError(f"{where}.{field_name}: expected a time")
         if not isinstance(inc, int) or isinstance(inc, bool) or inc < 1:
@@ -264,7 +286,8 @@ def fleet_from_dict(data: Any) -> Fleet:
         slots[int(key)] = Slot(incarnation=inc, dropped=dropped, due=float(due),
                                avoid_node=avoid,
                                added_at=None if added is None else float(added),
-                               retiring_at=None if retiring is None else float(retiring))
+                               retiring_at=None if retiring is None else float(retiring),
+                               hold_until=None if hold is None else float(hold))
     try:
         ledger = ledger_from_dict(data.get("ledger"))
     except ValueError as e:

@@ -57,6 +57,7 @@ from supervisor.workers import pod_name
 
 REUSED_LIMIT = 5  # pods of one slot replaced because their IP was another worker's
 EXPECTATION_TIMEOUT_S = 60.0  # a created pod not seen on the watch by then is created again
+HUNG_GRACE_S = 1  # a hung worker's pod is deleted with this grace: SIGKILL by its kubelet
 
 
 @dataclass(frozen=True)
@@ -386,12 +387,19 @@ class _Deciding:
     def decide(self, x: Failed, wall: float) -> None:
         fl, pod, s = x.failure, x.pod, self.s
         found = fleet.slot_of(pod, s.job) if self.fleet is not None else None
-        if (found is not None and fl.cause in (Cause.NODE_NOT_READY, Cause.HUNG)
+        if (found is not None and fl.cause is Cause.NODE_NOT_READY
                 and pod["metadata"].get("deletionGracePeriodSeconds") != 0):
-            # On a lost node the pod would stay Terminating forever, and a hung process would
-            # not heed a SIGTERM: force it out (also when an earlier supervisor decided
-            # already but did not get to delete it).
+            # On a lost node the pod would stay Terminating forever: force it out (also when
+            # an earlier supervisor decided already but did not get to delete it).
             self.deletes.append(DeletePod(fl.pod, fl.uid, 0))
+        elif (found is not None and fl.cause is Cause.HUNG
+              and not pod["metadata"].get("deletionTimestamp")):
+            # Its node is Ready: the kubelet kills the hung process (SIGKILL after the short
+            # grace) and only then is the pod gone, so its GPU is not handed out while the
+            # process may still hold it (a force delete would free it in the API at once).
+            # Its replacement waits for that (fleet.wanted); should the node go down meanwhile,
+            # core forces the delete.
+            self.deletes.append(DeletePod(fl.pod, fl.uid, HUNG_GRACE_S))
         elif (found is not None and fl.cause is Cause.EXIT_CODE and containers_run(pod)
               and not pod["metadata"].get("deletionTimestamp")):
             # Its training process died but the container lives on (the driver saw it): an

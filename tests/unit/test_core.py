@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from supervisor import core, fleet
+from supervisor import core, fleet, plan
 from supervisor.actuator import DeletePod, SaveState
 from supervisor.channel import Beat, Driver
 from supervisor.classify import Cause, ClassifySettings, Failure
@@ -261,21 +261,63 @@ def test_no_restart_while_stopping() -> None:
     assert script(p) == [] and p.core.horovodrun_restarts == 0
 
 
-def test_a_hung_worker_fails_replaced_away_from_its_node() -> None:
+def deleting(p: dict[str, Any], grace: int) -> dict[str, Any]:
+    """`p` as the API shows it once deleted with `grace` (still there: Terminating)."""
+    p = copy.deepcopy(p)
+    p["metadata"].update(deletionTimestamp="2026-11-26T10:00:00Z",
+                         deletionGracePeriodSeconds=grace)
+    return p
+
+
+def test_a_hung_worker_is_deleted_gracefully_and_replaced_away_from_its_node() -> None:
     silent = beat(0, last_seen=NOW - 4)
     waiting = beat(1, wait_s=2.0, waiting="c", progress_at=NOW - 10)
     p = manage(STEADY, seen(beats=(silent, waiting)), S)
     w0 = pod_name(JOB, 0, 1)
+    # Its node is Ready: a grace the kubelet honours (it kills the process, then the pod is
+    # gone), never 0 (the API would free its GPU while the process may still hold it). The
+    # replacement waits for that.
     assert script(p) == [("say", "worker.hung"), ("fence", [ip(0)]),
-                         ("kill-ssh", {ip(0): w0}), ("delete", w0, 0),
-                         ("say", "worker.failed"), ("save",), ("create", pod_name(JOB, 0, 2))]
-    create = next(t for t in p.todo if isinstance(t, CreateWorker))
-    assert create.suspect_nodes == ("node-0",)
+                         ("kill-ssh", {ip(0): w0}), ("delete", w0, plan.HUNG_GRACE_S),
+                         ("say", "worker.failed"), ("save",)]
     assert "uid-" + w0 in p.core.hung, "never listed again"
-    later = manage(replace(p.core, expected={}),
-                   seen(now=NOW + HUNG_NODE_AVOID_S, running=False), S)
+    terminating = {**PODS, w0: deleting(W0, plan.HUNG_GRACE_S)}
+    held = manage(p.core, seen(terminating, now=NOW + 1, wall=WALL + 1, running=False), S)
+    assert not [t for t in held.todo if isinstance(t, CreateWorker)], "created beside it"
+    gone = {pod_name(JOB, 1, 1): W1}
+    after = manage(held.core, seen(gone, now=NOW + 2, wall=WALL + 2, running=False), S)
+    create = next(t for t in after.todo if isinstance(t, CreateWorker))
+    assert create.create.name == pod_name(JOB, 0, 2)
+    assert create.suspect_nodes == ("node-0",) and create.lost_nodes == ()
+    later = manage(replace(after.core, expected={}),
+                   seen(gone, now=NOW + HUNG_NODE_AVOID_S, running=False), S)
     recreate = next(t for t in later.todo if isinstance(t, CreateWorker))
     assert recreate.suspect_nodes == (), "the node is trusted again after a while"
+
+
+def test_a_hung_pod_that_stays_is_left_behind_on_its_node_then_forced_when_it_goes_down(
+        ) -> None:
+    silent = beat(0, last_seen=NOW - 4)
+    waiting = beat(1, wait_s=2.0, waiting="c", progress_at=NOW - 10)
+    p = manage(STEADY, seen(beats=(silent, waiting)), S)
+    w0 = pod_name(JOB, 0, 1)
+    terminating = {**PODS, w0: deleting(W0, plan.HUNG_GRACE_S)}
+    # Its kubelet does not confirm (the node froze with it): after the hold the replacement
+    # is made, kept off that node (required).
+    late = WALL + fleet.HUNG_HOLD_S
+    made = manage(p.core, seen(terminating, now=NOW + fleet.HUNG_HOLD_S, wall=late,
+                               running=False), S)
+    create = next(t for t in made.todo if isinstance(t, CreateWorker))
+    assert create.lost_nodes == ("node-0",)
+    # Then its node is found down: the pod would stay Terminating forever. Forced, once.
+    c = replace(made.core, expected={}, node_down={"node-0": NOW + 50})
+    forced = manage(c, seen(terminating, now=NOW + 60, wall=WALL + 60, running=False), S)
+    deletes = [t for t in forced.todo if isinstance(t, DeletePod)]
+    assert deletes == [DeletePod(w0, "uid-" + w0, 0)]
+    assert ("say", "worker.force_deleted") in script(forced)
+    again = manage(forced.core, seen(terminating, now=NOW + 61, wall=WALL + 61,
+                                     running=False), S)
+    assert not [t for t in again.todo if isinstance(t, DeletePod)]
 
 
 def test_a_fail_job_rule_fails_the_job_without_its_own_event() -> None:

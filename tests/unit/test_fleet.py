@@ -126,10 +126,15 @@ def test_capacity_counts_active_slots_only() -> None:
         pod_name(JOB, 0, 1), pod_name(JOB, 1, 1)]
 
 
+HUNG = Failure(Cause.HUNG, "job1-w1-1", "u2", "node-b", None, "", "silent for 3.0s")
+
+
 def test_state_round_trips_through_json() -> None:
     f, _ = fleet.on_failure(fleet.initial(3), KILLED, (0, 1), Policy(), 50.0,
                             unmanaged_reason="-")
     f, _ = fleet.on_failure(f, BUG, (2, 1), Policy(), 51.0, unmanaged_reason="-")
+    f, _ = fleet.on_failure(f, HUNG, (1, 1), Policy(), 52.0, unmanaged_reason="-")
+    assert f.slots[1].hold_until == 52.0 + fleet.HUNG_HOLD_S
     data = json.loads(json.dumps(fleet.fleet_to_dict(f)))
     assert fleet.fleet_from_dict(data) == f
 
@@ -176,3 +181,21 @@ def test_adoption_never_revives_a_slot_removed_by_a_scale_in_whose_pod_is_going(
     assert fleet.adopt(f, [going], "job1") is f
     alive = {"metadata": {**going["metadata"], "deletionTimestamp": None}}
     assert 2 in fleet.adopt(f, [alive], "job1").slots  # state lost: the live pod says
+
+
+@pytest.mark.parametrize(("old_there", "now", "expected"), [
+    pytest.param(True, 100.0, [], id="the hung pod still there: held"),
+    pytest.param(False, 100.0, [Create(1, 2, "job1-w1-2", "node-b")],
+                 id="the hung pod gone: made, its node only preferred away"),
+    pytest.param(True, 100.0 + fleet.HUNG_HOLD_S,
+                 [Create(1, 2, "job1-w1-2", "node-b", away=True)],
+                 id="the hold over, the pod still there: made, its node required away"),
+])
+def test_a_hung_pods_replacement_waits_for_it_to_be_gone(old_there: bool, now: float,
+                                                        expected: list[Create]) -> None:
+    f, d = fleet.on_failure(fleet.initial(2), HUNG, (1, 1), Policy(), 100.0,
+                            unmanaged_reason="-")
+    assert d is not None and d.action is Action.RESTART
+    existing = {"job1-w0-1", *(["job1-w1-1"] if old_there else [])}
+    assert fleet.wanted(f, "job1", existing, now) == expected
+    assert fleet.next_due(f, 100.0) == 100.0 + fleet.HUNG_HOLD_S

@@ -16,10 +16,11 @@ from supervisor.actuator import DeletePod
 from supervisor.classify import Cause, Failure
 from supervisor.config import HostMode
 from supervisor.discovery import Rendered
-from supervisor.fleet import Create, Fleet, Slot
+from supervisor.fleet import HUNG_HOLD_S, Create, Fleet, Slot
 from supervisor.observe import Unusable
 from supervisor.plan import (
     EXPECTATION_TIMEOUT_S,
+    HUNG_GRACE_S,
     REUSED_LIMIT,
     Failed,
     Picture,
@@ -262,9 +263,14 @@ def failed(cause: Cause, *, exit_code: int | None = None, deleting: bool = False
 
 
 @pytest.mark.parametrize(("x", "policy", "deletes", "reason", "slot"), [
-    pytest.param(failed(Cause.HUNG), Policy(), [DeletePod(W0, f"uid-{W0}", 0)],
-                 "WorkerRestarting", Slot(incarnation=2, due=WALL, avoid_node="node-a"),
-                 id="hung: force-deleted (it would not heed a SIGTERM), replaced"),
+    pytest.param(failed(Cause.HUNG), Policy(), [DeletePod(W0, f"uid-{W0}", HUNG_GRACE_S)],
+                 "WorkerRestarting", Slot(incarnation=2, due=WALL, avoid_node="node-a",
+                                          hold_until=WALL + HUNG_HOLD_S),
+                 id="hung: deleted with a grace its kubelet honours, its replacement held"),
+    pytest.param(failed(Cause.HUNG, deleting=True), Policy(), [], "WorkerRestarting",
+                 Slot(incarnation=2, due=WALL, avoid_node="node-a",
+                      hold_until=WALL + HUNG_HOLD_S),
+                 id="hung, already being deleted: not again"),
     pytest.param(failed(Cause.NODE_NOT_READY, deleting=True), Policy(), [], "WorkerRestarting",
                  Slot(incarnation=2, due=WALL, avoid_node="node-a"),
                  id="lost node, already force-deleted: not again"),
