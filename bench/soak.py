@@ -47,7 +47,14 @@ from kubernetes import client, config
 
 from localcluster import demo
 from localcluster.job import API_ERRORS, JOB, MainJob, log_time
-from tests.e2e.jobs import checkpointed, compose, with_policy
+from tests.e2e.jobs import (
+    CHECKPOINT_MOUNT,
+    STOP_FILE,
+    checkpointed,
+    compose,
+    shared_write,
+    with_policy,
+)
 
 FAULTS = ("kill", "kill-training", "force-delete", "evict", "freeze", "kubelet", "partition",
           "scale", "api-outage", "launcher-exit")
@@ -55,7 +62,7 @@ FAULTS = ("kill", "kill-training", "force-delete", "evict", "freeze", "kubelet",
 FREE = ("api-outage", "launcher-exit")
 OUTAGE_S = 180.0  # a managed control-plane upgrade
 COUNT = 20
-STEPS = 16_000  # 10-17 steps/s: outlasts COUNT faults, their recoveries and a few outages
+STEPS = 1_000_000  # outlasts any plan: training is ended through the stop file after it
 HANG_S = 180.0  # the harness gives up: no step for this long
 GAP_S = 30.0  # a longer interval without a step breaks the invariant (issue 14's target)
 DOCUMENTED_EXITS = (0, 5, 6, 9)  # success, FailJob, restart limit, horovodrun restart limit
@@ -224,11 +231,12 @@ class Watch:
             before = s
 
 
-def drive(job: MainJob, steps: list[Step], watch: Watch) -> dict[str, Any]:
+def drive(job: MainJob, steps: list[Step], watch: Watch, stop_file: Path) -> dict[str, Any]:
     core = job.core
     run = demo.Run(job.log)
     desired, undo = 2, []
     done: list[dict[str, Any]] = []
+    exits: list[int] = []  # of the launchers the plan made exit
     last_progress = [time.monotonic(), 0]
 
     def progress() -> None:
@@ -285,6 +293,15 @@ def drive(job: MainJob, steps: list[Step], watch: Watch) -> dict[str, Any]:
                                  lambda argv: any("horovodrun" in a for a in argv[:3]))
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)  # the supervisor exits 137: the Job retries it
+            deadline = time.monotonic() + 60
+            while run.ended is None:
+                if time.monotonic() > deadline:
+                    raise SystemExit("soak: the launcher did not exit after its horovodrun "
+                                     "was killed")
+                run.poll()
+                time.sleep(0.2)
+            exits.append(run.ended)
+            run.ended = None  # the Job's next launcher carries the job on
         return desired
 
     demo.wait("training to start", lambda: run.step > 0, run, 600, progress)
@@ -315,13 +332,16 @@ def drive(job: MainJob, steps: list[Step], watch: Watch) -> dict[str, Any]:
                      **({"charged": watch.ledger_total() - charged_before}
                         if step.fault in FREE else {}), **outage})
         print(f"\nsoak: fault {len(done)}: {done[-1]}")
+    # The plan is over: training ends a few steps on (the job is sized to outlast any plan).
+    shared_write(stop_file, str(run.step + 50))
     demo.wait("the end of training", lambda: run.done or run.ended is not None, run,
-              1800, progress)
+              600, progress)
     # From here the job ends: horovodrun exits, the supervisor deletes the workers and no
     # longer keeps the file (nobody reads it): the invariants held while it ran.
     watch.stop.set()
     print()
     return {"faults": done, "exit_code": job.exit_code_within(120), "steps": run.step,
+            "launcher_exits": exits,
             "longest_gap_s": longest_gap(run.steps), "gaps": gaps(run.steps),
             "horovodrun_restarts": [r.get("reason") for r in run.restarts]}
 
@@ -334,7 +354,7 @@ def soak(seed: int, count: int = COUNT) -> dict[str, Any]:
         api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
         checkpoint_args, mount = checkpointed(out / "checkpoint")
         args = ["python", "/workspace/train.py", "--steps", str(STEPS), "--commit-every", "5",
-                *checkpoint_args]
+                *checkpoint_args, "--stop-file", f"{CHECKPOINT_MOUNT}/{STOP_FILE}"]
         job = MainJob(cluster, api, f"soak-{seed}", out, args=args,
                       transform=compose(generous_budget, mount, job_retries),
                       env={"SUPERVISOR_HOROVODRUN_RESTART_LIMIT": str(COUNT)})
@@ -343,7 +363,7 @@ def soak(seed: int, count: int = COUNT) -> dict[str, Any]:
         try:
             job.apply()
             checker.start()
-            result = drive(job, steps, watch)
+            result = drive(job, steps, watch, out / "checkpoint" / STOP_FILE)
         finally:
             watch.stop.set()
             checker.join(5)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import os
 import socket
 import threading
 import time
@@ -35,6 +36,7 @@ from supervisor.hook import HOOK_DIR
 from supervisor.hook.elastic_supervisor_hook import (
     DEAD_ENV,
     KEY_ENV,
+    KEY_FILE_ENV,
     PORT_ENV,
     RUN_ENV,
     WORKER_ENV,
@@ -167,8 +169,15 @@ class HookChannel:
     """The UDP endpoint, the store of heartbeats and the dead set (one per supervisor)."""
 
     def __init__(self, port: int = 0, *, dead_file: Path, worker_hook: bool = True,
-                 clock: Callable[[], float] = time.monotonic, bind: str = "") -> None:
-        self.key = wire.new_key()
+                 clock: Callable[[], float] = time.monotonic, bind: str = "",
+                 key_file: tuple[Path, bytes] | None = None) -> None:
+        # The key: the job's (a file every process reads, never in an environment), else one
+        # of this process's own, handed over in horovodrun's environment.
+        self.key_file, self.key = key_file[0] if key_file else None, (
+            key_file[1] if key_file else wire.new_key())
+        # Runs are named <epoch>.<n>: a datagram recorded under an earlier supervisor process
+        # with the same key is of no run of this one.
+        self.epoch = os.urandom(4).hex()
         self.dead_file, self.worker_hook, self.clock = dead_file, worker_hook, clock
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
@@ -202,11 +211,17 @@ class HookChannel:
         with self._lock:
             self._run = _Run(self._run.number + 1, self.clock())
         discovery.write_atomic(self.dead_file, "[]")
+        key = ({KEY_FILE_ENV: str(self.key_file)} if self.key_file is not None
+               else {KEY_ENV: self.key.hex()})
         return {
             "PYTHONPATH": ":".join(p for p in (str(HOOK_DIR), base_pythonpath) if p),
-            KEY_ENV: self.key.hex(), PORT_ENV: str(self.port), RUN_ENV: str(self._run.number),
+            **key, PORT_ENV: str(self.port), RUN_ENV: self.run_id(self._run.number),
             WORKER_ENV: "1" if self.worker_hook else "0", DEAD_ENV: str(self.dead_file),
         }
+
+    def run_id(self, number: int) -> str:
+        """What the processes of run `number` carry in their datagrams."""
+        return f"{self.epoch}.{number}"
 
     def exit_run(self, why: str) -> int:
         """Ask every process of the current run to exit (the run is being restarted)."""
@@ -214,7 +229,7 @@ class HookChannel:
             run, targets = self._run.number, {b.source for b in self._run.beats.values()}
         for addr in targets:
             for _ in range(2):
-                self._send({"t": "exit", "run": str(run), "why": why}, addr)
+                self._send({"t": "exit", "run": self.run_id(run), "why": why}, addr)
         return len(targets)
 
     # -- the loop's side -------------------------------------------------------------------------
@@ -303,7 +318,7 @@ class HookChannel:
         reply = None
         with self._lock:
             r = self._run
-            if str(body.get("run")) != str(r.number):
+            if str(body.get("run")) != self.run_id(r.number):
                 self.counters.stale_runs += 1
                 if body["t"] == "hb":
                     reply = {"t": "exit", "run": str(body.get("run")),

@@ -276,7 +276,7 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
             return ExitCode.CONFIG
     try:
         channel = HookChannel(cfg.fence_port, dead_file=dead_file(cfg),
-                              worker_hook=cfg.worker_hook).start()
+                              worker_hook=cfg.worker_hook, key_file=cfg.hook_key_file).start()
     except OSError as e:
         print(f"elastic-supervisor: SUPERVISOR_FENCE_PORT={cfg.fence_port}: cannot listen "
               f"(UDP: {e}); set another port or 0 for any free one", file=sys.stderr)

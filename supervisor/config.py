@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from supervisor.hook.elastic_supervisor_hook import wire
 from supervisor.policy import (
     Policy,
     PolicyError,
@@ -100,6 +101,7 @@ class Config:
     metrics_port: int
     pod_name: str | None
     fence_port: int = 0
+    hook_key_file: tuple[Path, bytes] | None = None  # (path, the key it holds)
     # Failure handling: the effective rules and budgets, the worker pod template (validated;
     # None: the supervisor does not create workers, so Restart decisions cannot be carried
     # out) and how long a node must be down before its workers count as lost.
@@ -227,6 +229,22 @@ def _abs_path(raw: str) -> Path:
     return p
 
 
+def _hook_key(read_text: Callable[[Path], str]) -> Callable[[str], tuple[Path, bytes]]:
+    def parse(raw: str) -> tuple[Path, bytes]:
+        path = _abs_path(raw)
+        try:
+            text = read_text(path)
+        except OSError as e:
+            raise ValueError(f"a readable file with the hook's key ({e.strerror or e})") \
+                from None
+        try:
+            return path, wire.parse_key(text, "")
+        except ValueError:
+            raise ValueError(f"a file with at least {2 * wire.MIN_KEY_BYTES} hex digits (e.g. "
+                             "`openssl rand -hex 32`)") from None
+    return parse
+
+
 def _fraction_or_off(raw: str) -> float | None:
     accepted = "a fraction in (0, 1] like 0.55, or off"
     value = raw.strip().lower()
@@ -346,6 +364,11 @@ VARIABLES: tuple[Var, ...] = (
     Var("FENCE_PORT", "0", "UDP port of the hook channel: heartbeats of the training "
         "processes in, the hosts declared dead out (HMAC-authenticated datagrams, no "
         "connections); 0: any free port (the workers learn it from horovodrun's environment)."),
+    Var("HOOK_KEY_FILE", None, "File with the hook channel's key in hex (at least 32 digits), at "
+        "the same path on the launcher and every worker (the job's Secret): the training "
+        "processes read it there, so the key is in no environment and on no ssh command line. "
+        "Unset: a key of the supervisor's own, handed over in horovodrun's environment (which "
+        "Horovod writes onto every ssh command line)."),
     Var("POD_NAME", None, "The launcher pod's name (downward API), the object Events refer to "
         "(without it: the batch Job named JOB_NAME). Default: HOSTNAME when running in a pod."),
     Var("WORKER_TEMPLATE", None, "Worker pod template (YAML Pod, e.g. from a ConfigMap). Set: "
@@ -543,6 +566,7 @@ def parse_config(
     log_level = get("LOG_LEVEL", _enum(LogLevel))
     metrics_port = get("METRICS_PORT", _int_in(0, 65535))
     fence_port = get("FENCE_PORT", _int_in(0, 65535))
+    hook_key = get("HOOK_KEY_FILE", _hook_key(read_text))
     pod_name = get("POD_NAME", _nonempty)
     if pod_name is None and f"{PREFIX}POD_NAME" not in sources and pod_namespace and env.get(
             "HOSTNAME"):
@@ -594,6 +618,7 @@ def parse_config(
         gloo_timeout_s=gloo, extra_args=extra, watch_read_timeout_s=read_timeout,
         resync_s=resync, log_format=log_format, log_level=log_level,
         metrics_port=metrics_port, fence_port=fence_port, pod_name=pod_name, policy=policy,
+        hook_key_file=hook_key,
         policy_file=policy_file,
         worker_template=template, worker_template_file=template_file, node_grace_s=node_grace,
         node_lease_s=node_lease, node_disruption_threshold=disruption,
@@ -730,6 +755,7 @@ def effective_values(cfg: Config) -> list[tuple[str, str, str]]:
         "RESYNC_SECONDS": cfg.resync_s, "LOG_FORMAT": cfg.log_format.value,
         "LOG_LEVEL": cfg.log_level.value, "METRICS_PORT": cfg.metrics_port,
         "FENCE_PORT": cfg.fence_port,
+        "HOOK_KEY_FILE": cfg.hook_key_file[0] if cfg.hook_key_file else None,
         "POD_NAME": cfg.pod_name, "WORKER_TEMPLATE": cfg.worker_template_file,
         "WORKER_CONTAINER": cfg.worker_container, "POLICY_FILE": cfg.policy_file,
         "RESTART_EXIT_CODES": _codes_text(cfg, "SUPERVISOR_RESTART_EXIT_CODES"),

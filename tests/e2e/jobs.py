@@ -76,7 +76,7 @@ def stock_script(docs: list[dict[str, Any]]) -> None:
             doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)
 
 
-def _shared_write(path: Path, text: str) -> None:
+def shared_write(path: Path, text: str) -> None:
     """Replace `path` (on the volume every worker mounts) atomically, readable by them."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(text)
@@ -98,14 +98,14 @@ class Job(MainJob):
         last = self.last_step()
         assert last is not None, "rank 0 reported no step yet"
         target = int(last["step"]) + ahead
-        _shared_write(self.stop_file, str(target))
+        shared_write(self.stop_file, str(target))
         return target
 
     def hang(self, host: str) -> None:
         """Make the rank on `host` deadlock its main thread at its next batch (the stock
         script's --hang-file, next to the stop file); "" for nobody."""
         assert self.stop_file is not None, "the job was started without a checkpoint directory"
-        _shared_write(self.stop_file.with_name(HANG_FILE), host)
+        shared_write(self.stop_file.with_name(HANG_FILE), host)
 
     def nodes_ready(self) -> bool:
         return all(any(c.type == "Ready" and c.status == "True"

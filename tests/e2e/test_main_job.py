@@ -18,6 +18,7 @@ of the job), and a restart limit used up (it ends the job).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import re
@@ -32,7 +33,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from localcluster.job import JOB
+from localcluster.job import JOB, REPO
 from localcluster.nodes import Cluster
 from tests.e2e.jobs import (
     COMMIT_EVERY,
@@ -156,6 +157,29 @@ class TestMainTour:
 
         job.wait(f"{node.name} Ready and untainted again", lambda: node_state(job, node.name)
                  == ("True", set()), 60)
+
+    def test_the_hook_key_is_on_no_command_line_and_in_no_environment(self, tour: Job) -> None:
+        """Issue 27, item 10: the hook channel's key comes from the job's Secret file; Horovod
+        writes horovodrun's environment onto every ssh command line, and that carries only the
+        file's path now."""
+        job = tour
+        job.settled(2)
+        key = (REPO / "manifests" / "base" / "ssh" / "hook.key").read_text().strip()
+        launcher = job.launcher()
+        assert launcher is not None
+        pods = [launcher["metadata"]["name"], *job.live_workers()]
+        lines, leaks = [], []
+        for pod in pods:
+            for pid in job.processes(pod, lambda argv: True):
+                for part in ("cmdline", "environ"):
+                    with contextlib.suppress(OSError):
+                        text = Path(f"/proc/{pid}/{part}").read_bytes().decode(errors="replace")
+                        if key in text:
+                            leaks.append((pod, pid, part))
+                        if part == "cmdline" and "ELASTIC_SUPERVISOR_HOOK_KEY_FILE=" in text:
+                            lines.append((pod, pid))
+        assert not leaks, f"the hook key is readable in {leaks}"
+        assert lines, "no ssh command line of horovodrun's found: the check saw nothing"
 
     def test_a_worker_whose_container_is_killed_is_replaced_on_a_real_node(
             self, tour: Job) -> None:

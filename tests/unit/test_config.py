@@ -187,6 +187,11 @@ BAD = [
      " 0..65535"),
     ("SUPERVISOR_FENCE_PORT", "70000", "SUPERVISOR_FENCE_PORT='70000': expected an integer"
      " 0..65535"),
+    ("SUPERVISOR_HOOK_KEY_FILE", "hook-key", "SUPERVISOR_HOOK_KEY_FILE='hook-key': expected an"
+     " absolute path"),
+    ("SUPERVISOR_HOOK_KEY_FILE", "/nonexistent/hook-key", "SUPERVISOR_HOOK_KEY_FILE="
+     "'/nonexistent/hook-key': expected a readable file with the hook's key (No such file or"
+     " directory)"),
     ("SUPERVISOR_POD_NAME", " ", "SUPERVISOR_POD_NAME=' ': expected a non-empty word without"
      " spaces"),
     ("SUPERVISOR_WORKER_TEMPLATE", "pod.yaml", "SUPERVISOR_WORKER_TEMPLATE='pod.yaml': expected"
@@ -277,6 +282,22 @@ def test_values_out_of_range_together(env: dict[str, str], message: str) -> None
 
 def test_a_job_name_that_leaves_room_for_its_pod_names_is_accepted() -> None:
     assert parse(SUPERVISOR_JOB_NAME="a" * 53).job_name == "a" * 53
+
+
+@pytest.mark.parametrize(("content", "ok"), [
+    ("ab" * 32 + "\n", True), ("ab" * 16, True), ("ab" * 15, False), ("not hex", False),
+    ("", False)])
+def test_the_hook_key_file_holds_enough_hex_digits(tmp_path: Path, content: str,
+                                                   ok: bool) -> None:
+    key = tmp_path / "hook-key"
+    key.write_text(content)
+    if ok:
+        assert parse(SUPERVISOR_HOOK_KEY_FILE=str(key)).hook_key_file == (
+            key, bytes.fromhex(content))
+    else:
+        assert problems({**BASE, "SUPERVISOR_HOOK_KEY_FILE": str(key)}) == [
+            f"SUPERVISOR_HOOK_KEY_FILE='{key}': expected a file with at least 32 hex digits "
+            "(e.g. `openssl rand -hex 32`)"]
 
 
 def test_every_variable_is_covered_by_the_bad_value_table() -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from supervisor.channel import Beat, HookChannel, dead_entries
+from supervisor.hook import elastic_supervisor_hook as hook
 from supervisor.hook.elastic_supervisor_hook import wire
 from supervisor.hook.elastic_supervisor_hook.worker import (
     STALL_S,
@@ -258,6 +259,48 @@ def test_new_run_puts_the_hook_first_on_pythonpath_and_keeps_the_users(
     assert bytes.fromhex(env["ELASTIC_SUPERVISOR_HOOK_KEY"]) == channel.key
     assert int(env["ELASTIC_SUPERVISOR_HOOK_PORT"]) == channel.port
     assert json.loads(Path(env["ELASTIC_SUPERVISOR_HOOK_DEAD_FILE"]).read_text()) == []
+
+
+def test_with_the_jobs_key_file_only_its_path_is_handed_over_and_every_side_reads_it(
+        tmp_path: Path) -> None:
+    key_file = tmp_path / "hook-key"
+    key = os.urandom(32)
+    key_file.write_text(key.hex() + "\n")
+    ch = HookChannel(0, dead_file=tmp_path / "hostfile.dead", bind="127.0.0.1",
+                     key_file=(key_file, key)).start()
+    try:
+        env = ch.new_run(None)
+        assert "ELASTIC_SUPERVISOR_HOOK_KEY" not in env
+        assert env["ELASTIC_SUPERVISOR_HOOK_KEY_FILE"] == str(key_file)
+        assert not any(key.hex() in v for v in env.values())
+        assert hook.role(env, ["python", "train.py"]) == "driver"
+        assert hook.key_of(env) == ch.key == key
+        # A datagram of a run of another supervisor process with the same key: no run of ours.
+        other = HookChannel(0, dead_file=tmp_path / "other.dead", bind="127.0.0.1",
+                            key_file=(key_file, key))
+        stale = other.new_run(None)["ELASTIC_SUPERVISOR_HOOK_RUN"]
+        other.sock.close()
+        assert stale != env["ELASTIC_SUPERVISOR_HOOK_RUN"]
+        ch.handle(wire.encode(key, {"t": "hb", "s": "p1", "n": 1, "run": stale,
+                                     "host": "10.0.0.1"}), ("127.0.0.1", 9))
+        assert ch.counters.stale_runs == 1 and ch.snapshot().beats == {}
+    finally:
+        ch.close()
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (None, "cannot read it"), ("xyz", "expected hex digits"), ("ab" * 8, "got 8 bytes")])
+def test_a_key_file_the_hook_cannot_use_is_named(tmp_path: Path, content: str | None,
+                                                  problem: str) -> None:
+    key_file = tmp_path / "hook-key"
+    if content is not None:
+        key_file.write_text(content)
+    env = {"ELASTIC_SUPERVISOR_HOOK_KEY_FILE": str(key_file),
+           "ELASTIC_SUPERVISOR_HOOK_PORT": "9"}
+    with pytest.raises(ValueError, match=problem) as err:
+        hook.key_of(env)
+    assert str(err.value).startswith(f"ELASTIC_SUPERVISOR_HOOK_KEY_FILE={key_file}: ")
+    assert hook.install(env) is None, "installed without a key"
 
 
 def test_the_drivers_world_is_timed_from_its_first_report() -> None:

@@ -33,7 +33,10 @@ from typing import Any, Callable
 
 from . import driver, wire, worker
 
-KEY_ENV = "ELASTIC_SUPERVISOR_HOOK_KEY"  # hex; per run of horovodrun
+KEY_ENV = "ELASTIC_SUPERVISOR_HOOK_KEY"  # hex; one per supervisor process
+# Or a file with the key in hex (the job's Secret, mounted on the launcher and every worker):
+# then the key itself is in no environment, so never on an ssh command line.
+KEY_FILE_ENV = "ELASTIC_SUPERVISOR_HOOK_KEY_FILE"
 PORT_ENV = "ELASTIC_SUPERVISOR_HOOK_PORT"  # the supervisor's UDP port
 RUN_ENV = "ELASTIC_SUPERVISOR_HOOK_RUN"  # which run of horovodrun (restarts count up)
 WORKER_ENV = "ELASTIC_SUPERVISOR_HOOK_WORKER"  # "0": training processes are left alone
@@ -102,9 +105,18 @@ def _env_int(env: dict[str, str], name: str) -> int | None:
         return None
 
 
+def key_of(env: dict[str, str]) -> bytes:
+    """The channel's key: from the file KEY_FILE_ENV names, else KEY_ENV's hex; raise
+    ValueError saying what is wrong."""
+    path = env.get(KEY_FILE_ENV)
+    if path:
+        return wire.read_key(path, f"{KEY_FILE_ENV}={path}")
+    return wire.parse_key(env.get(KEY_ENV, ""), KEY_ENV)
+
+
 def role(env: dict[str, str], argv: list[str]) -> str | None:
     """"driver", "worker", or None (leave this process alone)."""
-    if not env.get(KEY_ENV) or _env_int(env, PORT_ENV) is None:
+    if not (env.get(KEY_ENV) or env.get(KEY_FILE_ENV)) or _env_int(env, PORT_ENV) is None:
         return None
     if "--multiprocessing-fork" in argv:
         return None
@@ -120,7 +132,13 @@ def install(env: dict[str, str] | None = None) -> str | None:
     which = role(env, sys.argv)
     if which is None:
         return None
-    key = bytes.fromhex(env[KEY_ENV])
+    try:
+        key = key_of(env)
+    except ValueError as e:
+        # Said once, loudly: the supervisor sees no hello from this process and says so too.
+        print(f"elastic-supervisor hook: {e}: not installed in this {which} process",
+              file=sys.stderr, flush=True)
+        return None
     port = int(env[PORT_ENV])
     run = env.get(RUN_ENV, "0")
     if which == "driver":

@@ -74,11 +74,10 @@ def command(hook_dir: str) -> list:
 
 
 def main() -> int:
-    from . import KEY_ENV, RUN_ENV
-    env = os.environ
+    from . import RUN_ENV, key_of
+    env = dict(os.environ)
     host, _, port = env[TARGET_ENV].rpartition(":")
-    run(bytes.fromhex(env[KEY_ENV]), (host, int(port)), env[RUN_ENV], env[OF_ENV],
-        int(env[PID_ENV]))
+    run(key_of(env), (host, int(port)), env[RUN_ENV], env[OF_ENV], int(env[PID_ENV]))
     return 0
 
 

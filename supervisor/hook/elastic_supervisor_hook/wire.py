@@ -32,9 +32,35 @@ SUPERVISOR = "supervisor"
 TYPES = frozenset({"hb", "bye", "ps", "driver", "fence", "exit"})
 
 
+MIN_KEY_BYTES = 16
+
+
 def new_key() -> bytes:
     """A fresh random key for one run of horovodrun."""
     return os.urandom(32)
+
+
+def parse_key(text: str, where: str) -> bytes:
+    """The key written as hex digits in `text` (a Secret's file); raise ValueError naming
+    `where` when it is not one."""
+    try:
+        key = bytes.fromhex(text.strip())
+    except ValueError:
+        raise ValueError(f"{where}: expected hex digits (e.g. from `openssl rand -hex 32`)") \
+            from None
+    if len(key) < MIN_KEY_BYTES:
+        raise ValueError(f"{where}: expected at least {2 * MIN_KEY_BYTES} hex digits "
+                         f"({MIN_KEY_BYTES} bytes), got {len(key)} bytes")
+    return key
+
+
+def read_key(path: str, where: str) -> bytes:
+    """The key in file `path`; raise ValueError naming `where`."""
+    try:
+        with open(path) as f:
+            return parse_key(f.read(), where)
+    except OSError as e:
+        raise ValueError(f"{where}: cannot read it: {e.strerror or e}") from None
 
 
 def new_sender_id() -> str:
