@@ -120,6 +120,7 @@ class Counters:
     received: int = 0
     rejected: int = 0  # not authentic, malformed, replayed
     stale_runs: int = 0  # datagrams of an earlier run of horovodrun
+    unbound: int = 0  # authentic, but from an address that is not the host it speaks for
     pushed: int = 0
     replies: int = 0
 
@@ -185,6 +186,10 @@ class HookChannel:
         self.port = int(self.sock.getsockname()[1])
         self.counters = Counters()
         self._replays = wire.Replays()
+        # host string -> its pod's IP, from the loop's view (`bind_hosts`): a process speaks
+        # only for the host whose address it sends from.
+        self._addresses: Mapping[str, str] = {}
+        self.last_unbound: tuple[str, str] | None = None  # (source, what it spoke for)
         self._lock = threading.Lock()
         self._run = _Run(0, clock())
         self._seq = 0
@@ -306,6 +311,10 @@ class HookChannel:
                 continue
             self.handle(data, addr)
 
+    def bind_hosts(self, addresses: Mapping[str, str]) -> None:
+        """The workers' host strings and their pods' IPs, as the loop sees them now."""
+        self._addresses = dict(addresses)
+
     def handle(self, data: bytes, addr: tuple[str, int]) -> None:
         """Record one datagram (the receiver thread; tests call it directly)."""
         self.counters.received += 1
@@ -318,7 +327,10 @@ class HookChannel:
         reply = None
         with self._lock:
             r = self._run
-            if str(body.get("run")) != self.run_id(r.number):
+            if not bound(body, addr[0], r.beats, self._addresses):
+                self.counters.unbound += 1
+                self.last_unbound = (addr[0], str(body.get("host") or body.get("t")))
+            elif str(body.get("run")) != self.run_id(r.number):
                 self.counters.stale_runs += 1
                 if body["t"] == "hb":
                     reply = {"t": "exit", "run": str(body.get("run")),
@@ -348,6 +360,34 @@ class HookChannel:
             if now - b.last_seen > FORGET_S or (b.bye_at is not None
                                                  and now - b.bye_at > FORGET_S):
                 del r.beats[s]
+
+
+def unbound_note(channel: HookChannel | None) -> str:
+    """What to add to a "no heartbeat" warning when authentic datagrams were refused for
+    their source address."""
+    if channel is None or channel.last_unbound is None:
+        return ""
+    source, host = channel.last_unbound
+    return (f"; {channel.counters.unbound} authentic datagram(s) were refused because they did "
+            f"not come from their host's pod IP (the last from {source} for {host}): is pod "
+            "traffic translated (SNAT) between the workers and the launcher?")
+
+
+def bound(body: Mapping[str, Any], source: str, beats: Mapping[str, Beat],
+           addresses: Mapping[str, str]) -> bool:
+    """PURE: whether an authentic datagram from `source` may speak for what it names, so a
+    holder of the key cannot get another worker declared dead: the driver's reports come from
+    the launcher itself (loopback); a process's datagrams from the address of its first, and
+    that from its host's pod IP (`addresses`). Loopback is this pod: trusted."""
+    if _is_loopback(source):
+        return True
+    kind = body.get("t")
+    if kind == "driver":
+        return False
+    first = beats.get(str(body.get("of") if kind == "ps" else body.get("s")))
+    if first is not None:
+        return first.source[0] == source
+    return kind != "ps" and addresses.get(str(body.get("host"))) == source
 
 
 def _driver(old: Driver | None, body: Mapping[str, Any], now: float) -> Driver:

@@ -52,6 +52,16 @@ class Rendered:
         return len(self.lines) * per_worker
 
 
+def addresses(pods: Iterable[Obj], mode: HostMode) -> dict[str, str]:
+    """Each worker's host string and its pod's IP (what its processes send from)."""
+    out = {}
+    for pod in pods:
+        host, ip = host_of(pod, mode), pod.get("status", {}).get("podIP")
+        if host and ip:
+            out[host] = ip
+    return out
+
+
 def host_of(pod: Obj, mode: HostMode) -> str | None:
     """Return the host string Horovod uses for this pod, or None if it has none yet."""
     if mode is HostMode.POD_IP:

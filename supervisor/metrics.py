@@ -86,7 +86,8 @@ def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
             "restarted had trained: what a script without a checkpoint lost", registry=r),
         hook_datagrams=Gauge(f"{p}hook_datagrams", "Datagrams of the hook channel since start, "
                              "by outcome (received, rejected: not authentic or replayed, "
-                             "stale: an earlier run, pushed: fence pushes sent, replies)",
+                             "stale: an earlier run, unbound: not from the address of the "
+                             "host it speaks for, pushed: fence pushes sent, replies)",
                              ["outcome"], registry=r),
     )
 

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 from supervisor import admission, core, discovery, fleet, hang, plan, reload
 from supervisor.actuator import CreatePod, Op, SaveState
-from supervisor.channel import HookChannel, Snapshot
+from supervisor.channel import HookChannel, Snapshot, unbound_note
 from supervisor.classify import (
     ClassifySettings,
     NodeState,
@@ -203,6 +203,9 @@ class Supervisor:
             batch = self._drain(self._timeout())
             now = self.clock()
             earliest, exited = self._apply(batch, now)
+            if earliest is not None and self.channel is not None:
+                self.channel.bind_hosts(discovery.addresses(self.state.view.pods.values(),
+                                                            cfg.host_mode))
             if batch:
                 self.log.debug("loop.batch", items=len(batch), pods=len(self.state.view.pods),
                                nodes=len(self.state.view.nodes))
@@ -512,8 +515,8 @@ class Supervisor:
         assert self.channel is not None
         c = self.channel.counters
         for outcome, n in (("received", c.received), ("rejected", c.rejected),
-                           ("stale", c.stale_runs), ("pushed", c.pushed),
-                           ("replies", c.replies)):
+                           ("stale", c.stale_runs), ("unbound", c.unbound),
+                           ("pushed", c.pushed), ("replies", c.replies)):
             self.metrics.hook_datagrams.labels(outcome).set(n)
         progress = [b.progress_at for b in snap.beats.values() if b.progress_at is not None]
         if progress:
@@ -549,7 +552,7 @@ class Supervisor:
                 f"{hang.UNMONITORED_AFTER_S:g}s: the hook is not loaded in their training "
                 "processes (a worker image without the package at the launcher's path, python "
                 "-I or -S, PYTHONPATH replaced), so hang detection and the fence are off for "
-                "them"))
+                f"them{unbound_note(self.channel)}"))
         busy = {f"busy:{host}:{pid}": (host, pid, silent, state)
                 for host, pid, silent, state in verdict.busy}
         h.reported -= {k for k in h.reported if k.startswith("busy:") and k not in busy}

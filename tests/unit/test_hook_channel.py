@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.channel import Beat, HookChannel, dead_entries
+from supervisor.channel import Beat, HookChannel, bound, dead_entries
 from supervisor.hook import elastic_supervisor_hook as hook
 from supervisor.hook.elastic_supervisor_hook import wire
 from supervisor.hook.elastic_supervisor_hook.worker import (
@@ -301,6 +301,44 @@ def test_a_key_file_the_hook_cannot_use_is_named(tmp_path: Path, content: str | 
         hook.key_of(env)
     assert str(err.value).startswith(f"ELASTIC_SUPERVISOR_HOOK_KEY_FILE={key_file}: ")
     assert hook.install(env) is None, "installed without a key"
+
+
+KNOWN = {"p1": Beat(sender="p1", host="10.0.0.1", pid=7, local_rank=0, first_seen=1.0,
+                   last_seen=1.0, progress_at=None, source=("10.0.0.1", 5000))}
+PODS = {"10.0.0.1": "10.0.0.1", "10.0.0.2": "10.0.0.2", "w2.job.ns.svc": "10.0.0.3"}
+
+
+@pytest.mark.parametrize(("body", "source", "ok"), [
+    ({"t": "hb", "s": "p9", "host": "10.0.0.2"}, "127.0.0.1", True),
+    ({"t": "driver", "s": "d"}, "127.0.0.1", True),
+    ({"t": "driver", "s": "d", "exited": {"10.0.0.1": 1}}, "10.0.0.2", False),
+    ({"t": "hb", "s": "p2", "host": "10.0.0.2"}, "10.0.0.2", True),
+    ({"t": "hb", "s": "p2", "host": "10.0.0.1"}, "10.0.0.2", False),
+    ({"t": "hb", "s": "p3", "host": "w2.job.ns.svc"}, "10.0.0.3", True),
+    ({"t": "hb", "s": "p3", "host": "10.0.0.9"}, "10.0.0.9", False),
+    ({"t": "hb", "s": "p1", "host": "10.0.0.1"}, "10.0.0.1", True),
+    ({"t": "bye", "s": "p1"}, "10.0.0.2", False),
+    ({"t": "ps", "s": "w1", "of": "p1"}, "10.0.0.1", True),
+    ({"t": "ps", "s": "w1", "of": "p1"}, "10.0.0.2", False),
+    ({"t": "ps", "s": "w1", "of": "p8"}, "10.0.0.2", False),
+], ids=["loopback: this pod", "the driver on loopback", "the driver from a worker",
+        "a first heartbeat from its host", "a first heartbeat for another host",
+        "a DNS host from its pod's IP", "a host no pod has", "a known process from its address",
+        "a known process's bye from elsewhere", "a watcher from its process's address",
+        "a watcher from elsewhere", "a watcher of an unknown process"])
+def test_a_process_speaks_only_for_the_host_it_sends_from(body: dict[str, Any], source: str,
+                                                          ok: bool) -> None:
+    assert bound(body, source, KNOWN, PODS) is ok
+
+
+def test_a_key_holder_on_another_address_cannot_speak_for_a_host(channel: HookChannel) -> None:
+    channel.bind_hosts({"10.0.0.1": "10.0.0.1"})
+    run = channel.new_run(None)["ELASTIC_SUPERVISOR_HOOK_RUN"]
+    body = {"t": "hb", "s": "p1", "n": 1, "run": run, "host": "10.0.0.1"}
+    channel.handle(wire.encode(channel.key, body), ("10.0.0.7", 4000))
+    assert channel.counters.unbound == 1 and channel.snapshot().beats == {}
+    channel.handle(wire.encode(channel.key, {**body, "n": 2}), ("10.0.0.1", 4000))
+    assert list(channel.snapshot().beats) == ["p1"]
 
 
 def test_the_drivers_world_is_timed_from_its_first_report() -> None:
