@@ -79,6 +79,13 @@ def render(namespace: str, *, args: Sequence[str] | None = None,
         for subject in doc.get("subjects") or ():
             if subject.get("namespace") == BASE_NAMESPACE:
                 subject["namespace"] = namespace
+        if kind == "ValidatingAdmissionPolicyBinding":  # the admission policy, bound here
+            spec = doc["spec"]
+            if spec["policyName"].endswith(suffix):
+                spec["policyName"] = spec["policyName"][:-len(suffix)] + f".{namespace}"
+            for expr in spec["matchResources"]["namespaceSelector"]["matchExpressions"]:
+                expr["values"] = [namespace if v == BASE_NAMESPACE else v
+                                  for v in expr["values"]]
         if kind == "Job":
             container = doc["spec"]["template"]["spec"]["containers"][0]
             if args is not None:

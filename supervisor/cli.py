@@ -551,8 +551,10 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
             settings, transform=slim))
 
     def resumed(paused_s: float) -> None:
-        # The watches may have died silently through the same outage: resume them at once,
-        # so what changed meanwhile is reconciled now, not after their read timeout.
+        # The connections may have died silently through the same outage (a partition): the
+        # writes held meanwhile must not wait out their timeout on one, and the watches resume
+        # at once, so what changed meanwhile is reconciled now.
+        kube.drop_connections(api)
         for r in reflectors:
             r.reconnect()
         leadership(LeadershipResumed(paused_s))

@@ -571,6 +571,13 @@ def launcher_refs(api: client.ApiClient, namespace: str, pod: str,
     return regarding, regarding
 
 
+def drop_connections(api: client.ApiClient) -> None:
+    """Close the client's pooled connections: after a partition they may be silently dead,
+    and a call on one would wait its whole timeout; the next calls connect anew."""
+    with contextlib.suppress(Exception):
+        api.rest_client.pool_manager.clear()
+
+
 def read_job(api: client.ApiClient, namespace: str, name: str,
              timeout_s: float = 30.0) -> dict[str, Any]:
     """The batch/v1 Job `name` as a dict; raise KubeError (NotFound if it is gone)."""

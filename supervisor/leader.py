@@ -133,8 +133,9 @@ class LeaderElector:
     # -- queries -------------------------------------------------------------------------------
 
     def is_leader(self) -> bool:
-        """True while the Lease is ours and was renewed within the renew deadline."""
-        return (self._lost is None and self._renewed_at is not None
+        """True while the Lease is ours and was renewed within the renew deadline (and, after
+        a pause, once `on_resumed` is done)."""
+        return (self._lost is None and self._paused_at is None and self._renewed_at is not None
                 and self.clock() - self._renewed_at < self.renew_deadline_s)
 
     # -- one attempt ---------------------------------------------------------------------------
@@ -191,9 +192,9 @@ class LeaderElector:
             try:
                 if self.attempt(timeout_s=timeout):
                     failure = None
-                    if self._paused_at is not None:
-                        paused_s, self._paused_at = self.clock() - self._paused_at, None
-                        self.on_resumed(paused_s)
+                    if self._paused_at is not None:  # not leading until the caller is ready
+                        self.on_resumed(self.clock() - self._paused_at)
+                        self._paused_at = None
                     continue
                 failure = f"the lease is held by {self.holder!r}"
             except KubeError as e:

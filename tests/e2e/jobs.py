@@ -188,14 +188,28 @@ class Job(MainJob):
 
 def shared_checkpoint(docs: list[dict[str, Any]], host_dir: Path) -> None:
     """Give every worker the host directory `host_dir` at /checkpoint (the nodes share this
-    machine's disk, as a cluster's workers would share a network volume)."""
+    machine's disk, as a cluster's workers would share a network volume): a PersistentVolume
+    on it, bound to a claim the workers mount (a hostPath in the pod itself is what the
+    manifests' admission policy refuses the supervisor)."""
+    ns = next(d["metadata"]["name"] for d in docs if d["kind"] == "Namespace")
+    pv = f"checkpoint-{ns}"
+    docs.append({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
+                 "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                 "hostPath": {"path": str(host_dir), "type": "Directory"},
+                 "claimRef": {"namespace": ns, "name": "checkpoint"}}})
+    docs.append({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "checkpoint", "namespace": ns},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv,
+                 "resources": {"requests": {"storage": "1Gi"}}}})
     for doc in docs:
         if doc["kind"] == "ConfigMap" and "worker-template.yaml" in (doc.get("data") or {}):
             template = yaml.safe_load(doc["data"]["worker-template.yaml"])
             spec = template["spec"]
             spec.setdefault("volumes", []).append(
-                {"name": "checkpoint", "hostPath": {"path": str(host_dir),
-                                                    "type": "Directory"}})
+                {"name": "checkpoint", "persistentVolumeClaim": {"claimName": "checkpoint"}})
             spec["containers"][0].setdefault("volumeMounts", []).append(
                 {"name": "checkpoint", "mountPath": CHECKPOINT_MOUNT})
             doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)

@@ -14,6 +14,7 @@ with a fresh ssh key pair (manifests/ssh-keygen.sh), so the repository is never 
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import re
@@ -240,7 +241,15 @@ def test_the_launcher_env_is_a_valid_supervisor_configuration(
         config_file(built[target], "worker-template.yaml")),
         "policy.yaml": yaml.safe_dump(config_file(built[target], "policy.yaml"))}
 
-    def read_text(path: Path) -> str:  # the launcher's mounted ConfigMap files
+    secret = one(built[target], "Secret")
+    ssh = {item["path"]: base64.b64decode(secret["data"][item["key"]]).decode()
+           for v in one(built[target], "Job")["spec"]["template"]["spec"]["volumes"]
+           if v["name"] == "ssh"
+           for item in v["secret"]["items"]}
+
+    def read_text(path: Path) -> str:  # the launcher's mounted ConfigMap and Secret files
+        if str(path.parent) == "/etc/edl/ssh":
+            return ssh[path.name]
         assert str(path.parent) == "/etc/edl/config", path
         return files[path.name]
 
@@ -253,9 +262,18 @@ def test_the_launcher_env_is_a_valid_supervisor_configuration(
     assert (cfg.job_name, cfg.namespace) == ("elastic-train", NAMESPACE)
     assert cfg.ssh_identity_file is not None
     mounts = {m["mountPath"]: m for m in launcher(built[target])["volumeMounts"]}
-    for path in (cfg.ssh_identity_file, cfg.discovery_file):
+    assert cfg.hook_key_file is not None
+    for path in (cfg.ssh_identity_file, cfg.discovery_file, cfg.hook_key_file[0]):
         assert str(path.parent) in mounts, f"{path}: not on a mounted volume"
     assert not mounts[str(cfg.discovery_file.parent)].get("readOnly")
+    # Every worker reads the hook key at the launcher's path, from the same Secret.
+    template = config_file(built[target], "worker-template.yaml")
+    worker_mounts = {m["name"]: m["mountPath"]
+                     for m in template["spec"]["containers"][0]["volumeMounts"]}
+    volume = next(v for v in template["spec"]["volumes"] if v.get("secret"))
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    paths = {i["key"]: i["path"] for i in volume["secret"]["items"]}
+    assert Path(worker_mounts[volume["name"]]) / paths["hook-key"] == cfg.hook_key_file[0]
 
 
 def test_an_unknown_variable_in_an_overlay_is_caught(manifests: Path) -> None:
@@ -755,5 +773,83 @@ def test_a_drain_cannot_evict_the_launcher(
         assert refused.value.status == 429
         assert "disruption budget" in refused.value.body
     finally:
+        kubectl("delete", "-f", "-", "--wait=false", kubeconfig=control_plane.kubeconfig,
+                stdin=applied.listing)
+
+
+ADMISSION_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+
+
+def worker_from(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A worker pod as the supervisor builds it from the manifests' template."""
+    cm = one(docs, "ConfigMap", "elastic-supervisor-worker-template")
+    return worker_pod(yaml.safe_load(cm["data"]["worker-template.yaml"]), job="elastic-train",
+                      slot=0, incarnation=1, owner=None)
+
+
+def _privileged(p: dict[str, Any]) -> None:
+    p["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+
+
+def _host_path(p: dict[str, Any]) -> None:
+    p["spec"]["volumes"].append({"name": "root", "hostPath": {"path": "/"}})
+
+
+def _other_account(p: dict[str, Any]) -> None:
+    p["spec"]["serviceAccountName"] = "default"
+
+
+def _not_a_worker(p: dict[str, Any]) -> None:
+    p["metadata"]["labels"] = {"app": "miner"}
+
+
+def _host_network(p: dict[str, Any]) -> None:
+    p["spec"]["hostNetwork"] = True
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (_privileged, "a worker runs no privileged container"),
+    (_host_path, "a worker mounts no hostPath volume"),
+    (_other_account, "a worker runs as the ServiceAccount elastic-supervisor-worker"),
+    (_not_a_worker, "the supervisor creates only its job's workers"),
+    (_host_network, "a worker shares no host namespace"),
+], ids=["privileged", "hostPath", "another ServiceAccount", "not the job's worker",
+        "hostNetwork"])
+def test_the_admission_policy_lets_the_supervisor_create_only_the_jobs_workers(
+        control_plane: ControlPlane, api_client: client.ApiClient, manifests: Path,
+        tmp_path: Path, *, change: Callable[[dict[str, Any]], None], message: str) -> None:
+    """Issue 27, item 10: the manifests' ValidatingAdmissionPolicy on the real API server. The
+    supervisor's RBAC allows any pod in the namespace; the policy admits its creates only for
+    the job's workers. Server-side dry runs: admission runs, nothing is created."""
+    core = client.CoreV1Api(api_client)
+    applied = apply_rbac(control_plane, core, manifests, tmp_path)
+    kubeconfig, ns = applied.token
+    policy = json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+        d for d in applied.docs if d["kind"] in ADMISSION_KINDS]})
+    assert len(json.loads(policy)["items"]) == 2
+    kubectl("apply", "-f", "-", kubeconfig=control_plane.kubeconfig, stdin=policy)
+    sup_api = config.new_client_from_config(config_file=str(kubeconfig))
+    try:
+        sup = client.CoreV1Api(sup_api)
+        bad = worker_from(applied.docs)
+        change(bad)
+
+        def refused() -> str | None:  # the policy takes a moment to be compiled and bound
+            try:
+                sup.create_namespaced_pod(ns, bad, dry_run="All")
+            except client.ApiException as e:
+                return str(e.body) if e.status == 422 or "denied" in str(e.body) else None
+            return None
+
+        body = wait_for(refused, 30, what="the policy enforced")
+        assert "ValidatingAdmissionPolicy" in body and message in body, body
+        # The job's worker as the supervisor builds it passes; the policy binds only the
+        # supervisor: an administrator's pod is not looked at.
+        sup.create_namespaced_pod(ns, worker_from(applied.docs), dry_run="All")
+        core.create_namespaced_pod(ns, bad, dry_run="All")
+    finally:
+        sup_api.close()
+        kubectl("delete", "-f", "-", "--wait=false", kubeconfig=control_plane.kubeconfig,
+                stdin=policy)
         kubectl("delete", "-f", "-", "--wait=false", kubeconfig=control_plane.kubeconfig,
                 stdin=applied.listing)
