@@ -38,6 +38,14 @@ def tree(host: FakeHost) -> list[psutil.Process]:
     return [root, *root.children(recursive=True)]
 
 
+def command_line(p: psutil.Process) -> str:
+    """`p`'s command line; empty once it exited (a zombie has none: sessions come and go)."""
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
 class Training:
     """One horovodrun run of train.py; rank 0's JSON lines are collected as they come."""
 
@@ -142,7 +150,7 @@ def test_trains_to_the_target_on_two_hosts(
     run.start()
 
     def trains_in(host: FakeHost) -> bool:
-        return any("train.py" in " ".join(p.cmdline()) for p in tree(host))
+        return any("train.py" in command_line(p) for p in tree(host))
 
     wait_for(lambda: all(trains_in(h) for h in workers.values()), 60,
              what="a train.py process below each fake host's sshd")
