@@ -32,13 +32,17 @@ WORKER_ENV = {"HOROVOD_HOSTNAME": "127.0.0.5", "HOROVOD_LOCAL_RANK": "0",
 
 def python(code: str, *, pythonpath: list[Path | str], hook: bool = True, port: int = 9,
            extra_env: dict[str, str] | None = None, args: tuple[str, ...] = (),
-           ) -> subprocess.CompletedProcess[str]:
+           key_file: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("ELASTIC_SUPERVISOR_", "HOROVOD_"))}
     env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)
-    if hook:
-        env.update({"ELASTIC_SUPERVISOR_HOOK_KEY": KEY.hex(),
-                    "ELASTIC_SUPERVISOR_HOOK_PORT": str(port)})
+    if hook:  # the key in the environment, or the job's key file (the manifests' way)
+        env.update({"ELASTIC_SUPERVISOR_HOOK_PORT": str(port)})
+        if key_file is not None:
+            key_file.write_text(KEY.hex())
+            env["ELASTIC_SUPERVISOR_HOOK_KEY_FILE"] = str(key_file)
+        else:
+            env["ELASTIC_SUPERVISOR_HOOK_KEY"] = KEY.hex()
     env.update(extra_env or {})
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], env=env,
                           capture_output=True, text=True, timeout=120, check=False)
@@ -94,7 +98,9 @@ def test_a_training_process_gets_the_wrapped_wait_everywhere(
     assert "elastic-supervisor hook" not in got.stderr
 
 
-def test_horovodruns_driver_is_hardened_and_says_hello() -> None:
+@pytest.mark.parametrize("from_file", [False, True], ids=["key in the environment",
+                                                       "key from the job's file"])
+def test_horovodruns_driver_is_hardened_and_says_hello(tmp_path: Path, from_file: bool) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.bind(("127.0.0.1", 0))
         sock.settimeout(30)
@@ -109,7 +115,8 @@ def test_horovodruns_driver_is_hardened_and_says_hello() -> None:
                   and hasattr(ElasticDriver._handle_worker_exit, "__wrapped__")
                   and hasattr(ElasticDriver._start_worker_processes, "__wrapped__"))
             time.sleep(0.5)  # the hello thread is a daemon
-        """, pythonpath=[HOOK_DIR], port=sock.getsockname()[1])
+        """, pythonpath=[HOOK_DIR], port=sock.getsockname()[1],
+                     key_file=tmp_path / "hook-key" if from_file else None)
         assert got.returncode == 0, got.stderr
         assert got.stdout.split() == ["TimedSocket", "True"]
         hello = wire.decode(KEY, sock.recv(wire.MAX_DATAGRAM))
