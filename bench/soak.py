@@ -61,6 +61,8 @@ FAULTS = ("kill", "kill-training", "force-delete", "evict", "freeze", "kubelet",
 # Faults that must cost no restart budget (issue 27): the supervisor's own outage and retry.
 FREE = ("api-outage", "launcher-exit")
 OUTAGE_S = 180.0  # a managed control-plane upgrade
+# The supervisor's node grace (SUPERVISOR_NODE_GRACE_SECONDS, 10 s) and the sampling's slack.
+NODE_KEPT_S = 15.0
 COUNT = 20
 STEPS = 1_000_000  # outlasts any plan: training is ended through the stop file after it
 HANG_S = 180.0  # the harness gives up: no step for this long
@@ -87,9 +89,18 @@ class Sample:
     hosts in the discovery file, the ledger."""
 
     pods: Sequence[Mapping[str, Any]]
-    nodes: Mapping[str, bool]  # node name -> Ready
+    nodes: Mapping[str, float | None]  # node name -> seconds it has been NotReady (None: Ready)
     hosts: frozenset[str]
     ledger: Mapping[str, Any]
+
+
+def not_ready_for(node: Any, now: float) -> float | None:
+    """Seconds the node (a V1Node) has been NotReady or Unknown; None while it is Ready."""
+    cond = next((c for c in node.status.conditions or () if c.type == "Ready"), None)
+    if cond is not None and cond.status == "True":
+        return None
+    since = cond.last_transition_time.timestamp() if cond and cond.last_transition_time else 0
+    return max(0.0, now - since)
 
 
 def _live(pod: Mapping[str, Any]) -> bool:
@@ -110,8 +121,12 @@ def unusable_hosts(s: Sample) -> set[str]:
         status = pod.get("status", {})
         ready = any(c.get("type") == "Ready" and c.get("status") == "True"
                     for c in status.get("conditions") or ())
-        node_ok = s.nodes.get(pod.get("spec", {}).get("nodeName", ""), False)
-        if _live(pod) and ready and node_ok and status.get("podIP"):
+        down_s = s.nodes.get(pod.get("spec", {}).get("nodeName", ""), float("inf"))
+        # A node NotReady for less than the supervisor's node grace keeps its heartbeating
+        # hosts listed (issue 27, item 12: a blip, or the node controller catching up after an
+        # API outage); the node controller marks its pods not Ready meanwhile.
+        kept = down_s is not None and down_s < NODE_KEPT_S
+        if _live(pod) and ((down_s is None and ready) or kept) and status.get("podIP"):
             usable.add(status["podIP"])
     return set(s.hosts) - usable
 
@@ -195,9 +210,8 @@ class Watch:
 
     def sample(self) -> Sample:
         pods = list(self.job.workers().values())
-        nodes = {n.metadata.name: any(c.type == "Ready" and c.status == "True"
-                                      for c in n.status.conditions or ())
-                 for n in self.job.core.list_node().items}
+        now = time.time()
+        nodes = {n.metadata.name: not_ready_for(n, now) for n in self.job.core.list_node().items}
         hosts: frozenset[str] = frozenset()
         launcher = self.job.launcher()
         if launcher and launcher["spec"].get("nodeName"):

@@ -807,17 +807,16 @@ def _host_network(p: dict[str, Any]) -> None:
     p["spec"]["hostNetwork"] = True
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    (_privileged, "a worker runs no privileged container"),
-    (_host_path, "a worker mounts no hostPath volume"),
-    (_other_account, "a worker runs as the ServiceAccount elastic-supervisor-worker"),
-    (_not_a_worker, "the supervisor creates only its job's workers"),
-    (_host_network, "a worker shares no host namespace"),
-], ids=["privileged", "hostPath", "another ServiceAccount", "not the job's worker",
-        "hostNetwork"])
+REFUSED = [(_privileged, "a worker runs no privileged container"),
+           (_host_path, "a worker mounts no hostPath volume"),
+           (_other_account, "a worker runs as the ServiceAccount elastic-supervisor-worker"),
+           (_not_a_worker, "the supervisor creates only its job's workers"),
+           (_host_network, "a worker shares no host namespace")]
+
+
 def test_the_admission_policy_lets_the_supervisor_create_only_the_jobs_workers(
         control_plane: ControlPlane, api_client: client.ApiClient, manifests: Path,
-        tmp_path: Path, *, change: Callable[[dict[str, Any]], None], message: str) -> None:
+        tmp_path: Path) -> None:
     """Issue 27, item 10: the manifests' ValidatingAdmissionPolicy on the real API server. The
     supervisor's RBAC allows any pod in the namespace; the policy admits its creates only for
     the job's workers. Server-side dry runs: admission runs, nothing is created."""
@@ -831,22 +830,24 @@ def test_the_admission_policy_lets_the_supervisor_create_only_the_jobs_workers(
     sup_api = config.new_client_from_config(config_file=str(kubeconfig))
     try:
         sup = client.CoreV1Api(sup_api)
-        bad = worker_from(applied.docs)
-        change(bad)
 
-        def refused() -> str | None:  # the policy takes a moment to be compiled and bound
+        def refusal(pod: dict[str, Any]) -> str | None:
             try:
-                sup.create_namespaced_pod(ns, bad, dry_run="All")
+                sup.create_namespaced_pod(ns, pod, dry_run="All")
             except client.ApiException as e:
                 return str(e.body) if e.status == 422 or "denied" in str(e.body) else None
             return None
 
-        body = wait_for(refused, 30, what="the policy enforced")
-        assert "ValidatingAdmissionPolicy" in body and message in body, body
-        # The job's worker as the supervisor builds it passes; the policy binds only the
-        # supervisor: an administrator's pod is not looked at.
+        for change, message in REFUSED:
+            bad = worker_from(applied.docs)
+            change(bad)
+            # The policy takes a moment to be compiled and bound after it is applied.
+            body = wait_for(lambda bad=bad: refusal(bad), 30, what="the policy enforced")
+            assert "ValidatingAdmissionPolicy" in body and message in body, (change, body)
+            # It binds only the supervisor: an administrator's pod is not looked at.
+            core.create_namespaced_pod(ns, bad, dry_run="All")
+        # The job's worker as the supervisor builds it passes.
         sup.create_namespaced_pod(ns, worker_from(applied.docs), dry_run="All")
-        core.create_namespaced_pod(ns, bad, dry_run="All")
     finally:
         sup_api.close()
         kubectl("delete", "-f", "-", "--wait=false", kubeconfig=control_plane.kubeconfig,
