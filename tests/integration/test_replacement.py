@@ -206,6 +206,9 @@ def test_a_node_lease_not_renewed_is_noticed_before_the_node_controller(
     assert "Lease not renewed" in decision["detail"]
     # Before the controller-manager's grace (8 s here, 40 s by default) marks it NotReady.
     assert noticed_s < NODE_GRACE_S, noticed_s
+    # The decision is logged before its force delete lands: until then the lost pod itself
+    # still shows Running.
+    wait_for(lambda: first not in job.pods(), 10, what="the lost pod force-deleted")
     [second] = running(job, 1)
     assert job.pods()[second]["spec"]["nodeName"] != lost
 
