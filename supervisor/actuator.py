@@ -32,7 +32,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from supervisor.kube import AlreadyExists, Conflict, Forbidden, KubeError, NotFound, Refused
+from supervisor.kube import (
+    AlreadyExists,
+    Backoff,
+    Conflict,
+    Forbidden,
+    KubeError,
+    NotFound,
+    Refused,
+)
 from supervisor.model import ActionDone
 
 WORKERS = 4  # API calls in flight at once
@@ -77,7 +85,7 @@ class Pending:
     op: Op
     submitted_at: float
     not_before: float = 0.0  # monotonic: its next try (backoff)
-    delay_s: float = 0.0  # the next backoff
+    backoff: Backoff | None = None  # its own (kube.Backoff), made at submit
     reported: bool = False  # its retryable error was reported
     note: str = ""
     running: bool = False
@@ -112,7 +120,6 @@ class _Queue:
     items: list[Pending] = field(default_factory=list)
     seq: int = 0
     fatal: bool = False
-    closing: bool = False
 
 
 class Actuator:
@@ -149,7 +156,8 @@ class Actuator:
                     self._cond.notify_all()
                     return
             q.seq += 1
-            q.items.append(Pending(q.seq, op, self.clock(), delay_s=self.backoff_initial_s))
+            q.items.append(Pending(q.seq, op, self.clock(), backoff=Backoff(
+                self.backoff_initial_s, self.backoff_max_s, random.random)))
             self._cond.notify_all()
 
     def pending(self) -> int:
@@ -161,8 +169,6 @@ class Actuator:
         now), then stop; return the operations abandoned."""
         deadline = self.clock() + timeout
         with self._cond:
-            self._q.closing = True
-            self._cond.notify_all()
             while (self._q.items and not self._q.fatal and self.may_act()
                    and self.clock() < deadline):
                 self._cond.wait(min(PAUSED_POLL_S, max(0.0, deadline - self.clock())))
@@ -233,8 +239,8 @@ class Actuator:
         except Exception as e:  # a bug must reach the loop, not kill this thread
             return ActionDone(what, name, at=self.clock(), started_at=item.submitted_at,
                               error=f"{type(e).__name__}: {e}", fatal=True, note="bug")
-        item.not_before = self.clock() + item.delay_s * (0.5 + random.random())
-        item.delay_s = min(self.backoff_max_s, item.delay_s * 2)
+        assert item.backoff is not None
+        item.not_before = self.clock() + item.backoff.next()
         return _RETRY
 
     def _once(self, op: Op) -> None:

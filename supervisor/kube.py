@@ -277,19 +277,16 @@ class Reflector:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
-        resp = self._resp
-        if resp is not None:
-            with contextlib.suppress(Exception):
-                # urllib3 >= 2.3 can interrupt a blocking read from another thread.
-                (getattr(resp, "shutdown", None) or resp.close)()
+        self.reconnect()
         self._thread.join(timeout)
 
     def reconnect(self) -> None:
         """End the current watch connection now (it may be silently dead: a partition that
-        just healed); the thread resumes from the last resourceVersion at once."""
+        just healed); unless stopped, the thread resumes from the last resourceVersion."""
         resp = self._resp
         if resp is not None:
             with contextlib.suppress(Exception):
+                # urllib3 >= 2.3 can interrupt a blocking read from another thread.
                 (getattr(resp, "shutdown", None) or resp.close)()
 
     @property

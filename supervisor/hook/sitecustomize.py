@@ -4,10 +4,10 @@ The supervisor prepends this directory to horovodrun's PYTHONPATH (keeping the u
 horovodrun forwards its environment to every worker it starts over ssh: so Python runs this file
 in horovodrun's own process (the elastic driver) and in every training process, with no change to
 the training script. It first runs the sitecustomize this one hides (the next one on sys.path,
-e.g. Debian's), then, only where ELASTIC_SUPERVISOR_HOOK_KEY or ELASTIC_SUPERVISOR_HOOK_KEY_FILE
-is set, installs the import hook of
-the `elastic_supervisor_hook` package next to it, which patches Horovod modules when they are
-first imported (see that package). Any other process is left as it was. Nothing here raises:
+e.g. Debian's), then, only where the supervisor set ELASTIC_SUPERVISOR_HOOK_PORT, hands over to
+the `elastic_supervisor_hook` package next to it (its `role` alone decides from the rest of the
+environment, the key or the key file included: one place), whose import hook patches Horovod
+modules when they are first imported (see that package). Any other process is left as it was. Nothing here raises:
 a problem is one line on stderr.
 """
 
@@ -31,9 +31,8 @@ def _chain() -> None:
 
 
 def _install() -> None:
-    if not (os.environ.get("ELASTIC_SUPERVISOR_HOOK_KEY")
-            or os.environ.get("ELASTIC_SUPERVISOR_HOOK_KEY_FILE")):
-        return
+    if not os.environ.get("ELASTIC_SUPERVISOR_HOOK_PORT"):
+        return  # not started by the supervisor's horovodrun: no need to import anything
     import elastic_supervisor_hook
 
     elastic_supervisor_hook.install()
