@@ -7,8 +7,8 @@ the training script. It first runs the sitecustomize this one hides (the next on
 e.g. Debian's), then, only where the supervisor set ELASTIC_SUPERVISOR_HOOK_PORT, hands over to
 the `elastic_supervisor_hook` package next to it (its `role` alone decides from the rest of the
 environment, the key or the key file included: one place), whose import hook patches Horovod
-modules when they are first imported (see that package). Any other process is left as it was. Nothing here raises:
-a problem is one line on stderr.
+modules when they are first imported (see that package). Any other process is left as it was.
+Nothing here raises: a problem is one line on stderr.
 """
 
 import os
