@@ -102,6 +102,7 @@ class Config:
     pod_name: str | None
     fence_port: int = 0
     hook_key_file: tuple[Path, bytes] | None = None  # (path, the key it holds)
+    ssh_known_hosts_file: Path | None = None  # the workers' pinned host key(s)
     # Failure handling: the effective rules and budgets, the worker pod template (validated;
     # None: the supervisor does not create workers, so Restart decisions cannot be carried
     # out) and how long a node must be down before its workers count as lost.
@@ -245,6 +246,25 @@ def _hook_key(read_text: Callable[[Path], str]) -> Callable[[str], tuple[Path, b
     return parse
 
 
+# A known_hosts line with a key: [@cert-authority] hosts keytype base64 [comment].
+KNOWN_HOST_KEY = re.compile(
+    r"(?:@cert-authority\s+)?\S+\s+(?:ssh|ecdsa|sk)-\S+\s+[A-Za-z0-9+/]+=*(?:\s.*)?")
+
+
+def _known_hosts(read_text: Callable[[Path], str]) -> Callable[[str], Path]:
+    def parse(raw: str) -> Path:
+        path = _abs_path(raw)
+        try:
+            text = read_text(path)
+        except OSError as e:
+            raise ValueError(f"a readable known_hosts file ({e.strerror or e})") from None
+        if not any(KNOWN_HOST_KEY.fullmatch(line.strip()) for line in text.splitlines()):
+            raise ValueError("a known_hosts file with at least one host key line, like "
+                             "'* ssh-ed25519 AAAA...' (manifests/ssh-keygen.sh writes one)")
+        return path
+    return parse
+
+
 def _fraction_or_off(raw: str) -> float | None:
     accepted = "a fraction in (0, 1] like 0.55, or off"
     value = raw.strip().lower()
@@ -348,6 +368,10 @@ VARIABLES: tuple[Var, ...] = (
     Var("HOROVODRUN", "horovodrun", "The horovodrun executable (name on PATH or path)."),
     Var("SSH_PORT", None, "ssh port of the workers (horovodrun -p)."),
     Var("SSH_IDENTITY_FILE", None, "Private key for ssh to the workers (horovodrun -i)."),
+    Var("SSH_KNOWN_HOSTS_FILE", None, "known_hosts file with the workers' ssh host key (the "
+        "job's Secret: every worker's sshd shows that key): horovodrun's ssh then checks it "
+        "strictly, so nothing at a worker's address gets the training command without the "
+        "job's host key. Unset: not checked (Horovod's own StrictHostKeyChecking=no)."),
     Var("NETWORK_INTERFACE", None, "NIC for Horovod traffic (--network-interface), e.g. eth0. "
         "Recommended: without it horovodrun probes NICs over ssh."),
     Var("GLOO_TIMEOUT_SECONDS", None, "Gloo timeout (--gloo-timeout-seconds); Horovod's default "
@@ -549,6 +573,7 @@ def parse_config(
     horovodrun = get("HOROVODRUN", _nonempty)
     ssh_port = get("SSH_PORT", _int_in(1, 65535))
     ssh_identity = get("SSH_IDENTITY_FILE", _abs_path)
+    known_hosts = get("SSH_KNOWN_HOSTS_FILE", _known_hosts(read_text))
     nic = get("NETWORK_INTERFACE", _nonempty)
     gloo = get("GLOO_TIMEOUT_SECONDS", _int_in(1))
     extra = get("HOROVODRUN_EXTRA_ARGS", _args)
@@ -618,7 +643,7 @@ def parse_config(
         gloo_timeout_s=gloo, extra_args=extra, watch_read_timeout_s=read_timeout,
         resync_s=resync, log_format=log_format, log_level=log_level,
         metrics_port=metrics_port, fence_port=fence_port, pod_name=pod_name, policy=policy,
-        hook_key_file=hook_key,
+        hook_key_file=hook_key, ssh_known_hosts_file=known_hosts,
         policy_file=policy_file,
         worker_template=template, worker_template_file=template_file, node_grace_s=node_grace,
         node_lease_s=node_lease, node_disruption_threshold=disruption,
@@ -749,6 +774,7 @@ def effective_values(cfg: Config) -> list[tuple[str, str, str]]:
         "START_TIMEOUT_SECONDS": cfg.start_timeout_s,
         "SHUTDOWN_GRACE_SECONDS": cfg.shutdown_grace_s, "HOROVODRUN": cfg.horovodrun,
         "SSH_PORT": cfg.ssh_port, "SSH_IDENTITY_FILE": cfg.ssh_identity_file,
+        "SSH_KNOWN_HOSTS_FILE": cfg.ssh_known_hosts_file,
         "NETWORK_INTERFACE": cfg.network_interface, "GLOO_TIMEOUT_SECONDS": cfg.gloo_timeout_s,
         "HOROVODRUN_EXTRA_ARGS": shlex.join(cfg.extra_args),
         "WATCH_READ_TIMEOUT_SECONDS": cfg.watch_read_timeout_s,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from supervisor.config import Config
+from supervisor.hook.elastic_supervisor_hook import KNOWN_HOSTS_ENV
 
 
 def start_np(cfg: Config, usable_slots: int, *, restart: bool) -> int:
@@ -53,8 +54,11 @@ def horovodrun_env(cfg: Config, base: Mapping[str, str],
                    hook: Mapping[str, str] | None = None) -> dict[str, str]:
     """Return the environment for horovodrun: `base` plus what the discovery script reads and
     the hook's variables (its PYTHONPATH first, the channel's port and key: see
-    channel.HookChannel.new_run). horovodrun forwards its environment to every worker."""
+    channel.HookChannel.new_run; the pinned host keys the driver's ssh checks).
+    horovodrun forwards its environment to every worker."""
     env = dict(base)
     env["SUPERVISOR_DISCOVERY_FILE"] = str(cfg.discovery_file)
+    if cfg.ssh_known_hosts_file is not None:
+        env[KNOWN_HOSTS_ENV] = str(cfg.ssh_known_hosts_file)
     env.update(hook or {})
     return env

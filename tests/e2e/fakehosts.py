@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -48,13 +49,17 @@ class HostSet:
             self.port = s.getsockname()[1]
         self.hosts: dict[str, FakeHost] = {}
 
-    def start(self, n: int) -> list[str]:
-        """Start `n` more hosts; return their addresses."""
+    def start(self, n: int, host_key: Path | None = None) -> list[str]:
+        """Start `n` more hosts (with `host_key` as their sshd host key, else one of their
+        own each); return their addresses."""
         made = []
         for _ in range(n):
             address = f"127.{self.block}.0.{len(self.hosts) + 1}"
-            self.hosts[address] = FakeHost(address, self.port, self.key,
-                                           self.workdir / f"host-{address}").start()
+            workdir = self.workdir / f"host-{address}"
+            if host_key is not None:
+                workdir.mkdir(parents=True)
+                shutil.copy(host_key, workdir / "ssh_host_ed25519_key")
+            self.hosts[address] = FakeHost(address, self.port, self.key, workdir).start()
             made.append(address)
         return made
 

@@ -19,6 +19,7 @@ of the hook is off), so the driver alone is what is tested.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.hook.elastic_supervisor_hook import KNOWN_HOSTS_ENV
 from supervisor.proc import kill_ssh_clients
 from tests.e2e.fakehosts import (
     Channel,
@@ -42,6 +44,7 @@ BATCHES = 100_000  # a bound: training ends through the stop file once it resume
 # Gloo timeout + the driver's notification (at most 3 attempts x 2 s) + the replacement's start
 # (ssh, Python, torch, hvd.init: 5-10 s on 2 loaded cores) + the reset.
 RESUME_BOUND_S = GLOO_TIMEOUT_S + 6 + 25
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def training(tmp_path: Path, hosts: HostSet, runs: list[HorovodRun],
@@ -139,6 +142,45 @@ class TestHardenedDriver:
         assert tour.run.wait(120) == 0, tour.run.tail()
         steps = tour.run.steps()
         assert steps[-1]["step"] == target and steps[-1]["size"] == 3
+
+
+def test_pinned_host_keys_keep_an_impostor_out_and_let_the_jobs_hosts_in(
+        tmp_path: Path, fake_hosts: tuple[HostSet, list[HorovodRun]]) -> None:
+    """The job's hosts show the job's host key (manifests/ssh-keygen.sh, as the Secret has it);
+    the driver's ssh checks it strictly (ELASTIC_SUPERVISOR_HOOK_KNOWN_HOSTS). An impostor (an
+    sshd that accepts the job's login key, at an address the discovery file lists) gets no
+    training process; a host with the job's key joins."""
+    hosts, runs = fake_hosts
+    secret = tmp_path / "secret"
+    subprocess.run(["sh", str(ROOT / "manifests" / "ssh-keygen.sh"), str(secret)], check=True,
+                   capture_output=True, timeout=60)
+    [first] = hosts.start(1, host_key=secret / "host_ed25519")
+    channel = Channel()
+    try:
+        run = HorovodRun(tmp_path, hosts, np=1, min_np=1, max_np=2, batches=BATCHES,
+                         channel=channel, worker_hook=False, script_args=["--sleep", "0.05"])
+        run.env[KNOWN_HOSTS_ENV] = str(secret / "known_hosts")
+        runs.append(run)
+        run.set_hosts([first])
+        run.start()
+        wait_for(lambda: (s := run.last_step()) and s["step"] > 10, 120,
+                 what=f"training on the job's host:\n{run.tail()}")
+        [impostor] = hosts.start(1)  # its own host key
+        run.set_hosts([first, impostor])
+        wait_for(lambda: "Host key verification failed" in run.output(), 60,
+                 what=f"the impostor refused:\n{run.tail()}")
+        [joined] = hosts.start(1, host_key=secret / "host_ed25519")
+        run.set_hosts([first, joined])
+        wait_for(lambda: (s := run.last_step()) and s["size"] == 2, 120,
+                 what=f"training at size 2 with the job's second host:\n{run.tail()}")
+        assert not hosts.training(impostor), "the impostor never ran a training process"
+        assert impostor not in {s["host"] for s in run.steps()}
+        assert hosts.training(joined), "the job's host did"
+        target = run.stop_at()
+        assert run.wait(120) == 0, run.tail()
+        assert run.steps()[-1]["step"] == target
+    finally:
+        channel.close()
 
 
 def test_without_the_hook_the_driver_hangs_for_good(

@@ -161,7 +161,7 @@ class TestMainTour:
     def test_the_hook_key_is_on_no_command_line_and_in_no_environment(self, tour: Job) -> None:
         """Issue 27, item 10: the hook channel's key comes from the job's Secret file; Horovod
         writes horovodrun's environment onto every ssh command line, and that carries only the
-        file's path now."""
+        file's path now. And those ssh clients check the workers' pinned host key."""
         job = tour
         job.settled(2)
         key = (REPO / "manifests" / "base" / "ssh" / "hook.key").read_text().strip()
@@ -180,6 +180,16 @@ class TestMainTour:
                             lines.append((pod, pid))
         assert not leaks, f"the hook key is readable in {leaks}"
         assert lines, "no ssh command line of horovodrun's found: the check saw nothing"
+        # The same ssh clients check the workers' host key against the job's pinned one.
+        ssh = []
+        for pid in job.processes(pods[0], lambda argv: bool(argv) and Path(argv[0]).name == "ssh"):
+            with contextlib.suppress(OSError):
+                ssh.append(Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0"))
+        assert ssh, "no ssh client in the launcher"
+        for argv in ssh:
+            assert "StrictHostKeyChecking=yes" in argv, argv
+            assert "UserKnownHostsFile=/etc/edl/ssh/known_hosts" in argv, argv
+            assert "StrictHostKeyChecking=no" not in argv, argv
 
     def test_a_worker_whose_container_is_killed_is_replaced_on_a_real_node(
             self, tour: Job) -> None:

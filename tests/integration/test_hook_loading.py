@@ -11,6 +11,7 @@ stand-in `horovod` package on PYTHONPATH plays the other version).
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.hook import HOOK_DIR
-from supervisor.hook.elastic_supervisor_hook import REFUSED, wire
+from supervisor.hook.elastic_supervisor_hook import KNOWN_HOSTS_ENV, REFUSED, wire
 from supervisor.hook.elastic_supervisor_hook.driver import READ_S, TimedSocket
 from supervisor.model import ExitCode
 
@@ -124,6 +125,25 @@ def test_horovodruns_driver_is_hardened_and_says_hello(tmp_path: Path, from_file
     assert hello["version"] == "0.28.1"
 
 
+def test_the_drivers_ssh_checks_the_pinned_host_key(tmp_path: Path) -> None:
+    known_hosts = tmp_path / "job secret" / "known_hosts"  # a space: the shell must see one word
+    code = """
+        import horovod.runner.launch
+        from horovod.runner.util.remote import get_remote_command
+        print(get_remote_command("true", "10.0.0.1", port=2222))
+    """
+    unpinned = python(code, pythonpath=[HOOK_DIR])
+    assert unpinned.returncode == 0, unpinned.stderr
+    assert "-o StrictHostKeyChecking=no" in unpinned.stdout  # Horovod's own: nothing checked
+    got = python(code, pythonpath=[HOOK_DIR], extra_env={KNOWN_HOSTS_ENV: str(known_hosts)})
+    assert got.returncode == 0, got.stderr
+    argv = shlex.split(got.stdout)
+    assert argv[:7] == ["ssh", "-o", "PasswordAuthentication=no",
+                        "-o", "StrictHostKeyChecking=yes",
+                        "-o", f"UserKnownHostsFile={known_hosts}"], argv
+    assert "StrictHostKeyChecking=no" not in got.stdout
+
+
 def stand_in_horovod(root: Path, version: str, *, get_worker_client: bool = True) -> Path:
     """A fake `horovod` package with the modules the driver hook patches."""
     files = {
@@ -152,16 +172,20 @@ def stand_in_horovod(root: Path, version: str, *, get_worker_client: bool = True
     return root
 
 
-@pytest.mark.parametrize(("version", "has_method", "why"), [
-    pytest.param("0.27.0", True, "Horovod 0.27.0 is not 0.28.x", id="another Horovod version"),
-    pytest.param("0.28.1", False, "horovod.runner.elastic.driver: RuntimeError: "
+@pytest.mark.parametrize(("version", "has_method", "pin", "why"), [
+    pytest.param("0.27.0", True, False, "Horovod 0.27.0 is not 0.28.x",
+                 id="another Horovod version"),
+    pytest.param("0.28.1", False, False, "horovod.runner.elastic.driver: RuntimeError: "
                  "horovod.runner.elastic.driver.ElasticDriver: get_worker_client",
                  id="a patch target missing"),
+    pytest.param("0.28.1", True, True, "horovod.runner.util.remote was not imported before "
+                 "horovod.runner.elastic.driver", id="host keys to pin, no ssh prefix to pin"),
 ])
 def test_the_driver_refuses_to_run_unhardened(tmp_path: Path, version: str, has_method: bool,
-                                              why: str) -> None:
+                                              pin: bool, why: str) -> None:
     fake = stand_in_horovod(tmp_path, version, get_worker_client=has_method)
-    got = python("import horovod.runner.launch", pythonpath=[HOOK_DIR, fake])
+    got = python("import horovod.runner.launch", pythonpath=[HOOK_DIR, fake],
+                 extra_env={KNOWN_HOSTS_ENV: str(tmp_path / "known_hosts")} if pin else None)
     assert got.returncode == REFUSED == ExitCode.HOOK_REFUSED
     assert "ran" not in got.stdout, "nothing of horovodrun ran"
     lines = got.stderr.strip().splitlines()

@@ -68,11 +68,12 @@ def test_hadolint_fails_a_doctored_dockerfile() -> None:
 class Worker:
     """worker_image/entrypoint.sh run as a process, sshd on 127.0.0.1:`port`."""
 
-    def __init__(self, tmp: Path, keys: Path, *, port: int) -> None:
+    def __init__(self, tmp: Path, keys: Path, *, port: int, host_key: Path | None) -> None:
         self.port, self.runtime = port, tmp / "runtime"
         self.log = tmp / "sshd.log"
         self.env = {"PATH": os.environ["PATH"], "HOME": str(tmp), "SSHD_PORT": str(port),
                     "SSH_AUTHORIZED_KEYS": str(keys), "SSH_RUNTIME_DIR": str(self.runtime),
+                    "SSH_HOST_KEY": str(host_key or tmp / "no-host-key"),
                     "SSHD_CONFIG": str(ROOT / "worker_image" / "sshd_config")}
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -98,8 +99,20 @@ def job_key(tmp_path: Path) -> KeyPair:
 
 
 @pytest.fixture
-def worker(tmp_path: Path, job_key: KeyPair) -> Iterator[Worker]:
-    w = Worker(tmp_path, job_key.public, port=free_ports(1)[0])
+def job_secret(tmp_path: Path) -> Path:
+    """The job's secrets as manifests/ssh-keygen.sh writes them (host key and known_hosts
+    included), in a directory of their own."""
+    secret = tmp_path / "secret"
+    subprocess.run(["sh", str(ROOT / "manifests" / "ssh-keygen.sh"), str(secret)], check=True,
+                   capture_output=True, timeout=60)
+    (secret / "host_ed25519").chmod(0o440)  # as the Secret is mounted (defaultMode 0440)
+    return secret
+
+
+@pytest.fixture
+def worker(tmp_path: Path, job_key: KeyPair, job_secret: Path) -> Iterator[Worker]:
+    w = Worker(tmp_path, job_key.public, port=free_ports(1)[0],
+               host_key=job_secret / "host_ed25519")
     yield w.start()
     w.stop()
 
@@ -110,8 +123,17 @@ def ssh(*options: str, command: str = "echo ok") -> subprocess.CompletedProcess[
                           check=False)
 
 
-def test_the_worker_accepts_the_jobs_key(worker: Worker, job_key: KeyPair) -> None:
-    result = ssh(*ssh_client_args(job_key, worker.port),
+def pinned(known_hosts: Path) -> list[str]:
+    """ssh options that check the host key strictly against `known_hosts` (later -o options
+    lose to earlier ones: these go first)."""
+    return ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}"]
+
+
+def test_the_worker_accepts_the_jobs_key(worker: Worker, job_key: KeyPair,
+                                         job_secret: Path) -> None:
+    # The host key is checked as the launcher's hooked horovodrun checks it: strictly, against
+    # the job's known_hosts line.
+    result = ssh(*pinned(job_secret / "known_hosts"), *ssh_client_args(job_key, worker.port),
                  command="echo ok from $(pwd)")
     assert result.returncode == 0, result.stderr + worker.log.read_text()
     assert result.stdout.startswith("ok from ")
@@ -119,9 +141,23 @@ def test_the_worker_accepts_the_jobs_key(worker: Worker, job_key: KeyPair) -> No
     assert worker.proc is not None and worker.proc.poll() is None
     assert "Accepted publickey" in worker.log.read_text()
     made = sorted(p.name for p in worker.runtime.iterdir())
-    assert made == ["authorized_keys", "ssh_host_ed25519_key", "ssh_host_ed25519_key.pub",
-                    "sshd.pid"]
-    assert (worker.runtime / "authorized_keys").stat().st_mode & 0o077 == 0
+    assert made == ["authorized_keys", "ssh_host_ed25519_key", "sshd.pid"]
+    for name in ("authorized_keys", "ssh_host_ed25519_key"):  # sshd refuses readable ones
+        assert (worker.runtime / name).stat().st_mode & 0o077 == 0
+
+
+def test_a_worker_without_the_jobs_host_key_is_refused_by_a_pinning_launcher(
+        tmp_path: Path, job_key: KeyPair, job_secret: Path) -> None:
+    w = Worker(tmp_path, job_key.public, port=free_ports(1)[0], host_key=None).start()
+    try:
+        assert "no host key at" in w.log.read_text()  # the worker says why, in its log
+        refused = ssh(*pinned(job_secret / "known_hosts"), *ssh_client_args(job_key, w.port))
+        assert refused.returncode == 255
+        assert "Host key verification failed" in refused.stderr
+        # Without the pin (Horovod's own options) the same worker is let in: what pinning stops.
+        assert ssh(*ssh_client_args(job_key, w.port)).returncode == 0
+    finally:
+        w.stop()
 
 
 def test_the_worker_refuses_other_keys_and_passwords(worker: Worker, tmp_path: Path) -> None:
@@ -246,15 +282,23 @@ def job_key_files(tmp_path: Path) -> tuple[Path, Path]:
     authorized = tmp_path / "secret" / "authorized_keys"
     authorized.parent.mkdir()
     authorized.write_bytes(key.with_suffix(".pub").read_bytes())
-    authorized.chmod(0o644)  # the container's user (1000) reads the mounted Secret
+    hostkey = tmp_path / "host_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(hostkey)],
+                   check=True, stdin=subprocess.DEVNULL)
+    (authorized.parent / "host-key").write_bytes(hostkey.read_bytes())
+    (tmp_path / "known_hosts").write_text(
+        "* " + " ".join(hostkey.with_suffix(".pub").read_text().split()[:2]) + "\n")
+    for f in authorized.parent.iterdir():
+        f.chmod(0o644)  # the container's user (1000) reads the mounted Secret
     authorized.parent.chmod(0o755)
     return key, authorized
 
 
 def _ssh(key: Path, port: int, command: str) -> subprocess.CompletedProcess[str]:
+    known_hosts = key.parent / "known_hosts"
     return subprocess.run(
         ["ssh", "-i", str(key), "-p", str(port), "-o", "BatchMode=yes",
-         "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+         "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}",
          "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=5", "worker@127.0.0.1", command],
         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False)
 

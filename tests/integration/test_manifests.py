@@ -274,6 +274,16 @@ def test_the_launcher_env_is_a_valid_supervisor_configuration(
     assert volume["secret"]["secretName"] == secret["metadata"]["name"]
     paths = {i["key"]: i["path"] for i in volume["secret"]["items"]}
     assert Path(worker_mounts[volume["name"]]) / paths["hook-key"] == cfg.hook_key_file[0]
+    # The workers' sshd gets the job's host key at the entrypoint's default path, and the
+    # launcher pins exactly that key.
+    assert Path(worker_mounts[volume["name"]]) / paths["host-key"] == Path(
+        "/etc/edl/ssh/host-key")
+    assert cfg.ssh_known_hosts_file is not None
+    assert str(cfg.ssh_known_hosts_file.parent) in mounts
+    host_key = base64.b64decode(secret["data"]["host-key"]).decode()
+    public = subprocess.run(["ssh-keygen", "-y", "-f", "/dev/stdin"], input=host_key,
+                            capture_output=True, text=True, check=True, timeout=30).stdout
+    assert ssh[cfg.ssh_known_hosts_file.name].split() == ["*", *public.split()[:2]]
 
 
 def test_an_unknown_variable_in_an_overlay_is_caught(manifests: Path) -> None:

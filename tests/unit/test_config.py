@@ -192,6 +192,9 @@ BAD = [
     ("SUPERVISOR_HOOK_KEY_FILE", "/nonexistent/hook-key", "SUPERVISOR_HOOK_KEY_FILE="
      "'/nonexistent/hook-key': expected a readable file with the hook's key (No such file or"
      " directory)"),
+    ("SUPERVISOR_SSH_KNOWN_HOSTS_FILE", "/nonexistent/known_hosts",
+     "SUPERVISOR_SSH_KNOWN_HOSTS_FILE='/nonexistent/known_hosts': expected a readable "
+     "known_hosts file (No such file or directory)"),
     ("SUPERVISOR_POD_NAME", " ", "SUPERVISOR_POD_NAME=' ': expected a non-empty word without"
      " spaces"),
     ("SUPERVISOR_WORKER_TEMPLATE", "pod.yaml", "SUPERVISOR_WORKER_TEMPLATE='pod.yaml': expected"
@@ -298,6 +301,30 @@ def test_the_hook_key_file_holds_enough_hex_digits(tmp_path: Path, content: str,
         assert problems({**BASE, "SUPERVISOR_HOOK_KEY_FILE": str(key)}) == [
             f"SUPERVISOR_HOOK_KEY_FILE='{key}': expected a file with at least 32 hex digits "
             "(e.g. `openssl rand -hex 32`)"]
+
+
+PUB = "AAAAC3NzaC1lZDI1NTE5AAAAILEA8lus+cDZ80oX0WtzxxXRtPdJ6vw4RJ2FYbeL73Q4"
+
+
+@pytest.mark.parametrize(("content", "ok"), [
+    pytest.param(f"* ssh-ed25519 {PUB}\n", True, id="ssh-keygen.sh's line"),
+    pytest.param(f"# pinned\n\n[10.0.0.1]:2222 ecdsa-sha2-nistp256 {PUB} c\n", True,
+                 id="a comment, a port, a comment after the key"),
+    pytest.param(f"@cert-authority * ssh-ed25519 {PUB}\n", True, id="a host CA"),
+    pytest.param("", False, id="empty"),
+    pytest.param(f"ssh-ed25519 {PUB}\n", False, id="a public key file, no host pattern"),
+    pytest.param("* ssh-ed25519 not-base64!\n", False, id="a damaged key"),
+])
+def test_the_known_hosts_file_holds_a_host_key(tmp_path: Path, content: str, ok: bool) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text(content)
+    if ok:
+        assert parse(SUPERVISOR_SSH_KNOWN_HOSTS_FILE=str(known)).ssh_known_hosts_file == known
+    else:
+        assert problems({**BASE, "SUPERVISOR_SSH_KNOWN_HOSTS_FILE": str(known)}) == [
+            f"SUPERVISOR_SSH_KNOWN_HOSTS_FILE='{known}': expected a known_hosts file with at "
+            "least one host key line, like '* ssh-ed25519 AAAA...' (manifests/ssh-keygen.sh "
+            "writes one)"]
 
 
 def test_every_variable_is_covered_by_the_bad_value_table() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from supervisor.config import packaged_discovery_script, parse_config
@@ -60,6 +62,14 @@ def test_env_tells_the_script_where_the_file_is() -> None:
     cfg = parse_config({**BASE, "SUPERVISOR_DISCOVERY_FILE": "/run/edl/h"})
     env = horovodrun_env(cfg, {"PATH": "/bin"})
     assert env == {"PATH": "/bin", "SUPERVISOR_DISCOVERY_FILE": "/run/edl/h"}
+
+
+def test_env_tells_the_drivers_hook_which_host_keys_to_pin(tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text("* ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAILEA8lus+cDZ80oX0WtzxxXRtPdJ6vw4\n")
+    cfg = parse_config({**BASE, "SUPERVISOR_SSH_KNOWN_HOSTS_FILE": str(known)})
+    env = horovodrun_env(cfg, {})
+    assert env["ELASTIC_SUPERVISOR_HOOK_KNOWN_HOSTS"] == str(known)
 
 
 @pytest.mark.parametrize(("usable", "restart", "np"), [

@@ -9,7 +9,9 @@ names. Nothing else is touched, so a process that never imports them is unchange
   `horovod.runner.elastic.driver` skips notifying a coordinator the supervisor declared dead,
   reports its worlds and its workers' failures, and gates a rendezvous that starts new workers
   until they are in it, assigning the world again when one is lost before (driver.py; the
-  join timeout is ELASTIC_SUPERVISOR_HOOK_JOIN_TIMEOUT_S, seconds > 0, default 120). Once the
+  join timeout is ELASTIC_SUPERVISOR_HOOK_JOIN_TIMEOUT_S, seconds > 0, default 120), and with
+  ELASTIC_SUPERVISOR_HOOK_KNOWN_HOSTS (a known_hosts file) `horovod.runner.util.remote`'s ssh
+  commands check the workers' host key strictly against it. Once the
   driver module is patched, Horovod must be 0.28.x with every patch in place and the settings
   valid, or the driver refuses to run: one line on stderr and exit REFUSED (a driver that can
   hang must not run silently). Otherwise it says hello to the supervisor every few seconds.
@@ -42,11 +44,14 @@ RUN_ENV = "ELASTIC_SUPERVISOR_HOOK_RUN"  # which run of horovodrun (restarts cou
 WORKER_ENV = "ELASTIC_SUPERVISOR_HOOK_WORKER"  # "0": training processes are left alone
 DEAD_ENV = "ELASTIC_SUPERVISOR_HOOK_DEAD_FILE"  # the dead hosts, for the driver
 JOIN_TIMEOUT_ENV = "ELASTIC_SUPERVISOR_HOOK_JOIN_TIMEOUT_S"  # the driver's join gate, seconds
+# The workers' pinned ssh host key (a known_hosts file): the driver's ssh checks it strictly.
+KNOWN_HOSTS_ENV = "ELASTIC_SUPERVISOR_HOOK_KNOWN_HOSTS"
 REFUSED = 8  # the driver's exit code when it cannot be hardened (supervisor ExitCode too)
 SUPPORTED = "0.28."
 DRIVER_HELLO_S = 5.0
 
 NETWORK = "horovod.runner.common.util.network"
+REMOTE = "horovod.runner.util.remote"
 DRIVER = "horovod.runner.elastic.driver"
 MPI_OPS = "horovod.torch.mpi_ops"
 Patch = Callable[[Any], None]
@@ -142,7 +147,8 @@ def install(env: dict[str, str] | None = None) -> str | None:
     port = int(env[PORT_ENV])
     run = env.get(RUN_ENV, "0")
     if which == "driver":
-        hook: Any = DriverHook(key, port, run, env.get(DEAD_ENV), env.get(JOIN_TIMEOUT_ENV))
+        hook: Any = DriverHook(key, port, run, env.get(DEAD_ENV), env.get(JOIN_TIMEOUT_ENV),
+                               known_hosts=env.get(KNOWN_HOSTS_ENV) or None)
     else:
         hook = WorkerHook(key, port, run, env)
     sys.meta_path.insert(0, _Finder(hook.patches(), hook.patched))
@@ -176,8 +182,9 @@ class DriverHook:
     impossible."""
 
     def __init__(self, key: bytes, port: int, run: str, dead_file: str | None,
-                 join_timeout_s: str | None = None) -> None:
+                 join_timeout_s: str | None = None, *, known_hosts: str | None = None) -> None:
         self.key, self.port, self.run, self.dead_file = key, port, run, dead_file
+        self.known_hosts = known_hosts
         self.join_timeout_s, self.setting_problem = join_timeout(join_timeout_s)
         self.results: dict[str, str] = {}
         self.sender, self.seq = wire.new_sender_id(), 0
@@ -185,7 +192,11 @@ class DriverHook:
         self.exited: dict[str, int] = {}  # host -> exit code of a worker recorded as failed
 
     def patches(self) -> dict[str, Patch]:
-        return {NETWORK: driver.timed_sockets, DRIVER: self.patch_driver}
+        patches: dict[str, Patch] = {NETWORK: driver.timed_sockets, DRIVER: self.patch_driver}
+        if self.known_hosts:
+            known_hosts = self.known_hosts
+            patches[REMOTE] = lambda remote: driver.pin_host_keys(remote, known_hosts)
+        return patches
 
     def patch_driver(self, module: Any) -> None:
         driver.skip_dead(module, lambda: driver.read_dead(self.dead_file))
@@ -224,7 +235,7 @@ class DriverHook:
         version = _horovod_version()
         if not version.startswith(SUPPORTED):
             found.append(f"Horovod {version} is not {SUPPORTED}x")
-        for name in (NETWORK, DRIVER):
+        for name in (NETWORK, DRIVER, *((REMOTE,) if self.known_hosts else ())):
             if name not in self.results:
                 found.append(f"{name} was not imported before {DRIVER}")
             elif self.results[name]:

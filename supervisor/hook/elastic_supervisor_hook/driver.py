@@ -6,6 +6,11 @@ notification to a frozen worker (the kernel accepts, the process never answers) 
 driver's discovery thread on a read forever, while it holds the host-update lock, and one to a
 dead or partitioned host waits for the OS's SYN timeout, attempt after attempt.
 
+- `pin_host_keys` (only with ELASTIC_SUPERVISOR_HOOK_KNOWN_HOSTS set): Horovod puts
+  `-o StrictHostKeyChecking=no` on every ssh command line it runs (a command-line option wins
+  over any ssh_config), so a worker's host key is never checked: whoever answers at a worker's
+  address gets the training command and its environment. The ssh prefix is changed to check
+  the host key strictly against that file (the job's pinned host key).
 - `timed_sockets`: every socket BasicClient opens (probes and requests) gets CONNECT_S to
   connect and READ_S for each read. Horovod's own retry loop stays as it is (3 attempts), so a
   request gives up after at most 3 x max(CONNECT_S, READ_S) = 6 s.
@@ -46,6 +51,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import socket as _socket
 import sys
 import threading
@@ -82,6 +88,22 @@ def timed_sockets(network: types.ModuleType) -> None:
     shim.__dict__.update({k: v for k, v in vars(real).items() if not k.startswith("__")})
     shim.socket = TimedSocket  # type: ignore[attr-defined]
     network.socket = shim
+
+
+UNCHECKED = "-o StrictHostKeyChecking=no"
+
+
+def pin_host_keys(remote: types.ModuleType, known_hosts: str) -> None:
+    """Make the ssh commands of `remote` (horovod.runner.util.remote) check the host key
+    strictly against the file `known_hosts` (those commands run through a shell: quoted)."""
+    prefix = getattr(remote, "SSH_COMMAND_PREFIX", None)
+    if not isinstance(prefix, str) or prefix.count(UNCHECKED) != 1 or not callable(
+            getattr(remote, "get_ssh_command", None)):
+        raise RuntimeError("horovod.runner.util.remote: SSH_COMMAND_PREFIX with "
+                           f"'{UNCHECKED}' or get_ssh_command not found")
+    remote.SSH_COMMAND_PREFIX = prefix.replace(
+        UNCHECKED, "-o StrictHostKeyChecking=yes -o UserKnownHostsFile="
+        + shlex.quote(known_hosts))
 
 
 def read_dead(path: str | None) -> frozenset[str]:
