@@ -18,6 +18,11 @@ number of workers. Before it deletes, the cleanup marks what it deletes in the s
 (`fleet.released`: every active slot moves to its next incarnation), so a launcher that comes
 after all (a retry the Job decided otherwise) never charges those deletions to a budget: they
 are pods of older incarnations to it.
+
+A success is recorded too (`SUCCEEDED` in the stored state: the uid of the Job whose launcher
+succeeded), before the leader releases its Lease: a warm standby launcher of that Job (the
+manifests' `standby` overlay, Job parallelism 2) that acquires the Lease then reads it and exits
+0 at once (`already_succeeded`) instead of training the job again, and the Job completes.
 """
 
 from __future__ import annotations
@@ -31,6 +36,17 @@ from supervisor.workers import LABEL_JOB, LABEL_SLOT
 TERMINAL_PHASES = ("Succeeded", "Failed")
 DEFAULT_BACKOFF_LIMIT = 6  # batch/v1 Job's default
 FINISHED = ("Complete", "Failed", "FailureTarget", "SuccessCriteriaMet")
+
+
+SUCCEEDED = "succeeded"
+
+
+def already_succeeded(stored: Mapping[str, Any] | None,
+                      owner: Mapping[str, str] | None) -> bool:
+    """Whether a launcher of this Job (`owner`, the supervisor's) already ended the job with
+    success, by the stored state; a run with no Job never counts one (no standby there)."""
+    return bool(stored and owner and owner.get("kind") == "Job" and owner.get("uid")
+                and stored.get(SUCCEEDED) == owner["uid"])
 
 
 def selectors(policy: CleanPodPolicy, job: str) -> tuple[str, str] | None:

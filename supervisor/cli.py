@@ -330,6 +330,13 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
         workers, rv = None, None
         if cfg.worker_template is not None:
             workers, rv, stored = retry.call("read the state", lambda: load_fleet(cfg, store))
+            if cleanup.already_succeeded(stored, owner):
+                # A standby whose leader ended the job with success: done, not trained again.
+                log.info("leader.job_succeeded", job=cfg.job_name)
+                recorder.record(EventSpec("Normal", "AlreadySucceeded", "Start",
+                                          f"job {cfg.job_name} already succeeded under another "
+                                          "launcher: exiting 0"))
+                return ExitCode.OK
             rv = _adopt(cfg, api, store, stored, rv, owner=owner, identity=identity,
                         retry=retry, log=log, events=recorder.record)
             rejected = _dry_run_template(cfg, kube.Pods(api, cfg.namespace, cfg.api_timeout_s),
@@ -619,12 +626,12 @@ def clean_up(cfg: Config, api: Any, store: kube.StateStore, code: int, *,
                  "adopts the workers")
         return
     chosen = cleanup.selectors(policy, cfg.job_name)
-    if chosen is None:
-        log.info("cleanup.done", policy=policy.value, deleted=[], terminal=why)
-        return
+    success = owner.get("uid") if code == 0 and owner and owner.get("kind") == "Job" else None
     try:
-        _mark_released(store)
-        deleted = kube.Pods(api, cfg.namespace, cfg.api_timeout_s).delete_all(*chosen)
+        if chosen is not None or success:
+            _mark_end(store, release=chosen is not None, succeeded=success)
+        deleted = ([] if chosen is None else
+                   kube.Pods(api, cfg.namespace, cfg.api_timeout_s).delete_all(*chosen))
     except (kube.KubeError, ValueError) as e:
         log.error("cleanup.failed", policy=policy.value, reason=str(e))
         events(EventSpec("Warning", "CleanupFailed", "Cleanup",
@@ -640,14 +647,17 @@ def clean_up(cfg: Config, api: Any, store: kube.StateStore, code: int, *,
                          f"{len(deleted)} worker pods: {shown}"))
 
 
-def _mark_released(store: kube.StateStore) -> None:
+def _mark_end(store: kube.StateStore, *, release: bool, succeeded: str | None) -> None:
     """Store every active slot at its next incarnation (fleet.released) before its pod is
-    deleted; raise KubeError or ValueError (then nothing may be deleted)."""
+    deleted (`release`), and the uid of the Job that succeeded (cleanup.SUCCEEDED), in one
+    write; raise KubeError or ValueError (then nothing may be deleted)."""
     stored, rv = store.load()
     if stored is None:
         return
-    marked = fleet.fleet_to_dict(fleet.released(fleet.fleet_from_dict(stored)))
-    store.save({**stored, **marked}, rv)
+    marked = (fleet.fleet_to_dict(fleet.released(fleet.fleet_from_dict(stored))) if release
+              else {})
+    store.save({**stored, **marked, **({cleanup.SUCCEEDED: succeeded} if succeeded else {})},
+               rv)
 
 
 def load_fleet(cfg: Config, store: kube.StateStore

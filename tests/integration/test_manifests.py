@@ -48,7 +48,7 @@ from tests.integration.harness import AutoKubelet, Job, SupervisorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE_PY = ROOT / "supervisor" / "kube.py"
-TARGETS = ["base", "overlays/kind", "overlays/local"]
+TARGETS = ["base", "overlays/kind", "overlays/local", "overlays/standby"]
 NAMESPACE = "elastic-supervisor"  # where the manifests put the job
 JOB = "<job namespace>"  # stands for the job's namespace in the permission tables below
 CLUSTER = None  # cluster-scoped
@@ -311,6 +311,31 @@ def test_a_variable_set_twice_is_caught(built: dict[str, list[dict[str, Any]]]) 
 
 def selector() -> dict[str, str]:
     return dict(t.split("=") for t in DEFAULT_SELECTOR.format(job="elastic-train").split(","))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_launcher_is_never_evicted_for_its_nodes_health(
+        built: dict[str, list[dict[str, Any]]], target: str) -> None:
+    spec = one(built[target], "Job")["spec"]["template"]["spec"]
+    tolerated = {(t["key"], t["operator"], t["effect"], t.get("tolerationSeconds"))
+                 for t in spec.get("tolerations") or ()}
+    assert {("node.kubernetes.io/not-ready", "Exists", "NoExecute", None),
+            ("node.kubernetes.io/unreachable", "Exists", "NoExecute", None)} <= tolerated
+
+
+def test_the_standby_overlay_runs_two_launchers_on_two_nodes(
+        built: dict[str, list[dict[str, Any]]]) -> None:
+    job = one(built["overlays/standby"], "Job")
+    assert job["spec"]["parallelism"] == 2
+    assert "completions" not in job["spec"], "complete once one launcher succeeded"
+    assert job["spec"]["podFailurePolicy"] == one(built["base"], "Job")["spec"][
+        "podFailurePolicy"]
+    template = job["spec"]["template"]
+    [term] = template["spec"]["affinity"]["podAntiAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    assert term["labelSelector"]["matchLabels"]["elastic-supervisor/role"] == "launcher"
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -227,3 +227,24 @@ def test_a_terminal_exit_marks_what_it_deletes_so_a_later_launcher_charges_nothi
     finally:
         for name in workers:
             core.patch_namespaced_pod(name, ns, {"metadata": {"finalizers": None}})
+
+
+def test_a_warm_standby_exits_0_when_its_leader_ended_the_job_with_success(world) -> None:
+    """The manifests' standby overlay (Job parallelism 2): the second launcher waits on the
+    Lease; when the leader succeeds, it releases the Lease after recording the success, and the
+    standby ends too (exit 0: the Job completes) instead of training the job again."""
+    core, ns, job = world["core"], world["ns"], world["job"]
+    [launcher] = wait_for(lambda: launcher_pods(core, ns), 30, what="the launcher pod")
+    leader = world["supervisor"](launcher.metadata.name, FAKE_EXIT_AFTER="8", FAKE_EXIT_CODE="0")
+    leader.wait_log("horovodrun.started", timeout=30)
+    standby = world["supervisor"](launcher.metadata.name)
+    standby.wait_log("leader.waiting", timeout=30)
+    assert leader.wait_exit(30) == 0
+    assert leader.wait_log("cleanup.done")["terminal"] == "success"
+    assert json.loads(state(core, ns).data["state.json"])["succeeded"] == job_ref(
+        world["batch"], ns)[3]
+    assert standby.wait_exit(30) == 0
+    assert standby.wait_log("leader.job_succeeded")["job"] == JOB
+    assert not [e for e in standby.logs() if e.get("event") in (
+        "horovodrun.started", "worker.created", "owner.adopted")], "the standby drove the job"
+    assert job.live() == [], "no worker made again"

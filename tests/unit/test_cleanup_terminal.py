@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from supervisor import fleet
-from supervisor.cleanup import terminal
+from supervisor.cleanup import already_succeeded, terminal
 from supervisor.fleet import Fleet, Slot
 
 FAIL_JOB = {"rules": [
@@ -85,3 +85,22 @@ def test_released_moves_every_active_slot_to_its_next_incarnation() -> None:
     assert out.slots[0] == Slot(incarnation=4)
     assert out.slots[1] == f.slots[1] and out.slots[2] == f.slots[2]
     assert out.ledger == f.ledger
+
+
+JOB_OWNER = {"apiVersion": "batch/v1", "kind": "Job", "name": "elastic-train", "uid": "u1"}
+
+
+@pytest.mark.parametrize(("stored", "owner", "done"), [
+    pytest.param({"succeeded": "u1"}, JOB_OWNER, True, id="this Job's launcher succeeded"),
+    pytest.param({"succeeded": "u0"}, JOB_OWNER, False,
+                 id="a Job of the same name before (deleted, made again)"),
+    pytest.param({}, JOB_OWNER, False, id="no success recorded"),
+    pytest.param(None, JOB_OWNER, False, id="no state yet"),
+    pytest.param({"succeeded": "u1"}, None, False, id="a local run: no Job, no standby"),
+    pytest.param({"succeeded": "u1"}, {**JOB_OWNER, "kind": "Pod"}, False,
+                 id="a bare launcher pod owns the state"),
+])
+def test_a_standby_sees_a_success_only_of_its_own_job(stored: dict[str, Any] | None,
+                                                     owner: dict[str, str] | None,
+                                                     done: bool) -> None:
+    assert already_succeeded(stored, owner) is done
