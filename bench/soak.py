@@ -12,7 +12,10 @@ file (read on the node's disk, from the launcher pod's emptyDir):
 - never more live workers than the job's max, never two live pods for one slot;
 - the file lists only usable hosts: a listed host's pod exists, runs, is Ready and not being
   deleted, on a node not NotReady (the file and the API are read one after the other, so a
-  host counts only if it is unusable in two samples in a row);
+  host counts only if it is unusable in two samples in a row). Hosts the supervisor keeps by
+  design are usable: on a node NotReady for less than its node grace, or on nodes that went
+  down together (the disruption brake, as kube-controller-manager's zones: after an API outage
+  the node controller marks every node NotReady), until a node grace after the brake let go;
 - the budgets (the ledger in the state ConfigMap) never go backwards;
 - no hang: no interval without a step longer than GAP_S (from rank 0's step times; the
   harness gives up after HANG_S);
@@ -47,6 +50,7 @@ from kubernetes import client, config
 
 from localcluster import demo
 from localcluster.job import API_ERRORS, JOB, MainJob, log_time
+from supervisor.classify import disrupted
 from tests.e2e.jobs import (
     CHECKPOINT_MOUNT,
     STOP_FILE,
@@ -63,6 +67,7 @@ FREE = ("api-outage", "launcher-exit")
 OUTAGE_S = 180.0  # a managed control-plane upgrade
 # The supervisor's node grace (SUPERVISOR_NODE_GRACE_SECONDS, 10 s) and the sampling's slack.
 NODE_KEPT_S = 15.0
+BRAKE_THRESHOLD = 0.55  # SUPERVISOR_NODE_DISRUPTION_THRESHOLD, as the manifests leave it
 COUNT = 20
 STEPS = 1_000_000  # outlasts any plan: training is ended through the stop file after it
 HANG_S = 180.0  # the harness gives up: no step for this long
@@ -92,6 +97,17 @@ class Sample:
     nodes: Mapping[str, float | None]  # node name -> seconds it has been NotReady (None: Ready)
     hosts: frozenset[str]
     ledger: Mapping[str, Any]
+    held: frozenset[str] = frozenset()  # nodes braked now or within NODE_KEPT_S (Watch)
+
+
+def braked(pods: Sequence[Mapping[str, Any]],
+           nodes: Mapping[str, float | None]) -> frozenset[str]:
+    """The down nodes whose workers the supervisor's disruption brake holds: the rule as the
+    README states it (supervisor.classify.disrupted) over the nodes of the job's workers."""
+    job_nodes = {n for p in pods if (n := p.get("spec", {}).get("nodeName"))
+                 and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")}
+    down = {n for n, s in nodes.items() if s is not None}
+    return disrupted(job_nodes, down, BRAKE_THRESHOLD)
 
 
 def not_ready_for(node: Any, now: float) -> float | None:
@@ -125,7 +141,8 @@ def unusable_hosts(s: Sample) -> set[str]:
         # A node NotReady for less than the supervisor's node grace keeps its heartbeating
         # hosts listed (issue 27, item 12: a blip, or the node controller catching up after an
         # API outage); the node controller marks its pods not Ready meanwhile.
-        kept = down_s is not None and down_s < NODE_KEPT_S
+        node = pod.get("spec", {}).get("nodeName", "")
+        kept = down_s is not None and (down_s < NODE_KEPT_S or node in s.held)
         if _live(pod) and ((down_s is None and ready) or kept) and status.get("podIP"):
             usable.add(status["podIP"])
     return set(s.hosts) - usable
@@ -196,6 +213,7 @@ class Watch:
     violations: list[str] = field(default_factory=list)
     samples: int = 0
     stop: threading.Event = field(default_factory=threading.Event)
+    braked_at: dict[str, float] = field(default_factory=dict)  # node -> last seen braked
 
     def ledger_total(self) -> int:
         """The restart budget charged so far (retried through an API outage)."""
@@ -226,7 +244,9 @@ class Watch:
             cm = self.job.core.read_namespaced_config_map(f"{JOB}-supervisor-state",
                                                           self.job.namespace)
             ledger = json.loads(cm.data["state.json"]).get("ledger") or {}
-        return Sample(pods, nodes, hosts, ledger)
+        self.braked_at.update(dict.fromkeys(braked(pods, nodes), now))
+        held = frozenset(n for n, t in self.braked_at.items() if now - t < NODE_KEPT_S)
+        return Sample(pods, nodes, hosts, ledger, held)
 
     def run(self) -> None:
         before: Sample | None = None

@@ -11,6 +11,7 @@ from bench.soak import (
     FAULTS,
     SLOT_LABEL,
     Sample,
+    braked,
     gaps,
     longest_gap,
     plan,
@@ -29,9 +30,9 @@ def worker(slot: int, n: int, ip: str, node: str = "node-a", **meta: Any) -> dic
 
 def sample(pods: list[dict[str, Any]], hosts: set[str], *,
            nodes: dict[str, float | None] | None = None,
-           ledger: dict[str, Any] | None = None) -> Sample:
+           ledger: dict[str, Any] | None = None, held: frozenset[str] = frozenset()) -> Sample:
     return Sample(pods, nodes or {"node-a": None, "node-b": None}, frozenset(hosts),
-                  ledger or {"total": 1, "perSlot": {"0": 1}})
+                  ledger or {"total": 1, "perSlot": {"0": 1}}, held)
 
 
 def test_a_seed_always_gives_the_same_plan_and_seeds_differ() -> None:
@@ -98,6 +99,20 @@ READY = {"node-a": None, "node-b": None}
 def test_a_listed_host_is_usable_only_if_its_pod_runs_ready_on_a_node_not_notready(
         pods: list[dict[str, Any]], nodes: dict[str, float | None], unusable: set[str]) -> None:
     assert unusable_hosts(sample(pods, {"10.244.1.5", "10.244.2.5"}, nodes=nodes)) == unusable
+
+
+def test_hosts_the_disruption_brake_holds_stay_usable() -> None:
+    # After an API outage the node controller marks both nodes of the job NotReady: the brake
+    # holds them (the supervisor keeps their heartbeating hosts), and a node grace after it.
+    down = {"node-a": 40.0, "node-b": 40.0}
+    pods = [with_condition(p, "Ready", "False") for p in GOOD]
+    assert braked(pods, down) == {"node-a", "node-b"}
+    assert braked(pods, {"node-a": 40.0, "node-b": None}) == frozenset()  # one of two: no brake
+    listed = {"10.244.1.5", "10.244.2.5"}
+    assert unusable_hosts(sample(pods, listed, nodes=down)) == listed
+    assert unusable_hosts(sample(pods, listed, nodes=down, held=frozenset(down))) == set()
+    assert unusable_hosts(sample(pods, listed, nodes=down, held=frozenset({"node-b"}))) == {
+        "10.244.1.5"}
 
 
 def test_the_captured_shape_is_running_and_ready() -> None:
