@@ -172,7 +172,7 @@ def test_the_worker_refuses_other_keys_and_passwords(worker: Worker, tmp_path: P
 
 
 def test_the_worker_without_the_secret_says_so(tmp_path: Path) -> None:
-    w = Worker(tmp_path, tmp_path / "not-mounted", port=free_ports(1)[0])
+    w = Worker(tmp_path, tmp_path / "not-mounted", port=free_ports(1)[0], host_key=None)
     result = subprocess.run([str(ENTRYPOINT)], env=w.env, capture_output=True, text=True,
                             timeout=30, check=False)
     assert result.returncode == 1
