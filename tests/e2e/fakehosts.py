@@ -20,9 +20,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
@@ -33,6 +33,7 @@ from supervisor.hook.elastic_supervisor_hook import wire
 from tests.e2e.jobs import steps_of
 from tests.helpers import wait_for
 
+T = TypeVar("T")
 BIN = Path(sys.executable).parent
 STOCK = Path(__file__).resolve().with_name("stock_train.py")
 
@@ -234,6 +235,18 @@ def horovod_on_fake_hosts(workdir: Path) -> Iterator[tuple[HostSet, list[Horovod
         for r in runs:
             r.close()
         hosts.close()
+
+
+def tour_on_fake_hosts(tmp_path_factory: Any, name: str,
+                       start: Callable[[Path, HostSet, list[HorovodRun], Channel,
+                                        contextlib.ExitStack], T]) -> Iterator[T]:
+    """The body of a class-scoped fixture for a tour (several faults, one horovodrun): hosts,
+    a channel and an exit stack that outlive the class's tests; `start` makes the tour."""
+    tmp_path = tmp_path_factory.mktemp(name)
+    with horovod_on_fake_hosts(tmp_path) as (hosts, runs), contextlib.ExitStack() as stack:
+        channel = Channel()
+        stack.callback(channel.close)
+        yield start(tmp_path, hosts, runs, channel, stack)
 
 
 def training_at_size_3(workdir: Path, hosts: HostSet, runs: list[HorovodRun],

@@ -33,7 +33,7 @@ from tests.e2e.fakehosts import (
     Channel,
     HorovodRun,
     HostSet,
-    horovod_on_fake_hosts,
+    tour_on_fake_hosts,
     training_at_size_3,
 )
 from tests.faults import freeze, kill, partitioned
@@ -86,21 +86,16 @@ def resumed_at_full_size(run: HorovodRun, after: float) -> float | None:
 class Tour:
     """One hardened horovodrun on fake hosts, hurt again and again by TestHardenedDriver."""
 
-    def __init__(self, tmp_path: Path, hosts: HostSet, runs: list[HorovodRun]) -> None:
-        self.hosts, self.channel = hosts, Channel()
+    def __init__(self, tmp_path: Path, hosts: HostSet, runs: list[HorovodRun], channel: Channel,
+                 stack: ExitStack) -> None:
+        self.hosts, self.channel, self.stack = hosts, channel, stack
         self.run, addresses = training(tmp_path, hosts, runs, self.channel)
         self.listed = addresses[:3]
-        self.stack = ExitStack()
-        self.stack.callback(self.channel.close)
 
 
 @pytest.fixture(scope="class")
 def tour(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tour]:
-    tmp_path = tmp_path_factory.mktemp("driver-tour")
-    with horovod_on_fake_hosts(tmp_path) as (hosts, runs):
-        t = Tour(tmp_path, hosts, runs)
-        with t.stack:
-            yield t
+    yield from tour_on_fake_hosts(tmp_path_factory, "driver-tour", Tour)
 
 
 @pytest.mark.tour

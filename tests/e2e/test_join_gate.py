@@ -32,7 +32,7 @@ from tests.e2e.fakehosts import (
     Channel,
     HorovodRun,
     HostSet,
-    horovod_on_fake_hosts,
+    tour_on_fake_hosts,
     training_at_size_3,
 )
 from tests.e2e.jobs import check_steps, step_after_reset
@@ -94,10 +94,9 @@ class Tour:
     """One hardened horovodrun with the gate on fake hosts: a replacement lost while it joins,
     again and again (TestJoinGate)."""
 
-    def __init__(self, tmp_path: Path, hosts: HostSet, runs: list[HorovodRun]) -> None:
-        self.hosts, self.channel = hosts, Channel()
-        self.stack = contextlib.ExitStack()
-        self.stack.callback(self.channel.close)
+    def __init__(self, tmp_path: Path, hosts: HostSet, runs: list[HorovodRun], channel: Channel,
+                 stack: contextlib.ExitStack) -> None:
+        self.hosts, self.channel, self.stack = hosts, channel, stack
         self.run, self.listed = training(
             tmp_path, hosts, runs, self.channel, GLOO_TIMEOUT_S,
             env={"ELASTIC_SUPERVISOR_HOOK_JOIN_TIMEOUT_S": str(JOIN_TIMEOUT_S)})
@@ -107,11 +106,7 @@ class Tour:
 
 @pytest.fixture(scope="class")
 def tour(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tour]:
-    tmp_path = tmp_path_factory.mktemp("join-gate-tour")
-    with horovod_on_fake_hosts(tmp_path) as (hosts, runs):
-        t = Tour(tmp_path, hosts, runs)
-        with t.stack:
-            yield t
+    yield from tour_on_fake_hosts(tmp_path_factory, "join-gate-tour", Tour)
 
 
 @pytest.mark.tour
