@@ -50,7 +50,7 @@ from kubernetes import client, config
 
 from localcluster import demo
 from localcluster.job import API_ERRORS, JOB, MainJob, log_time
-from supervisor.classify import disrupted
+from supervisor.classify import held_nodes
 from tests.e2e.jobs import (
     CHECKPOINT_MOUNT,
     STOP_FILE,
@@ -103,11 +103,12 @@ class Sample:
 def braked(pods: Sequence[Mapping[str, Any]],
            nodes: Mapping[str, float | None]) -> frozenset[str]:
     """The down nodes whose workers the supervisor's disruption brake holds: the rule as the
-    README states it (supervisor.classify.disrupted) over the nodes of the job's workers."""
+    README states it (supervisor.classify.held_nodes) over the nodes of the job's workers and
+    of the cluster."""
     job_nodes = {n for p in pods if (n := p.get("spec", {}).get("nodeName"))
                  and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")}
     down = {n for n, s in nodes.items() if s is not None}
-    return disrupted(job_nodes, down, BRAKE_THRESHOLD)
+    return held_nodes(frozenset(job_nodes), frozenset(nodes), frozenset(down), BRAKE_THRESHOLD)
 
 
 def not_ready_for(node: Any, now: float) -> float | None:

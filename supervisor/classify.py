@@ -147,6 +147,16 @@ def disrupted(job_nodes: AbstractSet[str], down: AbstractSet[str],
     return frozenset()
 
 
+def held_nodes(job_nodes: AbstractSet[str], cluster_nodes: AbstractSet[str],
+               down: AbstractSet[str], threshold: float | None) -> frozenset[str]:
+    """The down nodes of the job whose loss is held back: `disrupted` over the job's nodes, or
+    over every node of the cluster (the node controller's zones count every node: when most of
+    the cluster went down together, e.g. every kubelet's heartbeat missed during a control-plane
+    outage, a job whose workers share one node is held too)."""
+    cluster = disrupted(cluster_nodes, down & cluster_nodes, threshold)
+    return disrupted(job_nodes, down, threshold) | (cluster & job_nodes & down)
+
+
 def training_container(pod: Obj, settings: ClassifySettings) -> str:
     """The name of the container whose exit is the worker's."""
     if settings.training_container is not None:

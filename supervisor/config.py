@@ -430,8 +430,9 @@ VARIABLES: tuple[Var, ...] = (
         "not used). Needs leases list/watch. Default: off."),
     Var("NODE_DISRUPTION_THRESHOLD", "0.55", "The disruption brake: when every node of the "
         "job's workers (at least two) or more than two and at least this share of them are "
-        "down together, their workers are not failed and their pods not force-deleted until "
-        "fewer are down (the node controller's --unhealthy-zone-threshold). off: no brake."),
+        "down together, or so are the cluster's nodes, the workers on those down nodes are "
+        "not failed and their pods not force-deleted until fewer are down (the node "
+        "controller's --unhealthy-zone-threshold). off: no brake."),
     Var("SCALE_OUT_TIMEOUT_SECONDS", "600", "A worker added by `scale` that is not Running "
         "within this long is deleted again (rollback, Warning Event)."),
     Var("SCALE_IN_TIMEOUT_SECONDS", "60", "A worker removed by `scale` leaves the discovery "

@@ -15,7 +15,7 @@ the job to fail. In order, as the steps depend on each other:
    turns the verdict into failures (a hung worker, a process the driver saw exit) and a
    restart of horovodrun (a broken or stuck rendezvous, a stall), at most
    `horovodrun_restart_limit` times; past it the job fails (STALLED);
-3. nodes down together past the disruption threshold are held back (classify.disrupted);
+3. nodes down together past the disruption threshold are held back (classify.held_nodes);
 4. the first pass, and every pass while a node is suspect, classifies every worker pod;
 5. the failed hosts that Horovod knew as this very pod are fenced and horovodrun's ssh
    clients to them killed, before anything else is done for them;
@@ -44,7 +44,7 @@ from supervisor.classify import (
     NodeState,
     PodMemory,
     classify,
-    disrupted,
+    held_nodes,
 )
 from supervisor.config import Config
 from supervisor.discovery import Rendered
@@ -370,7 +370,7 @@ def _watch_hangs(p: _Pass, s: Seen, st: Settings) -> tuple[Verdict, tuple[str, .
 
 
 def _brake(p: _Pass, s: Seen, st: Settings, down: set[str]) -> None:
-    """Step 3: hold back the loss of nodes that went down together (classify.disrupted).
+    """Step 3: hold back the loss of nodes that went down together (classify.held_nodes).
     Nodes released while still down get a fresh grace: they come back one by one."""
     c = p.c
     braked: frozenset[str] = frozenset()
@@ -379,13 +379,15 @@ def _brake(p: _Pass, s: Seen, st: Settings, down: set[str]) -> None:
         job_nodes = {node for pod in s.pods.values()
                      if (node := pod.get("spec", {}).get("nodeName"))
                      and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")}
-        braked = disrupted(job_nodes, down, st.disruption_threshold)
+        braked = held_nodes(job_nodes, frozenset(s.nodes), down, st.disruption_threshold)
     if braked == c.braked:
         return
     node_down = {n: (s.now if n in c.braked - braked else t) for n, t in c.node_down.items()}
     if braked:
+        cluster_down = len(down & set(s.nodes))
         note = (f"{len(braked)} of the {len(job_nodes)} nodes of the job's workers "
-                f"are down together ({', '.join(sorted(braked))}): their workers are held, "
+                f"({cluster_down} of the cluster's {len(s.nodes)} nodes) are down together "
+                f"({', '.join(sorted(braked))}): their workers are held, "
                 f"not failed or force-deleted, until fewer are down "
                 f"(SUPERVISOR_NODE_DISRUPTION_THRESHOLD={st.disruption_threshold:g})")
         p.todo.append(Note("warning", "node.disruption", {"nodes": sorted(braked),

@@ -32,6 +32,10 @@ from supervisor.workers import LABEL_SLOT
 # A worker's node is down (not Ready, or a not-ready/unreachable taint): out of the file unless
 # its training processes heartbeat (a blip).
 NODE_DOWN = frozenset({Unusable.NODE_NOT_READY, Unusable.NODE_TAINTED})
+# What a pod on a down node shows: its node's problem, or Ready=False, which the node controller
+# sets on every pod of a node it marks NotReady (after an API outage: the kubelets' missed
+# heartbeats) and which the render sees first.
+KEPT_WHILE_HEARTBEATING = NODE_DOWN | {Unusable.NOT_READY}
 
 
 @dataclass(frozen=True)
@@ -169,7 +173,7 @@ class _Args:
     def placed(self, name: str, pod: Obj, problem: Unusable | None,
                host: str | None) -> Unusable | None:
         """The problem after the checks that depend on more than the pod and its node."""
-        if problem in NODE_DOWN and host in self.heartbeating:
+        if problem in KEPT_WHILE_HEARTBEATING and host in self.heartbeating:
             problem = None  # its node blipped, its training processes still talk to us
         if problem is None and (owner := self.first_owner.get(host)) is not None and (  # type: ignore[arg-type]
                 owner != pod["metadata"]["uid"]):

@@ -62,7 +62,10 @@ from tests.integration.harness import scrape
 BATCHES = 1_000_000  # a bound no job reaches: tours end through the stop file
 GLOO_TIMEOUT_S = 60  # the manifests'; the fence must make the survivors leave long before
 METRICS_PORT = 9400  # the manifests' SUPERVISOR_METRICS_PORT, on the launcher pod's IP
-OUTAGE_S = 15  # kube-apiserver down: one and a half times main_job's leader lease
+# kube-apiserver down: longer than main_job's leader lease (10 s), and short enough that the
+# kubelets report again within the cluster's node-monitor grace (20 s): at 15 s they did not
+# always, and the node controller marked nodes NotReady after the outage.
+OUTAGE_S = 11
 # The tour's first batch sleeps FIRST_BATCH_S; rank 0 computes in Python only for PYTHON_S after
 # batch 30 (an evaluation) and writes for WRITE_S after batch 60 (a long checkpoint) while the
 # other waits in the next allreduce: all longer than the heartbeat timeout (3 s), during which

@@ -108,6 +108,23 @@ def test_a_host_on_a_down_node_stays_while_its_processes_heartbeat(
     assert failed.left_out == {"w-0": Unusable.FOUND_FAILED}, "past the grace: failed, out"
 
 
+def test_a_pod_the_node_controller_marked_not_ready_stays_while_its_processes_heartbeat() -> None:
+    """After an API outage the node controller marks the node NotReady and every pod on it
+    Ready=False (seen in the stock tour): the render sees PodNotReady first. The same rule
+    holds: kept while its processes heartbeat; out when they do not."""
+    down = with_condition(READY_NODE, "Ready", "Unknown")
+    marked = with_condition(pod("w-0", "10.1.0.10"), "Ready", "False")
+    v = view_of(marked, pod("w-1", "10.1.0.11", "b"), down, node("b"))
+    talking = discovery.render(v, 1, HostMode.POD_IP, {}, heartbeating=frozenset({"10.1.0.10"}))
+    assert talking.lines == ("10.1.0.10:1", "10.1.0.11:1") and talking.left_out == {}
+    silent = discovery.render(v, 1, HostMode.POD_IP, {})
+    assert silent.left_out == {"w-0": Unusable.NOT_READY}
+    # A pod not Ready on a Ready node (its sshd down) is out, heartbeats or not: `heartbeating`
+    # only ever holds hosts on down nodes (talking_on_down_nodes).
+    up = view_of(marked, pod("w-1", "10.1.0.11", "b"), READY_NODE, node("b"))
+    assert discovery.talking_on_down_nodes(up, HostMode.POD_IP, lambda: ["10.1.0.10"]) == set()
+
+
 def test_the_hosts_kept_on_down_nodes_are_those_that_heartbeat() -> None:
     down = with_condition(READY_NODE, "Ready", "False")
     v = view_of(pod("w-0", "10.1.0.10"), pod("w-1", "10.1.0.11", "b"), down, node("b"))

@@ -7,7 +7,15 @@ from typing import Any
 
 import pytest
 
-from supervisor.classify import Cause, ClassifySettings, NodeState, classify, disrupted, remember
+from supervisor.classify import (
+    Cause,
+    ClassifySettings,
+    NodeState,
+    classify,
+    disrupted,
+    held_nodes,
+    remember,
+)
 from supervisor.model import SourceState, WatchEvent
 from supervisor.observe import EventType, Kind, NodeLeases, renew_interval
 from tests.unit.shapes import load, node
@@ -41,6 +49,23 @@ NODES = {f"n{i}" for i in range(1, 11)}
 def test_the_disruption_brake_follows_the_node_controllers_zone_states(
         job_nodes: set[str], down: set[str], threshold: float | None, held: set[str]) -> None:
     assert disrupted(frozenset(job_nodes), frozenset(down), threshold) == held
+
+
+@pytest.mark.parametrize(("job_nodes", "cluster", "down", "held"), [
+    pytest.param({"n1"}, {"n1", "n2", "n3"}, {"n1", "n2", "n3"}, {"n1"},
+                 id="the whole cluster down (an API outage): a job on one node is held"),
+    pytest.param({"n1"}, {"n1", "n2", "n3"}, {"n1"}, set(),
+                 id="its node alone down: node loss"),
+    pytest.param({"n1"}, {"n1", "n2", "n3"}, {"n1", "n2"}, set(),
+                 id="two of three: not more than two down, node loss"),
+    pytest.param({"n1", "n2"}, NODES, {"n1", "n3", "n4", "n5", "n6", "n7"}, {"n1"},
+                 id="most of the cluster down: the job's down node held, its up one not"),
+    pytest.param({"n1", "n2"}, NODES, {"n1", "n2"}, {"n1", "n2"},
+                 id="both of the job's two nodes: held by the job's own count"),
+])
+def test_a_cluster_wide_disruption_holds_the_jobs_down_nodes(
+        job_nodes: set[str], cluster: set[str], down: set[str], held: set[str]) -> None:
+    assert held_nodes(frozenset(job_nodes), frozenset(cluster), frozenset(down), 0.55) == held
 
 
 @pytest.mark.parametrize(("down_for", "lost"), [
