@@ -22,19 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from supervisor.proc import kill_ssh_clients
-from tests.e2e.fakehosts import (
-    Channel,
-    HorovodRun,
-    HostSet,
-    tour_on_fake_hosts,
-    training_at_size_3,
-)
+from tests.e2e.fakehosts import Channel, HorovodRun, HostSet, training_at_size_3
 from tests.e2e.jobs import check_steps, step_after_reset
 from tests.faults import freeze, kill
 from tests.helpers import wait_for
@@ -90,46 +83,25 @@ def replacement_lost_while_it_joins(run: HorovodRun, hosts: HostSet, listed: lis
     return survivors, spare, lost_at, joining
 
 
-class Tour:
-    """One hardened horovodrun with the gate on fake hosts: a replacement lost while it joins,
-    again and again (TestJoinGate)."""
-
-    def __init__(self, tmp_path: Path, hosts: HostSet, runs: list[HorovodRun], channel: Channel,
-                 stack: contextlib.ExitStack) -> None:
-        self.hosts, self.channel, self.stack = hosts, channel, stack
-        self.run, self.listed = training(
-            tmp_path, hosts, runs, self.channel, GLOO_TIMEOUT_S,
+@pytest.mark.parametrize("frozen", [
+    pytest.param(False, id="killed: its exit triggers the re-plan"),
+    pytest.param(True, id="frozen: the join timeout triggers the re-plan"),
+])
+def test_a_replacement_lost_while_it_joins_is_dropped_and_training_resumes_in_place(
+        tmp_path: Path, fake_hosts: tuple[HostSet, list[HorovodRun]], frozen: bool) -> None:
+    hosts, runs = fake_hosts
+    channel = Channel()
+    with contextlib.ExitStack() as stack:
+        stack.callback(channel.close)
+        run, listed = training(
+            tmp_path, hosts, runs, channel, GLOO_TIMEOUT_S,
             env={"ELASTIC_SUPERVISOR_HOOK_JOIN_TIMEOUT_S": str(JOIN_TIMEOUT_S)})
-        assert self.run.proc is not None
-        self.pid = self.run.proc.pid
-
-
-@pytest.fixture(scope="class")
-def tour(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tour]:
-    yield from tour_on_fake_hosts(tmp_path_factory, "join-gate-tour", Tour)
-
-
-@pytest.mark.tour
-class TestJoinGate:
-    """A replacement lost while it joins, killed then frozen, in one horovodrun: each time the
-    survivors resume at size 2 in place, and a fresh host brings the job back to size 3."""
-
-    @pytest.mark.parametrize("frozen", [
-        pytest.param(False, id="killed: its exit triggers the re-plan"),
-        pytest.param(True, id="frozen: the join timeout triggers the re-plan"),
-    ])
-    def test_a_replacement_lost_while_it_joins_is_dropped_and_training_resumes_in_place(
-            self, tour: Tour, frozen: bool) -> None:
-        run, hosts, channel = tour.run, tour.hosts, tour.channel
         assert channel.of("driver") and channel.of("driver")[0]["ok"], "the driver is armed"
         assert run.proc is not None
-        if len(tour.listed) == 3:  # a spare again, kept out of the world by max-np
-            tour.listed += hosts.start(1)
-            run.set_hosts(tour.listed)
-        replans = run.output().count("re-planning")
+        pid = run.proc.pid
         survivors, spare, lost_at, joining = replacement_lost_while_it_joins(
-            run, hosts, tour.listed, frozen=frozen)
-        tour.stack.callback(kill, joining)  # a frozen one outlives its ssh session
+            run, hosts, listed, frozen=frozen)
+        stack.callback(kill, joining)  # a frozen one outlives its ssh session
 
         back = wait_for(lambda: step_after_reset(run.records(), lost_at, size=2),
                         GLOO_TIMEOUT_S + 30, what=f"training resumed at size 2:\n{run.tail()}")
@@ -138,7 +110,7 @@ class TestJoinGate:
             f"resumed {waited:.1f}s after the replacement was lost"
         if frozen:  # (the timeout runs from the assignment, a little before `lost_at`)
             assert waited >= JOIN_TIMEOUT_S - 5, "the survivors were held for the join timeout"
-        assert run.proc.pid == tour.pid and run.proc.poll() is None, \
+        assert run.proc.pid == pid and run.proc.poll() is None, \
             f"the same horovodrun runs on:\n{run.tail()}"
         why = (f"its new worker did not reach the rendezvous within {JOIN_TIMEOUT_S} s" if frozen
                else "its worker exited")
@@ -154,22 +126,19 @@ class TestJoinGate:
 
         [fresh] = hosts.start(1)
         listed_at = time.time()
-        tour.listed = [*survivors, fresh]
-        run.set_hosts(tour.listed)
+        run.set_hosts([*survivors, fresh])
         full = wait_for(lambda: step_after_reset(run.records(), listed_at, size=3),
                         SCALE_OUT_BOUND_S, what=f"training at size 3 again:\n{run.tail()}")
-        assert run.output().count("re-planning") == replans + 1, \
-            "the fresh host joined at first try"
+        assert run.output().count("re-planning") == 1, "the fresh host joined at first try"
+
+        target = run.stop_at()
+        assert run.wait(120) == 0, run.tail()
+        steps = run.steps()
+        assert steps[-1]["step"] == target and steps[-1]["size"] == 3
+        check_steps(run.records())
         print(f"\nreplacement lost at {lost_at:.1f}, training resumed at size 2 {waited:.1f}s "
               f"later at step {back['step']}; a fresh host listed joined in "
               f"{full['time'] - listed_at:.1f}s")
-
-    def test_the_tour_ends_at_full_size_through_the_stop_file(self, tour: Tour) -> None:
-        target = tour.run.stop_at()
-        assert tour.run.wait(120) == 0, tour.run.tail()
-        steps = tour.run.steps()
-        assert steps[-1]["step"] == target and steps[-1]["size"] == 3
-        check_steps(tour.run.records())
 
 
 def test_without_the_gate_the_survivors_abort_at_the_gloo_timeout(
