@@ -159,6 +159,7 @@ class HorovodRun:
                                                             os.environ.get("PYTHONPATH")])),
                 "ELASTIC_SUPERVISOR_HOOK_KEY": channel.key.hex(),
                 "ELASTIC_SUPERVISOR_HOOK_PORT": str(channel.port),
+                "ELASTIC_SUPERVISOR_HOOK_RUN": "1",  # as the supervisor names a run
                 "ELASTIC_SUPERVISOR_HOOK_DEAD_FILE": str(self.dead_file),
                 "ELASTIC_SUPERVISOR_HOOK_WORKER": "1" if worker_hook else "0"})
         self.lines: list[tuple[float, str]] = []
