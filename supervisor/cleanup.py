@@ -41,6 +41,14 @@ FINISHED = ("Complete", "Failed", "FailureTarget", "SuccessCriteriaMet")
 SUCCEEDED = "succeeded"
 
 
+def success_mark(code: int, owner: Mapping[str, str] | None) -> str | None:
+    """What a terminal exit stores under SUCCEEDED: the uid of the supervisor's Job when the
+    exit is a success (a standby of that Job then ends too), else None (nothing to store)."""
+    if code != 0 or not owner or owner.get("kind") != "Job":
+        return None
+    return owner.get("uid") or None
+
+
 def already_succeeded(stored: Mapping[str, Any] | None,
                       owner: Mapping[str, str] | None) -> bool:
     """Whether a launcher of this Job (`owner`, the supervisor's) already ended the job with

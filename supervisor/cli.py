@@ -626,7 +626,7 @@ def clean_up(cfg: Config, api: Any, store: kube.StateStore, code: int, *,
                  "adopts the workers")
         return
     chosen = cleanup.selectors(policy, cfg.job_name)
-    success = owner.get("uid") if code == 0 and owner and owner.get("kind") == "Job" else None
+    success = cleanup.success_mark(code, owner)
     try:
         if chosen is not None or success:
             _mark_end(store, release=chosen is not None, succeeded=success)

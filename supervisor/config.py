@@ -230,14 +230,18 @@ def _abs_path(raw: str) -> Path:
     return p
 
 
+def _read(read_text: Callable[[Path], str], raw: str, what: str) -> tuple[Path, str]:
+    """The absolute path `raw` and its text; ValueError "a readable <what> (why)" if not."""
+    path = _abs_path(raw)
+    try:
+        return path, read_text(path)
+    except OSError as e:
+        raise ValueError(f"a readable {what} ({e.strerror or e})") from None
+
+
 def _hook_key(read_text: Callable[[Path], str]) -> Callable[[str], tuple[Path, bytes]]:
     def parse(raw: str) -> tuple[Path, bytes]:
-        path = _abs_path(raw)
-        try:
-            text = read_text(path)
-        except OSError as e:
-            raise ValueError(f"a readable file with the hook's key ({e.strerror or e})") \
-                from None
+        path, text = _read(read_text, raw, "file with the hook's key")
         try:
             return path, wire.parse_key(text, "")
         except ValueError:
@@ -253,11 +257,7 @@ KNOWN_HOST_KEY = re.compile(
 
 def _known_hosts(read_text: Callable[[Path], str]) -> Callable[[str], Path]:
     def parse(raw: str) -> Path:
-        path = _abs_path(raw)
-        try:
-            text = read_text(path)
-        except OSError as e:
-            raise ValueError(f"a readable known_hosts file ({e.strerror or e})") from None
+        path, text = _read(read_text, raw, "known_hosts file")
         if not any(KNOWN_HOST_KEY.fullmatch(line.strip()) for line in text.splitlines()):
             raise ValueError("a known_hosts file with at least one host key line, like "
                              "'* ssh-ed25519 AAAA...' (manifests/ssh-keygen.sh writes one)")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from supervisor import fleet
-from supervisor.cleanup import already_succeeded, terminal
+from supervisor.cleanup import already_succeeded, success_mark, terminal
 from supervisor.fleet import Fleet, Slot
 
 FAIL_JOB = {"rules": [
@@ -104,3 +104,17 @@ def test_a_standby_sees_a_success_only_of_its_own_job(stored: dict[str, Any] | N
                                                      owner: dict[str, str] | None,
                                                      done: bool) -> None:
     assert already_succeeded(stored, owner) is done
+
+
+@pytest.mark.parametrize(("code", "owner", "mark"), [
+    pytest.param(0, JOB_OWNER, "u1", id="success under a Job: its uid"),
+    pytest.param(1, JOB_OWNER, None, id="a failure: nothing"),
+    pytest.param(0, None, None, id="a local run: nothing"),
+    pytest.param(0, {**JOB_OWNER, "kind": "Pod"}, None, id="a bare launcher pod: nothing"),
+    pytest.param(0, {**JOB_OWNER, "uid": ""}, None, id="no uid: nothing"),
+])
+def test_a_success_under_a_job_is_marked_with_its_uid(code: int, owner: dict[str, str] | None,
+                                                      mark: str | None) -> None:
+    assert success_mark(code, owner) == mark
+    if mark is not None:  # and the standby of that Job reads it back
+        assert already_succeeded({"succeeded": mark}, owner)
