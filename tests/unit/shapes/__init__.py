@@ -3,6 +3,8 @@
 pod_running_ready / node_ready: a worker pod with the status a kubelet writes and its Ready
 node; node_unreachable: the same node after the node-lifecycle controller saw its Lease expire;
 pod_deleting_graceful: the pod right after a graceful delete (deletionTimestamp, grace 30).
+h200_stuck_work*.jsonl.gz: the hook's datagrams from CUDA processes on an H200, one rank stuck
+in a GPU kernel at a time (scripts/gpu_stuck_record.py; tests/unit/test_stuck_gpu.py).
 """
 
 from __future__ import annotations
