@@ -27,7 +27,9 @@ and whether it is inside one. From the last heartbeat of each process and `now`:
 - the job is `stalled` when no process completed a collective for `stall_s` while some still
   heartbeat: everybody is alive and nobody progresses (a deadlock the first rule cannot see).
 - a rendezvous is `broken` when a host of the world horovodrun's driver last assigned (the
-  driver hook reports each assignment) failed, processes still wait in an init, and no new
+  driver hook reports each assignment) failed, processes still wait in an init (every process
+  of the world's other members: one still on its way there is what the driver's barrier waits
+  for, a survivor slow to reset), and no new
   assignment came for BROKEN_AFTER_S after both the failure and the assignment (a host that
   failed just before it can still be in it: the driver reads the discovery file once a
   second, so its view lags the file): Horovod 0.28 cannot finish that
@@ -202,9 +204,14 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
     broken = None
     if world is not None:
         members, assigned_at = world
+        # The other members' processes, all of them waiting in an init: one still on its way
+        # there (a survivor slow to reset, on a loaded node) is what the driver's barrier waits
+        # for, and it comes; the rendezvous is not broken (yet).
+        others = [b for b in fresh if b.host in members and b.host not in (failed_at or {})]
         for host, at in sorted((failed_at or {}).items(), key=lambda x: x[1]):
             stuck = [b for b in fresh if b.waiting == "i" and b.host != host]
-            if host in members and now - max(at, assigned_at) >= BROKEN_AFTER_S and stuck:
+            if (host in members and now - max(at, assigned_at) >= BROKEN_AFTER_S and stuck
+                    and all(b.waiting == "i" for b in others)):
                 broken = Broken(host, len(stuck))
                 break
     unformed = None

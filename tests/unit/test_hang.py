@@ -202,6 +202,21 @@ WORLD = (frozenset({"10.0.0.1", "10.0.0.3"}), NOW - 10.0)  # assigned before it 
     pytest.param([beat("10.0.0.1", wait=8.0, kind="i", progress=None)],
                  {"10.0.0.3": NOW - 7.0}, (WORLD[0], NOW - 3.0), None,
                  id="failed before an assignment of 3 s ago: not for BROKEN_AFTER_S yet"),
+    # Seen on real nodes (bench e2e_sequences): a worker SIGKILLed while a world of three
+    # trained; one survivor waited in its init, the other (rank 0) was still on its way there 6 s
+    # later, and horovodrun was restarted for nothing (the driver's barrier waited for rank 0).
+    pytest.param([beat("10.0.0.1", wait=8.0, kind="i", progress=None),
+                  beat("10.0.0.2", wait=None, kind=None, progress=None)], {"10.0.0.3": FAILED},
+                 (WORLD[0] | {"10.0.0.2"}, WORLD[1]), None,
+                 id="another member is not in its init yet (a slow reset): not broken"),
+    pytest.param([beat("10.0.0.1", wait=8.0, kind="i", progress=None),
+                  beat("10.0.0.2", wait=7.0, kind="i", progress=None)], {"10.0.0.3": FAILED},
+                 (WORLD[0] | {"10.0.0.2"}, WORLD[1]), Broken("10.0.0.3", 2),
+                 id="every other member waits in its init: broken"),
+    pytest.param([beat("10.0.0.1", wait=8.0, kind="i", progress=None),
+                  beat("10.0.0.2", wait=0.2, kind="c")], {"10.0.0.3": FAILED}, WORLD,
+                 Broken("10.0.0.3", 1),
+                 id="a process of a host outside the world does not hold it up"),
 ])
 def test_a_rendezvous_broken_by_a_dead_member(beats: list[Beat], failed_at: dict[str, float],
                                               world: Any, expected: Broken | None) -> None:
