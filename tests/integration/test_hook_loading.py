@@ -99,6 +99,46 @@ def test_a_training_process_gets_the_wrapped_wait_everywhere(
     assert "elastic-supervisor hook" not in got.stderr
 
 
+def test_a_process_heartbeats_from_its_first_init_on() -> None:
+    """A training process waiting in the first rendezvous of a run (here: real Horovod's
+    elastic init asking a rendezvous server that accepts and never answers; on a cluster: a
+    member of a fresh horovodrun's world lost there) already heartbeats, inside an init: the
+    supervisor sees processes wait there for a member that never comes (the `broken` rule)
+    instead of nothing until they abort at the Gloo timeout. The heartbeats used to begin only
+    once the first init returned."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp, socket.socket() as silent:
+        udp.bind(("127.0.0.1", 0))
+        udp.settimeout(30)
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("ELASTIC_SUPERVISOR_", "HOROVOD_"))}
+        env.update({**WORKER_ENV, "PYTHONPATH": str(HOOK_DIR),
+                    "ELASTIC_SUPERVISOR_HOOK_PORT": str(udp.getsockname()[1]),
+                    "ELASTIC_SUPERVISOR_HOOK_KEY": KEY.hex(), "ELASTIC_SUPERVISOR_HOOK_RUN": "1",
+                    "HOROVOD_GLOO_RENDEZVOUS_PORT": str(silent.getsockname()[1]),
+                    "HOROVOD_ELASTIC": "1", "HOROVOD_CONTROLLER": "gloo",
+                    "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_TIMEOUT_SECONDS": "60"})
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import horovod.torch as hvd; hvd.init(); print('returned')"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        beats: list[dict[str, object]] = []
+        try:
+            while len([b for b in beats if b["in"] == "i"]) < 2:
+                body = wire.decode(KEY, udp.recv(wire.MAX_DATAGRAM))
+                if body is not None and body["t"] == "hb":
+                    beats.append(body)
+            running = proc.poll() is None
+        finally:
+            proc.kill()
+            out, err = proc.communicate(timeout=30)
+    assert running and "returned" not in out, err
+    inside = [b for b in beats if b["in"] == "i"]
+    assert [(b["rank"], b["size"], b["inits"], b["host"]) for b in inside] == [
+        (None, None, 0, "127.0.0.5")] * 2
+    assert 0 < inside[0]["wait"] < inside[1]["wait"]  # type: ignore[operator]
+
+
 @pytest.mark.parametrize("from_file", [False, True], ids=["key in the environment",
                                                        "key from the job's file"])
 def test_horovodruns_driver_is_hardened_and_says_hello(tmp_path: Path, from_file: bool) -> None:

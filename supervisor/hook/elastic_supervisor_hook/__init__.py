@@ -26,6 +26,7 @@ names. Nothing else is touched, so a process that never imports them is unchange
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import sys
@@ -291,7 +292,16 @@ class WorkerHook:
         if missing:
             raise RuntimeError(f"{MPI_OPS}: {', '.join(missing)} not found: not patched")
         mpi_ops.synchronize = self.progress.wrap(mpi_ops.synchronize, "c")
-        mpi_ops.init = self.progress.wrap(mpi_ops.init, "i", after=self.initialised)
+        timed_init = self.progress.wrap(mpi_ops.init, "i", after=self.initialised)
+
+        @functools.wraps(timed_init)
+        def init(*args: Any, **kwargs: Any) -> Any:
+            # Heartbeats from the first init on, not after it: a process waiting in the first
+            # rendezvous of a run (a member lost there never comes) is seen waiting there.
+            self.start()
+            return timed_init(*args, **kwargs)
+
+        mpi_ops.init = init
 
     def patched(self, name: str, problem: str) -> None:
         if problem:

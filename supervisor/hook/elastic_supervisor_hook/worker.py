@@ -4,7 +4,8 @@
 of horovod.torch ends in) and `mpi_ops.init`: it knows whether the process is inside a
 collective (or an init) and since when, and counts the completed ones (progress).
 
-`Beater`, a daemon thread started by the first `hvd.init()`, sends a heartbeat to the supervisor
+`Beater`, a daemon thread started as the first `hvd.init()` begins (a process waiting in
+the first rendezvous of a run is seen waiting there), sends a heartbeat to the supervisor
 every BEAT_S over UDP (to HOROVOD_GLOO_RENDEZVOUS_ADDR, the launcher, on the channel's port):
 host, pid, rank, size, inits, completed collectives (in all, and since the last init), the
 current wait, the local endpoints of the process's TCP connections, any problem of the hook, and
