@@ -409,7 +409,8 @@ def _plan_fleet(p: _Pass, s: Seen, st: Settings, suspects: set[str]) -> None:
         fleet=c.fleet, pods=s.pods, published=s.published or "", listed=s.listed,
         reuse_checked=c.reuse_checked, reused=c.reused, scale_request=c.scale_request,
         expected=c.expected, waiting=frozenset(admission.waiting(c.blocked, s.now)),
-        ssh_clients=s.ssh_clients, now=s.now, wall=s.wall, failed=c.failed), st.plan)
+        ssh_clients=s.ssh_clients, now=s.now, wall=s.wall, failed=c.failed,
+        lost_nodes=frozenset(suspects)), st.plan)
     p.c = replace(c, fleet=out.fleet, reused=out.reused, reuse_checked=out.reuse_checked,
                   scale_request=out.scale_request, expected=out.expected,
                   failed=c.failed | out.ours)

@@ -53,7 +53,7 @@ from supervisor.fleet import Create, Fleet
 from supervisor.model import EventSpec
 from supervisor.observe import Obj, Unusable
 from supervisor.policy import Action, Decision, Policy
-from supervisor.workers import pod_name
+from supervisor.workers import HOSTNAME_KEY, pod_name
 
 REUSED_LIMIT = 5  # pods of one slot replaced because their IP was another worker's
 EXPECTATION_TIMEOUT_S = 60.0  # a created pod not seen on the watch by then is created again
@@ -95,6 +95,7 @@ class Picture:
     now: float
     wall: float
     failed: frozenset[str] = frozenset()  # UIDs already classified failed or deleted by us
+    lost_nodes: frozenset[str] = frozenset()  # nodes a new worker is kept off now (down)
 
 
 @dataclass(frozen=True)
@@ -290,6 +291,7 @@ def plan(p: Picture, s: Settings) -> Plan:
         else:
             expected[name] = since
     _superseded(p, s, step)
+    _stale_exclusions(p, s, step)
     existing = set(p.pods) | set(expected) | set(p.waiting)
     for c in fleet.wanted(step.fleet, s.job, existing, p.wall):
         step.creates.append(c)
@@ -326,6 +328,56 @@ def _superseded(p: Picture, s: Settings, step: _Step) -> None:
             "Warning", "WorkerSuperseded", "Delete",
             f"worker {name} (slot {i}) runs although the slot is at {current}: deleted"),
             pod=name, slot=i, current=current)
+
+
+def kept_off(pod: Obj) -> frozenset[str]:
+    """PURE: the nodes the pod's required node affinity keeps it off (the `NotIn` values on the
+    hostname label that worker_pod adds for lost nodes and hung pods' nodes)."""
+    required = ((pod.get("spec", {}).get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution") or {}
+    return frozenset(v for term in required.get("nodeSelectorTerms") or ()
+                     for e in term.get("matchExpressions") or ()
+                     if e.get("key") == HOSTNAME_KEY and e.get("operator") == "NotIn"
+                     for v in e.get("values") or ())
+
+
+def unschedulable(pod: Obj) -> bool:
+    """PURE: the scheduler found no node for the pod (PodScheduled False, Unschedulable)."""
+    return not pod.get("spec", {}).get("nodeName") and any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False"
+        and c.get("reason") == "Unschedulable"
+        for c in pod.get("status", {}).get("conditions") or ())
+
+
+def _stale_exclusions(p: Picture, s: Settings, step: _Step) -> None:
+    """A worker created while a node was down (or still held its slot's hung pod) is kept off
+    that node for good: the pod's affinity cannot change. When the scheduler then finds no node
+    for it and that node is up again (and holds no pod of its slot), it would stay Pending for
+    good (seen on real nodes: a node frozen during a regroup, both replacements kept off it, one
+    node left with room for one). Delete it: its slot creates it again (the same name) kept off
+    only what is down now. Its UID joins `ours`."""
+    deleting = {d.name for d in step.deletes}
+    for name, pod in sorted(p.pods.items()):
+        found = fleet.slot_of(pod, s.job)
+        meta = pod["metadata"]
+        if (found is None or name in deleting or meta.get("deletionTimestamp")
+                or not unschedulable(pod)):
+            continue
+        i, inc = found
+        slot = step.fleet.slots.get(i)
+        if slot is None or slot.dropped is not None or inc != slot.incarnation:
+            continue
+        holding = {q.get("spec", {}).get("nodeName") for q in p.pods.values()
+                   if (f := fleet.slot_of(q, s.job)) is not None and f[0] == i and f[1] < inc}
+        stale = sorted(kept_off(pod) - p.lost_nodes - holding)
+        if not stale:
+            continue
+        step.delete(pod)
+        step.say("warning", "worker.rescheduled", EventSpec(
+            "Warning", "WorkerRescheduled", "Recreate",
+            f"worker {name} (slot {i}) found no node: it was kept off {', '.join(stale)}, "
+            "up again now; created again without that"),
+            pod=name, slot=i, kept_off=stale)
 
 
 # -- failures -----------------------------------------------------------------------------------

@@ -29,7 +29,14 @@ from supervisor.plan import (
     plan,
 )
 from supervisor.policy import Action, Budgets, Policy, Rule
-from supervisor.workers import LABEL_INCARNATION, LABEL_JOB, LABEL_ROLE, LABEL_SLOT, pod_name
+from supervisor.workers import (
+    LABEL_INCARNATION,
+    LABEL_JOB,
+    LABEL_ROLE,
+    LABEL_SLOT,
+    pod_name,
+    worker_pod,
+)
 from tests.unit import shapes
 
 JOB = "job1"
@@ -52,7 +59,8 @@ def pods(*ps: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def picture(f: Fleet, ps: dict[str, Any], **kw: Any) -> Picture:
     base: dict[str, Any] = {
-        "published": "".join(f"{p['status']['podIP']}:1\n" for p in ps.values()),
+        "published": "".join(f"{p['status']['podIP']}:1\n" for p in ps.values()
+                             if "podIP" in p["status"]),
         "listed": None, "reuse_checked": None, "reused": {}, "scale_request": None,
         "expected": {}, "waiting": frozenset(), "ssh_clients": {}, "now": NOW, "wall": WALL}
     return Picture(fleet=f, pods=ps, **{**base, **kw})
@@ -336,3 +344,57 @@ def test_without_a_fleet_a_restart_is_refused_and_nothing_is_deleted() -> None:
     assert (d.fleet, d.deletes, d.replace_from) == (None, (), {})
     assert d.notes[0].fields["refused"] == ("SUPERVISOR_WORKER_TEMPLATE is not set: the "
                                             "supervisor does not create workers")
+
+
+# -- a worker kept off a node that is up again, and found no node -------------------------------
+
+def pending(slot: int, inc: int, *, kept_off: tuple[str, ...] = (),
+            scheduled: str | None = "Unschedulable") -> dict[str, Any]:
+    """A worker as the scheduler leaves a pod it found no node for: no nodeName, Pending,
+    PodScheduled False (reason Unschedulable); `kept_off`: the required NotIn that worker_pod
+    renders for lost nodes (workers.worker_pod's own output for the affinity)."""
+    p = worker(slot, inc, ip=None)
+    rendered = worker_pod({"metadata": {}, "spec": {"containers": []}}, job=JOB, slot=slot,
+                          incarnation=inc, owner=None, lost_nodes=kept_off)
+    p["spec"] = {**p["spec"], **rendered["spec"], "containers": p["spec"]["containers"]}
+    p["spec"].pop("nodeName", None)
+    p["status"] = {"phase": "Pending", "qosClass": "Burstable", "conditions": [] if scheduled
+                   is None else [{"type": "PodScheduled", "status": "False",
+                                  "reason": scheduled, "lastProbeTime": None,
+                                  "lastTransitionTime": "2026-11-26T23:22:05Z",
+                                  "message": "0/3 nodes are available: 1 Insufficient cpu, 2 "
+                                             "node(s) didn't match Pod's node affinity/selector."}]}
+    return p
+
+
+HUNG_OLD = deleting(worker(1, 1, ip="10.1.0.21"))  # the slot's previous pod, still on node-a
+
+
+@pytest.mark.parametrize(("ps", "lost", "deleted"), [
+    pytest.param(pods(worker(0), pending(1, 2, kept_off=("node-b",))), frozenset(),
+                 [pod_name(JOB, 1, 2)],
+                 id="kept off node-b, which is up again, and no node found: created again"),
+    pytest.param(pods(worker(0), pending(1, 2, kept_off=("node-b",))), frozenset({"node-b"}),
+                 [], id="node-b is still down: it stays kept off"),
+    pytest.param(pods(worker(0), HUNG_OLD, pending(1, 2, kept_off=("node-a",))), frozenset(),
+                 [], id="node-a still holds the slot's previous pod: it stays kept off"),
+    pytest.param(pods(worker(0), pending(1, 2, kept_off=("node-b",), scheduled=None)),
+                 frozenset(), [], id="not judged by the scheduler yet: wait"),
+    pytest.param(pods(worker(0), pending(1, 2)), frozenset(), [],
+                 id="no node for it, and nothing kept it off (capacity): not ours to fix"),
+    pytest.param(pods(worker(0), pending(1, 1, kept_off=("node-b",))), frozenset(),
+                 [pod_name(JOB, 1, 1)],
+                 id="an older incarnation of its slot: deleted by the superseded rule"),
+])
+def test_a_worker_kept_off_a_node_that_is_up_again_is_created_again(
+        ps: dict[str, Any], lost: frozenset[str], deleted: list[str]) -> None:
+    f = replace(TWO, slots={**TWO.slots, 1: Slot(incarnation=2)})
+    out = plan(picture(f, ps, lost_nodes=lost), S)
+    assert [d.name for d in out.deletes] == deleted
+    said = [n for n in out.notes if n.event == "worker.rescheduled"]
+    assert len(said) == len([d for d in deleted if d.endswith("-2")])
+    if said:
+        assert said[0].k8s is not None and said[0].k8s.reason == "WorkerRescheduled"
+        assert "kept off node-b, up again now" in said[0].k8s.note
+        assert {ps[deleted[0]]["metadata"]["uid"]} <= out.ours
+        assert out.creates == (), "the same name is created once the deleted pod is gone"
