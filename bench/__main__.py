@@ -20,6 +20,7 @@ from bench import (
     configmap_path,
     discovery,
     e2e,
+    e2e_sequences,
     e2e_stock,
     fence,
     plot,
@@ -50,9 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default=",".join(map(str, discovery.SIZES)),
                         help="worker counts for the discovery benchmark (default %(default)s)")
     parser.add_argument("--only", choices=("discovery", "replacement", "baseline", "e2e",
-                                           "e2e_stock", "fence", "configmap", "soak", "plot"),
+                                           "e2e_stock", "e2e_sequences", "fence", "configmap",
+                                           "soak", "plot"),
                         help="run one benchmark; keys of the others keep their stored values "
-                             "(soak runs only when named: ~15 min per seed)")
+                             "(soak and e2e_sequences run only when named: ~15 min per seed, "
+                             "~25 min)")
     parser.add_argument("--seeds", default="1",
                         help="seeds of the fault soak, comma-separated (default %(default)s)")
     parser.add_argument("--baseline-workers", type=int, default=versus.Plan.workers,
@@ -82,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
                       "resumed_after_stuck_s": None, "longest_interval_without_a_step_s": None,
                       "steps_rerun_max": None, "horovodrun_restarts": None},
         "e2e_stock_details": None,
+        "e2e_sequences": None,
+        "e2e_sequences_details": None,
         "fence": None,
         "configmap_path_latency_ms": None,
         "soak": None,
@@ -110,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         results.update(fence.main())
     if args.only in (None, "configmap"):
         results.update(configmap_path.main())
+    if args.only == "e2e_sequences":
+        results.update(e2e_sequences.main())
     if args.only == "soak":
         results.update(soak.main(tuple(int(x) for x in args.seeds.split(","))))
     if args.only != "plot":
