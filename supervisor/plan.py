@@ -367,8 +367,11 @@ def _stale_exclusions(p: Picture, s: Settings, step: _Step) -> None:
         slot = step.fleet.slots.get(i)
         if slot is None or slot.dropped is not None or inc != slot.incarnation:
             continue
+        # an earlier pod of the slot still there (a hung one being deleted); a Failed one
+        # kept for its logs holds nothing
         holding = {q.get("spec", {}).get("nodeName") for q in p.pods.values()
-                   if (f := fleet.slot_of(q, s.job)) is not None and f[0] == i and f[1] < inc}
+                   if (f := fleet.slot_of(q, s.job)) is not None and f[0] == i and f[1] < inc
+                   and q.get("status", {}).get("phase") not in TERMINAL_PHASES}
         stale = sorted(kept_off(pod) - p.lost_nodes - holding)
         if not stale:
             continue
