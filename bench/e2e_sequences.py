@@ -20,7 +20,8 @@ Each of the four three times. From rank 0's step lines and the supervisor's log,
 resumed (the last blow -> rank 0's first batch after the reset that follows it), full size
 (-> the first batch at size 3 again), the steps computed again at each rollback, and the
 horovodrun restarts since (each one loses everything such a script trained). For the job: the
-horovodrun restarts, `RendezvousBroken` Events, the most faults within any 240 s, whether it
+horovodrun restarts, `RendezvousBroken` Events, the most blows (kills, freezes, partitions)
+within any 240 s, whether it
 still trains at the end, and the supervisor's decisions (what the budgets did).
 """
 
@@ -100,7 +101,9 @@ class Sequences:
             ended = last_blow
         full = job.wait(f"{fault}: full size",
                         lambda: step_after_reset(job.records(), last_blow, WORKERS), 300)
+        blows = [t0, last_blow] if fault != RANK0 else [t0]
         return {"fault": fault, "victims": victims, "at": round(t0, 2),
+                "blows": [round(t, 2) for t in blows],
                 "resumed_s": round(resumed["time"] - last_blow, 2),
                 "full_size_s": round(full["time"] - t0, 2),
                 "fault_lasted_s": round(ended - t0, 2),
@@ -247,7 +250,7 @@ def one_job(cluster: Cluster, api: client.ApiClient, work: Path) -> dict[str, An
                 "first_step": steps[0]["step"] if steps else None,
                 "longest_interval_without_a_step_s": round(max(gaps), 2) if gaps else None,
                 "most_faults_within_240_s": most_within(
-                    [f["at"] for f in seq.out if "at" in f], WINDOW_S),
+                    [t for f in seq.out for t in f.get("blows", ())], WINDOW_S),
                 "kills_per_slot": seq.kills, "decisions": decisions}
 
 
