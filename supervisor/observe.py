@@ -116,10 +116,11 @@ class ClusterView:
 
 # What the supervisor keeps of each object (like client-go's informer transforms): everything
 # the usability rules and failure classification read, nothing else. managedFields alone is
-# often half a pod; a node's status.images can be tens of kB. Of the conditions only Ready and
-# DisruptionTarget are read (type, status, reason); of a container status its name, restart
-# count and states (a terminated state: exit code, reason, signal). Timestamps, messages and
-# image names are dropped.
+# often half a pod; a node's status.images can be tens of kB. Of the conditions only Ready,
+# DisruptionTarget and PodScheduled are read (type, status, reason); of a container status its
+# name, restart count and states (a terminated state: exit code, reason, signal); of the spec's
+# affinity only the required node affinity (the nodes a replacement was kept off, shared: most
+# workers have the template's). Timestamps, messages and image names are dropped.
 _POD_KEEP = {
     "metadata": ("name", "namespace", "uid", "resourceVersion", "labels", "annotations",
                  "deletionTimestamp", "deletionGracePeriodSeconds", "ownerReferences"),
@@ -138,7 +139,7 @@ _LEASE_KEEP = {
 }
 _CONFIGMAP_KEEP = {"metadata": ("name", "resourceVersion"), "data": None}
 _DROP_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
-_CONDITION_TYPES = frozenset({"Ready", "DisruptionTarget"})
+_CONDITION_TYPES = frozenset({"Ready", "DisruptionTarget", "PodScheduled"})
 _CONDITION_KEEP = ("type", "status", "reason")
 _TERMINATED_KEEP = ("exitCode", "reason", "signal")
 _SHARED_VALUES = {("metadata", "namespace"), ("spec", "nodeName"), ("spec", "restartPolicy"),
@@ -235,6 +236,11 @@ def slim(kind: Kind, obj: Obj) -> dict[str, Any]:
         for key in ("containerStatuses", "initContainerStatuses"):
             if key in status:
                 status[key] = _containers(status[key])
+        required = ((obj.get("spec", {}).get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution")
+        if required:
+            aff = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+            out["spec"]["affinity"] = _shared_values(("affinity", _frozen(aff)), lambda: aff)
         if "spec" in obj:
             names = tuple(c.get("name") for c in obj["spec"].get("containers") or ())
             out["spec"]["containers"] = _shared_values(

@@ -272,14 +272,25 @@ def test_slim_keeps_what_decisions_read_and_drops_the_rest() -> None:
     # Container statuses: name, restart count, states without timestamps.
     assert s["status"]["containerStatuses"] == [
         {"name": "worker", "restartCount": 0, "state": {"running": {}}}]
-    # Conditions: only the ones decisions read (Ready, DisruptionTarget), type/status/reason.
+    # Conditions: only the ones decisions read (Ready, DisruptionTarget, PodScheduled),
+    # type/status/reason.
+    read = ("Ready", "DisruptionTarget", "PodScheduled")
     assert s["status"]["conditions"] == [
         {k: c[k] for k in ("type", "status", "reason") if k in c}
-        for c in full["status"]["conditions"] if c["type"] in ("Ready", "DisruptionTarget")]
-    assert [c["type"] for c in s["status"]["conditions"]] == ["Ready"]
+        for c in full["status"]["conditions"] if c["type"] in read]
+    assert sorted(c["type"] for c in s["status"]["conditions"]) == ["PodScheduled", "Ready"]
     assert s["spec"] == {"nodeName": full["spec"]["nodeName"],
                          "restartPolicy": full["spec"]["restartPolicy"],
                          "containers": [{"name": "worker"}]}
+    # Of the affinity, only the required node affinity (the nodes a replacement is kept off).
+    kept = {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["node-b"]}]}]}
+    full["spec"]["affinity"] = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": kept,
+                         "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1}]},
+        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{}]}}
+    assert slim(Kind.POD, full)["spec"]["affinity"] == {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": kept}}
     n = load("node_unreachable")
     n["status"]["images"] = [{"names": ["big"], "sizeBytes": 1}]
     sn = slim(Kind.NODE, n)

@@ -17,7 +17,7 @@ from supervisor.classify import Cause, Failure
 from supervisor.config import HostMode
 from supervisor.discovery import Rendered
 from supervisor.fleet import HUNG_HOLD_S, Create, Fleet, Slot
-from supervisor.observe import Unusable
+from supervisor.observe import Kind, Unusable, slim
 from supervisor.plan import (
     EXPECTATION_TIMEOUT_S,
     HUNG_GRACE_S,
@@ -364,7 +364,7 @@ def pending(slot: int, inc: int, *, kept_off: tuple[str, ...] = (),
                                   "lastTransitionTime": "2026-11-26T23:22:05Z",
                                   "message": "0/3 nodes are available: 1 Insufficient cpu, 2 "
                                              "node(s) didn't match Pod's node affinity/selector."}]}
-    return p
+    return slim(Kind.POD, p)  # as the supervisor's view keeps it
 
 
 HUNG_OLD = deleting(worker(1, 1, ip="10.1.0.21"))  # the slot's previous pod, still on node-a
