@@ -361,8 +361,8 @@ def _stale_exclusions(p: Picture, s: Settings, step: _Step) -> None:
         found = fleet.slot_of(pod, s.job)
         meta = pod["metadata"]
         if (found is None or name in deleting or meta.get("deletionTimestamp")
-                or not unschedulable(pod)):
-            continue
+                or meta.get("uid") in p.failed or not unschedulable(pod)):
+            continue  # (an unbound pod goes at once: the view shows it until the watch says so)
         i, inc = found
         slot = step.fleet.slots.get(i)
         if slot is None or slot.dropped is not None or inc != slot.incarnation:

@@ -402,3 +402,7 @@ def test_a_worker_kept_off_a_node_that_is_up_again_is_created_again(
         assert " up again now" in said[0].k8s.note
         assert {ps[deleted[0]]["metadata"]["uid"]} <= out.ours
         assert out.creates == (), "the same name is created once the deleted pod is gone"
+        again = plan(picture(f, ps, lost_nodes=lost, failed=out.ours), S)
+        assert again.deletes == () and again.notes == (), (
+            "deleted once: the view shows the unbound pod until the watch says it is gone "
+            "(seen on real nodes: two deletes and two Events 34 ms apart)")
