@@ -534,3 +534,29 @@ def test_the_watcher_stops_when_its_parent_is_gone() -> None:
         got = [wire.decode(KEY, rx.recv(65535)) for _ in range(sent)]
     assert sent == 2 and [g["of"] for g in got if g] == ["abc", "abc"]
     assert got[0] is not None and got[0]["t"] == "ps" and got[0]["pid"] == os.getpid()
+
+
+def test_a_stalled_process_with_nothing_of_the_dead_hosts_to_cut_says_whom_it_talks_to(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Seen on real nodes: rank 0 stopped, the fence reached both survivors, one cut its 4
+    connections to rank 0, the other cut nothing and sat out the 60 s Gloo timeout. A process
+    inside a collective that finds nothing of the dead hosts to cut now says what it is
+    connected to, so that the next time shows why."""
+    conns = [SimpleNamespace(status="ESTABLISHED", laddr=("10.0.0.2", 40000),
+                             raddr=("::ffff:10.0.0.3", 50000), fd=7),
+             SimpleNamespace(status="LISTEN", laddr=("0.0.0.0", 2222), raddr=(), fd=8)]
+    progress = Progress(clock=lambda: 100.0)
+    b = Beater(progress, key=b"k" * 32, supervisor=("127.0.0.1", 9), run="1", host="10.0.0.2",
+               local_rank=0, keep=[], connections=lambda: conns, clock=lambda: 103.5)
+    try:
+        b.dead, b.fence_version = [("10.0.0.9", None)], 1
+        assert b.check() is None
+        assert capsys.readouterr().err == "", "not in a collective: nothing to say"
+        b.severed_version = 0
+        progress.inflight[object()] = (100.0, "c")  # inside a collective since t=100
+        assert b.check() is None
+        said = json.loads(capsys.readouterr().err)
+        assert said["event"] == "fence.nothing_to_cut" and said["remotes"] == ["10.0.0.3"]
+        assert said["dead"] == ["10.0.0.9"] and said["stalled_s"] == 3.5
+    finally:
+        b.sock.close()

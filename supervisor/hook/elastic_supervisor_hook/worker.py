@@ -380,11 +380,19 @@ class Beater:
         if stalled:
             self.severed_stall = (since, self.fence_version)
         try:
-            fds = severable(self.connections(), self.dead, self.keep)
+            connections = self.connections()
+            fds = severable(connections, self.dead, self.keep)
         except Exception as e:
             self._problem(f"cannot read this process's connections: {e!r}")
             return None
         if not fds:
+            if since is not None:  # stalled, yet nothing of the dead hosts to cut: say with whom
+                remotes = sorted({_plain(c.raddr[0]) for c in connections
+                                  if c.status == "ESTABLISHED" and c.raddr})
+                print(f'{{"event": "fence.nothing_to_cut", "host": "{self.host}", '
+                      f'"stalled_s": {self.clock() - since:.2f}, "remotes": {remotes!r}, '
+                      f'"dead": {[a for a, _ in self.dead]!r}, "time": {time.time():.3f}}}'
+                      .replace("'", '"'), file=sys.stderr, flush=True)
             return None
         n = sever(fds)
         print(f'{{"event": "fence.severed", "host": "{self.host}", "connections": {n}, '
