@@ -18,11 +18,11 @@ of them strike while it regroups:
 
 Each of the four three times. From rank 0's step lines and the supervisor's log, per fault:
 resumed (the last blow -> rank 0's first batch after the reset that follows it), full size
-(-> the first batch at size 3 again), the steps computed again at each rollback, and the
-horovodrun restarts since (each one loses everything such a script trained). For the job: the
-horovodrun restarts, `RendezvousBroken` Events, the most blows (kills, freezes, partitions)
-within any 240 s, whether it
-still trains at the end, and the supervisor's decisions (what the budgets did).
+(-> the first batch at size 3 again, or at the size left when the budgets dropped a slot),
+the steps computed again at each rollback, and the horovodrun restarts since (each one loses
+everything such a script trained). For the job: the horovodrun restarts, `RendezvousBroken`
+Events, the most blows (kills, freezes, partitions) within any 240 s, whether it still trains
+at the end, and the supervisor's decisions (what the budgets did).
 """
 
 from __future__ import annotations
@@ -81,6 +81,12 @@ class Sequences:
         live = [(n, p) for n, p in sorted(self.job.live_workers().items()) if _ip(p) != rank0]
         return sorted(live, key=lambda x: self.kills.get(_slot(x[0]), 0))
 
+    def size(self) -> int:
+        """The world size the job should get back to: WORKERS less the slots the supervisor
+        dropped (a replacement its budgets refused: the decision's action is Ignore)."""
+        dropped = [d for d in self.job.logs("worker.failed") if d.get("action") == "Ignore"]
+        return WORKERS - len(dropped)
+
     def kill(self, name: str) -> None:
         self.kills[_slot(name)] = self.kills.get(_slot(name), 0) + 1
         self.faults.kill(name)
@@ -88,7 +94,7 @@ class Sequences:
     def run(self, fault: str) -> dict[str, Any]:
         job = self.job
         past = (job.last_step() or {"step": 0})["step"] + 10
-        job.wait_training(past=past, size=WORKERS, timeout=300)
+        job.wait_training(past=past, size=self.size(), timeout=300)
         strike: Callable[[], tuple[list[str], float, float | None]] = {
             JOINING: self.joining, RANK0: self.rank0, NODE: self.node,
             PARTITION: self.partition}[fault]
@@ -100,14 +106,14 @@ class Sequences:
         if ended is None:
             ended = last_blow
         full = job.wait(f"{fault}: full size",
-                        lambda: step_after_reset(job.records(), last_blow, WORKERS), 300)
+                        lambda: step_after_reset(job.records(), last_blow, self.size()), 300)
         blows = [t0, last_blow] if fault != RANK0 else [t0]
         return {"fault": fault, "victims": victims, "at": round(t0, 2),
                 "blows": [round(t, 2) for t in blows],
                 "resumed_s": round(resumed["time"] - last_blow, 2),
                 "full_size_s": round(full["time"] - t0, 2),
                 "fault_lasted_s": round(ended - t0, 2),
-                "steps_rerun": rerun_after(job, t0),
+                "steps_rerun": rerun_after(job, t0), "size": self.size(),
                 "horovodrun_restarts": len(job.logs("horovodrun.started")) - started}
 
     def joining(self) -> tuple[list[str], float, float | None]:
@@ -229,7 +235,7 @@ def one_job(cluster: Cluster, api: client.ApiClient, work: Path) -> dict[str, An
                     break
             else:
                 past = (job.last_step() or {"step": 0})["step"] + 20
-                job.wait_training(past=past, size=WORKERS, timeout=300)
+                job.wait_training(past=past, size=seq.size(), timeout=300)
                 trains_at_end = True
         finally:
             faults.close()
