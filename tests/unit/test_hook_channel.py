@@ -558,5 +558,10 @@ def test_a_stalled_process_with_nothing_of_the_dead_hosts_to_cut_says_whom_it_ta
         said = json.loads(capsys.readouterr().err)
         assert said["event"] == "fence.nothing_to_cut" and said["remotes"] == ["10.0.0.3"]
         assert said["dead"] == ["10.0.0.9"] and said["stalled_s"] == 3.5
+        b.severed_stall = None
+        assert b.check() is None
+        assert capsys.readouterr().err == "", (
+            "a later stall with the same dead set says nothing (it would for every slow "
+            "collective of a job that lost a worker once)")
     finally:
         b.sock.close()

@@ -386,7 +386,7 @@ class Beater:
             self._problem(f"cannot read this process's connections: {e!r}")
             return None
         if not fds:
-            if since is not None:  # stalled, yet nothing of the dead hosts to cut: say with whom
+            if fresh and since is not None:  # a new dead set, stalled, nothing of it to cut
                 remotes = sorted({_plain(c.raddr[0]) for c in connections
                                   if c.status == "ESTABLISHED" and c.raddr})
                 print(f'{{"event": "fence.nothing_to_cut", "host": "{self.host}", '
