@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
-import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -39,7 +37,7 @@ from typing import Any
 
 from kubernetes import client, config
 
-from bench.e2e_stock import rerun_after, summary
+from bench.e2e_stock import rerun_after, stop_supervisor, summary
 from localcluster import demo
 from localcluster.job import JobError
 from localcluster.nodes import Cluster
@@ -239,14 +237,8 @@ def one_job(cluster: Cluster, api: client.ApiClient, work: Path) -> dict[str, An
                 trains_at_end = True
         finally:
             faults.close()
-            launcher = job.launcher()
-            if launcher is not None:
-                for pid in job.processes(launcher["metadata"]["name"],
-                                         lambda argv: any("elastic-supervisor" in a
-                                                          for a in argv[:2])):
-                    os.kill(pid, signal.SIGTERM)
-                with contextlib.suppress(Exception):
-                    job.wait_exit(120)
+            with contextlib.suppress(Exception):  # whatever ended the sequence: say it
+                stop_supervisor(job)
         steps = steps_of(job.records())
         gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(steps)]
         decisions = [(d["pod"], d["cause"], d["action"]) for d in job.logs("worker.failed")]

@@ -76,6 +76,17 @@ def rerun_after(job: Job, t0: float) -> list[int]:
     return out
 
 
+def stop_supervisor(job: Job) -> None:
+    """SIGTERM the supervisor in the launcher pod and wait for the launcher to exit (the job's
+    end, as a user's signal would bring it)."""
+    launcher = job.launcher()
+    assert launcher is not None, "no launcher pod"
+    for pid in job.processes(launcher["metadata"]["name"],
+                             lambda argv: any("elastic-supervisor" in a for a in argv[:2])):
+        os.kill(pid, signal.SIGTERM)
+    job.wait_exit(120)
+
+
 def inject(job: Job, faults: PodFaults, fault: str,
            stack: contextlib.ExitStack) -> tuple[str, float] | None:
     """Inject `fault` on a worker (never rank 0's, except for "kill rank 0"); return it and
@@ -147,13 +158,7 @@ def one_job(cluster: Cluster, api: client.ApiClient, work: Path) -> dict[str, An
                                    "full_size_s": round(full["time"] - t0, 2),
                                    "steps_rerun": rerun_after(job, t0)})
                 print(f"bench e2e_stock: {faults_out[-1]}", flush=True)
-            launcher = job.launcher()
-            assert launcher is not None
-            for pid in job.processes(launcher["metadata"]["name"],
-                                     lambda argv: any("elastic-supervisor" in a
-                                                      for a in argv[:2])):
-                os.kill(pid, signal.SIGTERM)
-            job.wait_exit(120)
+            stop_supervisor(job)
         finally:
             faults.close()
         steps = steps_of(job.records())

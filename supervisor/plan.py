@@ -53,7 +53,7 @@ from supervisor.fleet import Create, Fleet
 from supervisor.model import EventSpec
 from supervisor.observe import Obj, Unusable
 from supervisor.policy import Action, Decision, Policy
-from supervisor.workers import HOSTNAME_KEY, pod_name
+from supervisor.workers import kept_off, pod_name
 
 REUSED_LIMIT = 5  # pods of one slot replaced because their IP was another worker's
 EXPECTATION_TIMEOUT_S = 60.0  # a created pod not seen on the watch by then is created again
@@ -328,17 +328,6 @@ def _superseded(p: Picture, s: Settings, step: _Step) -> None:
             "Warning", "WorkerSuperseded", "Delete",
             f"worker {name} (slot {i}) runs although the slot is at {current}: deleted"),
             pod=name, slot=i, current=current)
-
-
-def kept_off(pod: Obj) -> frozenset[str]:
-    """PURE: the nodes the pod's required node affinity keeps it off (the `NotIn` values on the
-    hostname label that worker_pod adds for lost nodes and hung pods' nodes)."""
-    required = ((pod.get("spec", {}).get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution") or {}
-    return frozenset(v for term in required.get("nodeSelectorTerms") or ()
-                     for e in term.get("matchExpressions") or ()
-                     if e.get("key") == HOSTNAME_KEY and e.get("operator") == "NotIn"
-                     for v in e.get("values") or ())
 
 
 def unschedulable(pod: Obj) -> bool:

@@ -152,3 +152,14 @@ def worker_pod(
         for term in terms:  # terms are ORed: the exclusion goes into each of them
             term.setdefault("matchExpressions", []).append(dict(away))
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def kept_off(pod: Mapping[str, Any]) -> frozenset[str]:
+    """PURE: the nodes the pod's required node affinity keeps it off (the `NotIn` values on the
+    hostname label that worker_pod adds for lost nodes and hung pods' nodes: its inverse)."""
+    required = ((pod.get("spec", {}).get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution") or {}
+    return frozenset(v for term in required.get("nodeSelectorTerms") or ()
+                     for e in term.get("matchExpressions") or ()
+                     if e.get("key") == HOSTNAME_KEY and e.get("operator") == "NotIn"
+                     for v in e.get("values") or ())

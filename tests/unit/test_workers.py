@@ -11,6 +11,7 @@ from supervisor.workers import (
     LABEL_INCARNATION,
     LABEL_SLOT,
     TemplateError,
+    kept_off,
     pod_name,
     validate_template,
     worker_pod,
@@ -147,3 +148,20 @@ def test_nodes_where_a_worker_hung_are_avoided_like_the_failed_one() -> None:
         "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
             "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
                                   "values": ["n1", "n3"]}]}}]}}
+
+
+def test_kept_off_reads_back_the_nodes_worker_pod_excluded() -> None:
+    """The rescheduling rule (plan._stale_exclusions) reads what worker_pod rendered: the lost
+    nodes, from every term, and nothing of the template's own terms or preferences."""
+    tmpl = copy.deepcopy(TEMPLATE)
+    tmpl["spec"]["affinity"] = {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                   "values": ["n9"]}]}]}}}
+    t = validate_template(tmpl, SELECTOR)
+    pod = worker_pod(t, job="bert", slot=0, incarnation=2, owner=None, avoid_node="n1",
+                     lost_nodes=["n3", "n2"])
+    assert kept_off(pod) == {"n2", "n3"}
+    assert kept_off(worker_pod(t, job="bert", slot=0, incarnation=2, owner=None,
+                               avoid_node="n1")) == frozenset()
