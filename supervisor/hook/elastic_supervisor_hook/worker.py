@@ -21,11 +21,12 @@ declared dead: for each, its addresses, with the TCP ports its processes reporte
 address is a loopback one (shared by every process of the machine: loopback test hosts).
 
 The fence: when a new dead set arrives, and again once the process has been inside a collective
-for STALL_S while a dead host is known (once per stalled collective), it shuts down (both ways)
-its established TCP connections to the dead hosts' endpoints (only those; never the rendezvous
-server's). The collective library blocked on such a socket fails at once (or the next one
-does), Horovod raises HorovodInternalError, and the elastic loop rolls back and resets without
-the dead host, instead of waiting for the Gloo timeout. At once, not only when stalled: a host
+for STALL_S while a dead host is known (once per stalled collective), it shuts down the
+reading side of its established TCP connections to the dead hosts' endpoints (only those; never
+the rendezvous server's; see `sever` for why not the writing side). The collective library
+blocked on such a socket fails at once (or the next one does), Horovod raises
+HorovodInternalError, and the elastic loop rolls back and resets without the dead host,
+instead of waiting for the Gloo timeout. At once, not only when stalled: a host
 the supervisor declared dead may still be alive and answering (its kubelet stopped, its node
 NotReady, its ssh client killed): it must not stay in the ring behind Horovod's back.
 
@@ -150,15 +151,22 @@ def severable(connections: Iterable[Any], dead: Sequence[DeadEntry],
 
 
 def sever(fds: Iterable[int]) -> int:
-    """Shut down (both ways) the sockets `fds` of this process; return how many. The shutdown
-    reaches the very socket the collective library blocks on (a dup shares it); nothing is
-    closed, so no descriptor changes owner under the library's feet."""
+    """Shut down the reading side of the sockets `fds` of this process; return how many. The
+    shutdown reaches the very socket the collective library blocks on (a dup shares it);
+    nothing is closed, so no descriptor changes owner under the library's feet.
+
+    Only the reading side: Gloo fails a pair (every operation waiting on it) when a read
+    returns end-of-file, which a read shutdown makes at once. A write shutdown would add a
+    trap: a send posted to the pair before Gloo has seen that end-of-file meets EPIPE, is
+    queued, and is never failed (Gloo fails only bound buffers' queued sends; Horovod's are
+    unbound), so the process waits in it for the whole Gloo timeout. With the writing side
+    open that send goes into the kernel's buffer and completes."""
     n = 0
     for fd in fds:
         with contextlib.suppress(OSError):
             s = socket.socket(fileno=os.dup(fd))
             try:
-                s.shutdown(socket.SHUT_RDWR)
+                s.shutdown(socket.SHUT_RD)
                 n += 1
             finally:
                 s.close()  # the dup only
