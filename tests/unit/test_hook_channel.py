@@ -30,8 +30,10 @@ from supervisor.hook.elastic_supervisor_hook.worker import (
     STALL_S,
     Beater,
     Progress,
+    links,
     local_endpoints,
     severable,
+    world_links,
 )
 from tests.helpers import wait_for
 
@@ -112,6 +114,19 @@ CONNS = [
 ])
 def test_severable(dead: list[Any], keep: list[tuple[str, int]], fds: list[int]) -> None:
     assert severable(CONNS, dead, keep) == fds
+
+
+# ---- which connections a process leaving a failed world cuts (pure) -----------------------------
+
+def test_the_world_is_what_the_init_opened_except_the_kept_endpoints() -> None:
+    before = links(CONNS[:2] + CONNS[3:4])  # two connections of the last world, the launcher's
+    after = links(CONNS)
+    assert len(after) == 7, "established only, v4-mapped addresses plain"
+    assert after[(("10.0.0.1", 40007), ("10.0.0.9", 5003))] == 17
+    world = world_links(before, after, keep=[("127.0.0.1", 33002)])
+    assert sorted(after[link] for link in world) == [12, 14, 17], \
+        "opened by the init; not those of before, not a kept endpoint"
+    assert world_links(after, after, keep=[]) == frozenset(), "an init that opened nothing"
 
 
 def test_local_endpoints_list_ports_only_on_loopback() -> None:

@@ -278,6 +278,8 @@ class WorkerHook:
         self.beater: worker.Beater | None = None
         self.problems: list[str] = []
         self.module: Any = None
+        self.joining: dict[worker.Link, int] | None = None  # connections as an init began
+        self.world: frozenset[worker.Link] = frozenset()  # those the last init opened
 
     def patches(self) -> dict[str, Patch]:
         return {MPI_OPS: self.patch}
@@ -291,7 +293,17 @@ class WorkerHook:
                    if not callable(getattr(mpi_ops, n, None))]
         if missing:
             raise RuntimeError(f"{MPI_OPS}: {', '.join(missing)} not found: not patched")
-        mpi_ops.synchronize = self.progress.wrap(mpi_ops.synchronize, "c")
+        timed_synchronize = self.progress.wrap(mpi_ops.synchronize, "c")
+
+        @functools.wraps(timed_synchronize)
+        def synchronize(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return timed_synchronize(*args, **kwargs)
+            except Exception as e:
+                if type(e).__name__ == "HorovodInternalError":
+                    self.leave_world()
+                raise
+
         timed_init = self.progress.wrap(mpi_ops.init, "i", after=self.initialised)
 
         @functools.wraps(timed_init)
@@ -299,9 +311,10 @@ class WorkerHook:
             # Heartbeats from the first init on, not after it: a process waiting in the first
             # rendezvous of a run (a member lost there never comes) is seen waiting there.
             self.start()
+            self.joining = self.links()
             return timed_init(*args, **kwargs)
 
-        mpi_ops.init = init
+        mpi_ops.synchronize, mpi_ops.init = synchronize, init
 
     def patched(self, name: str, problem: str) -> None:
         if problem:
@@ -317,17 +330,51 @@ class WorkerHook:
             p.rank, p.size = int(m.rank()), int(m.size())
         except Exception:
             p.rank = p.size = None
+        after = self.links()
+        if self.joining is not None and after is not None:
+            self.world = worker.world_links(self.joining, after, self.keep())
+        self.joining = None
         self.start()
+
+    def links(self) -> dict[worker.Link, int] | None:
+        try:
+            return worker.links(worker.tcp_connections())
+        except Exception as e:  # psutil missing or /proc unreadable: no cut on leaving
+            print(f"elastic-supervisor hook: cannot read this process's connections: {e!r}",
+                  file=sys.stderr, flush=True)
+            return None
+
+    def leave_world(self) -> None:
+        """This process's world failed (a collective raised HorovodInternalError): cut the
+        reading side of what is left of the connections its init opened. Its own Horovod
+        thread may wait in that world for a peer that waits for it in turn (each in another
+        collective: the peer to receive from this one, this one in the negotiation of the next
+        step), and only the Gloo timeout would end that; cut, this process's Horovod fails at
+        once and closes its connections, so the peer fails at once too."""
+        world, self.world = self.world, frozenset()
+        now = self.links() if world else None
+        if not now:
+            return
+        n = worker.sever(fd for link, fd in now.items() if link in world)
+        print(f'{{"event": "fence.left_world", "host": "{self.env.get("HOROVOD_HOSTNAME", "")}", '
+              f'"connections": {n}, "time": {time.time():.3f}}}', file=sys.stderr, flush=True)
+
+    def keep(self) -> list[worker.Endpoint]:
+        """The endpoints no cut touches: the supervisor's and the rendezvous server's."""
+        env = self.env
+        addr = env["HOROVOD_GLOO_RENDEZVOUS_ADDR"]
+        keep = [(addr, self.port)]
+        if _env_int(env, "HOROVOD_GLOO_RENDEZVOUS_PORT") is not None:
+            keep.append((addr, int(env["HOROVOD_GLOO_RENDEZVOUS_PORT"])))
+        return keep
 
     def start(self) -> None:
         if self.beater is not None:
             return
         env = self.env
         addr = env["HOROVOD_GLOO_RENDEZVOUS_ADDR"]
-        keep = [(addr, self.port)]
-        if _env_int(env, "HOROVOD_GLOO_RENDEZVOUS_PORT") is not None:
-            keep.append((addr, int(env["HOROVOD_GLOO_RENDEZVOUS_PORT"])))
         self.beater = worker.Beater(
             self.progress, key=self.key, supervisor=(addr, self.port), run=self.run,
-            host=env["HOROVOD_HOSTNAME"], local_rank=int(env["HOROVOD_LOCAL_RANK"]), keep=keep,
+            host=env["HOROVOD_HOSTNAME"], local_rank=int(env["HOROVOD_LOCAL_RANK"]),
+            keep=self.keep(),
             problems=self.problems).start(watch_env=dict(os.environ))

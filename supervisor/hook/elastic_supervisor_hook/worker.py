@@ -150,6 +150,27 @@ def severable(connections: Iterable[Any], dead: Sequence[DeadEntry],
     return sorted(fds)
 
 
+Link = Tuple[Endpoint, Endpoint]  # an established TCP connection: (local, remote) endpoint
+
+
+def links(connections: Iterable[Any]) -> dict[Link, int]:
+    """PURE: the established TCP connections that have an fd in this process, by endpoints."""
+    out = {}
+    for c in connections:
+        if c.status == "ESTABLISHED" and c.laddr and c.raddr and c.fd is not None and c.fd >= 0:
+            out[((_plain(c.laddr[0]), int(c.laddr[1])),
+                 (_plain(c.raddr[0]), int(c.raddr[1])))] = int(c.fd)
+    return out
+
+
+def world_links(before: Iterable[Link], after: Iterable[Link],
+                keep: Iterable[Endpoint]) -> frozenset[Link]:
+    """PURE: the connections a world's collective library opened: established while the process
+    joined the world (after its init, not before it), except those to `keep`."""
+    kept = {(_plain(ip), int(port)) for ip, port in keep}
+    return frozenset(link for link in set(after) - set(before) if link[1] not in kept)
+
+
 def sever(fds: Iterable[int]) -> int:
     """Shut down the reading side of the sockets `fds` of this process; return how many. The
     shutdown reaches the very socket the collective library blocks on (a dup shares it);
@@ -238,7 +259,7 @@ def io_bytes(main_tid: int) -> int | None:
         return None
 
 
-def _connections() -> list[Any]:
+def tcp_connections() -> list[Any]:
     import psutil
     return psutil.Process().net_connections(kind="tcp")
 
@@ -249,7 +270,7 @@ class Beater:
     def __init__(self, progress: Progress, *, key: bytes, supervisor: Endpoint, run: str,
                  host: str, local_rank: int, keep: Sequence[Endpoint],
                  problems: Sequence[str] = (),
-                 connections: Callable[[], list[Any]] = _connections,
+                 connections: Callable[[], list[Any]] = tcp_connections,
                  clock: Callable[[], float] = time.monotonic,
                  exit_process: Callable[[int], None] = os._exit) -> None:
         self.progress, self.key, self.supervisor, self.run = progress, key, supervisor, run
