@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -21,7 +21,8 @@ LABEL_JOB = "elastic-supervisor/job"
 LABEL_ROLE = "elastic-supervisor/role"
 LABEL_SLOT = "elastic-supervisor/slot"
 LABEL_INCARNATION = "elastic-supervisor/incarnation"
-HOSTNAME_KEY = "kubernetes.io/hostname"
+HOSTNAME_KEY = "kubernetes.io/hostname"  # the label earlier versions kept workers off by (read)
+NODE_NAME_FIELD = "metadata.name"  # a node selector's field: the node's name, not a label
 
 
 class TemplateError(Exception):
@@ -135,31 +136,39 @@ def worker_pod(
                       LABEL_SLOT: str(slot), LABEL_INCARNATION: str(incarnation)}
     if owner is not None:
         meta["ownerReferences"] = [owner_reference(owner)]
-    avoid = sorted({*([avoid_node] if avoid_node else []), *suspect_nodes})
+    avoid = {*([avoid_node] if avoid_node else []), *suspect_nodes}
     if avoid:
         affinity = spec.setdefault("affinity", {})
         node_aff = affinity.setdefault("nodeAffinity", {})
         preferred = node_aff.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
-        preferred.append({"weight": 100, "preference": {"matchExpressions": [
-            {"key": HOSTNAME_KEY, "operator": "NotIn", "values": avoid}]}})
+        preferred.append({"weight": 100, "preference": {"matchFields": not_on(avoid)}})
     if lost_nodes:
-        away = {"key": HOSTNAME_KEY, "operator": "NotIn", "values": sorted(lost_nodes)}
         node_aff = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
         required = node_aff.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
         terms = required.setdefault("nodeSelectorTerms", [])
         if not terms:
             terms.append({})
         for term in terms:  # terms are ORed: the exclusion goes into each of them
-            term.setdefault("matchExpressions", []).append(dict(away))
+            term.setdefault("matchFields", []).extend(not_on(lost_nodes))
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
+def not_on(nodes: Iterable[str]) -> list[dict[str, Any]]:
+    """PURE: node selector requirements that keep a pod off `nodes` by their names (a field,
+    not the hostname label, which is not the node's name on every cluster; the API takes one
+    value per field requirement, and a term ANDs its requirements)."""
+    return [{"key": NODE_NAME_FIELD, "operator": "NotIn", "values": [n]} for n in sorted(nodes)]
+
+
 def kept_off(pod: Mapping[str, Any]) -> frozenset[str]:
-    """PURE: the nodes the pod's required node affinity keeps it off (the `NotIn` values on the
-    hostname label that worker_pod adds for lost nodes and hung pods' nodes: its inverse)."""
+    """PURE: the nodes the pod's required node affinity keeps it off (the `NotIn` node names
+    that worker_pod adds for lost nodes: its inverse; also the hostname label's, which earlier
+    versions wrote, so that an adopted pod of theirs is read right)."""
     required = ((pod.get("spec", {}).get("affinity") or {}).get("nodeAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution") or {}
     return frozenset(v for term in required.get("nodeSelectorTerms") or ()
-                     for e in term.get("matchExpressions") or ()
-                     if e.get("key") == HOSTNAME_KEY and e.get("operator") == "NotIn"
+                     for kind, key in (("matchFields", NODE_NAME_FIELD),
+                                       ("matchExpressions", HOSTNAME_KEY))
+                     for e in term.get(kind) or ()
+                     if e.get("key") == key and e.get("operator") == "NotIn"
                      for v in e.get("values") or ())

@@ -54,9 +54,14 @@ class Job:
         self.ips: dict[str, str] = {}
         self.kubelet: AutoKubelet | None = None  # set by tests that let a stand-in start pods
 
-    def node(self, suffix: str) -> str:
+    def node(self, suffix: str, hostname: str | None = None) -> str:
+        """Register a node; its hostname label is its name unless `hostname` says otherwise
+        (as on clusters whose node names are FQDNs and whose hostname labels are not)."""
         name = f"{self.namespace}-{suffix}"
-        self.heartbeats.register(name, labels={NODE_LABEL: self.namespace})
+        labels = {NODE_LABEL: self.namespace}
+        if hostname is not None:
+            labels["kubernetes.io/hostname"] = hostname
+        self.heartbeats.register(name, labels=labels)
         return name
 
     def labels(self) -> dict[str, str]:

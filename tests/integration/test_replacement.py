@@ -51,8 +51,8 @@ def test_killed_worker_is_replaced_under_a_new_name_away_from_its_node(
     new = job.pods()["job1-w0-2"]
     assert new["metadata"]["labels"]["elastic-supervisor/incarnation"] == "2"
     avoid = new["spec"]["affinity"]["nodeAffinity"][
-        "preferredDuringSchedulingIgnoredDuringExecution"][0]["preference"]["matchExpressions"]
-    assert avoid == [{"key": "kubernetes.io/hostname", "operator": "NotIn",
+        "preferredDuringSchedulingIgnoredDuringExecution"][0]["preference"]["matchFields"]
+    assert avoid == [{"key": "metadata.name", "operator": "NotIn",
                       "values": [victim["spec"]["nodeName"]]}]
     sup.wait_content([job.line(n) for n in after])
     decision = sup.wait_log("worker.failed", pod="job1-w0-1")
@@ -106,7 +106,8 @@ def test_force_deleted_worker_is_replaced(job: Job, supervisor) -> None:
 
 def test_lost_node_pod_is_force_deleted_and_replaced_on_another_node(
         job: Job, supervisor, api_client: client.ApiClient, namespace: str) -> None:
-    n1, n2, n3 = job.node("n1"), job.node("n2"), job.node("n3")
+    # Hostname labels that are not the nodes' names: the exclusion is by name.
+    n1, n2, n3 = (job.node(n, hostname=f"host-{n}") for n in ("n1", "n2", "n3"))
     sup = supervisor(SUPERVISOR_NP="1")
     [first] = running(job, 1)
     lost = job.pods()[first]["spec"]["nodeName"]
@@ -120,8 +121,8 @@ def test_lost_node_pod_is_force_deleted_and_replaced_on_another_node(
     assert job.pods()[second]["spec"]["nodeName"] in {n1, n2, n3} - {lost}
     [term] = job.pods()[second]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert term["matchExpressions"] == [
-        {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [lost]}]
+    assert term == {"matchFields": [
+        {"key": "metadata.name", "operator": "NotIn", "values": [lost]}]}
     sup.wait_content([job.line(second)])
     wait_reason(api_client, namespace, "WorkerRestarting")
 

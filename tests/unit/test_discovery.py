@@ -283,8 +283,8 @@ def test_slim_keeps_what_decisions_read_and_drops_the_rest() -> None:
                          "restartPolicy": full["spec"]["restartPolicy"],
                          "containers": [{"name": "worker"}]}
     # Of the affinity, only the required node affinity (the nodes a replacement is kept off).
-    kept = {"nodeSelectorTerms": [{"matchExpressions": [
-        {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["node-b"]}]}]}
+    kept = {"nodeSelectorTerms": [{"matchFields": [
+        {"key": "metadata.name", "operator": "NotIn", "values": ["node-b"]}]}]}
     full["spec"]["affinity"] = {
         "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": kept,
                          "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1}]},

@@ -45,10 +45,12 @@ def test_a_replacement_pod() -> None:
         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "bert",
                              "uid": "u-1", "blockOwnerDeletion": True}],
     }
+    # By the node's name (a field), not the hostname label, which differs from it on some
+    # clusters.
     assert pod["spec"]["affinity"] == {"nodeAffinity": {
         "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
-            "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
-                                  "values": ["node-b"]}]}}]}}
+            "matchFields": [{"key": "metadata.name", "operator": "NotIn",
+                             "values": ["node-b"]}]}}]}}
     assert pod["spec"]["containers"] == TEMPLATE["spec"]["containers"]
 
 
@@ -73,10 +75,11 @@ def test_nodes_already_lost_are_excluded_in_every_required_term() -> None:
     controller taints it (40-50 s later); the template's own required terms still hold."""
     plain = worker_pod(validate_template(TEMPLATE, SELECTOR), job="bert", slot=0,
                        incarnation=2, owner=None, lost_nodes=["n3", "n2"])
-    away = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n2", "n3"]}
+    away = [{"key": "metadata.name", "operator": "NotIn", "values": ["n2"]},
+            {"key": "metadata.name", "operator": "NotIn", "values": ["n3"]}]  # one value each
     assert plain["spec"]["affinity"]["nodeAffinity"] == {
         "requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchExpressions": [away]}]}}
+            "nodeSelectorTerms": [{"matchFields": away}]}}
     tmpl = copy.deepcopy(TEMPLATE)
     zone = {"key": "zone", "operator": "In", "values": ["a"]}
     pool = {"key": "pool", "operator": "In", "values": ["cpu"]}
@@ -89,7 +92,8 @@ def test_nodes_already_lost_are_excluded_in_every_required_term() -> None:
     assert t == before
     assert pod["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
-        {"matchExpressions": [zone, away]}, {"matchExpressions": [pool, away]}]
+        {"matchExpressions": [zone], "matchFields": away},
+        {"matchExpressions": [pool], "matchFields": away}]
     unchanged = worker_pod(t, job="bert", slot=0, incarnation=1, owner=None, lost_nodes=[])
     assert unchanged["spec"]["affinity"] == tmpl["spec"]["affinity"]
 
@@ -146,8 +150,8 @@ def test_nodes_where_a_worker_hung_are_avoided_like_the_failed_one() -> None:
                      owner=None, avoid_node="n1", suspect_nodes=["n3", "n1"])
     assert pod["spec"]["affinity"] == {"nodeAffinity": {
         "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
-            "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
-                                  "values": ["n1", "n3"]}]}}]}}
+            "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n1"]},
+                            {"key": "metadata.name", "operator": "NotIn", "values": ["n3"]}]}}]}}
 
 
 def test_kept_off_reads_back_the_nodes_worker_pod_excluded() -> None:
@@ -163,5 +167,11 @@ def test_kept_off_reads_back_the_nodes_worker_pod_excluded() -> None:
     pod = worker_pod(t, job="bert", slot=0, incarnation=2, owner=None, avoid_node="n1",
                      lost_nodes=["n3", "n2"])
     assert kept_off(pod) == {"n2", "n3"}
+    # A pod an earlier version rendered (kept off by the hostname label) is read the same.
+    old = {"spec": {"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
+                                   "values": ["n4"]}]}]}}}}}
+    assert kept_off(old) == {"n4"}
     assert kept_off(worker_pod(t, job="bert", slot=0, incarnation=2, owner=None,
                                avoid_node="n1")) == frozenset()
