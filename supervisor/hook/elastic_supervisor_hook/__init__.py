@@ -17,7 +17,9 @@ names. Nothing else is touched, so a process that never imports them is unchange
   hang must not run silently). Otherwise it says hello to the supervisor every few seconds.
 - a training process (HOROVOD_HOSTNAME, HOROVOD_LOCAL_RANK and HOROVOD_GLOO_RENDEZVOUS_ADDR set
   by horovodrun): `horovod.torch.mpi_ops` gets its `synchronize` and `init` wrapped, and the
-  first init starts the heartbeat thread (worker.py). A missing target or another Horovod
+  first init starts the heartbeat thread (worker.py); a collective that raises
+  HorovodInternalError cuts the failed world's connections as the process leaves it
+  (`WorkerHook.leave_world`). A missing target or another Horovod
   version is reported on stderr and in the heartbeats, never fatal to training.
   ELASTIC_SUPERVISOR_HOOK_WORKER=0 (SUPERVISOR_WORKER_HOOK=false) leaves training processes
   alone; a multiprocessing child (e.g. a DataLoader worker started by spawn) is left alone.
