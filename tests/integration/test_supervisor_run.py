@@ -206,7 +206,10 @@ def test_a_restarted_supervisor_adopts_workers_and_writes_the_same_file(
     second.wait_log("leader.acquired", timeout=30)
     wait_for(lambda: second.records("start"), 10, what="second horovodrun")
     assert second.content() == content
-    assert second.records("discover")[0]["out"] == content
+    # The stand-in logs its start before it runs the discovery script: wait for that too.
+    [discover, *_] = wait_for(lambda: second.records("discover"), 10,
+                              what="the second horovodrun's discovery")
+    assert discover["out"] == content
     pods_after = [p.metadata.uid for p in job.core.list_namespaced_pod(job.namespace).items]
     assert pods_after == pods_before, "a restart must not create or delete workers"
 

@@ -26,7 +26,8 @@ def test_replacement_pod_is_valid_and_owned_by_the_launcher(
         namespace, label_selector=",".join(f"{k}={v}" for k, v in SELECTOR.items()))
     assert [p.metadata.name for p in listed.items] == ["bert-w1-3"]
     term = created.spec.affinity.node_affinity.preferred_during_scheduling_ignored_during_execution
-    assert term[0].preference.match_expressions[0].values == ["node-x"]
+    assert [(f.key, f.operator, f.values) for f in term[0].preference.match_fields] == [
+        ("metadata.name", "NotIn", ["node-x"])], "by the node's name, as the API stored it"
 
     core.delete_namespaced_pod("bert-launcher", namespace, grace_period_seconds=0)
     wait_for(lambda: not core.list_namespaced_pod(
