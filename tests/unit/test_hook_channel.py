@@ -580,3 +580,52 @@ def test_a_stalled_process_with_nothing_of_the_dead_hosts_to_cut_says_whom_it_ta
             "collective of a job that lost a worker once)")
     finally:
         b.sock.close()
+
+
+class HorovodInternalError(RuntimeError):
+    """Horovod's class of the same name (the hook matches it by name, importing nothing)."""
+
+
+def test_a_collective_that_fails_cuts_the_connections_its_init_opened_and_only_those(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The worker hook's leave_world, wired as Horovod's mpi_ops gets it: real TCP connections
+    stand for Gloo's (the one opened inside init) and for one the process had before."""
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        older = socket.create_connection(srv.getsockname())
+        opened: list[socket.socket] = []
+        failure: list[Exception] = []
+
+        def synchronize(handle: int) -> int:
+            if failure:
+                raise failure[0]
+            return handle
+
+        mpi = SimpleNamespace(init=lambda: opened.append(socket.create_connection(
+            srv.getsockname())), synchronize=synchronize, rank=lambda: 0, size=lambda: 2)
+        worker_hook = hook.WorkerHook(KEY, 9, "1", {
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_HOSTNAME": "127.0.0.1",
+            "HOROVOD_LOCAL_RANK": "0"})
+        worker_hook.patch(mpi)
+        try:
+            mpi.init()
+            assert mpi.synchronize(7) == 7
+            failure.append(ValueError("not Horovod's"))
+            with pytest.raises(ValueError):
+                mpi.synchronize(7)
+            assert "fence.left_world" not in capsys.readouterr().err, "only a failed world"
+            failure[0] = HorovodInternalError("a peer failed")
+            with pytest.raises(HorovodInternalError):
+                mpi.synchronize(7)
+            [said] = [json.loads(line) for line in capsys.readouterr().err.splitlines()
+                      if "fence.left_world" in line]
+            assert said["connections"] == 1
+            opened[0].settimeout(1)
+            assert opened[0].recv(1) == b"", "the world's connection reads end-of-file at once"
+            older.settimeout(0.2)
+            with pytest.raises(socket.timeout):
+                older.recv(1)  # untouched: it was there before the init
+        finally:
+            assert worker_hook.beater is not None
+            worker_hook.beater.close()
+            for s in (older, *opened):
+                s.close()

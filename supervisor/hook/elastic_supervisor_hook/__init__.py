@@ -282,6 +282,7 @@ class WorkerHook:
         self.module: Any = None
         self.joining: dict[worker.Link, int] | None = None  # connections as an init began
         self.world: frozenset[worker.Link] = frozenset()  # those the last init opened
+        self.unreadable = False  # the connections could not be read (said once)
 
     def patches(self) -> dict[str, Patch]:
         return {MPI_OPS: self.patch}
@@ -339,11 +340,16 @@ class WorkerHook:
         self.start()
 
     def links(self) -> dict[worker.Link, int] | None:
+        """This process's established connections (None, said once, if they cannot be read:
+        psutil missing or /proc unreadable; the process then cuts nothing on leaving)."""
         try:
             return worker.links(worker.tcp_connections())
-        except Exception as e:  # psutil missing or /proc unreadable: no cut on leaving
-            print(f"elastic-supervisor hook: cannot read this process's connections: {e!r}",
-                  file=sys.stderr, flush=True)
+        except Exception as e:
+            if not self.unreadable:
+                self.unreadable = True
+                print(f"elastic-supervisor hook: cannot read this process's connections: "
+                      f"{e!r} (a failed world's connections are not cut on leaving it)",
+                      file=sys.stderr, flush=True)
             return None
 
     def leave_world(self) -> None:

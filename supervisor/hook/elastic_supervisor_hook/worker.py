@@ -125,31 +125,6 @@ def local_endpoints(connections: Iterable[Any]) -> tuple[list[str], list[int]]:
     return sorted(addrs), sorted(ports)[:MAX_PORTS]
 
 
-def severable(connections: Iterable[Any], dead: Sequence[DeadEntry],
-              keep: Iterable[Endpoint]) -> list[int]:
-    """PURE: the fds of established connections whose remote end is a dead host's endpoint
-    (address, and port where the entry lists ports), except those to `keep`."""
-    kept = {(_plain(ip), int(port)) for ip, port in keep}
-    by_addr: dict[str, set | None] = {}
-    for raw, ports in dead:
-        addr = _plain(raw)
-        if ports is None or by_addr.get(addr, set()) is None:
-            by_addr[addr] = None
-        else:
-            by_addr.setdefault(addr, set()).update(ports)  # type: ignore[union-attr]
-    fds = []
-    for c in connections:
-        if c.status != "ESTABLISHED" or not c.raddr or c.fd is None or c.fd < 0:
-            continue
-        ip, port = _plain(c.raddr[0]), int(c.raddr[1])
-        if (ip, port) in kept or ip not in by_addr:
-            continue
-        ports = by_addr[ip]
-        if ports is None or port in ports:
-            fds.append(int(c.fd))
-    return sorted(fds)
-
-
 Link = Tuple[Endpoint, Endpoint]  # an established TCP connection: (local, remote) endpoint
 
 
@@ -163,11 +138,38 @@ def links(connections: Iterable[Any]) -> dict[Link, int]:
     return out
 
 
+def _endpoints(keep: Iterable[Endpoint]) -> set[Endpoint]:
+    return {(_plain(ip), int(port)) for ip, port in keep}
+
+
+def severable(connections: Iterable[Any], dead: Sequence[DeadEntry],
+              keep: Iterable[Endpoint]) -> list[int]:
+    """PURE: the fds of established connections whose remote end is a dead host's endpoint
+    (address, and port where the entry lists ports), except those to `keep`."""
+    kept = _endpoints(keep)
+    by_addr: dict[str, set | None] = {}
+    for raw, ports in dead:
+        addr = _plain(raw)
+        if ports is None or by_addr.get(addr, set()) is None:
+            by_addr[addr] = None
+        else:
+            by_addr.setdefault(addr, set()).update(ports)  # type: ignore[union-attr]
+    fds = []
+    for (_, remote), fd in links(connections).items():
+        ip, port = remote
+        if remote in kept or ip not in by_addr:
+            continue
+        ports = by_addr[ip]
+        if ports is None or port in ports:
+            fds.append(fd)
+    return sorted(fds)
+
+
 def world_links(before: Iterable[Link], after: Iterable[Link],
                 keep: Iterable[Endpoint]) -> frozenset[Link]:
     """PURE: the connections a world's collective library opened: established while the process
     joined the world (after its init, not before it), except those to `keep`."""
-    kept = {(_plain(ip), int(port)) for ip, port in keep}
+    kept = _endpoints(keep)
     return frozenset(link for link in set(after) - set(before) if link[1] not in kept)
 
 
@@ -416,8 +418,7 @@ class Beater:
             return None
         if not fds:
             if fresh and since is not None:  # a new dead set, stalled, nothing of it to cut
-                remotes = sorted({_plain(c.raddr[0]) for c in connections
-                                  if c.status == "ESTABLISHED" and c.raddr})
+                remotes = sorted({ip for (_, (ip, _)) in links(connections)})
                 print(f'{{"event": "fence.nothing_to_cut", "host": "{self.host}", '
                       f'"stalled_s": {self.clock() - since:.2f}, "remotes": {remotes!r}, '
                       f'"dead": {[a for a, _ in self.dead]!r}, "time": {time.time():.3f}}}'
