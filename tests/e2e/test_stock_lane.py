@@ -71,10 +71,10 @@ OUTAGE_S = 11
 # other waits in the next allreduce: all longer than the heartbeat timeout (3 s), during which
 # no collective completes; the evaluation and the write are longer than the tour's stuck
 # threshold (STUCK_S), for which only the position and the I/O of rank 0's main thread move.
-# After batch 90 rank 0 holds the GIL for about GIL_S (4-6.5 s measured) in one C call (a long
+# After batch 90 rank 0 holds the GIL for about GIL_S (5.1-6.2 s measured) in one C call (a long
 # garbage-collector pass): its heartbeat thread cannot run, it is silent past the heartbeat
 # timeout, but its process watcher says it runs (given STUCK_S before it would be Hung).
-FIRST_BATCH_S, PYTHON_S, WRITE_S, GIL_S, STUCK_S = 4, 11, 11, 5, 8
+FIRST_BATCH_S, PYTHON_S, WRITE_S, GIL_S, STUCK_S = 4, 11, 11, 6, 8
 SLOW = ("--slow-step", f"1:{FIRST_BATCH_S}:sleep", "--slow-step", f"30:{PYTHON_S}:python",
         "--slow-step", f"60:{WRITE_S}:write", "--slow-step", f"90:{GIL_S}:gil",
         "--hang-file", f"{CHECKPOINT_MOUNT}/{HANG_FILE}")
