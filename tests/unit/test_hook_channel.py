@@ -629,3 +629,51 @@ def test_a_collective_that_fails_cuts_the_connections_its_init_opened_and_only_t
             worker_hook.beater.close()
             for s in (older, *opened):
                 s.close()
+
+
+@pytest.mark.parametrize(("update", "without", "with_hook"), [
+    ("added", (10, 10), (12, 12)),  # synced: the saved counter wins
+    ("removed", (12, 10), (12, 12)),  # not synced; a later failure restores the saved one
+])
+def test_a_host_change_commits_first_so_no_counter_goes_back(
+        monkeypatch: pytest.MonkeyPatch, update: str, without: tuple[int, int],
+        with_hook: tuple[int, int]) -> None:
+    """Horovod's own elastic State (0.28.1, imported for real), driven as its run_fn drives it:
+    a worker joins (or one announced to go leaves) at a host check two steps past a commit.
+    Horovod syncs the state from rank 0 on a join, and its ObjectState broadcasts the *saved*
+    counters: without the hook's save the step goes back to the last commit (steps counted
+    twice, on a model that already learnt from them); with it, it stays, and a later failure
+    rolls back to the host change, not to the commit before it."""
+    from horovod.common import elastic
+    from horovod.common.exceptions import HostsUpdatedInterrupt
+    from horovod.runner.elastic.worker import HostUpdateResult
+
+    monkeypatch.setattr(elastic.State, "check_host_updates", elastic.State.check_host_updates)
+
+    def regroup() -> tuple[int, int]:
+        """(the step after the reset, the step a failure right after it restores)"""
+        state = elastic.ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, step=10)
+        state.step = 12
+        state.on_hosts_updated(1.0, getattr(HostUpdateResult, update))
+        with pytest.raises(HostsUpdatedInterrupt) as raised:
+            state.check_host_updates()
+        if not raised.value.skip_sync:  # run_fn: removed hosts only skip the sync
+            state.sync()
+        after = int(state.step)
+        state.restore()
+        return after, int(state.step)
+
+    assert regroup() == without
+    hook.WorkerHook(KEY, 9, "1", {}).patch_elastic(elastic)
+    assert regroup() == with_hook
+    # Nothing changed: nothing saved, nothing raised.
+    state = elastic.ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, step=10)
+    state.step = 12
+    state.check_host_updates()
+    state.restore()
+    assert state.step == 10
+
+
+def test_the_elastic_patch_says_what_it_misses() -> None:
+    with pytest.raises(RuntimeError, match=r"State\.check_host_updates or save not found"):
+        hook.WorkerHook(KEY, 9, "1", {}).patch_elastic(SimpleNamespace(State=object))

@@ -19,8 +19,10 @@ names. Nothing else is touched, so a process that never imports them is unchange
   by horovodrun): `horovod.torch.mpi_ops` gets its `synchronize` and `init` wrapped, and the
   first init starts the heartbeat thread (worker.py); a collective that raises
   HorovodInternalError cuts the failed world's connections as the process leaves it
-  (`WorkerHook.leave_world`). A missing target or another Horovod
-  version is reported on stderr and in the heartbeats, never fatal to training.
+  (`WorkerHook.leave_world`); `horovod.common.elastic.State.check_host_updates` saves the
+  state before it raises HostsUpdatedInterrupt (worker.saved_on_host_change). A missing
+  target or another Horovod version is reported on stderr and in the heartbeats, never fatal
+  to training.
   ELASTIC_SUPERVISOR_HOOK_WORKER=0 (SUPERVISOR_WORKER_HOOK=false) leaves training processes
   alone; a multiprocessing child (e.g. a DataLoader worker started by spawn) is left alone.
 """
@@ -57,6 +59,7 @@ NETWORK = "horovod.runner.common.util.network"
 REMOTE = "horovod.runner.util.remote"
 DRIVER = "horovod.runner.elastic.driver"
 MPI_OPS = "horovod.torch.mpi_ops"
+ELASTIC = "horovod.common.elastic"
 Patch = Callable[[Any], None]
 
 
@@ -285,7 +288,17 @@ class WorkerHook:
         self.unreadable = False  # the connections could not be read (said once)
 
     def patches(self) -> dict[str, Patch]:
-        return {MPI_OPS: self.patch}
+        return {MPI_OPS: self.patch, ELASTIC: self.patch_elastic}
+
+    def patch_elastic(self, elastic: Any) -> None:
+        """A host change commits the state first (worker.saved_on_host_change): with no step
+        counted twice, a worker joins, or one announced to go leaves."""
+        state = getattr(elastic, "State", None)
+        check = getattr(state, "check_host_updates", None)
+        if not callable(check) or not callable(getattr(state, "save", None)):
+            raise RuntimeError(f"{ELASTIC}: State.check_host_updates or save not found: "
+                               "not patched")
+        state.check_host_updates = worker.saved_on_host_change(check)  # type: ignore[union-attr]
 
     def patch(self, mpi_ops: Any) -> None:
         self.module = mpi_ops

@@ -59,6 +59,26 @@ Endpoint = Tuple[str, int]
 DeadEntry = Tuple[str, Optional[Tuple[int, ...]]]
 
 
+def saved_on_host_change(check: Callable[..., Any]) -> Callable[..., Any]:
+    """Horovod's `State.check_host_updates`, saving the state before it raises
+    HostsUpdatedInterrupt. Every rank raises it at the same step (the update was broadcast),
+    so what they hold then is consistent: a commit. Horovod then syncs the state from rank 0,
+    and `ObjectState.sync` broadcasts the *saved* attributes (a step or batch counter) while
+    the model and optimizer go as they are: without the save, a worker joining (or one leaving
+    with another joining) sets the counters back to the last commit, up to a commit interval
+    of steps counted and fed again, on a model that already learnt from them."""
+    @functools.wraps(check)
+    def check_host_updates(state: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return check(state, *args, **kwargs)
+        except Exception as e:
+            if type(e).__name__ == "HostsUpdatedInterrupt":
+                state.save()
+            raise
+
+    return check_host_updates
+
+
 def _plain(ip: str) -> str:
     return ip[7:] if ip.startswith("::ffff:") else ip
 
