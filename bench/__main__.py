@@ -19,6 +19,7 @@ from pathlib import Path
 from bench import (
     configmap_path,
     discovery,
+    disruptions,
     e2e,
     e2e_sequences,
     e2e_stock,
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="worker counts for the discovery benchmark (default %(default)s)")
     parser.add_argument("--only", choices=("discovery", "replacement", "baseline", "e2e",
                                            "e2e_stock", "e2e_sequences", "fence", "configmap",
-                                           "soak", "plot"),
+                                           "disruptions", "soak", "plot"),
                         help="run one benchmark; keys of the others keep their stored values "
                              "(soak and e2e_sequences run only when named: ~15 min per seed, "
                              "~25 min)")
@@ -88,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         "e2e_sequences": None,
         "e2e_sequences_details": None,
         "fence": None,
+        "disruptions": None,
+        "disruptions_details": None,
         "configmap_path_latency_ms": None,
         "soak": None,
         "soak_details": None,
@@ -115,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         results.update(fence.main())
     if args.only in (None, "configmap"):
         results.update(configmap_path.main())
+    if args.only in (None, "disruptions"):
+        results.update(disruptions.main())
     if args.only == "e2e_sequences":
         results.update(e2e_sequences.main())
     if args.only == "soak":

@@ -28,6 +28,7 @@ import signal
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -169,22 +170,30 @@ def one_job(cluster: Cluster, api: client.ApiClient, work: Path) -> dict[str, An
             "decisions": decisions, "horovodrun_restarts": restarts}
 
 
-def main(runs: int = RUNS) -> dict[str, Any]:
-    jobs = []
+@contextlib.contextmanager
+def on_real_nodes(name: str) -> Iterator[tuple[Cluster, client.ApiClient, Path]]:
+    """The demo's cluster of real nodes, a client of it, and a directory for the logs under
+    bench/out (said on stdout)."""
     out = Path(__file__).resolve().parent / "out"
     out.mkdir(exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="e2e-stock-", dir=out)
-    print(f"bench e2e_stock: logs in {tmp}", flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{name.replace('_', '-')}-", dir=out))
+    print(f"bench {name}: logs in {tmp}", flush=True)
     with demo.started_cluster() as cluster:
         api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
         try:
-            for i in range(runs):
-                work = Path(tmp) / f"run{i}"
-                work.mkdir()
-                print(f"bench e2e_stock: job {i + 1} of {runs}", flush=True)
-                jobs.append(one_job(cluster, api, work))
+            yield cluster, api, tmp
         finally:
             api.close()
+
+
+def main(runs: int = RUNS) -> dict[str, Any]:
+    jobs = []
+    with on_real_nodes("e2e_stock") as (cluster, api, tmp):
+        for i in range(runs):
+            work = tmp / f"run{i}"
+            work.mkdir()
+            print(f"bench e2e_stock: job {i + 1} of {runs}", flush=True)
+            jobs.append(one_job(cluster, api, work))
     faults = [f for j in jobs for f in j["faults"]]
 
     def of(kinds: tuple[str, ...], key: str) -> list[float]:

@@ -47,6 +47,10 @@ WORKERS = 4  # API calls in flight at once
 PAUSED_POLL_S = 0.2  # how often a write held back by `may_act` asks again
 
 
+class BudgetsApi(Protocol):
+    def keep(self, body: Mapping[str, Any]) -> None: ...
+
+
 class PodsApi(Protocol):
     def create(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
     def delete(self, name: str, uid: str | None, grace_s: int | None) -> None: ...
@@ -74,7 +78,15 @@ class DeletePod:
     grace_s: int | None
 
 
-Op = SaveState | CreatePod | DeletePod
+@dataclass(frozen=True)
+class KeepBudget:
+    """Create or update the workers' PodDisruptionBudget: not fatal when refused (the job
+    trains without it; the loop says so)."""
+
+    body: Mapping[str, Any]
+
+
+Op = SaveState | CreatePod | DeletePod | KeepBudget
 
 
 @dataclass
@@ -96,7 +108,9 @@ class Pending:
 
 
 def key_of(op: Op) -> str:
-    return "state" if isinstance(op, SaveState) else f"pod/{_describe(op)[1]}"
+    if isinstance(op, SaveState):
+        return "state"
+    return "budget" if isinstance(op, KeepBudget) else f"pod/{_describe(op)[1]}"
 
 
 def runnable(pending: Sequence[Pending], now: float) -> Pending | None:
@@ -131,8 +145,10 @@ class Actuator:
                  writer: str, sink: Callable[[ActionDone], None],
                  clock: Callable[[], float] = time.monotonic,
                  backoff_initial_s: float = 0.2, backoff_max_s: float = 5.0,
-                 may_act: Callable[[], bool] = lambda: True, workers: int = WORKERS) -> None:
+                 may_act: Callable[[], bool] = lambda: True, workers: int = WORKERS,
+                 budgets: BudgetsApi | None = None) -> None:
         self.pods, self.store, self.rv, self.writer = pods, store, resource_version, writer
+        self.budgets = budgets
         self.sink, self.clock, self.may_act = sink, clock, may_act
         self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
         self._q = _Queue()
@@ -149,9 +165,10 @@ class Actuator:
     def submit(self, op: Op) -> None:
         with self._cond:
             q = self._q
-            if isinstance(op, SaveState):
-                queued = next((p for p in q.items if p.key == "state" and not p.running), None)
-                if queued is not None:  # the newest state replaces a save not yet written
+            if isinstance(op, SaveState | KeepBudget):
+                queued = next((p for p in q.items if p.key == key_of(op) and not p.running),
+                              None)
+                if queued is not None:  # the newest replaces one not yet written
                     queued.op = op
                     self._cond.notify_all()
                     return
@@ -249,6 +266,10 @@ class Actuator:
             self.rv = self.store.save(state, self.rv)
         elif isinstance(op, CreatePod):
             self.pods.create(op.body)
+        elif isinstance(op, KeepBudget):
+            if self.budgets is None:
+                raise Forbidden("no PodDisruptionBudget API given to the actuator")
+            self.budgets.keep(op.body)
         else:
             self.pods.delete(op.name, op.uid, op.grace_s)
 
@@ -256,6 +277,8 @@ class Actuator:
         """Return the final outcome of error `e`, or None to retry."""
         what, name = _describe(op)
         at = self.clock()
+        if isinstance(op, KeepBudget) and (isinstance(e, Forbidden) or not e.retryable):
+            return ActionDone(what, name, at=at, error=str(e))  # the job trains without it
         if isinstance(e, Forbidden):
             return ActionDone(what, name, at=at, error=str(e), fatal=True)
         if isinstance(op, CreatePod) and isinstance(e, Refused):
@@ -294,4 +317,6 @@ def _describe(op: Op) -> tuple[str, str]:
         return "save", "state"
     if isinstance(op, CreatePod):
         return "create", op.body["metadata"]["name"]
+    if isinstance(op, KeepBudget):
+        return "budget", op.body["metadata"]["name"]
     return "delete", op.name

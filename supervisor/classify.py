@@ -7,7 +7,10 @@ Output: a `Failure` or None (healthy, or only transiently unusable, e.g. a node 
 than the grace, or a readiness probe failing).
 
 Order of evidence, first that applies wins:
-1. deleted by the supervisor itself (scale-in, replacement): never a failure;
+1. deleted by the supervisor itself (scale-in, replacement): never a failure; with
+   `graceful_leave`, a pod announced to go (evicted, preempted, shut down or deleted with a
+   grace, disruption.pod_notice) whose training container runs on a node that is up: not a
+   failure either, it leaves gracefully (core's leave step);
 2. DisruptionTarget=True: DeletionByPodGC / DeletionByTaintManager -> NodeNotReady,
    PreemptionByScheduler -> Preempted, anything else (EvictionByEvictionAPI,
    TerminationByKubelet) -> Evicted; kubelet node-pressure eviction (phase Failed,
@@ -29,6 +32,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from supervisor.disruption import pod_notice
 from supervisor.observe import EventType, Obj, condition, node_problem
 
 
@@ -88,6 +92,8 @@ class ClassifySettings:
     lease_grace_s: float | None = None
     training_container: str | None = None
     policy_containers: frozenset[str] = frozenset()
+    # The supervisor owns the workers and lets an announced one leave gracefully.
+    graceful_leave: bool = False
 
 
 def _restart_counts(pod: Obj) -> dict[str, int]:
@@ -236,6 +242,10 @@ def classify(
     node, down_since, lease_age_s = node_state.node, node_state.down_since, node_state.lease_age_s
     meta, status = pod["metadata"], pod.get("status", {})
     node_name = pod.get("spec", {}).get("nodeName")
+    if (settings.graceful_leave and etype is not EventType.DELETED and down_since is None
+            and node is not None and node_problem(node) is None
+            and pod_notice(pod, training_container(pod, settings)) is not None):
+        return None  # announced: it leaves gracefully
 
     def failure(cause: Cause, detail: str, code: int | None = None,
                 container: str | None = None) -> Failure:

@@ -523,7 +523,8 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
     """Run the loop as the job's leader; clean up (CLEAN_POD_POLICY) on the way out."""
     actuator = Actuator(kube.Pods(api, cfg.namespace, cfg.api_timeout_s), store,
                         resource_version=rv, writer=identity, sink=lambda _: None,
-                        may_act=elector.is_leader)
+                        may_act=elector.is_leader,
+                        budgets=kube.Budgets(api, cfg.namespace, cfg.api_timeout_s))
     proc.become_subreaper()
     leases = NodeLeases() if cfg.node_lease_s is not None else None
     sup = Supervisor(cfg, log=log, metrics=metrics, events=recorder.record,

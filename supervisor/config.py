@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from supervisor import disruption
 from supervisor.hook.elastic_supervisor_hook import wire
 from supervisor.policy import (
     Policy,
@@ -124,6 +125,12 @@ class Config:
     stall_timeout_s: float = 1800.0
     stuck_s: float | None = None  # None: auto (hang.stuck_threshold)
     horovodrun_restart_limit: int = 3
+    # Nodes announced to go (disruption.py): their workers leave gracefully.
+    node_drain_taints: frozenset[str] = frozenset(disruption.DEFAULT_DRAIN_TAINTS)
+    node_bad_conditions: frozenset[str] = frozenset(disruption.DEFAULT_BAD_CONDITIONS)
+    quarantine_failures: int = 2  # 0: no quarantine
+    quarantine_window_s: float = 1800.0
+    quarantine_s: float = 3600.0
     # variable name -> "env" | "default" | "derived: ..." (for `explain`)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -294,6 +301,10 @@ def _seconds_or_auto(lo: float) -> Callable[[str], float | None]:
     return parse
 
 
+def _names(what: str, example: str) -> Callable[[str], frozenset[str]]:
+    return lambda raw: disruption.parse_names(raw, what, example)
+
+
 def _nonempty(raw: str) -> str:
     if not raw.strip() or any(c.isspace() for c in raw.strip()):
         raise ValueError("a non-empty word without spaces")
@@ -433,6 +444,23 @@ VARIABLES: tuple[Var, ...] = (
         "down together, or so are the cluster's nodes, the workers on those down nodes are "
         "not failed and their pods not force-deleted until fewer are down (the node "
         "controller's --unhealthy-zone-threshold). off: no brake."),
+    Var("NODE_DRAIN_TAINTS", ",".join(disruption.DEFAULT_DRAIN_TAINTS), "Taint keys that say "
+        "a node is about to go (the cluster autoscaler's, Karpenter's, the providers' "
+        "termination handlers'): its workers leave gracefully (out of the discovery file, "
+        "Horovod lets them go at their next commit, replaced on another node) and no new "
+        "worker goes there. Comma-separated; none: off. A cordoned node "
+        "(spec.unschedulable) counts too."),
+    Var("NODE_BAD_CONDITIONS", ",".join(disruption.DEFAULT_BAD_CONDITIONS), "Node condition "
+        "types (node-problem-detector's) that say a node goes bad when their status is True: "
+        "its workers leave gracefully as for NODE_DRAIN_TAINTS. Comma-separated; none: off."),
+    Var("QUARANTINE_FAILURES", "2", "Bad-node quarantine: a node on which this many workers of "
+        "the job failed (an exit, a hang, the node's loss; not a delete, an eviction or a "
+        "graceful leave) within QUARANTINE_WINDOW_SECONDS gets no new worker of the job for "
+        "QUARANTINE_SECONDS (a required anti-affinity by node name; Events NodeQuarantined, "
+        "NodeReleased; shown by `status`). 0: off."),
+    Var("QUARANTINE_WINDOW_SECONDS", "1800", "The window of QUARANTINE_FAILURES."),
+    Var("QUARANTINE_SECONDS", "3600", "How long a quarantined node gets no new worker of the "
+        "job; it ends by itself."),
     Var("SCALE_OUT_TIMEOUT_SECONDS", "600", "A worker added by `scale` that is not Running "
         "within this long is deleted again (rollback, Warning Event)."),
     Var("SCALE_IN_TIMEOUT_SECONDS", "60", "A worker removed by `scale` leaves the discovery "
@@ -602,7 +630,14 @@ def parse_config(
     policy, policy_file = _policy(env, get, sources, read_text, problems)
     node_grace = get("NODE_GRACE_SECONDS", _seconds(0, allow_zero=True))
     node_lease = get("NODE_LEASE_SECONDS", _seconds(0))
-    disruption = get("NODE_DISRUPTION_THRESHOLD", _fraction_or_off)
+    brake = get("NODE_DISRUPTION_THRESHOLD", _fraction_or_off)
+    drain_taints = get("NODE_DRAIN_TAINTS", _names("taint keys",
+                                                   disruption.DEFAULT_DRAIN_TAINTS[0]))
+    bad_conditions = get("NODE_BAD_CONDITIONS", _names("node condition types",
+                                                       disruption.DEFAULT_BAD_CONDITIONS[0]))
+    q_failures = get("QUARANTINE_FAILURES", _int_in(0))
+    q_window = get("QUARANTINE_WINDOW_SECONDS", _seconds(0))
+    q_ttl = get("QUARANTINE_SECONDS", _seconds(0))
     scale_out = get("SCALE_OUT_TIMEOUT_SECONDS", _seconds(0))
     scale_in = get("SCALE_IN_TIMEOUT_SECONDS", _seconds(0, allow_zero=True))
     clean = get("CLEAN_POD_POLICY", _enum(CleanPodPolicy, fold=False))
@@ -647,12 +682,14 @@ def parse_config(
         hook_key_file=hook_key, ssh_known_hosts_file=known_hosts,
         policy_file=policy_file,
         worker_template=template, worker_template_file=template_file, node_grace_s=node_grace,
-        node_lease_s=node_lease, node_disruption_threshold=disruption,
+        node_lease_s=node_lease, node_disruption_threshold=brake,
         scale_out_timeout_s=scale_out, scale_in_timeout_s=scale_in,
         clean_pod_policy=clean, api_timeout_s=api_timeout, leader_lease_s=leader_lease,
         worker_hook=worker_hook, heartbeat_timeout_s=heartbeat_timeout,
         stall_timeout_s=stall_timeout, stuck_s=stuck, horovodrun_restart_limit=restart_limit,
-        worker_container=container,
+        worker_container=container, node_drain_taints=drain_taints,
+        node_bad_conditions=bad_conditions, quarantine_failures=q_failures,
+        quarantine_window_s=q_window, quarantine_s=q_ttl,
         sources=dict(sources),
     )  # type: ignore[arg-type]
 
@@ -797,6 +834,11 @@ def effective_values(cfg: Config) -> list[tuple[str, str, str]]:
         "NODE_GRACE_SECONDS": cfg.node_grace_s, "NODE_LEASE_SECONDS": cfg.node_lease_s,
         "NODE_DISRUPTION_THRESHOLD": ("off" if cfg.node_disruption_threshold is None
                                       else cfg.node_disruption_threshold),
+        "NODE_DRAIN_TAINTS": ",".join(sorted(cfg.node_drain_taints)) or "none",
+        "NODE_BAD_CONDITIONS": ",".join(sorted(cfg.node_bad_conditions)) or "none",
+        "QUARANTINE_FAILURES": cfg.quarantine_failures,
+        "QUARANTINE_WINDOW_SECONDS": cfg.quarantine_window_s,
+        "QUARANTINE_SECONDS": cfg.quarantine_s,
         "SCALE_OUT_TIMEOUT_SECONDS": cfg.scale_out_timeout_s,
         "SCALE_IN_TIMEOUT_SECONDS": cfg.scale_in_timeout_s,
         "CLEAN_POD_POLICY": cfg.clean_pod_policy.value,

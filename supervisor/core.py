@@ -21,8 +21,12 @@ the job to fail. In order, as the steps depend on each other:
    clients to them killed, before anything else is done for them;
 6. plan.on_failures decides on the failures (policy, budgets, deletes, FailJob);
 7. a member of the driver's world failed: new hosts wait until the survivors regrouped;
+7b. a worker announced to go (disruption.notice: evicted, deleted with a grace, its node
+   cordoned, tainted or going bad) leaves gracefully: its slot moves to a new incarnation at
+   once (no budget used), the old pod is out of the file and deleted once horovodrun let it go;
 8. plan.plan reconciles the fleet (scale, scale-in, reused addresses, expectations, creates,
-   MIN_NP); its state is saved before the creates, so a restart never forgets a budget used.
+   MIN_NP); its state is saved before the creates, so a restart never forgets a budget used;
+   the workers' PodDisruptionBudget is kept at the desired count less one (KeepBudget).
 
 Running `manage` twice on the same `Core` and `Seen` asks for the same things: nothing in it
 reads a clock, a file or the network. reconcile.py gathers `Seen`, runs the script and keeps
@@ -35,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from supervisor import admission, discovery, fleet, hang, plan, regroup
+from supervisor import admission, discovery, disruption, fleet, hang, plan, quarantine, regroup
 from supervisor.actuator import DeletePod, SaveState
 from supervisor.channel import Beat, Driver
 from supervisor.classify import (
@@ -45,6 +49,7 @@ from supervisor.classify import (
     PodMemory,
     classify,
     held_nodes,
+    training_container,
 )
 from supervisor.config import Config
 from supervisor.discovery import Rendered
@@ -54,6 +59,7 @@ from supervisor.model import EventSpec, ExitCode
 from supervisor.observe import EventType, Obj
 from supervisor.plan import Note
 from supervisor.policy import Policy
+from supervisor.workers import pod_name
 
 HUNG_NODE_AVOID_S = 300.0  # replacements prefer other nodes this long after a hang on one
 
@@ -65,7 +71,8 @@ def classify_settings(cfg: Config) -> ClassifySettings:
         node_grace_s=cfg.node_grace_s, lease_grace_s=cfg.node_lease_s,
         training_container=cfg.worker_container,
         policy_containers=frozenset(r.container for r in cfg.policy.rules
-                                    if r.container is not None))
+                                    if r.container is not None),
+        graceful_leave=cfg.worker_template is not None)
 
 
 def hang_settings(cfg: Config) -> HangSettings:
@@ -91,13 +98,18 @@ class Settings:
     disruption_threshold: float | None
     horovodrun_restart_limit: int
     stall_timeout_s: float
+    disruption: disruption.Settings = field(default_factory=disruption.Settings)
+    quarantine: quarantine.Settings = field(default_factory=quarantine.Settings)
 
     @classmethod
     def of(cls, cfg: Config) -> Settings:
         return cls(plan.Settings.of(cfg), cfg.policy, classify_settings(cfg),
                    hang_settings(cfg),
                    cfg.node_disruption_threshold, cfg.horovodrun_restart_limit,
-                   cfg.stall_timeout_s)
+                   cfg.stall_timeout_s,
+                   disruption.Settings(cfg.node_drain_taints, cfg.node_bad_conditions),
+                   quarantine.Settings(cfg.quarantine_failures, cfg.quarantine_window_s,
+                                       cfg.quarantine_s))
 
 
 @dataclass(frozen=True)
@@ -117,6 +129,11 @@ class Core:
     expected: Mapping[str, float] = field(default_factory=dict)  # being created -> since
     blocked: Mapping[str, admission.Refusal] = field(default_factory=dict)  # creates refused
     scale_request: int | None = None  # desired workers asked for, not applied yet
+    leaving: Mapping[str, plan.Leaving] = field(default_factory=dict)  # announced to go
+    budget: int | None = None  # the PodDisruptionBudget's minAvailable last asked for
+    leave_waits: frozenset[str] = frozenset()  # announced, waiting for another to join
+    quarantine: quarantine.Quarantine = field(default_factory=quarantine.Quarantine)
+    saved_quarantine: Mapping[str, float] = field(default_factory=dict)  # as last saved
     failing: tuple[int, str] | None = None  # the run ends with this code and reason
     # the hang watch (this run of horovodrun, except the restarts and the hung pods)
     listed_since: Mapping[str, float] = field(default_factory=dict)  # host -> listed since
@@ -189,6 +206,13 @@ class CreateWorker:
 
 
 @dataclass(frozen=True)
+class KeepBudget:
+    """Keep the workers' PodDisruptionBudget at `min_available` (workers.disruption_budget)."""
+
+    min_available: int
+
+
+@dataclass(frozen=True)
 class FailJob:
     code: int
     reason: str
@@ -196,7 +220,7 @@ class FailJob:
 
 
 Todo = (Note | Fence | KillSsh | RestartHorovodrun | DeletePod | SaveState | CreateWorker
-        | FailJob)
+        | KeepBudget | FailJob)
 
 
 @dataclass(frozen=True)
@@ -301,7 +325,9 @@ def manage(c: Core, s: Seen, st: Settings) -> Pass:
             if regroup.member_failed(hosts, s.beats, s.driver.world if s.driver else None):
                 pending = regroup.pending(s.beats, now)  # new workers wait (regroup.py)
             p.c = replace(p.c, failed_at=failed_at, regroup=pending)
+    _quarantine(p, s, st, found)
     if p.c.fleet is not None and p.c.failing is None:
+        _announced(p, s, st)
         _plan_fleet(p, s, st, suspects)
     elif p.c.scale_request is not None:
         why = "the supervisor does not own the workers (SUPERVISOR_WORKER_TEMPLATE is not set)"
@@ -401,25 +427,109 @@ def _brake(p: _Pass, s: Seen, st: Settings, down: set[str]) -> None:
     p.c = replace(c, braked=braked, node_down=node_down)
 
 
+def _quarantine(p: _Pass, s: Seen, st: Settings, found: list[plan.Failed]) -> None:
+    """Step 7c: a node where workers of the job keep failing gets no new one for a while
+    (quarantine.py); its end is said too."""
+    ch = quarantine.step(p.c.quarantine, [(x.failure.cause, x.failure.node) for x in found],
+                         s.wall, st.quarantine)
+    if ch.q is p.c.quarantine:
+        return
+    q = st.quarantine
+    for node, n in ch.started:
+        note = (f"node {node}: {n} workers of the job failed there within "
+                f"{q.window_s:g}s: no new worker of the job goes there for {q.ttl_s:g}s")
+        p.todo.append(Note("warning", "node.quarantined", {"node": node, "failures": n,
+                                                           "for_s": q.ttl_s},
+                           EventSpec("Warning", "NodeQuarantined", "Quarantine", note)))
+    for node in ch.ended:
+        p.todo.append(Note("info", "node.released", {"node": node}, EventSpec(
+            "Normal", "NodeReleased", "Quarantine",
+            f"node {node}: quarantine over, new workers of the job may go there again")))
+    p.c = replace(p.c, quarantine=ch.q)
+
+
+def _announced(p: _Pass, s: Seen, st: Settings) -> None:
+    """Step 7b: the workers announced to go leave gracefully (see disruption.py)."""
+    fl = p.c.fleet
+    if fl is None or not st.classify.graceful_leave:
+        return
+    leaving, failed = dict(p.c.leaving), set(p.c.failed)
+    mode = st.plan.host_mode
+    # Horovod needs a member of the last world to stay (it broadcasts the state from one):
+    # the driver's last assignment (the hook), else the hosts published.
+    driver = s.driver
+    world = (set(driver.world) if driver is not None and driver.world_seq
+             else set(s.listed_hosts))
+    gone = {h for name in leaving if (q := s.pods.get(name)) is not None
+            and (h := discovery.host_of(q, mode))}
+    waits = set()
+    for i in fl.active():
+        slot = fl.slots[i]
+        name = pod_name(st.plan.job, i, slot.incarnation)
+        pod = s.pods.get(name)
+        if pod is None or (uid := pod["metadata"].get("uid", "")) in failed:
+            continue
+        node = pod.get("spec", {}).get("nodeName") or None
+        n = disruption.notice(pod, s.nodes.get(node or ""), training_container(pod, st.classify),
+                              st.disruption)
+        if n is None:
+            continue
+        host = discovery.host_of(pod, mode)
+        if host in world and not world - gone - {host}:
+            waits.add(name)  # the last member of the world: once another joined
+            if name not in p.c.leave_waits:
+                p.todo.append(Note("info", "worker.leave_waits", {
+                    "pod": name, "why": n.why.value,
+                    "note": "the last worker of Horovod's world that stays: it leaves once "
+                            "another one joined"}))
+            continue
+        gone.add(host or "")
+        fl = fleet.leave(fl, i, s.wall, node)
+        failed.add(uid)
+        leaving[name] = plan.Leaving(i, uid, node, s.wall, n.why.value)
+        new = pod_name(st.plan.job, i, slot.incarnation + 1)
+        note = (f"worker {name} on {node} is announced to go ({n.why.value}: {n.detail}): out "
+                f"of the discovery file, Horovod lets it go at its next commit; replaced by "
+                f"{new} now")
+        p.todo.append(Note("info", "worker.leaving", {
+            "pod": name, "node": node, "why": n.why.value, "detail": n.detail,
+            "replacement": new}, EventSpec("Normal", "WorkerLeaving", "Leave", note)))
+    if fl is not p.c.fleet:
+        p.c = replace(p.c, fleet=fl, leaving=leaving, failed=frozenset(failed))
+    if waits != p.c.leave_waits:
+        p.c = replace(p.c, leave_waits=frozenset(waits))
+
+
 def _plan_fleet(p: _Pass, s: Seen, st: Settings, suspects: set[str]) -> None:
     """Step 8: the fleet's reconcile (plan.plan); the state saved before the creates."""
     c = p.c
     assert c.fleet is not None
+    # Nodes down or silent, quarantined, or announced to go: a new worker is kept off them
+    # (and one kept off them is not created again while they are).
+    kept_off = suspects | set(c.quarantine.until)
+    if st.classify.graceful_leave:
+        kept_off |= disruption.going_nodes(s.nodes.values(), st.disruption)
     out = plan.plan(plan.Picture(
         fleet=c.fleet, pods=s.pods, published=s.published or "", listed=s.listed,
         reuse_checked=c.reuse_checked, reused=c.reused, scale_request=c.scale_request,
         expected=c.expected, waiting=frozenset(admission.waiting(c.blocked, s.now)),
         ssh_clients=s.ssh_clients, now=s.now, wall=s.wall, failed=c.failed,
-        lost_nodes=frozenset(suspects)), st.plan)
+        lost_nodes=frozenset(kept_off), leaving=c.leaving), st.plan)
     p.c = replace(c, fleet=out.fleet, reused=out.reused, reuse_checked=out.reuse_checked,
                   scale_request=out.scale_request, expected=out.expected,
-                  failed=c.failed | out.ours)
+                  failed=c.failed | out.ours, leaving=out.leaving)
     p.todo += out.notes
     p.todo += out.deletes
-    if p.c.fleet != p.c.saved:
-        p.todo.append(SaveState(state_of(out.fleet, st)))
-        p.c = replace(p.c, saved=p.c.fleet)
-    lost = tuple(sorted(suspects))
+    if p.c.fleet != p.c.saved or p.c.quarantine.until != p.c.saved_quarantine:
+        p.todo.append(SaveState(state_of(out.fleet, st, p.c.quarantine.until)))
+        p.c = replace(p.c, saved=p.c.fleet, saved_quarantine=p.c.quarantine.until)
+    # The leaving workers still count as healthy for the disruption controller until they are
+    # gone: while one leaves, no other eviction is allowed.
+    want = max(0, len(out.fleet.active()) - 1 + len(p.c.leaving))
+    if st.classify.graceful_leave and want != c.budget:
+        p.todo.append(KeepBudget(want))
+        p.c = replace(p.c, budget=want)
+    lost = tuple(sorted(kept_off))
     suspect = tuple(sorted(n for n, t in p.c.hung_nodes.items()
                            if s.now - t < HUNG_NODE_AVOID_S))
     # A hung pod still there after the hold: its node is kept off, required (fleet.wanted).
@@ -429,10 +539,15 @@ def _plan_fleet(p: _Pass, s: Seen, st: Settings, suspects: set[str]) -> None:
         p.fail(ExitCode.WORKERS_LOST, out.fail)
 
 
-def state_of(f: Fleet, st: Settings) -> dict[str, object]:
-    """The fleet as saved in the state ConfigMap, with what `status` shows beside it."""
+def state_of(f: Fleet, st: Settings,
+             quarantined: Mapping[str, float] | None = None) -> dict[str, object]:
+    """The fleet as saved in the state ConfigMap, with what `status` shows beside it (the
+    nodes quarantined: until when, epoch seconds)."""
     s = st.plan
     lo, hi = fleet.limits(s.min_np, s.max_np, s.slots_per_worker)
-    return {**fleet.fleet_to_dict(f), "limits": {"minWorkers": lo, "maxWorkers": hi},
-            "desiredWorkers": len(f.active()),
-            "restartLimit": st.policy.budgets.restart_limit}
+    out: dict[str, object] = {
+        **fleet.fleet_to_dict(f), "limits": {"minWorkers": lo, "maxWorkers": hi},
+        "desiredWorkers": len(f.active()), "restartLimit": st.policy.budgets.restart_limit}
+    if quarantined:
+        out["quarantined"] = {n: round(t, 1) for n, t in sorted(quarantined.items())}
+    return out

@@ -169,10 +169,13 @@ class _Args:
     declared: frozenset[str] = frozenset()
     active: frozenset[str] | None = None
     heartbeating: frozenset[str] = frozenset()
+    staying: frozenset[str] = frozenset()
 
     def placed(self, name: str, pod: Obj, problem: Unusable | None,
                host: str | None) -> Unusable | None:
         """The problem after the checks that depend on more than the pod and its node."""
+        if problem is Unusable.DELETING and name in self.staying:
+            problem = None  # evicted, held, and the last of its world: it leaves later
         if problem in KEPT_WHILE_HEARTBEATING and host in self.heartbeating:
             problem = None  # its node blipped, its training processes still talk to us
         if problem is None and (owner := self.first_owner.get(host)) is not None and (  # type: ignore[arg-type]
@@ -194,7 +197,8 @@ def render(
     view: ClusterView, slots: int, mode: HostMode, first_owner: Mapping[str, str], *,
     retiring: frozenset[str] = frozenset(), failed: frozenset[str] = frozenset(),
     declared: frozenset[str] = frozenset(), active: frozenset[str] | None = None,
-    heartbeating: frozenset[str] = frozenset(), memo: Memo | None = None,
+    heartbeating: frozenset[str] = frozenset(), staying: frozenset[str] = frozenset(),
+    memo: Memo | None = None,
 ) -> Rendered:
     """Return the sorted `host:slots` lines of the usable workers in `view`.
 
@@ -211,12 +215,16 @@ def render(
     `heartbeating`: hosts on a node that is not Ready (or carries a node-down taint) whose
     training processes heartbeat: kept, since a one-second Ready blip of a kubelet has not
     lost them (the node's grace decides, on the failure path, when it has).
+    `staying`: pods being deleted gracefully (an eviction their entrypoint holds) that stay
+    listed: announced to go, they are the last of Horovod's world and leave once another
+    worker joined (core's leave step).
     `memo`: reuse what earlier calls concluded (see Memo; the result is the same).
     """
     if memo is None:
         memo = Memo()
-    args = _Args(slots, mode, first_owner, retiring, failed, declared, active, heartbeating)
-    inputs = (id(view), slots, mode, retiring, failed, declared, active, heartbeating,
+    args = _Args(slots, mode, first_owner, retiring, failed, declared, active, heartbeating,
+                 staying)
+    inputs = (id(view), slots, mode, retiring, failed, declared, active, heartbeating, staying,
               id(first_owner), len(first_owner))
     changes = (view.changes_since(memo.version)
                if memo.version is not None and memo.inputs == inputs else None)

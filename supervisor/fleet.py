@@ -41,6 +41,11 @@ def state_name(job: str) -> str:
     return f"{job}-supervisor-state"
 
 
+def budget_name(job: str) -> str:
+    """The PodDisruptionBudget of the job's workers (kept by the supervisor)."""
+    return f"{job}-supervisor-workers"
+
+
 def scale_name(job: str) -> str:
     """The ConfigMap holding the desired worker count (written by `elastic-supervisor scale`)."""
     return f"{job}-supervisor-scale"
@@ -135,6 +140,14 @@ def scale_to(fleet: Fleet, workers: int, now: float) -> Fleet:
         for i in active[workers:]:
             slots[i] = replace(slots[i], retiring_at=now, added_at=None)
     return replace(fleet, slots=slots) if slots != fleet.slots else fleet
+
+
+def leave(fleet: Fleet, slot: int, now: float, node: str | None) -> Fleet:
+    """Return the fleet with `slot` at its next incarnation, due at once and away from `node`
+    (preferred), no budget used: its pod was announced to go and leaves gracefully."""
+    s = fleet.slots[slot]
+    return replace(fleet, slots={**fleet.slots, slot: Slot(
+        incarnation=s.incarnation + 1, due=now, avoid_node=node)})
 
 
 def retire_done(fleet: Fleet, slot: int) -> Fleet:

@@ -752,6 +752,34 @@ class Pods:
             raise map_error(e, what) from e
 
 
+class Budgets:
+    """Keeps the workers' PodDisruptionBudget (policy/v1); raises KubeError."""
+
+    def __init__(self, api: client.ApiClient, namespace: str,
+                 request_timeout_s: float = 30.0) -> None:
+        self.policy = client.PolicyV1Api(api)
+        self.namespace, self.timeout = namespace, request_timeout(request_timeout_s)
+
+    def keep(self, body: Mapping[str, Any]) -> None:
+        """Create the budget `body`, or set the minAvailable of the one of its name."""
+        name = body["metadata"]["name"]
+        try:
+            self.policy.create_namespaced_pod_disruption_budget(
+                self.namespace, body, _preload_content=False, _request_timeout=self.timeout)
+            return
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            err = map_error(e, f"create poddisruptionbudget {self.namespace}/{name}")
+        if not isinstance(err, AlreadyExists):
+            raise err
+        patch = {"spec": {"minAvailable": body["spec"]["minAvailable"]}}
+        try:
+            self.policy.patch_namespaced_pod_disruption_budget(
+                name, self.namespace, patch, _preload_content=False,
+                _request_timeout=self.timeout)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            raise map_error(e, f"patch poddisruptionbudget {self.namespace}/{name}") from e
+
+
 # ---- the leader Lease ---------------------------------------------------------------------------
 
 class Leases:

@@ -117,8 +117,10 @@ class ClusterView:
 # What the supervisor keeps of each object (like client-go's informer transforms): everything
 # the usability rules and failure classification read, nothing else. managedFields alone is
 # often half a pod; a node's status.images can be tens of kB. Of the conditions only Ready,
-# DisruptionTarget and PodScheduled are read (type, status, reason); of a container status its
-# name, restart count and states (a terminated state: exit code, reason, signal); of the spec's
+# DisruptionTarget and PodScheduled are read (type, status, reason), and of a node's also any
+# that holds (status True: a node-problem-detector condition, disruption.py); of a container
+# status its name, restart count and states (a terminated state: exit code, reason, signal); of
+# the spec's
 # affinity only the required node affinity (the nodes a replacement was kept off, shared: most
 # workers have the template's). Timestamps, messages and image names are dropped.
 _POD_KEEP = {
@@ -181,9 +183,12 @@ def _frozen(value: Any) -> Any:
     return value
 
 
-def _conditions(conds: Any) -> list[dict[str, Any]]:
+def _conditions(conds: Any, *, holding: bool = False) -> list[dict[str, Any]]:
+    """The conditions read: the _CONDITION_TYPES, and with `holding` also any whose status
+    is True (a node's: which of them say it goes bad is configured, disruption.py)."""
     kept = [{k: _one(c[k]) for k in _CONDITION_KEEP if k in c} for c in conds or ()
-            if isinstance(c, Mapping) and c.get("type") in _CONDITION_TYPES]
+            if isinstance(c, Mapping) and (c.get("type") in _CONDITION_TYPES
+                                           or (holding and c.get("status") == "True"))]
     return _shared_values(("conditions", _frozen(kept)), lambda: kept)
 
 
@@ -231,7 +236,7 @@ def slim(kind: Kind, obj: Obj) -> dict[str, Any]:
         meta["labels"] = _shared_values(("labels", _frozen(labels)), lambda: dict(labels))
     status = out.get("status")
     if status is not None and "conditions" in status:
-        status["conditions"] = _conditions(status["conditions"])
+        status["conditions"] = _conditions(status["conditions"], holding=kind is Kind.NODE)
     if kind is Kind.POD:
         for key in ("containerStatuses", "initContainerStatuses"):
             if key in status:

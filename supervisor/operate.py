@@ -7,6 +7,7 @@ worker count in the job's scale ConfigMap; the running supervisor watches it and
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -94,6 +95,7 @@ def status(job: str, namespace: str, *, pods: Iterable[Obj], state: Mapping[str,
         "restarts": {"used": used, "limit": limit,
                      "left": None if limit is None else max(0, limit - used)},
         "workers": workers,
+        "quarantined": dict((state or {}).get("quarantined") or {}),
         "decisions": [{"time": _last_seen(e), "type": e.get("type"),
                        "reason": e.get("reason"), "note": e.get("note"),
                        "count": (e.get("series") or {}).get("count", 1)} for e in decisions],
@@ -122,6 +124,11 @@ def render(s: Mapping[str, Any]) -> str:
               for i, h in enumerate(heads)]
     for row in [list(heads), *rows]:
         lines.append("  ".join(v.ljust(widths[i]) for i, v in enumerate(row)).rstrip())
+    if s.get("quarantined"):
+        until = ", ".join(
+            f"{n} (until {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t))})"
+            for n, t in sorted(s["quarantined"].items()))
+        lines += ["", f"QUARANTINED NODES (no new worker of the job): {until}"]
     lines += ["", "LAST DECISIONS"]
     for d in s["decisions"]:
         times = f" (x{d['count']})" if d.get("count", 1) > 1 else ""

@@ -22,7 +22,8 @@ In order, as a person running the job would:
    is rolled back (its pod deleted, the slot dropped with why);
 3. a scaled-in slot's pod is deleted once its host is out of the published file and horovodrun
    let it go (no ssh client left), or after the scale-in timeout; that delete is ours, never a
-   failure;
+   failure; so is a leaving worker's (announced to go, `Leaving`), unless it is being deleted
+   already (an eviction: its entrypoint ends once horovodrun let it go);
 4. a worker whose address an earlier worker had (CNIs reuse IPs: Horovod blacklisted that host
    string for good) is replaced, no budget used, at most REUSED_LIMIT times per slot;
 5. an expectation older than EXPECTATION_TIMEOUT_S is given up (the pod is created again);
@@ -96,6 +97,19 @@ class Picture:
     wall: float
     failed: frozenset[str] = frozenset()  # UIDs already classified failed or deleted by us
     lost_nodes: frozenset[str] = frozenset()  # nodes a new worker is kept off now (down)
+    leaving: Mapping[str, Leaving] = field(default_factory=dict)  # pod -> announced to go
+
+
+@dataclass(frozen=True)
+class Leaving:
+    """A worker pod announced to go (disruption.py), leaving gracefully since `since` (wall);
+    its slot is at the next incarnation already."""
+
+    slot: int
+    uid: str
+    node: str | None
+    since: float
+    why: str
 
 
 @dataclass(frozen=True)
@@ -121,6 +135,7 @@ class Plan:
     ours: frozenset[str] = frozenset()  # UIDs of pods deleted as planned: never failures
     notes: tuple[Note, ...] = ()
     fail: str | None = None  # the job cannot go on (WORKERS_LOST): why
+    leaving: Mapping[str, Leaving] = field(default_factory=dict)
 
 
 @dataclass
@@ -152,15 +167,16 @@ def published_hosts(published: str) -> frozenset[str]:
     return frozenset(line.rsplit(":", 1)[0] for line in published.splitlines() if line)
 
 
-def retiring_hosts(f: Fleet, pods: Mapping[str, Obj], published: str, s: Settings) -> set[str]:
-    """The hosts of scaled-in workers already out of the published file: the ones whose ssh
-    clients `plan` needs counted (Picture.ssh_clients)."""
+def retiring_hosts(f: Fleet, pods: Mapping[str, Obj], published: str, s: Settings,
+                   leaving: Mapping[str, Leaving] | None = None) -> set[str]:
+    """The hosts of scaled-in and leaving workers already out of the published file: the ones
+    whose ssh clients `plan` needs counted (Picture.ssh_clients)."""
     out, listed = set(), published_hosts(published)
-    for i, slot in f.slots.items():
-        pod = pods.get(pod_name(s.job, i, slot.incarnation))
-        if slot.retiring_at is None or pod is None:
-            continue
-        host = discovery.host_of(pod, s.host_mode)
+    names = [pod_name(s.job, i, slot.incarnation) for i, slot in f.slots.items()
+             if slot.retiring_at is not None]
+    for name in [*names, *(leaving or {})]:
+        pod = pods.get(name)
+        host = discovery.host_of(pod, s.host_mode) if pod is not None else None
         if host is not None and host not in listed:
             out.add(host)
     return out
@@ -279,6 +295,7 @@ def plan(p: Picture, s: Settings) -> Plan:
     if p.scale_request is not None:
         _scale_request(p, s, step)
     _scaled_slots(p, s, step)
+    leaving = _leaves(p, s, step)
     reuse_checked = p.reuse_checked
     if p.listed is not None and p.listed is not p.reuse_checked:
         reuse_checked = p.listed
@@ -304,7 +321,43 @@ def plan(p: Picture, s: Settings) -> Plan:
                 f"slots: {dropped}")
     return Plan(step.fleet, step.reused, reuse_checked, None, expected,
                 tuple(step.creates), tuple(step.deletes), frozenset(step.ours),
-                tuple(step.notes), fail)
+                tuple(step.notes), fail, leaving)
+
+
+def _leaves(p: Picture, s: Settings, step: _Step) -> dict[str, Leaving]:
+    """The workers announced to go that are still leaving: one is done once its host is out
+    of the published file and horovodrun let it go (no ssh client left; or after the scale-in
+    timeout), or once its pod is gone. Its pod is deleted then unless it is being deleted
+    already (an eviction: its entrypoint held SIGTERM until now)."""
+    still: dict[str, Leaving] = {}
+    listed: frozenset[str] | None = None
+    for name, lv in sorted(p.leaving.items()):
+        pod = p.pods.get(name)
+        waited = p.wall - lv.since
+        if pod is None or pod["metadata"].get("uid") != lv.uid:
+            step.say("info", "worker.left", pod=name, slot=lv.slot, waited_s=round(waited, 2),
+                     how="gone")
+            continue
+        host = discovery.host_of(pod, s.host_mode)
+        if listed is None:
+            listed = published_hosts(p.published)
+        if host is not None and (host in listed or host not in p.ssh_clients):
+            still[name] = lv  # not out of the file yet, or its ssh clients not counted yet
+            continue
+        clients = p.ssh_clients.get(host, 0) if host else 0
+        if clients and waited < s.scale_in_timeout_s:
+            still[name] = lv
+            continue
+        if not pod["metadata"].get("deletionTimestamp"):
+            step.delete(pod)
+        how = (f"timeout; {clients} ssh clients left" if clients
+               else "horovodrun let it go")
+        step.say("info", "worker.left", EventSpec(
+            "Normal", "WorkerLeft", "Leave",
+            f"worker {name} ({lv.why}) left after {waited:.1f}s ({how})"),
+            pod=name, slot=lv.slot, waited_s=round(waited, 2), how=how,
+            ssh_clients_left=clients)
+    return still
 
 
 def _superseded(p: Picture, s: Settings, step: _Step) -> None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from supervisor import admission, core, discovery, fleet, hang, plan, reload
-from supervisor.actuator import CreatePod, Op, SaveState
+from supervisor.actuator import CreatePod, KeepBudget, Op, SaveState
 from supervisor.channel import HookChannel, Snapshot, unbound_note
 from supervisor.classify import (
     ClassifySettings,
@@ -78,7 +78,7 @@ from supervisor.observe import (
     SourceHealth,
 )
 from supervisor.proc import job_exit_code
-from supervisor.workers import pod_name, worker_pod
+from supervisor.workers import disruption_budget, pod_name, worker_pod
 
 PROGRESS_EVERY_S = 5.0
 DRIVER_HELLO_WAIT_S = 30.0  # horovodrun's driver hook should have said hello by then
@@ -133,6 +133,7 @@ class LoopState:
     kill_at: float | None = None
     fatal: str | None = None
     crashed: bool = False
+    budget_said: str | None = None  # the last DisruptionBudgetMissing's error
     memory: dict[str, PodMemory] = field(default_factory=dict)  # by pod name
     lease_reported: set[str] = field(default_factory=set)  # nodes whose Lease is too slow
     # the pods of the active slots, for the fleet they were computed from
@@ -415,7 +416,8 @@ class Supervisor:
         published = st.published or ""
         clients = {} if c.fleet is None else {
             host: self.count_ssh_clients(st.child.pid, host) if st.child is not None else 0
-            for host in plan.retiring_hosts(c.fleet, st.view.pods, published, settings.plan)}
+            for host in plan.retiring_hosts(c.fleet, st.view.pods, published, settings.plan,
+                                            c.leaving)}
         rendered = st.rendered
         p = core.manage(c, core.Seen(
             pods=st.view.pods, nodes=st.view.nodes, memory=st.memory,
@@ -472,7 +474,12 @@ class Supervisor:
                 cfg.worker_template, job=cfg.job_name,  # type: ignore[arg-type]
                 slot=x.slot, incarnation=x.incarnation, owner=self.owner,
                 avoid_node=x.avoid_node, lost_nodes=list(todo.lost_nodes),
-                suspect_nodes=list(todo.suspect_nodes))))
+                suspect_nodes=list(todo.suspect_nodes),
+                hold_in=cfg.worker_container or cfg.worker_template[  # type: ignore[index]
+                    "spec"]["containers"][0]["name"])))
+        elif isinstance(todo, core.KeepBudget):
+            self.act(KeepBudget(disruption_budget(
+                fleet.budget_name(cfg.job_name), cfg.job_name, todo.min_available, self.owner)))
         elif isinstance(todo, core.FailJob):
             self._failing(todo, now)
         else:
@@ -675,6 +682,9 @@ class Supervisor:
         if done.refused:
             self._create_refused(done.name, done.error or "", now)
             return
+        if done.what == "budget":
+            self._budget_done(done)
+            return
         if done.error is not None:
             self.log.error("worker.create_failed" if done.what == "create" else "kube.failed",
                            action=done.what, name=done.name, reason=done.error)
@@ -708,6 +718,26 @@ class Supervisor:
                                   f"{done.note}; created again from the supervisor's memory"))
         else:
             self.log.debug("state.saved")
+
+    def _budget_done(self, done: ActionDone) -> None:
+        """The workers' PodDisruptionBudget kept, or refused: said, never fatal (without it a
+        drain may evict several workers at once, each one leaving gracefully)."""
+        min_available = self.state.core.budget
+        if done.error is None:
+            self.log.info("budget.kept", budget=done.name, min_available=min_available)
+            self.events(EventSpec("Normal", "DisruptionBudgetKept", "Keep",
+                                  f"PodDisruptionBudget {done.name}: minAvailable "
+                                  f"{min_available}: a drain or the autoscaler evicts one "
+                                  "worker at a time"))
+            return
+        self.log.warning("budget.missing", budget=done.name, reason=done.error)
+        if self.state.budget_said != done.error:
+            self.state.budget_said = done.error
+            self.events(EventSpec("Warning", "DisruptionBudgetMissing", "Keep",
+                                  f"no PodDisruptionBudget {done.name} for the workers "
+                                  f"({done.error}): a drain may evict several at once; the "
+                                  "supervisor's ServiceAccount needs create and patch on "
+                                  "poddisruptionbudgets (policy)"))
 
     def _create_refused(self, name: str, reason: str, now: float) -> None:
         """Admission refused worker `name`: not fatal; try again after a backoff."""
@@ -816,13 +846,15 @@ class Supervisor:
             self.log.info("workers.kept_on_down_nodes", hosts=sorted(talking),
                           released=sorted(st.kept - talking))
             st.kept = talking
+        staying = st.core.leave_waits
         inputs = (st.view.version, retiring, len(st.first_owner), failed, declared, active,
-                  talking)
+                  talking, staying)
         if st.listed is None or inputs != st.rendered_from:
             st.listed = discovery.render(st.view, cfg.slots_per_worker, cfg.host_mode,
                                          st.first_owner, retiring=retiring, failed=failed,
                                          declared=declared, active=active,
-                                         heartbeating=talking, memo=st.memo)
+                                         heartbeating=talking, staying=staying,
+                                         memo=st.memo)
             st.rendered_from = inputs
             self.metrics.workers_listed.set(len(st.view.pods))
             self.metrics.workers_live.set(st.listed.live)

@@ -23,6 +23,12 @@ LABEL_SLOT = "elastic-supervisor/slot"
 LABEL_INCARNATION = "elastic-supervisor/incarnation"
 HOSTNAME_KEY = "kubernetes.io/hostname"  # the label earlier versions kept workers off by (read)
 NODE_NAME_FIELD = "metadata.name"  # a node selector's field: the node's name, not a label
+# The worker image's entrypoint holds SIGTERM this many seconds while training processes run in
+# the container (horovodrun lets a worker announced to go leave at its next commit: see
+# disruption.py); unset or 0: sshd gets SIGTERM at once, as without a supervisor.
+LEAVE_HOLD_ENV = "ELASTIC_SUPERVISOR_LEAVE_HOLD_SECONDS"
+LEAVE_HOLD_MARGIN_S = 5  # kept of the pod's grace period for sshd and the container to stop
+DEFAULT_GRACE_S = 30  # the pod's terminationGracePeriodSeconds when the template has none
 
 
 class TemplateError(Exception):
@@ -115,6 +121,7 @@ def worker_pod(
     avoid_node: str | None = None,
     lost_nodes: Sequence[str] = (),
     suspect_nodes: Sequence[str] = (),
+    hold_in: str | None = None,
 ) -> dict[str, Any]:
     """Return a new worker pod for `slot` from a validated template.
 
@@ -124,7 +131,9 @@ def worker_pod(
     `lost_nodes` nodes the supervisor already counts as lost (a required anti-affinity: the
     node controller taints them only 40-50 s after their kubelet went silent);
     `suspect_nodes` nodes where a worker hung recently (preferred away too: a silent node is
-    still Ready in the API for 40-50 s, and a pod bound there would never start).
+    still Ready in the API for 40-50 s, and a pod bound there would never start);
+    `hold_in` the training container, which gets LEAVE_HOLD_ENV (leave_hold_s) unless the
+    template sets it.
     """
     meta = copy.deepcopy(dict(template["metadata"]))
     spec = copy.deepcopy(dict(template["spec"]))
@@ -150,7 +159,34 @@ def worker_pod(
             terms.append({})
         for term in terms:  # terms are ORed: the exclusion goes into each of them
             term.setdefault("matchFields", []).extend(not_on(lost_nodes))
+    for c in spec.get("containers") or ():
+        if c.get("name") == hold_in and not any(
+                e.get("name") == LEAVE_HOLD_ENV for e in c.get("env") or ()):
+            c["env"] = [*(c.get("env") or ()),
+                        {"name": LEAVE_HOLD_ENV, "value": str(leave_hold_s(spec))}]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def leave_hold_s(spec: Mapping[str, Any]) -> int:
+    """PURE: how long a worker's entrypoint may hold SIGTERM: its grace period less a margin."""
+    grace = spec.get("terminationGracePeriodSeconds")
+    return max(0, int(DEFAULT_GRACE_S if grace is None else grace) - LEAVE_HOLD_MARGIN_S)
+
+
+def disruption_budget(name: str, job: str, min_available: int,
+                      owner: Mapping[str, str] | None) -> dict[str, Any]:
+    """PURE: the PodDisruptionBudget of the job's workers: the Eviction API (a drain, the
+    autoscaler) leaves at least `min_available` of them healthy, the desired count less one,
+    so it takes one at a time and waits for its replacement to be Ready before the next (the
+    supervisor's own deletes do not go through it). An integer: the disruption controller
+    computes a `maxUnavailable` only for pods a scalable controller owns, which workers are
+    not (it would allow no eviction at all)."""
+    meta: dict[str, Any] = {"name": name, "labels": {LABEL_JOB: job}}
+    if owner is not None:
+        meta["ownerReferences"] = [owner_reference(owner)]
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta,
+            "spec": {"minAvailable": min_available,
+                     "selector": {"matchLabels": {LABEL_JOB: job, LABEL_ROLE: "worker"}}}}
 
 
 def not_on(nodes: Iterable[str]) -> list[dict[str, Any]]:

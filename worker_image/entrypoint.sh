@@ -9,12 +9,25 @@
 #                        makes a key of its own, which a launcher that pins refuses (said here).
 #   SSH_RUNTIME_DIR      where authorized_keys, the host key and the pid file go ($HOME/.ssh)
 #   SSHD_CONFIG          sshd's configuration (default /etc/ssh/sshd_config)
+#   ELASTIC_SUPERVISOR_LEAVE_HOLD_SECONDS  set by the supervisor in the workers it creates: on
+#                        SIGTERM (an eviction, a drain, a graceful delete or node shutdown)
+#                        hold sshd while training processes run here, at most this long:
+#                        the supervisor takes this worker out of the host list and horovodrun
+#                        lets it go at its next commit, so no step is lost. Unset or 0: sshd
+#                        gets SIGTERM at once.
 # Arguments are passed on to sshd (e.g. -o LogLevel=DEBUG).
 set -eu
 port=${SSHD_PORT:-2222}
 keys=${SSH_AUTHORIZED_KEYS:-/etc/edl/ssh/authorized_keys}
 hostkey=${SSH_HOST_KEY:-/etc/edl/ssh/host-key}
 dir=${SSH_RUNTIME_DIR:-$HOME/.ssh}
+hold=${ELASTIC_SUPERVISOR_LEAVE_HOLD_SECONDS:-0}
+case $hold in
+  ''|*[!0-9]*)
+    echo "worker-entrypoint: ELASTIC_SUPERVISOR_LEAVE_HOLD_SECONDS=$hold: expected whole" \
+         "seconds (0: no hold)" >&2
+    exit 2 ;;
+esac
 if [ ! -s "$keys" ]; then
   echo "worker-entrypoint: no public key at $keys: mount the job's ssh Secret there" \
        "(manifests/README.md)" >&2
@@ -31,6 +44,41 @@ elif [ ! -f "$dir/ssh_host_ed25519_key" ]; then
        "launcher with SUPERVISOR_SSH_KNOWN_HOSTS_FILE refuses (Host key verification failed)" >&2
   ssh-keygen -q -t ed25519 -N "" -f "$dir/ssh_host_ed25519_key" </dev/null
 fi
-exec /usr/sbin/sshd -D -e -f "${SSHD_CONFIG:-/etc/ssh/sshd_config}" -p "$port" \
+set -- /usr/sbin/sshd -D -e -f "${SSHD_CONFIG:-/etc/ssh/sshd_config}" -p "$port" \
   -h "$dir/ssh_host_ed25519_key" -o "AuthorizedKeysFile=$dir/authorized_keys" \
   -o "PidFile=$dir/sshd.pid" "$@"
+if [ "$hold" -eq 0 ]; then
+  exec "$@"
+fi
+term=
+trap 'term=1' TERM INT
+"$@" &
+sshd=$!
+rc=0
+while [ -z "$term" ]; do
+  wait "$sshd" || rc=$?
+  if [ -z "$term" ] && ! kill -0 "$sshd" 2>/dev/null; then
+    exit "$rc"  # sshd ended by itself
+  fi
+done
+rc=0
+# sshd's children are its sessions: horovodrun's, running the training processes.
+if pgrep -P "$sshd" >/dev/null; then
+  echo "worker-entrypoint: SIGTERM: holding until the training processes here end (horovodrun" \
+       "lets this worker go at its next commit), at most ${hold}s" >&2
+  ticks=$(( hold * 5 ))
+  while pgrep -P "$sshd" >/dev/null && [ "$ticks" -gt 0 ]; do
+    sleep 0.2
+    ticks=$(( ticks - 1 ))
+  done
+  if pgrep -P "$sshd" >/dev/null; then
+    echo "worker-entrypoint: training processes still run after ${hold}s: stopping" >&2
+    rc=143
+  else
+    echo "worker-entrypoint: the training processes ended: stopping" >&2
+  fi
+fi
+pkill -TERM -P "$sshd" 2>/dev/null || true  # its sessions (the container's end would)
+kill -TERM "$sshd" 2>/dev/null || true
+wait "$sshd" || true
+exit "$rc"

@@ -381,3 +381,41 @@ def check_steps(records: list[Record], *, resumed_from: int = 0) -> None:
     last = max(r["step"] for r in steps)
     missing = sorted(set(range(resumed_from + 1, last + 1)) - seen)
     assert not missing, f"steps never computed: {missing[:10]}"
+
+
+def left_gracefully(job: Job, victims: list[str], t0: float, *why: str) -> None:
+    """What every graceful leave promises (issue 24), for each of `victims` (announced together:
+    the last of Horovod's world among them leaves once another joined): no failure decided,
+    WorkerLeaving then WorkerLeft, the pod gone, back at full size, not one step computed again
+    since the fault, horovodrun never restarted."""
+    for victim in victims:
+        job.wait(f"{victim} gone", lambda v=victim: v not in job.workers(), 90)
+    job.back_to(2, t0)
+    job.wait("the replacements at full size",
+             lambda: all(job.successor(v) in job.live_workers() for v in victims)
+             and len(job.live_workers()) == 2, 60)
+    for victim in victims:
+        assert [d for d in job.logs("worker.failed") if d.get("pod") == victim] == []
+        leaving = [e for e in job.logs_since("worker.leaving", t0) if e["pod"] == victim]
+        assert len(leaving) == 1 and leaving[0]["why"] in why, leaving
+        left = [e for e in job.logs_since("worker.left", t0) if e["pod"] == victim]
+        assert [e["how"] for e in left] == ["horovodrun let it go"], left
+        assert any(victim in n for n in job.notes("WorkerLeaving"))
+        assert any(victim in n and "horovodrun let it go" in n for n in job.notes("WorkerLeft"))
+        assert job.live_workers()[job.successor(victim)]["status"]["phase"] == "Running"
+    assert recomputed_since(job.records(), t0) == 0
+    no_restart_since(job, t0)
+    one_live_pod_per_slot(job)
+    check_steps(job.records())
+
+
+def recomputed_since(records: list[dict[str, Any]], t0: float) -> int:
+    """Steps rank 0 computed again after wall time `t0` (a rollback to the last commit)."""
+    steps = [r for r in records if "loss" in r]
+    before = [r["step"] for r in steps if r["time"] < t0]
+    prev, worst = (before[-1] if before else 0), 0
+    for r in steps:
+        if r["time"] >= t0:
+            worst = max(worst, prev + 1 - r["step"])
+            prev = r["step"]
+    return worst

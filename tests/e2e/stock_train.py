@@ -64,7 +64,7 @@ def log(**fields):
 def hold_the_gil(seconds):
     """One C call that takes about `seconds` and never lets the GIL go (sum over an iterator
     made in C runs no bytecode, so no other thread runs): linear in n, sized from the median
-    of three runs of at least 0.3 s. (A backtracking regular expression, used before, grows
+    of three runs of at least 0.5 s. (A backtracking regular expression, used before, grows
     as n**2 to n**3.5 with the cache and undershot 5 s by half on another machine.)"""
     def timed(k):
         start = time.monotonic()
@@ -72,7 +72,7 @@ def hold_the_gil(seconds):
         return time.monotonic() - start
 
     n = 1 << 16
-    while timed(n) < 0.3:
+    while timed(n) < 0.5:
         n *= 2
     took = statistics.median(timed(n) for _ in range(3))
     sum(itertools.repeat(1, int(n * seconds / took)))

@@ -179,6 +179,64 @@ def test_the_worker_without_the_secret_says_so(tmp_path: Path) -> None:
     assert f"no public key at {tmp_path / 'not-mounted'}" in result.stderr
 
 
+@pytest.mark.parametrize("case", [
+    pytest.param(("20", 3, (2.5, 6)), id="held until its session ends"),
+    pytest.param(("2", 30, (1.5, 4.5)), id="held at most the hold"),
+    pytest.param((None, 30, (0, 1.5)), id="no hold: sshd stops at once"),
+])
+def test_sigterm_is_held_while_a_session_runs(
+        tmp_path: Path, job_key: KeyPair, job_secret: Path,
+        case: tuple[str | None, int, tuple[float, float]]) -> None:
+    """Graceful leave, the worker's side (issue 24): a worker the supervisor created holds
+    SIGTERM (an eviction, a drain) while horovodrun's session runs its training processes, at
+    most ELASTIC_SUPERVISOR_LEAVE_HOLD_SECONDS (the hold, in seconds); without it sshd stops
+    at once, as before. `case`: the hold, the session's length, when the entrypoint ends."""
+    hold, session_s, ends_after = case
+    w = Worker(tmp_path, job_key.public, port=free_ports(1)[0],
+               host_key=job_secret / "host_ed25519")
+    if hold is not None:
+        w.env["ELASTIC_SUPERVISOR_LEAVE_HOLD_SECONDS"] = hold
+    w.start()
+    try:
+        session = subprocess.Popen(
+            ["ssh", *ssh_client_args(job_key, w.port), "-o", "ConnectTimeout=5", "127.0.0.1",
+             f"sleep {session_s}; echo finished"], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        wait_for(lambda: "Accepted publickey" in w.log.read_text(), 10, what="the session")
+        time.sleep(0.5)
+        assert w.proc is not None
+        t0 = time.monotonic()
+        w.proc.terminate()
+        code = w.proc.wait(40)
+        took = time.monotonic() - t0
+        if hold is None:
+            session.kill()  # sshd's sessions outlive it here: in a pod the container's end
+        out, _ = session.communicate(timeout=40)
+        lo, hi = ends_after
+        assert lo <= took <= hi, f"the entrypoint ended {took:.1f}s after SIGTERM"
+        log = w.log.read_text()
+        if hold == "20":
+            assert code == 0 and out.strip() == "finished", (code, out, log)
+            assert "the training processes ended: stopping" in log
+        elif hold == "2":
+            assert code == 143 and "finished" not in out, (code, out)
+            assert "still run after 2s: stopping" in log
+        else:
+            assert "worker-entrypoint: SIGTERM: holding" not in log
+    finally:
+        w.stop()
+
+
+def test_a_bad_hold_is_refused_with_one_line(tmp_path: Path, job_key: KeyPair) -> None:
+    w = Worker(tmp_path, job_key.public, port=free_ports(1)[0], host_key=None)
+    result = subprocess.run([str(ENTRYPOINT)], env={
+        **w.env, "ELASTIC_SUPERVISOR_LEAVE_HOLD_SECONDS": "25s"}, capture_output=True,
+        text=True, timeout=30, check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("worker-entrypoint: ELASTIC_SUPERVISOR_LEAVE_HOLD_SECONDS"
+                                     "=25s: expected whole seconds (0: no hold)")
+
+
 # ---- the built images, run by the runtime real nodes use -----------------------------------
 # localcluster.images builds them (cached: seconds on a warm machine, minutes cold) and the
 # tests import the archives into a throwaway containerd and start containers with `ctr run`,

@@ -33,7 +33,7 @@ from kubernetes import client, config
 from localcluster.controlplane import ControlPlane, Settings, read_versions
 from localcluster.kubelet import pod_status_running
 from supervisor.config import DEFAULT_SELECTOR, KNOWN, PREFIX, ConfigError, parse_config
-from supervisor.fleet import scale_name, state_name
+from supervisor.fleet import budget_name, scale_name, state_name
 from supervisor.leader import lease_name
 from supervisor.model import ExitCode
 from supervisor.policy import Action, PolicyError, policy_from_document
@@ -58,6 +58,7 @@ Permission = tuple[str, str, str, str | None, str | None]
 STATE = state_name("elastic-train")  # the job's own ConfigMaps and Lease
 SCALE = scale_name("elastic-train")
 LEADER = lease_name("elastic-train")
+BUDGET = budget_name("elastic-train")
 
 # Every Kubernetes API method supervisor/kube.py calls -> what it needs of the supervisor's
 # ServiceAccount. None: not called by `run` (tests, and a `status` run with a user's own
@@ -85,6 +86,10 @@ KUBE_CALLS: dict[str, list[Permission] | None] = {
     "create_namespaced_lease": [("coordination.k8s.io", "leases", "create", JOB, None)],
     "replace_namespaced_lease": [("coordination.k8s.io", "leases", "update", JOB, LEADER)],
     "list_namespaced_event": None,
+    "create_namespaced_pod_disruption_budget": [
+        ("policy", "poddisruptionbudgets", "create", JOB, None)],
+    "patch_namespaced_pod_disruption_budget": [
+        ("policy", "poddisruptionbudgets", "patch", JOB, BUDGET)],
     # At the end: does the Job run another launcher (supervisor.cleanup.terminal)?
     "read_namespaced_job": [("batch", "jobs", "get", JOB, "elastic-train")],
 }
@@ -97,7 +102,8 @@ ADMISSION: list[Permission] = [
     ("", "configmaps", "delete", JOB, STATE),
 ]
 # The API classes kube.py uses (so create_namespaced_event is known to be events.k8s.io).
-KUBE_API_CLASSES = {"CoreV1Api", "EventsV1Api", "CoordinationV1Api", "BatchV1Api"}
+KUBE_API_CLASSES = {"CoreV1Api", "EventsV1Api", "CoordinationV1Api", "BatchV1Api",
+                    "PolicyV1Api"}
 DENIED: list[Permission] = [
     # Nothing the code does not use: no single reads of nodes or node Leases, no other
     # ConfigMap, Lease or Job than the job's own.
@@ -119,6 +125,9 @@ DENIED: list[Permission] = [
     ("coordination.k8s.io", "leases", "update", "kube-node-lease", None),
     ("coordination.k8s.io", "leases", "update", JOB, "another-job-supervisor-leader"),
     ("coordination.k8s.io", "leases", "delete", JOB, LEADER),
+    ("policy", "poddisruptionbudgets", "patch", JOB, "another-job-supervisor-workers"),
+    ("policy", "poddisruptionbudgets", "delete", JOB, BUDGET),
+    ("policy", "poddisruptionbudgets", "update", JOB, BUDGET),
 ]
 
 

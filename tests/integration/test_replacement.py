@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kubernetes import client
 
-from localcluster.controlplane import free_ports
+from localcluster.controlplane import ControlPlane, free_ports
 from supervisor.fleet import state_name
 from supervisor.model import ExitCode
 from tests.helpers import NODE_GRACE_S, wait_for
@@ -25,6 +25,7 @@ from tests.integration.managed import (  # noqa: F401 (job and supervisor fixtur
     running,
     supervisor_fixture,
 )
+from tests.integration.test_operate import cli
 
 
 def note_of(api: client.ApiClient, namespace: str, reason: str) -> str:
@@ -308,3 +309,90 @@ def test_a_template_the_api_server_rejects_is_bad_configuration_before_any_worke
     assert "must be less than or equal to cpu limit" in rejected["reason"], rejected
     assert sup.records("start") == [] and job.pods() == {}
     assert "TemplateRejected" in wait_reason(api_client, namespace, "TemplateRejected")
+
+
+def test_the_workers_disruption_budget_lets_a_drain_evict_one_worker_at_a_time(
+        job: Job, supervisor, api_client: client.ApiClient, namespace: str) -> None:
+    """Issue 24, item 2: the supervisor keeps a PodDisruptionBudget over the job's workers at
+    the desired count less one, so the Eviction API (a drain, the autoscaler) takes one worker
+    and refuses the next until its replacement is Ready; a scale moves it along."""
+    job.node("n1"), job.node("n2"), job.node("n3")
+    sup = supervisor(SUPERVISOR_MAX_NP="3")
+    running(job, 2)
+    name = "job1-supervisor-workers"
+    kept = sup.wait_log("budget.kept", budget=name)
+    assert kept["min_available"] == 1
+    assert "minAvailable 1" in note_of(api_client, namespace, "DisruptionBudgetKept")
+    policy = client.PolicyV1Api(api_client)
+    pdb = policy.read_namespaced_pod_disruption_budget(name, namespace)
+    assert pdb.spec.min_available == 1 and pdb.spec.max_unavailable is None
+    assert pdb.spec.selector.match_labels == {"elastic-supervisor/job": "job1",
+                                              "elastic-supervisor/role": "worker"}
+    wait_for(lambda: policy.read_namespaced_pod_disruption_budget(
+        name, namespace).status.disruptions_allowed == 1, 30,
+        what="the disruption controller's count: one eviction allowed")
+
+    def evict(pod: str) -> int:
+        try:
+            job.core.create_namespaced_pod_eviction(pod, namespace, {
+                "apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": pod, "namespace": namespace}})
+            return 201
+        except client.ApiException as e:
+            return int(e.status)
+
+    assert evict("job1-w0-1") == 201
+    assert evict("job1-w1-1") == 429, "a second worker evicted while the first is not back"
+    assert sorted(running(job, 2)) == ["job1-w0-2", "job1-w1-1"]
+    wait_for(lambda: policy.read_namespaced_pod_disruption_budget(
+        name, namespace).status.disruptions_allowed == 1, 30,
+        what="one eviction allowed again once the replacement runs")
+    # A scale-out moves the budget along: three desired, at least two kept.
+    job.core.create_namespaced_config_map(namespace, {
+        "metadata": {"name": "job1-supervisor-scale"},
+        "data": {"scale.json": json.dumps({"workers": 3})}})
+    wait_for(lambda: policy.read_namespaced_pod_disruption_budget(
+        name, namespace).spec.min_available == 2, 15, what="minAvailable 2 after the scale")
+    assert sup.wait_log("budget.kept", min_available=2)
+
+
+def test_a_node_whose_workers_keep_failing_is_quarantined_then_released(
+        job: Job, supervisor, api_client: client.ApiClient, namespace: str,
+        control_plane: ControlPlane) -> None:
+    """Issue 24, item 4: two workers of the job fail on one node within the window: it gets no
+    new worker of the job (a required anti-affinity by its name) until the quarantine ends by
+    itself; `status` shows it meanwhile."""
+    n1 = job.node("n1")
+    sup = supervisor(SUPERVISOR_QUARANTINE_SECONDS="8")
+    assert running(job, 2) == ["job1-w0-1", "job1-w1-1"]  # on n1, the only node
+    job.terminate("job1-w0-1", 137)
+    assert running(job, 2) == ["job1-w0-2", "job1-w1-1"]  # one failure: n1 still takes it
+    job.terminate("job1-w0-2", 137)
+    said = sup.wait_log("node.quarantined", node=n1)
+    assert said["failures"] == 2
+    assert f"node {n1}: 2 workers of the job failed there" in note_of(
+        api_client, namespace, "NodeQuarantined")
+    wait_for(lambda: "job1-w0-3" in job.pods(), 10, what="the next replacement")
+    required = job.pods()["job1-w0-3"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]
+    assert {"key": "metadata.name", "operator": "NotIn", "values": [n1]} in [
+        e for t in required["nodeSelectorTerms"] for e in t.get("matchFields", ())]
+    time.sleep(2)
+    assert not job.pods()["job1-w0-3"]["spec"].get("nodeName"), \
+        "nowhere to go but the quarantined node: Pending (not deleted and created again)"
+    assert sup.records("worker.rescheduled") == []
+    status = json.loads(cli_status(control_plane, namespace))
+    assert list(status["quarantined"]) == [n1]
+    n2 = job.node("n2")
+    assert running(job, 2) == ["job1-w0-3", "job1-w1-1"]
+    assert job.pods()["job1-w0-3"]["spec"]["nodeName"] == n2
+    sup.wait_log("node.released", node=n1, timeout=20)
+    assert "NodeReleased" in wait_reason(api_client, namespace, "NodeReleased")
+    wait_for(lambda: json.loads(cli_status(control_plane, namespace))["quarantined"] == {},
+             10, what="status without the quarantine")
+
+
+def cli_status(control_plane: ControlPlane, namespace: str) -> str:
+    out = cli(control_plane, namespace, "status", "--output", "json")
+    assert out.returncode == 0, out.stderr
+    return out.stdout

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.actuator import CreatePod, DeletePod, Pending, SaveState, runnable
+from supervisor.actuator import CreatePod, DeletePod, KeepBudget, Pending, SaveState, runnable
 
 
 def create(name: str) -> CreatePod:
@@ -17,6 +17,7 @@ def delete(name: str) -> DeletePod:
 
 
 SAVE = SaveState({"n": 1})
+BUDGET = KeepBudget({"metadata": {"name": "job1-supervisor-workers"}})
 
 
 def queue(*ops: object, running: tuple[int, ...] = (),
@@ -44,6 +45,9 @@ CASES = {
     "a pod submitted before the save is not held": (queue(delete("b"), SAVE, running=(2,)), 1),
     "a save does not wait for pods": (queue(create("a"), SAVE, running=(1,)), 2),
     "backoff over": (queue(create("a"), backoff={1: 0.5}), 1),
+    "the budget waits for the state saved before it": (queue(SAVE, BUDGET, running=(1,)), None),
+    "a budget in backoff holds no pod": (queue(BUDGET, create("a"), backoff={1: 5.0}), 2),
+    "the budget's updates in order": (queue(BUDGET, BUDGET, running=(1,)), None),
     "nothing": ([], None),
 }
 

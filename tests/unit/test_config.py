@@ -94,6 +94,9 @@ def test_every_variable_set_explicitly() -> None:
         "SUPERVISOR_WORKER_HOOK": "false", "SUPERVISOR_HEARTBEAT_TIMEOUT_SECONDS": "2.5",
         "SUPERVISOR_STALL_TIMEOUT_SECONDS": "900", "SUPERVISOR_HOROVODRUN_RESTART_LIMIT": "0",
         "SUPERVISOR_STUCK_SECONDS": "45",
+        "SUPERVISOR_NODE_DRAIN_TAINTS": "example.com/going, ToBeDeletedByClusterAutoscaler",
+        "SUPERVISOR_NODE_BAD_CONDITIONS": "none", "SUPERVISOR_QUARANTINE_FAILURES": "3",
+        "SUPERVISOR_QUARANTINE_WINDOW_SECONDS": "600", "SUPERVISOR_QUARANTINE_SECONDS": "120",
     }, read_text=lambda _: TEMPLATE.replace("app: x", "app: bert\n    role: worker"))
     assert (cfg.worker_selector, cfg.slots_per_worker, cfg.np, cfg.min_np, cfg.max_np) == (
         "app=bert,role=worker", 2, 4, 2, 8)
@@ -120,6 +123,9 @@ def test_every_variable_set_explicitly() -> None:
         ("SUPERVISOR_RESTART_EXIT_CODES: other exit codes", Action.IGNORE),
         ("SUPERVISOR_RESTART_EVENTS", Action.RESTART),
         ("SUPERVISOR_RESTART_EVENTS: other events", Action.IGNORE)]
+    assert cfg.node_drain_taints == {"example.com/going", "ToBeDeletedByClusterAutoscaler"}
+    assert cfg.node_bad_conditions == frozenset()
+    assert (cfg.quarantine_failures, cfg.quarantine_window_s, cfg.quarantine_s) == (3, 600, 120)
     assert all(src == "env" for src in cfg.sources.values())
 
 
@@ -248,6 +254,17 @@ BAD = [
      "or a number of seconds >= 5"),
     ("SUPERVISOR_HOROVODRUN_RESTART_LIMIT", "-1", "SUPERVISOR_HOROVODRUN_RESTART_LIMIT='-1': "
      "expected an integer >= 0"),
+    ("SUPERVISOR_QUARANTINE_FAILURES", "-1", "SUPERVISOR_QUARANTINE_FAILURES='-1': expected an "
+     "integer >= 0"),
+    ("SUPERVISOR_QUARANTINE_WINDOW_SECONDS", "0", "SUPERVISOR_QUARANTINE_WINDOW_SECONDS='0': "
+     "expected a number of seconds > 0"),
+    ("SUPERVISOR_QUARANTINE_SECONDS", "x", "SUPERVISOR_QUARANTINE_SECONDS='x': expected a "
+     "number of seconds > 0"),
+    ("SUPERVISOR_NODE_DRAIN_TAINTS", "a,,b", "SUPERVISOR_NODE_DRAIN_TAINTS='a,,b': expected "
+     "comma-separated taint keys without spaces (e.g. ToBeDeletedByClusterAutoscaler), or none"),
+    ("SUPERVISOR_NODE_BAD_CONDITIONS", "Kernel Deadlock", "SUPERVISOR_NODE_BAD_CONDITIONS="
+     "'Kernel Deadlock': expected comma-separated node condition types without spaces (e.g. "
+     "KernelDeadlock), or none"),
 ]
 
 

@@ -138,6 +138,8 @@ def script(p: core.Pass) -> list[Any]:
             out.append(("restart", t.reason, t.restart))
         elif isinstance(t, FailJob):
             out.append(("fail", t.code))
+        elif isinstance(t, core.KeepBudget):
+            out.append(("budget", t.min_available))
     return out
 
 
@@ -345,3 +347,129 @@ def test_a_failure_already_failing_the_job_is_decided_but_not_replaced() -> None
     p = manage(c, seen({**PODS, x.failure.pod: x.pod}), S)
     assert [k[0] for k in script(p)] == ["fence", "kill-ssh", "say"]
     assert p.core.failing == (int(ExitCode.WORKERS_LOST), "before"), "the first reason wins"
+
+
+# ---- graceful leave (issue 24): a worker announced to go ----------------------------------------
+
+LEAVING = replace(S, classify=ClassifySettings(node_grace_s=0.0, graceful_leave=True))
+KEPT = replace(STEADY, budget=1)  # the workers' PodDisruptionBudget asked for already
+
+
+def test_the_disruption_budget_follows_the_desired_workers() -> None:
+    """The desired count less one, asked for once per change (after the state it follows)."""
+    p = manage(STEADY, seen(), LEAVING)
+    assert script(p) == [("budget", 1)] and p.core.budget == 1
+    assert script(manage(p.core, seen(), LEAVING)) == []
+    out = manage(replace(p.core, scale_request=3), seen(), LEAVING)
+    assert script(out) == [("say", "scale.applied"), ("save",), ("budget", 2),
+                           ("create", pod_name(JOB, 2, 1))]
+    assert script(manage(STEADY, seen(), S)) == [], "no graceful leave: no budget"
+
+
+def cordon(name: str) -> dict[str, Any]:
+    n = shapes.node(name)
+    n["spec"]["unschedulable"] = True
+    return n
+
+
+def evicted(p: dict[str, Any]) -> dict[str, Any]:
+    """`p` as the Eviction API leaves it: DisruptionTarget, deleted with its grace (30 s)."""
+    p = copy.deepcopy(p)
+    p["metadata"]["deletionTimestamp"] = "2026-11-27T05:00:00Z"
+    p["metadata"]["deletionGracePeriodSeconds"] = 30
+    p["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True",
+                                      "reason": "EvictionByEvictionAPI"})
+    return p
+
+
+@pytest.mark.parametrize(("pods", "nodes", "why", "away"), [
+    pytest.param(PODS, {**NODES, "node-0": cordon("node-0")}, "NodeCordoned", ("node-0",),
+                 id="its node cordoned"),
+    pytest.param({**PODS, pod_name(JOB, 0, 1): evicted(W0)}, NODES, "Evicted", (),
+                 id="evicted"),
+])
+def test_an_announced_worker_leaves_gracefully_and_is_replaced_at_once(
+        pods: dict[str, Any], nodes: dict[str, Any], why: str, away: tuple[str, ...]) -> None:
+    """No fence, no ssh kill, no delete, no budget: its slot moves on, the replacement is
+    created at once (kept off a node that is going), the old pod waits for horovodrun."""
+    w0, w0b = pod_name(JOB, 0, 1), pod_name(JOB, 0, 2)
+    p = manage(KEPT, seen(pods, nodes=nodes), LEAVING)
+    # The budget counts the leaving worker, still Ready, as one that stays: while it leaves,
+    # no other eviction is allowed.
+    assert script(p) == [("say", "worker.leaving"), ("save",), ("budget", 2), ("create", w0b)]
+    note = p.todo[0]
+    assert isinstance(note, Note) and note.k8s is not None
+    assert (note.k8s.reason, note.fields["why"]) == ("WorkerLeaving", why)
+    create = p.todo[3]
+    assert isinstance(create, CreateWorker) and create.lost_nodes == away
+    assert create.create.avoid_node == "node-0"
+    c = p.core
+    assert c.fleet is not None and c.fleet.slots[0].incarnation == 2
+    assert c.fleet.ledger.total == 0, "no restart budget used"
+    assert c.leaving == {w0: plan.Leaving(0, "uid-" + w0, "node-0", WALL, why)}
+    assert "uid-" + w0 in c.failed, "never classified: it is out of the file from now"
+    # The same picture again: nothing new (level-triggered).
+    assert script(manage(c, seen(pods, nodes=nodes), LEAVING)) == []
+    # Without the graceful leave (the supervisor does not own the workers' entrypoint): a
+    # cordon is nothing, and an eviction is a failure found on its watch event (classify).
+    assert script(manage(STEADY, seen(pods, nodes=nodes), S)) == []
+
+
+@pytest.mark.parametrize(("pods", "deleted"), [
+    pytest.param(PODS, True, id="its node cordoned: the supervisor deletes it"),
+    pytest.param({**PODS, pod_name(JOB, 0, 1): evicted(W0)}, False,
+                 id="evicted: being deleted already, its entrypoint ends by itself"),
+])
+def test_a_leaving_worker_goes_once_horovodrun_let_it_go(pods: dict[str, Any],
+                                                          deleted: bool) -> None:
+    w0 = pod_name(JOB, 0, 1)
+    nodes = {**NODES, "node-0": cordon("node-0")}
+    first = manage(KEPT, seen(pods, nodes=nodes), LEAVING).core
+    out_of_file = f"{ip(1)}:1\n"
+    # Still listed, or its ssh clients not counted yet, or still running: it stays.
+    for kw in ({}, {"published": out_of_file},
+               {"published": out_of_file, "ssh_clients": {ip(0): 1}}):
+        p = manage(first, seen(pods, nodes=nodes, **kw), LEAVING)
+        assert script(p) == [] and w0 in p.core.leaving, kw
+    # horovodrun let it go: deleted (unless it is being deleted), said, forgotten.
+    p = manage(first, seen(pods, nodes=nodes, published=out_of_file, ssh_clients={ip(0): 0}),
+               LEAVING)
+    assert script(p) == ([("say", "worker.left"), ("delete", w0, None), ("budget", 1)]
+                         if deleted else [("say", "worker.left"), ("budget", 1)])
+    assert p.core.leaving == {}
+    note = p.todo[0]
+    assert isinstance(note, Note) and note.fields["how"] == "horovodrun let it go"
+    # Still running past the scale-in timeout: let go anyway.
+    late = manage(first, seen(pods, nodes=nodes, published=out_of_file,
+                              ssh_clients={ip(0): 2}, wall=WALL + 61), LEAVING)
+    assert late.core.leaving == {}
+    assert late.todo[0].fields["how"] == "timeout; 2 ssh clients left"  # type: ignore[union-attr]
+
+
+def test_a_leaving_pod_that_is_gone_is_forgotten() -> None:
+    nodes = {**NODES, "node-0": cordon("node-0")}
+    first = manage(KEPT, seen(PODS, nodes=nodes), LEAVING).core
+    gone = {pod_name(JOB, 1, 1): W1}
+    p = manage(first, seen(gone, nodes=nodes), LEAVING)
+    assert p.core.leaving == {}
+    assert ("say", "worker.left") in script(p)
+
+
+def test_the_last_member_of_the_world_leaves_only_once_another_joined() -> None:
+    """Both workers announced at once (their nodes cordoned): Horovod broadcasts the state from
+    a member of the last world, so one stays until a replacement is in the driver's world."""
+    nodes = {"node-0": cordon("node-0"), "node-1": cordon("node-1")}
+    w0, w1 = pod_name(JOB, 0, 1), pod_name(JOB, 1, 1)
+    p = manage(KEPT, seen(PODS, nodes=nodes), LEAVING)
+    assert script(p) == [("say", "worker.leaving"), ("say", "worker.leave_waits"), ("save",),
+                         ("budget", 2), ("create", pod_name(JOB, 0, 2))]
+    assert set(p.core.leaving) == {w0} and p.core.leave_waits == {w1}
+    # Said once while it waits.
+    again = manage(p.core, seen(PODS, nodes=nodes), LEAVING)
+    assert script(again) == []
+    # The replacement joined: the driver's world holds it and w1.
+    joined = replace(WORLD, world=frozenset({ip(1), "10.1.0.99"}), world_seq=2)
+    out = manage(again.core, seen(PODS, nodes=nodes, driver=joined), LEAVING)
+    assert script(out) == [("say", "worker.leaving"), ("save",), ("budget", 3),
+                           ("create", pod_name(JOB, 1, 2))]
+    assert set(out.core.leaving) == {w0, w1} and out.core.leave_waits == frozenset()

@@ -437,3 +437,14 @@ def test_the_file_follows_the_supervisors_own_decisions(
     again = discovery.render(v, 1, HostMode.POD_IP, {}, declared=declared, active=active,
                              memo=memo)
     assert again.lines == r.lines, "a change of the decisions renders again"
+
+
+def test_an_evicted_worker_that_must_stay_for_a_while_stays_listed() -> None:
+    """Evicted (its entrypoint holds SIGTERM) while it is the last of Horovod's world: it
+    stays in the file until another worker joined (core's leave step names it)."""
+    v = view_of(deleting(pod()), READY_NODE)
+    assert discovery.render(v, 1, HostMode.POD_IP, {}).lines == ()
+    stays = discovery.render(v, 1, HostMode.POD_IP, {}, staying=frozenset({"w-0"}))
+    assert stays.lines == ("10.1.0.10:1",)
+    other = discovery.render(v, 1, HostMode.POD_IP, {}, staying=frozenset({"w-1"}))
+    assert other.lines == ()

@@ -175,3 +175,30 @@ def test_kept_off_reads_back_the_nodes_worker_pod_excluded() -> None:
     assert kept_off(old) == {"n4"}
     assert kept_off(worker_pod(t, job="bert", slot=0, incarnation=2, owner=None,
                                avoid_node="n1")) == frozenset()
+
+
+@pytest.mark.parametrize(("grace", "env", "expected"), [
+    (None, None, "25"),  # Kubernetes' default grace, 30 s, less the margin
+    (60, None, "55"),
+    (3, None, "0"),
+    (30, [{"name": "A", "value": "1"}], "25"),
+    (30, [{"name": "ELASTIC_SUPERVISOR_LEAVE_HOLD_SECONDS", "value": "7"}], "7"),  # the user's
+])
+def test_the_training_container_gets_the_leave_hold(grace: int | None, env: list | None,
+                                                     expected: str) -> None:
+    t = copy.deepcopy(TEMPLATE)
+    t["spec"]["containers"].append({"name": "helper", "image": "h:1"})
+    if grace is not None:
+        t["spec"]["terminationGracePeriodSeconds"] = grace
+    if env is not None:
+        t["spec"]["containers"][0]["env"] = env
+    pod = worker_pod(validate_template(t, SELECTOR), job="bert", slot=0, incarnation=1,
+                     owner=None, hold_in="worker")
+    worker, helper = pod["spec"]["containers"]
+    hold = [e["value"] for e in worker["env"]
+            if e["name"] == "ELASTIC_SUPERVISOR_LEAVE_HOLD_SECONDS"]
+    assert hold == [expected]
+    assert [e["name"] for e in worker["env"]][:len(env or [])] == [e["name"] for e in env or []]
+    assert "env" not in helper
+    assert "env" not in worker_pod(validate_template(TEMPLATE, SELECTOR), job="bert", slot=0,
+                                   incarnation=1, owner=None)["spec"]["containers"][0]
