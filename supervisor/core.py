@@ -56,7 +56,7 @@ from supervisor.discovery import Rendered
 from supervisor.fleet import Fleet
 from supervisor.hang import HangSettings, Verdict
 from supervisor.model import EventSpec, ExitCode
-from supervisor.observe import EventType, Obj
+from supervisor.observe import EventType, Obj, node_problem
 from supervisor.plan import Note
 from supervisor.policy import Policy
 from supervisor.workers import pod_name
@@ -430,11 +430,16 @@ def _brake(p: _Pass, s: Seen, st: Settings, down: set[str]) -> None:
 def _quarantine(p: _Pass, s: Seen, st: Settings, found: list[plan.Failed]) -> None:
     """Step 7c: a node where workers of the job keep failing gets no new one for a while
     (quarantine.py); its end is said too."""
+    usable = [name for name, n in s.nodes.items()
+              if node_problem(n) is None and not n.get("spec", {}).get("unschedulable")]
     ch = quarantine.step(p.c.quarantine, [(x.failure.cause, x.failure.node) for x in found],
-                         s.wall, st.quarantine)
+                         s.wall, st.quarantine, usable)
+    q = st.quarantine
+    for node in ch.spared:
+        p.todo.append(Note("info", "node.quarantine_spared", {
+            "node": node, "reason": "no other Ready, schedulable node to put workers on"}))
     if ch.q is p.c.quarantine:
         return
-    q = st.quarantine
     for node, n in ch.started:
         note = (f"node {node}: {n} workers of the job failed there within "
                 f"{q.window_s:g}s: no new worker of the job goes there for {q.ttl_s:g}s")

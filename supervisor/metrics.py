@@ -26,6 +26,8 @@ class Metrics:
     horovodrun_up: Gauge
     worker_failures: Counter
     workers_created: Counter
+    worker_leaves: Counter
+    nodes_quarantined: Gauge
     restart_budget_left: Gauge
     replacement_latency: Histogram
     heartbeating_processes: Gauge
@@ -67,6 +69,10 @@ def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         worker_failures=Counter(f"{p}worker_failures", "Worker failures by cause and the "
                                 "action taken", ["cause", "action"], registry=r),
         workers_created=Counter(f"{p}workers_created", "Worker pods created", registry=r),
+        worker_leaves=Counter(f"{p}worker_leaves", "Workers announced to go that left "
+                              "gracefully (no failure), by why", ["why"], registry=r),
+        nodes_quarantined=Gauge(f"{p}nodes_quarantined", "Nodes that get no new worker of "
+                                "the job now (bad-node quarantine)", registry=r),
         restart_budget_left=Gauge(f"{p}restart_budget_left",
                                   "Replacements left under the job-wide restart limit",
                                   registry=r),

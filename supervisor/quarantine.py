@@ -5,7 +5,9 @@ workers.not_on), then is released by itself.
 What counts: the failures that say something about the node, a training container's exit
 (ExitCode), a hung process (Hung, which a stuck one is too) and the node's own loss
 (NodeNotReady). Not a delete, an eviction or a preemption (someone else's decision), nor a
-graceful leave (announced: disruption.py). Times are wall-clock epoch seconds. No I/O.
+graceful leave (announced: disruption.py). A node is not quarantined while no other node
+could take a worker (Ready, schedulable, not quarantined): that would leave its slots Pending
+instead of retrying where they can run. Times are wall-clock epoch seconds. No I/O.
 """
 
 from __future__ import annotations
@@ -38,12 +40,14 @@ class Change:
     q: Quarantine
     started: tuple[tuple[str, int], ...] = ()  # (node, failures in the window) newly in
     ended: tuple[str, ...] = ()  # nodes whose quarantine is over
+    spared: tuple[str, ...] = ()  # at the threshold, but no other node could take a worker
 
 
 def step(q: Quarantine, failures: Iterable[tuple[Cause, str | None]], now: float,
-         s: Settings) -> Change:
+         s: Settings, usable: Iterable[str] = ()) -> Change:
     """The quarantine after these failures (cause, node) at `now`: the window slides, a node
-    at `failures` within it is quarantined until now + ttl, a quarantine past its end ends."""
+    at `failures` within it is quarantined until now + ttl if another of the `usable` nodes
+    (Ready, schedulable) is not quarantined, a quarantine past its end ends."""
     if s.failures <= 0:
         return Change(q) if not q.failed and not q.until else Change(Quarantine(),
                                                                      ended=tuple(q.until))
@@ -54,17 +58,21 @@ def step(q: Quarantine, failures: Iterable[tuple[Cause, str | None]], now: float
     failed = {n: ts for n, ts in failed.items() if ts}
     until = {n: t for n, t in q.until.items() if t > now}
     ended = tuple(sorted(set(q.until) - set(until)))
-    started = []
+    started, spared, others = [], [], set(usable)
     for node, ts in sorted(failed.items()):
         if len(ts) >= s.failures and node not in until:
+            if not others - set(until) - {node}:
+                spared.append(node)
+                failed[node] = ()  # said once: counted again from zero
+                continue
             until[node] = now + s.ttl_s
             started.append((node, len(ts)))
             failed[node] = ()  # counted again from zero once released
     failed = {n: ts for n, ts in failed.items() if ts}
     new = Quarantine(failed, until)
     if new == q:
-        return Change(q)
-    return Change(new, tuple(started), ended)
+        return Change(q, spared=tuple(spared))
+    return Change(new, tuple(started), ended, tuple(spared))
 
 
 def next_end(q: Quarantine) -> float | None:

@@ -435,6 +435,10 @@ class Supervisor:
         st.replace_from.update(p.replace_from)
         for cause, action in p.counts:
             self.metrics.worker_failures.labels(cause, action).inc()
+        for todo in p.todo:
+            if isinstance(todo, plan.Note) and todo.event == "worker.leaving":
+                self.metrics.worker_leaves.labels(todo.fields["why"]).inc()
+        self.metrics.nodes_quarantined.set(len(p.core.quarantine.until))
         for reason in p.restarts:
             self.metrics.horovodrun_restarts.labels(reason).inc()
         if snap is not None and p.verdict is not None:

@@ -271,6 +271,12 @@ class TestStockTour:
             for victim in on_node:
                 replacement = job.live_workers()[job.successor(victim)]
                 assert replacement["spec"]["nodeName"] != node, "kept off the node that goes"
+            launcher = job.launcher()
+            assert launcher is not None
+            why = "NodeCondition" if "condition" in announced else "NodeTainted"
+            left = scrape(METRICS_PORT, launcher["status"]["podIP"]).get(
+                f'elastic_supervisor_worker_leaves_total{{why="{why}"}}', 0)
+            assert left == len(on_node), f"worker_leaves_total{{why={why}}}: {left}"
         finally:
             if announced.startswith("a node-problem"):
                 condition("False")

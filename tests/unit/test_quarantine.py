@@ -21,12 +21,15 @@ S = Settings(failures=2, window_s=100.0, ttl_s=50.0)
 EXIT, HUNG, LOST = Cause.EXIT_CODE, Cause.HUNG, Cause.NODE_NOT_READY
 
 
+NODES = ("n1", "n2", "n3")
+
+
 def run(events: list[tuple[float, list[tuple[Cause, str | None]]]],
         s: Settings = S) -> list[tuple[float, tuple, tuple, dict[str, float]]]:
     """Feed failures at times; return (time, started, ended, until) after each."""
     q, out = Quarantine(), []
     for t, failures in events:
-        ch = step(q, failures, t, s)
+        ch = step(q, failures, t, s, NODES)
         q = ch.q
         out.append((t, ch.started, ch.ended, dict(q.until)))
     return out
@@ -60,10 +63,23 @@ def test_quarantine(events: list, expected: list) -> None:
     assert run(events) == expected
 
 
+def test_a_node_is_spared_while_no_other_could_take_a_worker() -> None:
+    """Its slots would stay Pending instead of retrying where they can run: said once, and
+    counted again from zero."""
+    ch = step(Quarantine(), [(EXIT, "n1")] * 2, 0, S, ["n1"])
+    assert (ch.started, ch.spared, ch.q.until) == ((), ("n1",), {})
+    assert step(ch.q, [], 1, S, ["n1"]).spared == ()
+    # n2 is quarantined already: n1 is spared too; with n3 usable, n1 goes.
+    q = Quarantine(until={"n2": 100.0})
+    assert step(q, [(EXIT, "n1")] * 2, 0, S, ["n1", "n2"]).spared == ("n1",)
+    assert step(q, [(EXIT, "n1")] * 2, 0, S, ["n1", "n2", "n3"]).q.until == {
+        "n1": 50.0, "n2": 100.0}
+
+
 def test_off() -> None:
     off = Settings(failures=0)
     assert run([(0, [(EXIT, "n1"), (EXIT, "n1"), (EXIT, "n1")])], off) == [(0, (), (), {})]
-    q = step(Quarantine(), [(EXIT, "n1")] * 2, 0, S).q
+    q = step(Quarantine(), [(EXIT, "n1")] * 2, 0, S, NODES).q
     ch = step(q, [], 1, off)
     assert ch.q == Quarantine() and ch.ended == ("n1",), "turned off: released"
 
