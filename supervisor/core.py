@@ -430,8 +430,11 @@ def _brake(p: _Pass, s: Seen, st: Settings, down: set[str]) -> None:
 def _quarantine(p: _Pass, s: Seen, st: Settings, found: list[plan.Failed]) -> None:
     """Step 7c: a node where workers of the job keep failing gets no new one for a while
     (quarantine.py); its end is said too."""
-    usable = [name for name, n in s.nodes.items()
-              if node_problem(n) is None and not n.get("spec", {}).get("unschedulable")]
+    # The nodes the job's workers run (or ran) on: where the scheduler can put them (the
+    # template's selectors and affinities), which the supervisor cannot judge by itself.
+    placed = {node for pod in s.pods.values() if (node := pod.get("spec", {}).get("nodeName"))}
+    usable = [name for name in placed if (n := s.nodes.get(name)) is not None
+              and node_problem(n) is None and not n.get("spec", {}).get("unschedulable")]
     ch = quarantine.step(p.c.quarantine, [(x.failure.cause, x.failure.node) for x in found],
                          s.wall, st.quarantine, usable)
     q = st.quarantine

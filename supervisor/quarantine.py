@@ -6,8 +6,9 @@ What counts: the failures that say something about the node, a training containe
 (ExitCode), a hung process (Hung, which a stuck one is too) and the node's own loss
 (NodeNotReady). Not a delete, an eviction or a preemption (someone else's decision), nor a
 graceful leave (announced: disruption.py). A node is not quarantined while no other node
-could take a worker (Ready, schedulable, not quarantined): that would leave its slots Pending
-instead of retrying where they can run. Times are wall-clock epoch seconds. No I/O.
+could take a worker (one the job's workers run or ran on, Ready, schedulable, not quarantined):
+that would leave its slots Pending instead of retrying where they can run. Times are
+wall-clock epoch seconds. No I/O.
 """
 
 from __future__ import annotations

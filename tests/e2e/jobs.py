@@ -319,9 +319,12 @@ def main_job(cluster: Cluster, api: client.ApiClient, out: Path, *, steps: int,
     # The scenarios look at the workers after the end (the cleanup has its own tests), and a
     # launcher started again after a SIGKILL waits out the killed one's lease. horovodrun's
     # driver logs its registry and discovery (--verbose) into the launcher's log: what a failed
-    # scenario's post-mortem needs.
+    # scenario's post-mortem needs. The faults a tour throws at its two worker nodes are the
+    # test's, not the nodes': no quarantine (it would leave the workers one node, and the node
+    # faults after it no survivor; its own test: tests/integration/test_replacement.py).
     env = {"SUPERVISOR_CLEAN_POD_POLICY": "None", "SUPERVISOR_LEADER_LEASE_SECONDS": "10",
-           "SUPERVISOR_HOROVODRUN_EXTRA_ARGS": "--verbose", **(env or {})}
+           "SUPERVISOR_HOROVODRUN_EXTRA_ARGS": "--verbose", "SUPERVISOR_QUARANTINE_FAILURES": "0",
+           **(env or {})}
     job = Job(cluster, api, namespace, out, args=args, env=env, transform=compose(*changes))
     if checkpoint is not None:
         job.stop_file = checkpoint / STOP_FILE
@@ -404,6 +407,8 @@ def left_gracefully(job: Job, victims: list[str], t0: float, *why: str) -> None:
         assert any(victim in n and "horovodrun let it go" in n for n in job.notes("WorkerLeft"))
         assert job.live_workers()[job.successor(victim)]["status"]["phase"] == "Running"
     assert recomputed_since(job.records(), t0) == 0
+    sizes = [r["size"] for r in job.records() if r.get("event") == "reset" and r["time"] >= t0]
+    assert sizes and min(sizes) >= 1, f"training went below size - 1: resets to {sizes}"
     no_restart_since(job, t0)
     one_live_pod_per_slot(job)
     check_steps(job.records())

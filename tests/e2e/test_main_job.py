@@ -268,7 +268,8 @@ class TestMainTour:
             took = time.time() - t0
             evicting = {line.rsplit("/", 1)[-1] for line in drained.stdout.splitlines()
                         if line.startswith("evicting pod ")}
-            assert evicting == set(on_node) and f"node/{node} drained" in drained.stdout, \
+            # (and the node's terminated worker pods, kept for their logs)
+            assert set(on_node) <= evicting and f"node/{node} drained" in drained.stdout, \
                 drained.stdout
             print(f"kubectl drain {node} ({len(on_node)} workers): {took:.1f}s")
             # The cordon comes first, the eviction a few ms later: either is seen first.

@@ -361,16 +361,19 @@ def test_a_node_whose_workers_keep_failing_is_quarantined_then_released(
         control_plane: ControlPlane) -> None:
     """Issue 24, item 4: two workers of the job fail on one node within the window: it gets no
     new worker of the job (a required anti-affinity by its name) until the quarantine ends by
-    itself; `status` and the metrics show it meanwhile. (With no other node, a node is spared:
-    test_a_restarted_supervisor_keeps_budgets_and_creates_no_duplicates fails twice on one.)"""
+    itself; `status` and the metrics show it meanwhile. (With no other node the job's workers
+    ran on, a node is spared: test_a_restarted_supervisor_keeps_budgets_and_creates_no_duplicates
+    fails twice on its only one.)"""
     n1 = job.node("n1")
     port = free_ports(1)[0]
     sup = supervisor(SUPERVISOR_QUARANTINE_SECONDS="8", SUPERVISOR_METRICS_PORT=str(port))
     quarantined = "elastic_supervisor_nodes_quarantined"
     assert running(job, 2) == ["job1-w0-1", "job1-w1-1"]  # on n1, the only node
     n2 = job.node("n2")
+    time.sleep(2)  # the scheduler's cache has n2: the replacement goes there (away from n1)
     job.terminate("job1-w0-1", 137)
     assert running(job, 2) == ["job1-w0-2", "job1-w1-1"]
+    assert job.pods()["job1-w0-2"]["spec"]["nodeName"] == n2
     assert sup.records("node.quarantined") == []
     job.terminate("job1-w1-1", 137)
     said = sup.wait_log("node.quarantined", node=n1)
