@@ -15,7 +15,9 @@ From rank 0's batch lines and the supervisor's log, per disruption:
 - interruption_s: the longest interval between two batches from the announcement until the
   job trains at full size again (the leave's regroup and the replacement's join);
 - announce_to_file_s: the announcement (the API call returned) -> the discovery file written
-  without the worker (the supervisor's `discovery.written` after its `worker.leaving`).
+  without the worker (the supervisor's `discovery.written` after its `worker.leaving`); a
+  victim that was the last of Horovod's world on its node waits until another worker joined
+  (`waited_for_a_join`), by design.
 All times are wall-clock differences on one machine.
 """
 
@@ -84,6 +86,10 @@ def one_job(cluster: Cluster, api: client.ApiClient, work: Path) -> dict[str, An
         job.wait_training(past=20, size=2, timeout=420)
         for kind in PLAN:
             job.wait("every node Ready and schedulable", job.nodes_ready, 120)
+            # The last disruption's leaves over (a node that held both workers moves them one
+            # after the other): two live workers, none being deleted.
+            job.wait("no leave under way", lambda: len(job.live_workers()) == 2 and not any(
+                p["metadata"].get("deletionTimestamp") for p in job.workers().values()), 120)
             past = (job.last_step() or {"step": 0})["step"] + 10
             job.wait_training(past=past, size=2, timeout=240)
             rank0 = job.rank0_host()
@@ -94,7 +100,7 @@ def one_job(cluster: Cluster, api: client.ApiClient, work: Path) -> dict[str, An
                 started = time.time()
                 t0 = announce(job, kind, victim, node, undo)
                 if kind == "drain":
-                    t0 = started  # the cordon came first
+                    t0 = started  # the cordon came first (the drain returns once it is gone)
                 job.wait(f"{kind}: {victim} gone", lambda v=victim: v not in job.workers(), 120)
                 full = job.wait(f"{kind}: full size",
                                 lambda t0=t0: step_after_reset(job.records(), t0, 2), 240)
@@ -103,9 +109,11 @@ def one_job(cluster: Cluster, api: client.ApiClient, work: Path) -> dict[str, An
                        if t0 <= s["time"] <= full["time"]]
             gaps = [b - a for a, b in itertools.pairwise(batches)]
             leaving = [e for e in job.logs("worker.leaving") if e.get("pod") == victim]
+            waited = [e for e in job.logs("worker.leave_waits") if e.get("pod") == victim]
             out.append({
                 "disruption": kind, "victim": victim, "node": node,
                 "leave": leaving[0]["why"] if leaving else None,
+                "waited_for_a_join": bool(waited),
                 "failed": [d["cause"] for d in job.logs("worker.failed")
                            if d.get("pod") == victim],
                 "steps_recomputed": sum(rerun_after(job, t0)),
