@@ -70,12 +70,15 @@ def announce(job: Job, kind: str, victim: str, node: str,
     return time.time()
 
 
-def out_of_file_at(job: Job, victim: str, t0: float) -> float | None:
-    """When the discovery file was first written without `victim` after its leave began."""
-    leaving = [log_time(e) for e in job.logs("worker.leaving") if e.get("pod") == victim]
-    if not leaving:
+def out_of_file_at(job: Job, host: str, t0: float) -> float | None:
+    """When the discovery file was first written without `host` after `t0` (a deletion makes
+    the pod unusable at once, so the file can go out before the supervisor's `worker.leaving`
+    line: the change of the host list is what counts)."""
+    removed = [log_time(e) for e in job.logs("workers.changed")
+               if log_time(e) >= t0 - 0.5 and host in (e.get("removed") or ())]
+    if not removed:
         return None
-    written = [log_time(e) for e in job.logs("discovery.written") if log_time(e) >= leaving[0]]
+    written = [log_time(e) for e in job.logs("discovery.written") if log_time(e) >= removed[0]]
     return written[0] if written else None
 
 
@@ -104,7 +107,7 @@ def one_job(cluster: Cluster, api: client.ApiClient, work: Path) -> dict[str, An
                 job.wait(f"{kind}: {victim} gone", lambda v=victim: v not in job.workers(), 120)
                 full = job.wait(f"{kind}: full size",
                                 lambda t0=t0: step_after_reset(job.records(), t0, 2), 240)
-            filed = out_of_file_at(job, victim, t0)
+            filed = out_of_file_at(job, pod["status"]["podIP"], started)
             batches = [s["time"] for s in steps_of(job.records())
                        if t0 <= s["time"] <= full["time"]]
             gaps = [b - a for a, b in itertools.pairwise(batches)]
@@ -131,15 +134,17 @@ def main() -> dict[str, Any]:
         job = one_job(cluster, api, tmp)
     rows = job["disruptions"]
 
-    def of(key: str) -> dict[str, Any] | None:
-        s = summary([r[key] for r in rows if r[key] is not None])
+    def of(key: str, waited: bool | None = None) -> dict[str, Any] | None:
+        s = summary([r[key] for r in rows if r[key] is not None
+                     and waited in (None, r["waited_for_a_join"])])
         return None if s is None else {"median": s["median"], "max": s["max"]}
 
     result = {
         "steps_recomputed": of("steps_recomputed"),
         "interruption_s": of("interruption_s"),
-        "announce_to_file_s": {k: round(v, 3) for k, v in (of("announce_to_file_s") or {}).items()}
-        or None,
+        "announce_to_file_s": of("announce_to_file_s"),
+        # the victims that did not have to wait for another worker to join first
+        "announce_to_file_s_not_waiting": of("announce_to_file_s", waited=False),
         "left_gracefully": sum(1 for r in rows if r["leave"] and not r["failed"]),
         "disruptions": len(rows),
         "horovodrun_restarts": job["horovodrun_restarts"],
