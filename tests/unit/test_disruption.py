@@ -5,13 +5,11 @@ graceful leave on (an announced pod is no failure while its training container r
 from __future__ import annotations
 
 import copy
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from supervisor.classify import Cause, ClassifySettings, NodeState, PodMemory, classify, remember
+from supervisor.classify import Cause, ClassifySettings
 from supervisor.disruption import (
     Settings,
     Why,
@@ -21,15 +19,11 @@ from supervisor.disruption import (
     parse_names,
     pod_notice,
 )
-from supervisor.observe import EventType, Kind, slim
+from supervisor.observe import Kind, slim
 from tests.unit import shapes
+from tests.unit.test_classify import first_failure, sequence
 
-SEQ = Path(__file__).parent / "shapes" / "sequences"
 S = Settings()
-
-
-def sequence(name: str) -> list[dict[str, Any]]:
-    return json.loads((SEQ / f"{name}.json").read_text())
 
 
 def objects(name: str) -> list[dict[str, Any]]:
@@ -167,16 +161,10 @@ def test_slim_keeps_the_node_conditions_that_hold() -> None:
     assert "Custom" not in [c["type"] for c in slim(Kind.POD, pod)["status"]["conditions"]]
 
 
-def first_failure(name: str, settings: ClassifySettings) -> tuple[Cause | None, int]:
-    memory: PodMemory | None = None
-    for i, ev in enumerate(sequence(name)):
-        pod = ev["object"]
-        f = classify(pod, EventType(ev["type"]), memory, NodeState(shapes.node("node-a")),
-                     settings=settings, now=0.0)
-        if f is not None:
-            return f.cause, i
-        memory = remember(memory, pod)
-    return None, -1
+def first_cause(name: str, settings: ClassifySettings) -> tuple[Cause | None, int]:
+    """The first failure of a captured sequence (test_classify's feed), by cause."""
+    f, i = first_failure(sequence(name), settings)
+    return (f.cause if f is not None else None), i
 
 
 @pytest.mark.parametrize(("name", "before", "after"), [
@@ -189,8 +177,8 @@ def first_failure(name: str, settings: ClassifySettings) -> tuple[Cause | None, 
 ])
 def test_with_the_graceful_leave_an_announced_pod_is_no_failure_while_it_runs(
         name: str, before: tuple[Cause, int], after: tuple[Cause, int]) -> None:
-    assert first_failure(name, ClassifySettings()) == before
-    assert first_failure(name, ClassifySettings(graceful_leave=True)) == after
+    assert first_cause(name, ClassifySettings()) == before
+    assert first_cause(name, ClassifySettings(graceful_leave=True)) == after
 
 
 @pytest.mark.parametrize(("raw", "names"), [
