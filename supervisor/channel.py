@@ -89,6 +89,10 @@ class Beat:
     proc_seen: float | None = None
     proc_cpu: int | None = None
     proc_cpu_at: float | None = None
+    # training progress (None: an older hook): optimizer steps, commits, steps computed again
+    steps: int | None = None
+    commits: int | None = None
+    redone: int | None = None
 
 
 @dataclass(frozen=True)
@@ -420,6 +424,10 @@ def _int(v: Any, default: int = 0) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else default
 
 
+def _count(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
 def _update(old: Beat | None, body: Mapping[str, Any], addr: tuple[str, int],
             now: float) -> Beat | None:
     """PURE: the process's record after one authentic datagram of the current run."""
@@ -442,6 +450,8 @@ def _update(old: Beat | None, body: Mapping[str, Any], addr: tuple[str, int],
         problems=tuple(str(p) for p in body.get("problems") or ()),
         last_seen=now, source=(addr[0], int(addr[1])),
         since_init=body["dc"] if isinstance(body.get("dc"), int) else None,
+        steps=_count(body.get("st")), commits=_count(body.get("cm")),
+        redone=_count(body.get("rd")),
         pos=str(body.get("pos") or ""), io=body["io"] if isinstance(body.get("io"), int) else None,
         where=tuple(str(w) for w in body.get("where") or ())[:8])
     if old is None:

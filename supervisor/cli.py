@@ -24,7 +24,18 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from supervisor import __version__, cleanup, discovery, fleet, kube, operate, proc, startup
+from supervisor import (
+    __version__,
+    cleanup,
+    discovery,
+    fleet,
+    incidents,
+    kube,
+    operate,
+    proc,
+    progress,
+    startup,
+)
 from supervisor.actuator import Actuator
 from supervisor.channel import HookChannel
 from supervisor.config import (
@@ -327,7 +338,7 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
         elector.start()
         store = kube.StateStore(api, cfg.namespace, fleet.state_name(cfg.job_name), owner,
                                 timeout_s=cfg.api_timeout_s)
-        workers, rv = None, None
+        workers, rv, stored = None, None, None
         if cfg.worker_template is not None:
             workers, rv, stored = retry.call("read the state", lambda: load_fleet(cfg, store))
             if cleanup.already_succeeded(stored, owner):
@@ -349,7 +360,7 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
         return _supervise(cfg, command, env, api=api, log=log, metrics=metrics, channel=channel,
                           recorder=recorder, elector=elector, leadership=leadership,
                           stopping=stopping, store=store, workers=workers, rv=rv,
-                          identity=identity, owner=owner)
+                          identity=identity, owner=owner, stored=stored)
     except startup.Stopped as e:
         log.info("start.stopped", signal=e.signum, leader=elector.is_leader())
         return 128 + e.signum
@@ -519,7 +530,8 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
                log: Any, metrics: Any, channel: HookChannel, recorder: kube.EventRecorder,
                elector: LeaderElector, leadership: Relay, stopping: startup.Stopping,
                store: kube.StateStore, workers: fleet.Fleet | None, rv: str | None,
-               identity: str, owner: Mapping[str, str] | None) -> int:
+               identity: str, owner: Mapping[str, str] | None,
+               stored: Mapping[str, Any] | None = None) -> int:
     """Run the loop as the job's leader; clean up (CLEAN_POD_POLICY) on the way out."""
     actuator = Actuator(kube.Pods(api, cfg.namespace, cfg.api_timeout_s), store,
                         resource_version=rv, writer=identity, sink=lambda _: None,
@@ -532,7 +544,7 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
                      kill_ssh_clients=proc.kill_ssh_clients,
                      count_ssh_clients=lambda pid, host: len(proc.ssh_clients_for(pid, host)),
                      channel=channel,
-                     workers=workers, owner=owner, leases=leases)
+                     workers=workers, owner=owner, leases=leases, stored=stored)
     actuator.sink = sup.submit
     actuator.start()
     leadership.attach(sup.submit)
@@ -669,6 +681,8 @@ def load_fleet(cfg: Config, store: kube.StateStore
     if stored is None:
         return fleet.initial(fleet.workers_for(cfg.np, cfg.slots_per_worker)), None, None
     try:
+        progress.from_dict(stored.get("progress"))
+        incidents.from_list(stored.get("incidents"))
         return fleet.fleet_from_dict(stored), rv, stored
     except ValueError as e:
         raise ValueError(f"configmap {cfg.namespace}/{store.name}: {store.KEY}: {e}; fix or "

@@ -8,6 +8,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 # Event -> discovery-file latency buckets, seconds: the target is p99 <= 0.1 s at 1000 workers.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# Detection -> each phase of an incident (incidents.py), seconds.
+PHASE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,16 @@ class Metrics:
     horovodrun_restarts: Counter
     restart_lost_training: Counter
     hook_datagrams: Gauge
+    training_steps: Counter
+    steps_recomputed: Counter
+    training_step_rate: Gauge
+    world_size: Gauge
+    world_size_desired: Gauge
+    goodput: Gauge
+    productive_worker_seconds: Counter
+    lost_worker_seconds: Counter
+    incidents: Counter
+    incident_phase: Histogram
 
 
 def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
@@ -95,6 +107,32 @@ def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
                              "stale: an earlier run, unbound: not from the address of the "
                              "host it speaks for, pushed: fence pushes sent, replies)",
                              ["outcome"], registry=r),
+        training_steps=Counter(f"{p}training_steps", "The job's training steps (world rank "
+                               "0's optimizer steps, or commits; progress.py)", registry=r),
+        steps_recomputed=Counter(f"{p}steps_recomputed", "Steps computed again after a "
+                                 "failed world rolled the state back", registry=r),
+        training_step_rate=Gauge(f"{p}training_step_rate", "Steps per second over the last "
+                                 "10 s (0 when not training)", registry=r),
+        world_size=Gauge(f"{p}world_size", "Processes in the training world (world rank "
+                         "0's size; 0: none)", registry=r),
+        world_size_desired=Gauge(f"{p}world_size_desired", "Processes asked for (desired "
+                                 "workers x slots per worker)", registry=r),
+        goodput=Gauge(f"{p}goodput_ratio", "Share of the wall time since the first step "
+                      "spent training at the size asked for (of=full) or at all (of=any)",
+                      ["of"], registry=r),
+        productive_worker_seconds=Counter(
+            f"{p}productive_worker_seconds", "Process-seconds spent training (steps computed "
+            "again not included)", registry=r),
+        lost_worker_seconds=Counter(
+            f"{p}lost_worker_seconds", "Process-seconds asked for and not spent training",
+            registry=r),
+        incidents=Counter(f"{p}incidents", "Incidents (failures, graceful leaves, scales, "
+                          "horovodrun restarts) by cause and kind", ["cause", "kind"],
+                          registry=r),
+        incident_phase=Histogram(
+            f"{p}incident_phase_seconds", "Detection -> each phase of an incident (fenced, "
+            "resumed, created, scheduled, started, joined, full)", ["phase", "kind"],
+            buckets=PHASE_BUCKETS, registry=r),
     )
 
 

@@ -96,6 +96,9 @@ def status(job: str, namespace: str, *, pods: Iterable[Obj], state: Mapping[str,
                      "left": None if limit is None else max(0, limit - used)},
         "workers": workers,
         "quarantined": dict((state or {}).get("quarantined") or {}),
+        "progress": {k: v for k, v in ((state or {}).get("progress") or {}).items()
+                     if k != "history"} or None,
+        "incidents": list((state or {}).get("incidents") or [])[-last:],
         "decisions": [{"time": _last_seen(e), "type": e.get("type"),
                        "reason": e.get("reason"), "note": e.get("note"),
                        "count": (e.get("series") or {}).get("count", 1)} for e in decisions],
@@ -106,6 +109,40 @@ def _last_seen(event: Mapping[str, Any]) -> str:
     """When an Event was last observed: its series' last time, else its own."""
     return str((event.get("series") or {}).get("lastObservedTime") or event.get("eventTime")
                or "")
+
+
+def _duration(seconds: float) -> str:
+    m, sec = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"
+
+
+def _percent(v: Any) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def progress_lines(p: Mapping[str, Any] | None, last: Mapping[str, Any] | None) -> list[str]:
+    """The progress line (step, rate, world, goodput) and the last incident with its phases."""
+    if not p:
+        return ["", "PROGRESS: no training step seen yet"]
+    state = "training" if p.get("training") else "not training"
+    world = "-" if p.get("world") is None else p["world"]
+    lines = ["", f"PROGRESS: step {p.get('step', 0)} ({p.get('redone', 0)} computed again), "
+             f"{p.get('rate', 0.0):.2f} steps/s, {state}, world {world}/{p.get('desired')}; "
+             f"goodput {_percent(p.get('goodput'))} at full size, "
+             f"{_percent(p.get('goodput_any'))} training at all, over "
+             f"{_duration(p.get('wall_s') or 0.0)}"]
+    if last:
+        phases = last.get("phases") or {}
+        t0 = phases.get("detected")
+        steps = ", ".join(f"{k} +{v - t0:.1f}s" for k, v in phases.items()
+                          if k != "detected" and t0 is not None)
+        state = "open" if last.get("open") else "over"
+        lines.append(f"LAST INCIDENT #{last.get('id')} {last.get('label') or last.get('cause')}"
+                     f" ({last.get('kind')}, {state}): {steps or 'detected'}; "
+                     f"{last.get('redone', 0)} steps computed again, "
+                     f"{last.get('lost_ws', 0):.0f} worker-seconds lost")
+    return lines
 
 
 def render(s: Mapping[str, Any]) -> str:
@@ -124,6 +161,7 @@ def render(s: Mapping[str, Any]) -> str:
               for i, h in enumerate(heads)]
     for row in [list(heads), *rows]:
         lines.append("  ".join(v.ljust(widths[i]) for i, v in enumerate(row)).rstrip())
+    lines += progress_lines(s.get("progress"), (s.get("incidents") or [None])[-1])
     if s.get("quarantined"):
         until = ", ".join(
             f"{n} (until {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t))})"

@@ -36,7 +36,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from supervisor import admission, core, discovery, fleet, hang, plan, reload
+from supervisor import admission, core, discovery, fleet, hang, incidents, plan, progress, reload
 from supervisor.actuator import CreatePod, KeepBudget, Op, SaveState
 from supervisor.channel import HookChannel, Snapshot, unbound_note
 from supervisor.classify import (
@@ -113,6 +113,9 @@ class HangWatch:
     world_seq: int = 0  # the driver's last world logged (driver.world)
 
 
+PROGRESS_SAVE_S = 10.0  # the progress is saved with the state at least this often while it runs
+
+
 @dataclass
 class LoopState:
     """Mutable state owned by the loop thread; the decisions' memory is `core` (core.py)."""
@@ -143,6 +146,11 @@ class LoopState:
     gate_since: float = 0.0  # since when the start gate waits for MIN_NP slots
     kept: frozenset[str] = frozenset()  # hosts on down nodes kept while they heartbeat
     hangs: HangWatch = field(default_factory=HangWatch)
+    # the job's training progress and its incidents (progress.py, incidents.py), and when they
+    # were last handed to the actuator with the state
+    progress: progress.Progress = field(default_factory=progress.Progress)
+    book: incidents.Book = field(default_factory=incidents.Book)
+    progress_saved_at: float = 0.0
 
 
 class Supervisor:
@@ -164,6 +172,7 @@ class Supervisor:
         workers: Fleet | None = None,
         owner: Mapping[str, str] | None = None,
         leases: NodeLeases | None = None,
+        stored: Mapping[str, Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -177,7 +186,9 @@ class Supervisor:
         # SimpleQueue: handle_signal puts from a signal handler, which interrupts the main
         # thread anywhere, even inside this queue's get; a queue.Queue's Lock would deadlock.
         self.queue: queue.SimpleQueue[Trigger] = queue.SimpleQueue()
-        self.state = LoopState(core=Core(fleet=workers))
+        self.state = LoopState(core=Core(fleet=workers),
+                               progress=progress.from_dict((stored or {}).get("progress")),
+                               book=incidents.from_list((stored or {}).get("incidents")))
         if workers is not None and cfg.worker_template is None:
             raise ValueError("a fleet needs the worker template")
 
@@ -443,8 +454,79 @@ class Supervisor:
             self.metrics.horovodrun_restarts.labels(reason).inc()
         if snap is not None and p.verdict is not None:
             self._report_hangs(snap, p.verdict, restarting=bool(p.restarts), now=now)
+        saving = self._account(p, snap, now)
         for todo in p.todo:
             self._carry_out(todo, now)
+        if saving and c.fleet is not None and not any(isinstance(t, SaveState) for t in p.todo):
+            self._carry_out(SaveState(core.state_of(p.core.fleet or c.fleet, settings,
+                                                    p.core.quarantine.until)), now)
+
+    def _account(self, p: core.Pass, snap: Snapshot | None, now: float) -> bool:
+        """The progress and the incidents after this pass (progress.py, incidents.py, pure),
+        their metrics and lines; return whether the state is due to be saved for them."""
+        st, cfg, m = self.state, self.cfg, self.metrics
+        wall = self.wall()
+        fl = p.core.fleet
+        desired = (len(fl.active()) if fl is not None else 0) * cfg.slots_per_worker or cfg.np
+        beats = tuple(snap.beats.values()) if snap is not None else ()
+        before = st.progress
+        after = st.progress = progress.observe(before, beats, desired=desired, now=now,
+                                               wall=wall)
+        m.training_steps.inc(after.step - before.step)
+        m.steps_recomputed.inc(after.redone - before.redone)
+        m.productive_worker_seconds.inc(max(0.0, after.productive_ws - before.productive_ws))
+        m.lost_worker_seconds.inc(max(0.0, after.lost_ws - before.lost_ws))
+        m.training_step_rate.set(after.rate())
+        m.world_size.set(after.world or 0)
+        m.world_size_desired.set(desired)
+        good, good_any = after.goodput()
+        if good is not None and good_any is not None:
+            m.goodput.labels("full").set(good)
+            m.goodput.labels("any").set(good_any)
+        book = st.book
+        opened = incidents.opened_in(p.todo)
+        wanted = {n for o in opened for n in o.pods} | {
+            r for x in book.incidents if x.open for r in x.replacements}
+        created = tuple((t.create.slot, t.create.name) for t in p.todo
+                        if isinstance(t, core.CreateWorker))
+        wanted |= {name for _, name in created}
+        pods = {n: incidents.pod_seen(st.view.pods[n], cfg.host_mode) for n in wanted
+                if n in st.view.pods}
+        joined = frozenset(b.host for b in beats if b.rank is not None and b.bye_at is None
+                           and now - b.last_seen <= progress.FRESH_S)
+        fenced = frozenset(h for t in p.todo if isinstance(t, core.Fence) for h in t.hosts)
+        st.book, reached = incidents.advance(book, incidents.Tick(
+            wall, opened, fenced, created, pods, joined, after))
+        changed = False
+        for inc, phase in reached:
+            changed = True
+            if phase == "detected":
+                m.incidents.labels(inc.cause, inc.kind).inc()
+                self.log.info("incident.opened", incident=inc.id, cause=inc.cause,
+                              kind=inc.kind, pods=list(inc.pods), step=after.step)
+                continue
+            m.incident_phase.labels(phase, inc.kind).observe(
+                max(0.0, inc.phases[phase] - inc.phases["detected"]))
+        for inc in st.book.incidents:
+            was = next((x for x in book.incidents if x.id == inc.id), None)
+            if not inc.open and (was is None or was.open):
+                self._incident_closed(inc)
+        due = after.at is not None and after.since is not None and (
+            wall - st.progress_saved_at >= PROGRESS_SAVE_S)
+        if changed or due:
+            st.progress_saved_at = wall
+            return True
+        return False
+
+    def _incident_closed(self, inc: incidents.Incident) -> None:
+        phases = incidents.phase_seconds(inc)
+        self.log.info("incident.closed", incident=inc.id, cause=inc.cause, kind=inc.kind,
+                      pods=list(inc.pods), phases_s=phases, steps_redone=inc.redone,
+                      lost_worker_s=inc.lost_ws)
+        said = ", ".join(f"{k} {v:.1f}s" for k, v in phases.items() if k != "detected")
+        self.events(EventSpec("Normal", "IncidentClosed", "Observe",
+                              f"incident {inc.id} {inc.label()}: {said}; {inc.redone} steps "
+                              f"computed again, {inc.lost_ws:.0f} worker-seconds lost"))
 
     def _carry_out(self, todo: core.Todo, now: float) -> None:
         """One item of core.manage's script."""
@@ -468,7 +550,8 @@ class Supervisor:
         elif isinstance(todo, core.RestartHorovodrun):
             self._restart_horovodrun(todo, now)
         elif isinstance(todo, SaveState):
-            self.act(todo)
+            self.act(SaveState({**todo.state, "progress": progress.to_dict(st.progress),
+                                "incidents": incidents.to_list(st.book)}))
             fl = st.core.fleet
             self.metrics.restart_budget_left.set(max(0, cfg.policy.budgets.restart_limit - (
                 fl.ledger.total if fl is not None else 0)))

@@ -649,6 +649,7 @@ def test_a_host_change_commits_first_so_no_counter_goes_back(
     from horovod.runner.elastic.worker import HostUpdateResult
 
     monkeypatch.setattr(elastic.State, "check_host_updates", elastic.State.check_host_updates)
+    monkeypatch.setattr(elastic.State, "commit", elastic.State.commit)
 
     def regroup() -> tuple[int, int]:
         """(the step after the reset, the step a failure right after it restores)"""
@@ -675,5 +676,76 @@ def test_a_host_change_commits_first_so_no_counter_goes_back(
 
 
 def test_the_elastic_patch_says_what_it_misses() -> None:
-    with pytest.raises(RuntimeError, match=r"State\.check_host_updates or save not found"):
+    with pytest.raises(RuntimeError, match=r"check_host_updates, commit or save not found"):
         hook.WorkerHook(KEY, 9, "1", {}).patch_elastic(SimpleNamespace(State=object))
+
+
+def test_steps_commits_and_steps_computed_again_are_counted_on_horovods_own_classes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """horovod.torch's optimizer module and Horovod's elastic State (0.28.1, imported for
+    real): the hook counts each optimizer step (in the class DistributedOptimizer builds from
+    `_DistributedOptimizer`'s methods, as it does for the script), each commit, and, when a
+    collective fails, the steps since the last save (Horovod's run_fn then restores it)."""
+    from horovod.common import elastic
+    from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+    from horovod.runner.elastic.worker import HostUpdateResult
+    from horovod.torch import optimizer
+
+    for cls, name in ((elastic.State, "commit"), (elastic.State, "check_host_updates"),
+                      (optimizer._DistributedOptimizer, "step")):
+        monkeypatch.setattr(cls, name, getattr(cls, name))
+    w = hook.WorkerHook(KEY, 9, "1", {})
+    w.patch_elastic(elastic)
+    w.patch_optimizer(optimizer)
+    failing: list[Exception] = []
+
+    def synchronize(handle: int) -> int:
+        if failing:
+            raise failing.pop()
+        return handle
+
+    mpi = SimpleNamespace(init=lambda: None, synchronize=synchronize, rank=lambda: 0,
+                          size=lambda: 2)
+    w.patch(mpi)
+    # the real step needs a world (test_the_optimizer_patch_wraps_...: it is this wrapper)
+    inner_steps: list[int] = []
+    opt = SimpleNamespace(step=w.progress.counted(lambda: inner_steps.append(1)))
+    state = elastic.ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, batch=0)
+    p = w.progress
+    for batch in range(1, 8):  # 7 steps, a commit every 3
+        opt.step()
+        state.batch = batch
+        if batch % 3 == 0:
+            state.commit()
+    assert (p.steps, p.commits, p.redone) == (7, 2, 0)
+    failing.append(HorovodInternalError("a peer failed"))
+    with pytest.raises(HorovodInternalError):
+        mpi.synchronize(1)
+    assert p.redone == 1  # step 7 is done again from the commit at 6
+    failing.append(HorovodInternalError("failed again while syncing"))
+    with pytest.raises(HorovodInternalError):
+        mpi.synchronize(1)
+    assert p.redone == 1, "one rollback, counted once"
+    opt.step()
+    state.on_hosts_updated(1.0, HostUpdateResult.added)
+    with pytest.raises(HostsUpdatedInterrupt):
+        state.check_host_updates()  # saves first: nothing to do again after it
+    failing.append(HorovodInternalError("a peer failed"))
+    with pytest.raises(HorovodInternalError):
+        mpi.synchronize(1)
+    assert (p.steps, p.commits, p.redone) == (8, 2, 1)
+    assert len(inner_steps) == 8
+
+
+def test_the_optimizer_patch_wraps_what_distributed_optimizer_copies(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from horovod.torch import optimizer
+
+    original = optimizer._DistributedOptimizer.step
+    monkeypatch.setattr(optimizer._DistributedOptimizer, "step", original)
+    w = hook.WorkerHook(KEY, 9, "1", {})
+    w.patch_optimizer(optimizer)
+    copied = dict(optimizer._DistributedOptimizer.__dict__)["step"]
+    assert copied is not original and copied.__wrapped__ is original
+    with pytest.raises(RuntimeError, match=r"_DistributedOptimizer\.step not found"):
+        w.patch_optimizer(SimpleNamespace())

@@ -59,6 +59,7 @@ NETWORK = "horovod.runner.common.util.network"
 REMOTE = "horovod.runner.util.remote"
 DRIVER = "horovod.runner.elastic.driver"
 MPI_OPS = "horovod.torch.mpi_ops"
+OPTIMIZER = "horovod.torch.optimizer"
 ELASTIC = "horovod.common.elastic"
 Patch = Callable[[Any], None]
 
@@ -288,17 +289,42 @@ class WorkerHook:
         self.unreadable = False  # the connections could not be read (said once)
 
     def patches(self) -> dict[str, Patch]:
-        return {MPI_OPS: self.patch, ELASTIC: self.patch_elastic}
+        return {MPI_OPS: self.patch, ELASTIC: self.patch_elastic,
+                OPTIMIZER: self.patch_optimizer}
 
     def patch_elastic(self, elastic: Any) -> None:
         """A host change commits the state first (worker.saved_on_host_change): with no step
-        counted twice, a worker joins, or one announced to go leaves."""
+        counted twice, a worker joins, or one announced to go leaves. Commits are counted."""
         state = getattr(elastic, "State", None)
         check = getattr(state, "check_host_updates", None)
-        if not callable(check) or not callable(getattr(state, "save", None)):
-            raise RuntimeError(f"{ELASTIC}: State.check_host_updates or save not found: "
-                               "not patched")
-        state.check_host_updates = worker.saved_on_host_change(check)  # type: ignore[union-attr]
+        commit = getattr(state, "commit", None)
+        if not (callable(check) and callable(commit)
+                and callable(getattr(state, "save", None))):
+            raise RuntimeError(f"{ELASTIC}: State.check_host_updates, commit or save not "
+                               "found: not patched")
+        progress = self.progress
+        state.check_host_updates = worker.saved_on_host_change(  # type: ignore[union-attr]
+            check, progress.saved)
+
+        @functools.wraps(commit)
+        def counted_commit(self: Any, *args: Any, **kwargs: Any) -> Any:
+            progress.saved(commit=True)  # `commit` saves first, then checks the hosts
+            return commit(self, *args, **kwargs)
+
+        state.commit = counted_commit  # type: ignore[union-attr]
+
+    def patch_optimizer(self, optimizer: Any) -> None:
+        """Count the training steps: horovod.torch's DistributedOptimizer copies the methods of
+        `_DistributedOptimizer` (and the Adasum one) into the class it makes for the script's
+        optimizer when the script calls it, so the wrapped `step` is the one that runs."""
+        found = [c for c in (getattr(optimizer, "_DistributedOptimizer", None),
+                             getattr(optimizer, "_DistributedAdasumOptimizer", None))
+                 if c is not None and callable(getattr(c, "step", None))]
+        if not found:
+            raise RuntimeError(f"{OPTIMIZER}: _DistributedOptimizer.step not found: steps "
+                               "are not counted (commits are)")
+        for cls in found:
+            cls.step = self.progress.counted(cls.step)
 
     def patch(self, mpi_ops: Any) -> None:
         self.module = mpi_ops
@@ -317,6 +343,7 @@ class WorkerHook:
                 return timed_synchronize(*args, **kwargs)
             except Exception as e:
                 if type(e).__name__ == "HorovodInternalError":
+                    self.progress.rolled_back()
                     self.leave_world()
                 raise
 
@@ -335,8 +362,10 @@ class WorkerHook:
     def patched(self, name: str, problem: str) -> None:
         if problem:
             self.problems.append(problem)
-            print(f"elastic-supervisor hook: {problem} (no fence, no hang detection for this "
-                  "process)", file=sys.stderr, flush=True)
+            lost = {OPTIMIZER: "steps are not counted for the goodput",
+                    ELASTIC: "no save at a host change; commits are not counted"}.get(
+                name, "no fence, no hang detection for this process")
+            print(f"elastic-supervisor hook: {problem} ({lost})", file=sys.stderr, flush=True)
             self.start()  # heartbeats carry the problem, so the supervisor can say so
 
     def initialised(self) -> None:

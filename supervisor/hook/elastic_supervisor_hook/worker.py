@@ -59,7 +59,8 @@ Endpoint = Tuple[str, int]
 DeadEntry = Tuple[str, Optional[Tuple[int, ...]]]
 
 
-def saved_on_host_change(check: Callable[..., Any]) -> Callable[..., Any]:
+def saved_on_host_change(check: Callable[..., Any],
+                         saved: Callable[[], None] = lambda: None) -> Callable[..., Any]:
     """Horovod's `State.check_host_updates`, saving the state before it raises
     HostsUpdatedInterrupt. Every rank raises it at the same step (the update was broadcast),
     so what they hold then is consistent: a commit. Horovod then syncs the state from rank 0,
@@ -74,6 +75,7 @@ def saved_on_host_change(check: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as e:
             if type(e).__name__ == "HostsUpdatedInterrupt":
                 state.save()
+                saved()
             raise
 
     return check_host_updates
@@ -101,6 +103,24 @@ class Progress:
         self.inits = 0
         self.rank: int | None = None
         self.size: int | None = None
+        # Training progress, for the supervisor's goodput: optimizer steps (horovod.torch's
+        # DistributedOptimizer.step), commits (State.commit), and steps computed again: those
+        # since the last save, undone when a failed world rolls the state back to it.
+        self.steps = 0
+        self.commits = 0
+        self.redone = 0
+        self.steps_saved = 0  # `steps` when the state was last saved
+
+    def saved(self, commit: bool = False) -> None:
+        """The state was saved (a commit, or the save before a host change)."""
+        self.steps_saved = self.steps
+        self.commits += commit
+
+    def rolled_back(self) -> None:
+        """A collective failed: Horovod's elastic loop restores the last saved state, so the
+        steps since are done again (counted once, however often the failure is raised)."""
+        self.redone += self.steps - self.steps_saved
+        self.steps_saved = self.steps
 
     def waiting(self) -> tuple[float | None, str | None, float | None]:
         """(start of the oldest wait, its kind, start of the oldest collective wait)."""
@@ -110,6 +130,15 @@ class Progress:
         oldest = min(calls)
         collective = [t for t, kind in calls if kind == "c"]
         return oldest[0], oldest[1], (min(collective) if collective else None)
+
+    def counted(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        """An optimizer's `step`, counting each one that returns."""
+        @functools.wraps(step)
+        def counted_step(*args: Any, **kwargs: Any) -> Any:
+            result = step(*args, **kwargs)
+            self.steps += 1
+            return result
+        return counted_step
 
     def wrap(self, fn: Callable[..., Any], kind: str,
              after: Callable[[], None] | None = None) -> Callable[..., Any]:
@@ -374,7 +403,8 @@ class Beater:
         pos, where = position(sys._current_frames().get(self.main_ident))
         body = {"t": "hb", "pid": os.getpid(), "host": self.host, "lr": self.local_rank,
                 "rank": p.rank, "size": p.size, "inits": p.inits, "done": p.done,
-                "dc": p.since_init, "wait": None if start is None else round(now - start, 3),
+                "dc": p.since_init, "st": p.steps, "cm": p.commits, "rd": p.redone,
+                "wait": None if start is None else round(now - start, 3),
                 "in": kind, "addrs": addrs, "ports": ports, "fv": self.fence_version,
                 "problems": self.problems, "pos": pos, "io": io_bytes(self.main_tid)}
         if pos and pos == self.last_pos:

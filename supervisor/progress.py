@@ -1,0 +1,213 @@
+"""PURE: the job's training progress and goodput, from the hook's heartbeats.
+
+Any script, no change to it: the hook counts in every training process its optimizer steps
+(horovod.torch's DistributedOptimizer.step), its commits (State.commit) and the steps it computed
+again (those since the last save, when a failed world rolls the state back), and its heartbeats
+carry them (channel.Beat.steps/commits/redone). The job's progress is read from world rank 0,
+whoever that is: every rank steps in lockstep, so each pass adds how far rank 0's position
+(steps - redone; commits where the script has no DistributedOptimizer) went beyond the highest
+position seen of that process. A new rank 0 that trained before as another rank continues from
+its own count, so a failover loses nothing and counts nothing twice; steps computed again after
+a rollback bring the position back to where it was and add nothing.
+
+Training time is judged between two passes that saw the step grow: a pause no longer than
+max(MIN_PAUSE_S, PAUSE_STEPS x the step time) was training (at the world size rank 0 reported),
+a longer one was not. With heartbeats every 0.5 s a pause is known to about half a second at
+each end. Steps computed again after a rollback make no new step: computing them is a pause
+like any other. Goodput is, over the wall time since the first step: the share spent training
+at the size asked for (`goodput`), and training at all (`goodput_any`). Worker-seconds:
+productive ones are the training time times the world size; lost ones are the rest of what was
+asked for (desired x the time judged), so both only grow.
+
+`history` keeps samples for `elastic-supervisor timeline`: (epoch s, world or None, step), one
+at least every SAMPLE_S and at every change of the world or of training, HISTORY_MAX at most
+(the older half thinned when full). Times are the supervisor's: monotonic for the beats, epoch
+for what is stored. No I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from supervisor.channel import Beat
+
+MIN_PAUSE_S = 1.5  # two heartbeat periods and a half: shorter pauses are the beats' resolution
+PAUSE_STEPS = 3.0  # a pause of more than three step times is not training
+FRESH_S = 2.0  # a beat older than this (monotonic) shows no training world
+RATE_WINDOW_S = 10.0
+SAMPLE_S = 5.0
+HISTORY_MAX = 1000
+EWMA = 0.2  # weight of the newest step time
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int = 0  # the job's training steps so far
+    redone: int = 0  # steps computed again
+    world: int | None = None  # processes in rank 0's world now (None: none)
+    desired: int = 0  # processes asked for
+    since: float | None = None  # epoch: the first step seen
+    at: float | None = None  # epoch: this record
+    grew_at: float | None = None  # epoch: the step last seen to grow
+    training_s: float = 0.0
+    full_s: float = 0.0
+    productive_ws: float = 0.0
+    lost_ws: float = 0.0
+    step_s: float | None = None  # the step time (EWMA of the training intervals)
+    resets: int = 0  # rank 0's worlds so far: a new rank 0 process or a new init of it
+    # what is not stored: per process (sender), the highest position and redone count seen;
+    # rank 0's sender and inits last pass; (epoch, step) of the last RATE_WINDOW_S
+    seen: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    lead: tuple[str, int] | None = None
+    recent: tuple[tuple[float, int], ...] = ()
+    history: tuple[tuple[float, int | None, int], ...] = ()
+
+    def pause_limit(self) -> float:
+        return max(MIN_PAUSE_S, PAUSE_STEPS * self.step_s) if self.step_s else MIN_PAUSE_S
+
+    def training(self) -> bool:
+        return (self.grew_at is not None and self.at is not None
+                and self.at - self.grew_at <= self.pause_limit())
+
+    def rate(self) -> float:
+        """Steps per second over the last RATE_WINDOW_S (0.0 when not training)."""
+        if not self.training() or len(self.recent) < 2:
+            return 0.0
+        (t0, s0), (t1, s1) = self.recent[0], self.recent[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def wall_s(self) -> float:
+        return 0.0 if self.since is None or self.at is None else max(0.0, self.at - self.since)
+
+    def goodput(self) -> tuple[float | None, float | None]:
+        """(training at the size asked for, training at all) / wall time; None before a step."""
+        wall = self.wall_s()
+        if wall <= 0:
+            return None, None
+        return min(1.0, self.full_s / wall), min(1.0, self.training_s / wall)
+
+
+def position(b: Beat) -> int | None:
+    """A process's progress: steps less those computed again; its commits where it makes no
+    optimizer step (None: an older hook)."""
+    if b.steps is None:
+        return None
+    if b.steps > 0:
+        return b.steps - (b.redone or 0)
+    return b.commits or 0
+
+
+def rank0(beats: Iterable[Beat], now: float) -> Beat | None:
+    """World rank 0's process, from a fresh heartbeat (the newest world if two say so)."""
+    live = [b for b in beats if b.rank == 0 and b.bye_at is None and b.size is not None
+            and now - b.last_seen <= FRESH_S and b.steps is not None]
+    return max(live, key=lambda b: (b.inits, b.last_seen), default=None)
+
+
+def observe(p: Progress, beats: Iterable[Beat], *, desired: int, now: float,
+            wall: float) -> Progress:
+    """The progress after one pass: `beats` of this run of horovodrun (monotonic `now`),
+    `desired` processes asked for, `wall` the epoch time."""
+    beats = tuple(beats)
+    lead = rank0(beats, now)
+    seen = dict(p.seen)
+    grew = redone = 0
+    for b in beats:
+        pos = position(b)
+        if pos is None:
+            continue
+        high, was_redone = seen.get(b.sender, (pos, b.redone or 0))
+        if lead is not None and b.sender == lead.sender:
+            grew, redone = max(0, pos - high), max(0, (b.redone or 0) - was_redone)
+        seen[b.sender] = (max(high, pos), max(was_redone, b.redone or 0))
+    live = {b.sender for b in beats}
+    seen = {k: v for k, v in seen.items() if k in live}
+    world = lead.size if lead is not None else None
+    resets = p.resets
+    if lead is not None and p.lead != (lead.sender, lead.inits):
+        resets += 1
+    q = replace(p, seen=seen, lead=(lead.sender, lead.inits) if lead is not None else None,
+                world=world, desired=desired, at=wall, resets=resets)
+    if redone:
+        q = replace(q, redone=q.redone + redone)
+    if grew:
+        q = _grew(q, grew, wall, world or 0, desired)
+    return _sampled(p, q, wall)
+
+
+def _grew(q: Progress, grew: int, wall: float, world: int, desired: int) -> Progress:
+    step = q.step + grew
+    recent = (*tuple(x for x in q.recent if wall - x[0] <= RATE_WINDOW_S), (wall, step))
+    if q.grew_at is None:  # the first step seen: the goodput's window starts
+        return replace(q, step=step, since=wall, grew_at=wall, recent=recent)
+    gap = max(0.0, wall - q.grew_at)
+    step_s = gap / grew if q.step_s is None else q.step_s
+    limit = max(MIN_PAUSE_S, PAUSE_STEPS * step_s)
+    if gap <= limit:
+        return replace(
+            q, step=step, grew_at=wall, recent=recent,
+            step_s=(1 - EWMA) * step_s + EWMA * gap / grew,
+            training_s=q.training_s + gap, full_s=q.full_s + (gap if world >= desired else 0),
+            productive_ws=q.productive_ws + gap * world,
+            lost_ws=q.lost_ws + gap * max(0, desired - world))
+    return replace(q, step=step, grew_at=wall, recent=((wall, step),), step_s=step_s,
+                   lost_ws=q.lost_ws + gap * desired)
+
+
+def _sampled(p: Progress, q: Progress, wall: float) -> Progress:
+    """`q` with a history sample at `wall` when one is due."""
+    last = q.history[-1] if q.history else None
+    due = (last is None or wall - last[0] >= SAMPLE_S or last[1] != q.world
+           or p.training() != q.training())
+    if not due or q.since is None:
+        return q
+    history = (*q.history, (round(wall, 2), q.world, q.step))
+    if len(history) > HISTORY_MAX:
+        half = len(history) // 2
+        history = (*history[:half:2], *history[half:])
+    return replace(q, history=history)
+
+
+# -- the stored form (the state ConfigMap's "progress") ---------------------------------------
+
+def to_dict(p: Progress) -> dict[str, Any]:
+    good, good_any = p.goodput()
+    return {
+        "step": p.step, "redone": p.redone, "rate": round(p.rate(), 3), "world": p.world,
+        "desired": p.desired, "training": p.training(), "since": p.since, "at": p.at,
+        "grewAt": p.grew_at, "stepSeconds": None if p.step_s is None else round(p.step_s, 4),
+        "resets": p.resets,
+        "wall_s": round(p.wall_s(), 2), "training_s": round(p.training_s, 2),
+        "full_s": round(p.full_s, 2),
+        "goodput": None if good is None else round(good, 4),
+        "goodput_any": None if good_any is None else round(good_any, 4),
+        "productive_ws": round(p.productive_ws, 2), "lost_ws": round(p.lost_ws, 2),
+        "history": [list(h) for h in p.history],
+    }
+
+
+def from_dict(d: Mapping[str, Any] | None) -> Progress:
+    """The stored progress (a new one when there is none); raise ValueError naming the field
+    that is damaged."""
+    if not d:
+        return Progress()
+    try:
+        history = tuple((float(t), None if w is None else int(w), int(s))
+                        for t, w, s in d.get("history") or ())
+        opt = _optional_float
+        return Progress(
+            step=int(d.get("step", 0)), redone=int(d.get("redone", 0)),
+            desired=int(d.get("desired", 0)), since=opt(d.get("since")), at=opt(d.get("at")),
+            grew_at=opt(d.get("grewAt")), step_s=opt(d.get("stepSeconds")),
+            resets=int(d.get("resets", 0)),
+            training_s=float(d.get("training_s", 0.0)), full_s=float(d.get("full_s", 0.0)),
+            productive_ws=float(d.get("productive_ws", 0.0)),
+            lost_ws=float(d.get("lost_ws", 0.0)), history=history)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"progress: {e}") from e
+
+
+def _optional_float(v: Any) -> float | None:
+    return None if v is None else float(v)

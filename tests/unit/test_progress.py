@@ -1,0 +1,158 @@
+"""progress.py: the job's steps and goodput from heartbeats, as the channel records them."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import pytest
+
+from supervisor import progress
+from supervisor.channel import Beat
+from supervisor.progress import Progress, observe
+
+
+@dataclass(frozen=True)
+class P:
+    """One training process at one pass: its sender, rank, world size, inits, steps,
+    redone (and commits)."""
+
+    sender: str
+    rank: int | None
+    size: int
+    steps: int
+    redone: int = 0
+    inits: int = 1
+    commits: int = 0
+
+
+def beat(p: P, now: float) -> Beat:
+    return Beat(sender=p.sender, host=f"10.0.0.{p.sender}", pid=1, local_rank=0,
+                first_seen=0.0, last_seen=now, progress_at=now, rank=p.rank, size=p.size,
+                inits=p.inits, steps=p.steps, redone=p.redone, commits=p.commits)
+
+
+def run(passes: Iterable[tuple[float, list[P]]], desired: int = 2,
+        start: Progress | None = None) -> Progress:
+    """Passes at (epoch second, processes); the monotonic clock is the epoch less 1e9."""
+    q = start or Progress()
+    for t, ps in passes:
+        q = observe(q, [beat(p, t - 1e9) for p in ps], desired=desired, now=t - 1e9, wall=t)
+    return q
+
+
+T0 = 1.8e9
+
+
+def steady(t0: float, t1: float, step0: int, rate: float = 2.0, *, size: int = 2,
+           senders: tuple[str, ...] = ("1", "2"), dt: float = 0.5,
+           redone: int = 0) -> list[tuple[float, list[P]]]:
+    """Both processes stepping at `rate` from `step0`, passes every `dt`."""
+    out, t = [], t0
+    while t <= t1 + 1e-9:
+        s = step0 + round((t - t0) * rate)
+        out.append((t, [P(x, i, size, s, redone) for i, x in enumerate(senders)]))
+        t += dt
+    return out
+
+
+def test_steady_training_is_all_goodput() -> None:
+    q = run(steady(T0, T0 + 60, 0))
+    assert q.step == 120 and q.redone == 0
+    assert q.goodput() == (pytest.approx(1.0), pytest.approx(1.0))
+    assert q.rate() == pytest.approx(2.0)
+    assert q.training() and q.world == 2
+    # the window opens at the first step seen to grow (the first pass only shows where it is)
+    assert q.since == T0 + 0.5
+    assert q.productive_ws == pytest.approx(2 * 59.5) and q.lost_ws == pytest.approx(0)
+
+
+def test_a_pause_longer_than_three_steps_is_lost_time_and_a_short_one_is_not() -> None:
+    # 30 s, then nothing for 10 s (the job regroups), then 20 s more at the same step rate
+    before = steady(T0, T0 + 30, 0)
+    stalled = [(T0 + 30 + k, [P("1", 0, 2, 60), P("2", 1, 2, 60)]) for k in range(1, 10)]
+    after = steady(T0 + 40, T0 + 60, 61)
+    q = run(before + stalled + after)
+    assert q.step == 101
+    assert q.training_s == pytest.approx(49.5)  # from the first step seen to grow
+    assert q.goodput()[0] == pytest.approx(49.5 / 59.5)
+    assert q.lost_ws == pytest.approx(2 * 10.0)
+    # a beat that skipped 1 s (two heartbeats) is training still
+    q = run(steady(T0, T0 + 10, 0, dt=1.0) + steady(T0 + 11, T0 + 20, 22, dt=0.5))
+    assert q.goodput()[1] == pytest.approx(1.0)
+
+
+def test_a_smaller_world_trains_but_not_at_full_size() -> None:
+    q = run(steady(T0, T0 + 20, 0) + steady(T0 + 20.5, T0 + 40, 41, size=1, senders=("1",)))
+    good, good_any = q.goodput()
+    assert good_any == pytest.approx(1.0)
+    assert good == pytest.approx(20.5 / 40, abs=0.02)
+    assert q.world == 1
+    assert q.lost_ws == pytest.approx(19.5, abs=0.6)  # one process of two, for 19.5 s
+
+
+def test_steps_computed_again_after_a_rollback_count_once_and_their_time_as_lost() -> None:
+    # at step 40 the world fails; the state goes back to the commit at step 30: both processes
+    # report 10 redone, then compute 31..40 again
+    first = steady(T0, T0 + 20, 0)
+    rolled = [(T0 + 20.5, [P("1", 0, 2, 40, 10, 2), P("2", 1, 2, 40, 10, 2)])]
+    again = [(T0 + 21 + k * 0.5, [P("1", 0, 2, 41 + k, 10, 2), P("2", 1, 2, 41 + k, 10, 2)])
+             for k in range(40)]
+    q = run(first + rolled + again)
+    assert q.redone == 10
+    # positions 31..40 again add nothing; 41..70 are new
+    assert q.step == 40 + (80 - 10 - 40)
+    # no new step from T0 + 20 (position 40) to T0 + 26 (41): the failure and the 10 steps
+    # computed again, for 2 processes
+    assert q.lost_ws == pytest.approx(6 * 2)
+    assert q.training_s == pytest.approx(19.5 + 14.5)  # T0+0.5..20 and T0+26..40.5
+
+
+def test_a_new_rank_0_continues_from_its_own_count_and_a_joining_one_adds_nothing() -> None:
+    first = steady(T0, T0 + 10, 0, senders=("1", "2"))  # 20 steps
+    # "1" dies; "2" becomes rank 0 of a world of 1 (a reset), then "3" joins as rank 1
+    alone = [(T0 + 12 + k * 0.5, [P("2", 0, 1, 21 + k, inits=2)]) for k in range(10)]
+    joined = [(T0 + 18 + k * 0.5, [P("2", 0, 2, 31 + k, inits=3), P("3", 1, 2, k, inits=1)])
+              for k in range(10)]
+    q = run(first + alone + joined)
+    assert q.step == 40
+    assert q.resets == 3  # "1" first, then "2" alone, then "2" in the world with "3"
+
+
+def test_a_script_without_distributed_optimizer_counts_commits() -> None:
+    passes = [(T0 + k, [P("1", 0, 1, 0, commits=k)]) for k in range(10)]
+    assert run(passes, desired=1).step == 9
+
+
+def test_an_older_hook_shows_no_progress() -> None:
+    b = Beat(sender="1", host="h", pid=1, local_rank=0, first_seen=0.0, last_seen=1.0,
+             progress_at=1.0, rank=0, size=1)
+    q = observe(Progress(), [b], desired=1, now=1.0, wall=T0)
+    assert q.world is None and q.step == 0 and q.goodput() == (None, None)
+
+
+def test_the_history_samples_changes_and_thins_when_full() -> None:
+    q = run(steady(T0, T0 + 20, 0) + steady(T0 + 20.5, T0 + 30, 41, size=1, senders=("1",)))
+    worlds = [w for _, w, _ in q.history]
+    assert worlds[0] == 2 and worlds[-1] == 1 and 1 in worlds
+    ts = [t for t, _, _ in q.history]
+    assert all(b - a <= progress.SAMPLE_S + 0.5 for a, b in itertools.pairwise(ts))
+    # full: the older half is thinned, the newest kept whole
+    long = run(steady(T0, T0 + 6 * progress.SAMPLE_S * progress.HISTORY_MAX, 0, dt=5.0))
+    assert len(long.history) <= progress.HISTORY_MAX
+    assert long.history[-1][0] == pytest.approx(T0 + 6 * progress.SAMPLE_S
+                                                 * progress.HISTORY_MAX, abs=5.0)
+    assert long.history[0][0] == pytest.approx(T0, abs=10.0)
+
+
+def test_the_stored_form_round_trips_and_damage_is_named() -> None:
+    q = run(steady(T0, T0 + 20, 0))
+    d = progress.to_dict(q)
+    back = progress.from_dict(d)
+    assert (back.step, back.since, back.training_s, back.history) == (
+        q.step, q.since, q.training_s, q.history)
+    assert d["goodput"] == pytest.approx(1.0) and d["rate"] == pytest.approx(2.0)
+    assert progress.from_dict(None) == Progress()
+    with pytest.raises(ValueError, match="progress"):
+        progress.from_dict({"step": "many"})
