@@ -5,7 +5,7 @@ PYTEST_ARGS ?=
 
 .PHONY: demo setup test test-fast test-unit test-integration test-e2e test-e2e-loopback \
 	lane-control-plane lane-loopback \
-	test-e2e-nodes lint cluster-up images bench clean help \
+	test-e2e-nodes lint cluster-up images bench docs clean help \
 	kind-up kind-load kind-deploy kind-chaos kind-down
 
 help:
@@ -18,6 +18,7 @@ help:
 	@echo "make cluster-up   run the local control plane until Ctrl-C, print its kubeconfig"
 	@echo "make images       build the images for real nodes (cached), print name -> tarball"
 	@echo "make bench        benchmarks -> bench/results.json, bench/out/scale.png (~25 min)"
+	@echo "make docs         write docs/env-vars.md from supervisor/config.py (a unit test checks it)"
 	@echo "make kind-up      kind cluster: one control plane, three workers (needs docker, kind)"
 	@echo "make kind-load    build both images and load them into the kind nodes"
 	@echo "make kind-deploy  ssh key + kubectl apply -k manifests/overlays/kind"
@@ -90,10 +91,15 @@ images: $(PY)
 bench: $(PY)
 	$(PY) -m bench $(BENCH_ARGS)
 
+# The environment-variable reference is the code's (tests/unit/test_readme.py fails when it drifts).
+docs: $(PY)
+	$(PY) -m supervisor.config >docs/env-vars.md.tmp
+	mv docs/env-vars.md.tmp docs/env-vars.md
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
 
-# ---- kind: try it in containers (README "Try it on kind"; needs docker, kind and kubectl) ----
+# ---- kind: try it in containers (docs/real-clusters.md "Try it on kind"; needs docker, kind and kubectl) ----
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGES := elastic-supervisor-launcher:$(VERSION) elastic-supervisor-worker:$(VERSION)
 KIND ?= kind

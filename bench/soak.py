@@ -102,9 +102,9 @@ class Sample:
 
 def braked(pods: Sequence[Mapping[str, Any]],
            nodes: Mapping[str, float | None]) -> frozenset[str]:
-    """The down nodes whose workers the supervisor's disruption brake holds: the rule as the
-    README states it (supervisor.classify.held_nodes) over the nodes of the job's workers and
-    of the cluster."""
+    """The down nodes whose workers the supervisor's disruption brake holds: the rule as
+    docs/failures-and-policies.md states it (supervisor.classify.held_nodes) over the nodes of
+    the job's workers and of the cluster."""
     job_nodes = {n for p in pods if (n := p.get("spec", {}).get("nodeName"))
                  and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")}
     down = {n for n, s in nodes.items() if s is not None}

@@ -4,7 +4,7 @@
 `explain [-- CMD...]`  print the effective configuration and the exact horovodrun argv;
 `status` / `scale`  read a job's state / record its desired size, with the user's kubeconfig.
 Both exit 2 with one line per problem when the configuration is bad. Exit codes: see
-supervisor.model.ExitCode and the README.
+supervisor.model.ExitCode and docs/operating.md.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Owns the list of `SUPERVISOR_*` variables (name, default, meaning), their parsing and the
 precise one-line errors for bad values. Every problem is collected and reported at once; the CLI
-exits 2 on any. It also records where each effective value came from, for `explain`.
+exits 2 on any. It also records where each effective value came from, for `explain`, and
+renders the variables' reference (`reference`, written to docs/env-vars.md by `make docs`).
 Never reads anything but the mapping it is given (plus the in-cluster namespace file and the
 kubeconfig's namespace, passed in by the caller), never talks to the cluster.
 """
@@ -13,6 +14,7 @@ import difflib
 import math
 import re
 import shlex
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -413,7 +415,8 @@ VARIABLES: tuple[Var, ...] = (
         "worker's. Default: the pod's first container. Another container's exit counts only "
         "where a policy rule names it (containerName); otherwise it is only reported "
         "(worker.container_exited, Event ContainerExited)."),
-    Var("POLICY_FILE", None, "Restart policy YAML (CCE faultTolerantPolicy form, see README). "
+    Var("POLICY_FILE", None, "Restart policy YAML (CCE faultTolerantPolicy form, see "
+        "docs/failures-and-policies.md). "
         "Not together with the *_EXIT_CODES / RESTART_EVENTS variables."),
     Var("RESTART_EXIT_CODES", None, "Exit codes that replace the worker, e.g. `137,143,"
         "128-255`; every other code drops it. Default: 128-255 restart, others drop."),
@@ -497,6 +500,15 @@ VARIABLES: tuple[Var, ...] = (
         "WORKER_TEMPLATE counted over launcher attempts (saved with the workers' state)."),
 )
 KNOWN = {PREFIX + v.name for v in VARIABLES}
+REFERENCE_HEADER = """# Environment variables
+
+Every `SUPERVISOR_*` variable the supervisor reads, its default and its meaning. Generated from
+`VARIABLES` in `supervisor/config.py` by `make docs`; do not edit: a unit test fails when this
+file differs from the code. How the supervisor is configured: [configuration.md](configuration.md).
+
+| variable | default | meaning |
+| --- | --- | --- |
+"""
 DEFAULT_SELECTOR = "elastic-supervisor/job={job},elastic-supervisor/role=worker"
 
 
@@ -865,3 +877,14 @@ def _codes_text(cfg: Config, rule_name: str) -> str | None:
         if rule.name == rule_name and rule.exit_codes:
             return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in rule.exit_codes)
     return None
+
+
+def reference() -> str:
+    """Return docs/env-vars.md: a Markdown table of every variable, its default and meaning."""
+    rows = (f"| `{PREFIX}{v.name}` | {f'`{v.default}`' if v.default else '-'} | {v.meaning} |\n"
+            for v in VARIABLES)
+    return REFERENCE_HEADER + "".join(rows)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(reference())

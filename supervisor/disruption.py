@@ -26,8 +26,8 @@ from enum import StrEnum
 
 from supervisor.observe import Obj, condition, node_problem
 
-# Taints that say a node is about to go (NoSchedule or NoExecute). Documented in the README's
-# env-var table (SUPERVISOR_NODE_DRAIN_TAINTS).
+# Taints that say a node is about to go (NoSchedule or NoExecute). Documented in docs/env-vars.md
+# (SUPERVISOR_NODE_DRAIN_TAINTS).
 DEFAULT_DRAIN_TAINTS = (
     "ToBeDeletedByClusterAutoscaler",  # cluster-autoscaler, scaling the node down
     "karpenter.sh/disrupted",  # Karpenter v1, consolidating or expiring the node

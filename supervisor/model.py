@@ -18,7 +18,7 @@ from supervisor.observe import EventType, Kind
 
 
 class ExitCode(IntEnum):
-    """Exit codes of `elastic-supervisor` itself (see README). Others are horovodrun's."""
+    """Exit codes of `elastic-supervisor` itself (docs/operating.md). Others are horovodrun's."""
 
     OK = 0
     CONFIG = 2  # bad configuration (also horovodrun's own argument errors)

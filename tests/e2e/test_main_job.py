@@ -260,7 +260,7 @@ class TestMainTour:
         t0 = time.time()
         try:
             # --force: workers name the launcher Job as owner but not as their controller
-            # (README, "Planned disruptions"), which kubectl drain asks for.
+            # (docs/failures-and-policies.md, "Planned disruptions"), which kubectl drain asks for.
             drained = job.kubectl("drain", node, "--pod-selector",
                                   "elastic-supervisor/role=worker", "--ignore-daemonsets",
                                   "--delete-emptydir-data", "--force", "--timeout=120s",

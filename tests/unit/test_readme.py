@@ -1,22 +1,97 @@
-"""The README's env-var table is the code's: every variable, default and meaning, nothing else."""
+"""The README and docs/ say what the code does: the env-var reference is generated from
+supervisor/config.py, the README stays short and names the commands CI runs, links resolve."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from supervisor.config import PREFIX, VARIABLES
+import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+from supervisor.config import PREFIX, VARIABLES, reference
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+ENV_VARS = DOCS / "env-vars.md"
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
-def test_env_table_matches_the_variables_the_supervisor_knows() -> None:
-    text = README.read_text()
-    table = text.split("<!-- env-table:")[1].split("<!-- /env-table -->")[0]
-    rows = re.findall(r"^\| `(SUPERVISOR_[A-Z_]+)` \| (.*?) \| (.*) \|$", table, re.M)
-    documented = {name: (default, meaning) for name, default, meaning in rows}
+def test_the_committed_env_reference_is_the_generated_one() -> None:
+    assert ENV_VARS.read_text() == reference(), (
+        "docs/env-vars.md differs from supervisor/config.py's VARIABLES: regenerate it with "
+        "`make docs` and commit it")
+
+
+def test_the_env_reference_has_one_row_per_variable_with_its_default_and_meaning() -> None:
+    rows = [line for line in reference().splitlines() if line.startswith("| `")]
+    cells = [line.split(" | ") for line in rows]
+    assert all(len(c) == 3 for c in cells), "a meaning or default holds ' | ': the table breaks"
+    documented = {name.strip("| `"): (default, meaning.removesuffix(" |"))
+                  for name, default, meaning in cells}
     expected = {
         f"{PREFIX}{v.name}": (f"`{v.default}`" if v.default else "-", v.meaning)
         for v in VARIABLES
     }
     assert documented == expected
+
+
+def test_the_readme_is_read_in_ten_minutes() -> None:
+    lines = README.read_text().count("\n")
+    assert lines < 300, f"README.md has {lines} lines: move the depth to docs/"
+
+
+def _quick_start() -> str:
+    text = README.read_text()
+    return text.split("## Quick start")[1].split("```sh")[1].split("```")[0]
+
+
+def test_the_quick_start_commands_are_make_targets() -> None:
+    targets = set(re.findall(r"^([a-z][\w-]*):", (ROOT / "Makefile").read_text(), re.M))
+    commands = re.findall(r"^make (\S+)", _quick_start(), re.M)
+    assert {"demo", "test", "setup"} <= set(commands)
+    assert set(commands) <= targets
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
+    assert ci[-1] == "make test"
+    assert re.search(r"^make test\b", _quick_start(), re.M)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+    return {_slug(h) for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+PAGES = [README, *sorted(DOCS.glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_relative_link_of_the_page_resolves(page: Path) -> None:
+    broken = []
+    for target in LINK.findall(page.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue  # https:, mailto:
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists() or (anchor and file.suffix == ".md"
+                                 and anchor not in _anchors(file)):
+            broken.append(target)
+    assert broken == []
+
+
+def test_the_readme_maps_every_page_of_docs() -> None:
+    linked = {Path(t).name for t in LINK.findall(README.read_text()) if t.startswith("docs/")}
+    assert linked == {p.name for p in DOCS.glob("*.md")}
+
+
+def test_the_slug_follows_github() -> None:
+    assert _slug("`status` and `scale`") == "status-and-scale"
+    assert _slug("The launcher's node lost") == "the-launchers-node-lost"
+    assert _slug("Setup (`make setup`)") == "setup-make-setup"
