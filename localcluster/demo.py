@@ -8,8 +8,10 @@ pod (the supervisor, with the manifests' ServiceAccount), the supervisor creates
 and horovodrun trains worker_image/train.py on them over ssh. Faults, each once the job is back at
 full size and has trained a little: SIGKILL of a worker container's process, a force delete, a
 frozen node (kubelet, containerd and pods stopped by the freezer cgroup), scale 2 -> 3, scale
-3 -> 2. At the end: a table (fault, detection, training resumed, back to full size), a timeline
-PNG (world size and step rate, faults marked) and everything stopped.
+3 -> 2. At the end: a table (fault, detection, training resumed, back to full size), the
+supervisor's own timeline PNG (`elastic-supervisor timeline`: world size, step rate, incidents
+by phase, goodput; drawn from the state and Events it stored, read before the cluster stops) and
+everything stopped.
 """
 
 from __future__ import annotations
@@ -27,15 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt
 from kubernetes import client, config
 
 from localcluster import images
 from localcluster.job import BASE_NAMESPACE, MainJob
 from localcluster.nodes import Cluster, ClusterSettings
+from supervisor import cli, kube
 
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE, JOB = BASE_NAMESPACE, "elastic-train"
@@ -139,6 +138,12 @@ class Result:
     code: int | None  # the launcher's exit code
     run: Run
     faults: list[Fault]
+    namespace: str = NAMESPACE
+    # What `elastic-supervisor timeline` draws, read at the end (cli.timeline_sources): the
+    # job's stored state and the namespace's Events; `unread` says why they could not be read.
+    state: dict[str, Any] | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    unread: str | None = None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the timeline PNG and the run's logs go")
     args = parser.parse_args(argv)
     result = run_job(args.out, PLAN)
-    summarize(result.run, result.faults, args.out)
+    summarize(result, args.out)
     print(f"demo: the launcher (supervisor) exited with {result.code}")
     return 0 if result.code == 0 else 1
 
@@ -279,7 +284,12 @@ def drive(job: MainJob, plan: tuple[str, ...]) -> Result:
     code = job.exit_code_within(90)
     run.poll()
     measure(run, faults)
-    return Result(code, run, faults)
+    result = Result(code, run, faults, job.namespace)
+    try:
+        result.state, result.events = cli.timeline_sources(job.api, JOB, job.namespace)
+    except kube.KubeError as e:
+        result.unread = str(e)
+    return result
 
 
 def measure(run: Run, faults: list[Fault]) -> None:
@@ -296,19 +306,22 @@ def measure(run: Run, faults: list[Fault]) -> None:
                         None)
 
 
-def summarize(run: Run, faults: list[Fault], out: Path) -> None:
-    t0 = run.started
-
+def summarize(result: Result, out: Path) -> None:
+    """Print the faults' table and draw the supervisor's timeline of the run."""
     def since(t: float | None, f: Fault) -> str:
         return "-" if t is None else f"{t - f.at:6.1f} s"
 
     print(f"\n{'fault':<40} {'detected':>9} {'resumed':>9} {'full size':>10}")
-    for f in faults:
+    for f in result.faults:
         print(f"{f.name:<40} {since(f.detected, f):>9} {since(f.resumed, f):>9} "
               f"{since(f.full, f):>10}")
-    png = out / "demo-timeline.png"
-    timeline(run, faults, t0, png)
-    print(f"\ntimeline: {png}")
+    if result.unread is not None:
+        print(f"\ntimeline: not drawn, the job's state and Events could not be read: "
+              f"{result.unread}")
+        return
+    _, line = cli.draw_timeline(JOB, result.namespace, result.state, result.events,
+                                out / "demo-timeline.png")
+    print(f"\ntimeline: {line}")
 
 
 def _t(rec: dict[str, Any]) -> float:
@@ -318,21 +331,3 @@ def _t(rec: dict[str, Any]) -> float:
                                          ).timestamp()
     except ValueError:
         return 0.0
-
-
-def timeline(run: Run, faults: list[Fault], t0: float, png: Path) -> None:
-    times = [s["time"] - t0 for s in run.steps]
-    fig, (ax1, ax2) = plt.subplots(2, 1, sharex=True, figsize=(10, 5))
-    ax1.step(times, [s["size"] for s in run.steps], where="post")
-    ax1.set_ylabel("world size")
-    rate = [1 / s["step_s"] if s.get("step_s") else 0 for s in run.steps]
-    ax2.plot(times, rate, linewidth=0.8)
-    ax2.set_ylabel("steps / s")
-    ax2.set_xlabel("seconds since the launcher started")
-    for f in faults:
-        for ax in (ax1, ax2):
-            ax.axvline(f.at - t0, color="red", linestyle="--", linewidth=0.8)
-        ax1.text(f.at - t0, 1.02, f.name, transform=ax1.get_xaxis_transform(), rotation=20,
-                 fontsize=7, color="red")
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)

@@ -2,7 +2,8 @@
 
 `run -- CMD...`  supervise horovodrun running CMD (the launcher container's entrypoint);
 `explain [-- CMD...]`  print the effective configuration and the exact horovodrun argv;
-`status` / `scale`  read a job's state / record its desired size, with the user's kubeconfig.
+`status` / `scale`  read a job's state / record its desired size, with the user's kubeconfig;
+`timeline`  draw a job's world size, step rate and incidents into a PNG (supervisor.timeline).
 Both exit 2 with one line per problem when the configuration is bad. Exit codes: see
 supervisor.model.ExitCode and docs/operating.md.
 """
@@ -35,6 +36,7 @@ from supervisor import (
     proc,
     progress,
     startup,
+    timeline,
 )
 from supervisor.actuator import Actuator
 from supervisor.channel import HookChannel
@@ -80,10 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
                             "(reads the cluster with your kubeconfig)")
     scale = sub.add_parser("scale", help="record the desired worker count; the running "
                            "supervisor applies it within a second")
-    for p in (status, scale):
+    drawing = sub.add_parser("timeline", help="draw a job's world size, step rate and "
+                             "incidents by phase into a PNG (reads the cluster with your "
+                             "kubeconfig)")
+    for p in (status, scale, drawing):
         p.add_argument("--job", default=os.environ.get("SUPERVISOR_JOB_NAME"),
                        help="job name (default: $SUPERVISOR_JOB_NAME)")
-        p.add_argument("--namespace", help="default: the kubeconfig context's namespace")
+        p.add_argument("-n", "--namespace", help="default: the kubeconfig context's namespace")
+    drawing.add_argument("-o", "--output", dest="png", type=Path, metavar="FILE",
+                         help="the PNG to write (default: <job>-timeline.png)")
     status.add_argument("--watch", action="store_true", help="refresh every 2 s until Ctrl-C")
     status.add_argument("--output", choices=("table", "json"), default="table")
     how = scale.add_mutually_exclusive_group(required=True)
@@ -137,7 +144,7 @@ def explain(cfg: Config, command: Sequence[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     env = dict(os.environ)
-    if args.command in ("status", "scale"):
+    if args.command in ("status", "scale", "timeline"):
         return operate_command(args)
     try:
         cfg = load_config(env)
@@ -157,10 +164,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def operate_command(args: argparse.Namespace) -> int:
-    """`status` / `scale`: read or record, with the user's kubeconfig; never the launcher."""
+    """`status` / `scale` / `timeline`: read or record, with the user's kubeconfig; never
+    the launcher."""
     if not args.job:
         print("elastic-supervisor: --job is required (or set SUPERVISOR_JOB_NAME)",
               file=sys.stderr)
+        return ExitCode.CONFIG
+    if args.command == "timeline" and (missing := timeline.renderer_missing()) is not None:
+        print(f"elastic-supervisor: {missing}", file=sys.stderr)
         return ExitCode.CONFIG
     namespace = args.namespace or kube.kubeconfig_namespace() or "default"
     try:
@@ -171,6 +182,13 @@ def operate_command(args: argparse.Namespace) -> int:
     try:
         if args.command == "scale":
             return scale_command(api, args.job, namespace, args)
+        if args.command == "timeline":
+            code, line = draw_timeline(args.job, namespace,
+                                       *timeline_sources(api, args.job, namespace),
+                                       args.png or Path(f"{args.job}-timeline.png"))
+            print(line if code == ExitCode.OK else f"elastic-supervisor: {line}",
+                  file=sys.stdout if code == ExitCode.OK else sys.stderr)
+            return code
         while True:
             s = job_status(api, args.job, namespace)
             text = (json.dumps(s, indent=2) if args.output == "json" else operate.render(s))
@@ -195,6 +213,32 @@ def job_status(api: Any, job: str, namespace: str) -> dict[str, Any]:
                                key=fleet.SCALE_KEY).load()
     return operate.status(job, namespace, pods=pods, state=state, scale=scale,
                           events=kube.list_events(api, namespace))
+
+
+def timeline_sources(api: Any, job: str, namespace: str
+                     ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """What `timeline` draws: the job's stored state (None if none) and the namespace's
+    Events (supervisor.timeline picks the job's); the demo reads them the same way."""
+    state, _ = kube.StateStore(api, namespace, fleet.state_name(job), None).load()
+    return state, kube.list_events(api, namespace)
+
+
+def draw_timeline(job: str, namespace: str, state: Mapping[str, Any] | None,
+                  events: Sequence[Mapping[str, Any]], png: Path) -> tuple[int, str]:
+    """Draw the job's timeline into `png`; return the exit code and the one line to print
+    (1: nothing to draw yet, or a state that cannot be drawn; 2: no matplotlib)."""
+    where = f"configmap {namespace}/{fleet.state_name(job)}"
+    if state is None:
+        return 1, f"no supervisor state for job {job} in {namespace} ({where}): nothing to draw"
+    try:
+        drawn = timeline.render(timeline.plan(job, state, events), png)
+    except timeline.RendererMissing as e:
+        return ExitCode.CONFIG, str(e)
+    except timeline.NoProgress as e:
+        return 1, f"{e} ({where})"
+    except timeline.TimelineError as e:
+        return 1, f"{where}: {e}"
+    return ExitCode.OK, f"wrote {png} ({len(drawn.labels)} incidents)"
 
 
 def scale_command(api: Any, job: str, namespace: str, args: argparse.Namespace) -> int:

@@ -169,6 +169,12 @@ def test_status_of_an_unknown_job_says_so(control_plane: ControlPlane, namespace
     out = cli(control_plane, namespace, "scale", "--workers", "2")
     assert out.returncode == ExitCode.CONFIG
     assert "no supervisor state for job job1" in out.stderr
+    drawing = cli(control_plane, namespace, "timeline", "-o", str(tmp_path / "t.png"))
+    assert drawing.returncode == 1
+    assert drawing.stderr.strip() == (
+        f"elastic-supervisor: no supervisor state for job job1 in {namespace} (configmap "
+        f"{namespace}/job1-supervisor-state): nothing to draw")
+    assert not (tmp_path / "t.png").exists()
     status = cli(control_plane, namespace, "status")
     assert status.returncode == 0
     assert status.stdout.startswith(f"job job1 in {namespace}: desired None, live 0, listed 0")
