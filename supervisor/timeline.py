@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-# Incident phases in the contract's order (detected ... full size).
-PHASES = ("detected", "fenced", "resumed", "created", "scheduled", "started", "joined", "full")
+from supervisor.incidents import PHASES
+
 OPEN = "open"  # the stretch of an open incident from its last phase to the end of the record
 SUPERVISOR = "elastic-supervisor.io/supervisor"  # the Events' reportingController (kube.py)
 METADATA_KEY = "elastic-supervisor.timeline"  # the PNG text chunk with what was drawn
