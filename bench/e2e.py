@@ -10,7 +10,9 @@ over RUNS runs of the job:
 - resume after a kill / a freeze: fault injected -> rank 0's first step after the reset;
 - full size after the replacement: the replacement entered the discovery file (it was Ready)
   -> the first step at world size 2 again;
-- steps rerun: for each rollback, the steps computed again (last step before it - last commit).
+- steps rerun: for each rollback, the steps computed again (last step before it - last commit);
+- goodput: the supervisor's (the progress it stored) against the one rank 0's printed steps give
+  over the same window, by the same rule (localcluster.demo.goodput_from_steps).
 All times are wall-clock differences on one machine (fault injector, supervisor and workers).
 """
 
@@ -47,6 +49,7 @@ def summary(samples: list[float]) -> dict[str, Any] | None:
 def main(plan: tuple[str, ...] = PLAN, runs: int = RUNS) -> dict[str, Any]:
     faults: list[tuple[str, demo.Fault]] = []
     rerun: list[int] = []
+    goodput: list[dict[str, Any]] = []
     with demo.started_cluster() as cluster:
         for i in range(runs):
             out = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
@@ -56,6 +59,10 @@ def main(plan: tuple[str, ...] = PLAN, runs: int = RUNS) -> dict[str, Any]:
                 raise SystemExit(f"bench e2e: the launcher exited {result.code}; logs in {out}")
             faults += list(zip(plan, result.faults, strict=False))
             rerun += rollbacks(result.run.steps)
+            g = demo.goodputs(result)
+            if g is None:
+                raise SystemExit(f"bench e2e: no goodput stored ({result.unread}); logs in {out}")
+            goodput.append(g)
 
     def resumed(key: str) -> list[float]:
         return [f.resumed - f.at for k, f in faults if k == key and f.resumed is not None]
@@ -72,6 +79,9 @@ def main(plan: tuple[str, ...] = PLAN, runs: int = RUNS) -> dict[str, Any]:
         "resume_after_freeze_s": summary(resumed("freeze")),
         "full_size_after_replacement_s": summary(full),
         "steps_rerun": rerun,
+        # the supervisor's goodput (its stored progress) against rank 0's printed steps over
+        # the same window (localcluster.demo.goodput_from_steps); target: within 1 % (0.01)
+        "goodput": goodput,
         "commit_every": 5,
     }
     kill, freeze = details["resume_after_kill_s"], details["resume_after_freeze_s"]
@@ -80,6 +90,7 @@ def main(plan: tuple[str, ...] = PLAN, runs: int = RUNS) -> dict[str, Any]:
         "resume_after_freeze_s": freeze["median"] if freeze else None,
         "full_size_after_replacement_s": round(max(full), 2) if full else None,
         "steps_rerun_max": max(rerun) if rerun else None,
+        "goodput_tool_vs_steps_diff_max": max((g["diff"] for g in goodput), default=None),
     }
     print(f"e2e: {e2e}")
     return {"e2e": e2e, "e2e_details": details}

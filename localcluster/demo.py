@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import itertools
 import json
 import os
 import subprocess
@@ -34,7 +35,7 @@ from kubernetes import client, config
 from localcluster import images
 from localcluster.job import BASE_NAMESPACE, MainJob
 from localcluster.nodes import Cluster, ClusterSettings
-from supervisor import cli, kube
+from supervisor import cli, kube, progress
 
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE, JOB = BASE_NAMESPACE, "elastic-train"
@@ -306,6 +307,47 @@ def measure(run: Run, faults: list[Fault]) -> None:
                         None)
 
 
+def goodput_from_steps(steps: list[dict[str, Any]], decisions: list[dict[str, Any]],
+                       since: float, at: float, initial: int = 2) -> tuple[float, float]:
+    """The job's goodput (training at the size asked for, training at all) over [since, at]
+    from rank 0's printed steps alone, by supervisor.progress's rule: a pause between two new
+    steps (a step past every one before) of at most max(MIN_PAUSE_S, PAUSE_STEPS x the median
+    step time) was training; the size asked for is the last `scale.applied` before it."""
+    points, high = [], -1
+    for r in steps:
+        if int(r["step"]) > high:
+            high = int(r["step"])
+            points.append((float(r["time"]), int(r["size"]), high))
+    points = [x for x in points if since <= x[0] <= at]
+    asked = sorted((_t(d), int(d["workers_to"])) for d in decisions
+                   if d.get("event") == "scale.applied")
+    per_step = sorted((b[0] - a[0]) / (b[2] - a[2]) for a, b in itertools.pairwise(points))
+    if not per_step or at <= since:
+        return 0.0, 0.0
+    limit = max(progress.MIN_PAUSE_S, progress.PAUSE_STEPS * per_step[len(per_step) // 2])
+    full = trained = 0.0
+    for a, b in itertools.pairwise(points):
+        gap = b[0] - a[0]
+        if gap <= limit:
+            trained += gap
+            want = next((n for t, n in reversed(asked) if t <= a[0]), initial)
+            full += gap if a[1] >= want else 0.0
+    return full / (at - since), trained / (at - since)
+
+
+def goodputs(result: Result) -> dict[str, Any] | None:
+    """The goodput the supervisor stored and the one rank 0's steps give over its window."""
+    p = (result.state or {}).get("progress") or {}
+    if p.get("goodput") is None or p.get("since") is None or p.get("at") is None:
+        return None
+    full, trained = goodput_from_steps(result.run.steps, result.run.decisions,
+                                       float(p["since"]), float(p["at"]))
+    return {"tool": {"full": p["goodput"], "any": p["goodput_any"]},
+            "steps": {"full": round(full, 4), "any": round(trained, 4)},
+            "diff": round(max(abs(p["goodput"] - full), abs(p["goodput_any"] - trained)), 4),
+            "window_s": round(float(p["at"]) - float(p["since"]), 1)}
+
+
 def summarize(result: Result, out: Path) -> None:
     """Print the faults' table and draw the supervisor's timeline of the run."""
     def since(t: float | None, f: Fault) -> str:
@@ -319,6 +361,11 @@ def summarize(result: Result, out: Path) -> None:
         print(f"\ntimeline: not drawn, the job's state and Events could not be read: "
               f"{result.unread}")
         return
+    g = goodputs(result)
+    if g is not None:
+        print(f"\ngoodput over {g['window_s']} s: the supervisor {100 * g['tool']['full']:.1f} % "
+              f"at full size, {100 * g['tool']['any']:.1f} % training at all; rank 0's steps "
+              f"{100 * g['steps']['full']:.1f} % and {100 * g['steps']['any']:.1f} %")
     _, line = cli.draw_timeline(JOB, result.namespace, result.state, result.events,
                                 out / "demo-timeline.png")
     print(f"\ntimeline: {line}")

@@ -35,6 +35,7 @@ from kubernetes import client
 
 from localcluster.job import JOB, REPO
 from localcluster.nodes import Cluster
+from supervisor import timeline
 from tests.e2e.jobs import (
     COMMIT_EVERY,
     Job,
@@ -50,10 +51,12 @@ from tests.e2e.jobs import (
     with_policy,
 )
 from tests.helpers import CLUSTER_NODE_GRACE_S, wait_for
+from tests.integration.harness import scrape
 
 # The tour trains until its last fault is checked, then stops through the stop file: this is
 # only a bound no tour reaches.
 STEPS = 1_000_000
+METRICS_PORT = 9400  # the manifests' SUPERVISOR_METRICS_PORT, on the launcher pod's IP
 # Seconds from a fault to training back at full size. A process's death is seen at once and a
 # replacement joins in 5-10 s; a frozen node is found by its silence (~3 s); a stopped kubelet
 # only after the node controller's grace and the tour's SUPERVISOR_NODE_GRACE_SECONDS.
@@ -397,6 +400,63 @@ class TestMainTour:
             assert job.decision(job.successor(victim))["cause"] == "NodeNotReady"
         one_live_pod_per_slot(job)
         check_steps(job.records())
+
+    def test_status_metrics_and_the_timeline_show_the_progress_and_each_incident(
+            self, tour: Job, tmp_path: Path) -> None:
+        """After the tour's faults (issue 26): the step the hook counted from rank 0 is the
+        step the script printed, the goodput is below 1, every failure decided is an incident
+        with its phases, the metrics carry the phase histograms, and `timeline` draws one
+        label per incident on integer world ticks."""
+        job = tour
+        job.settled(2)
+        asked = time.time()
+        job.wait("the progress saved after now", lambda: (
+            (job.status().get("progress") or {}).get("at") or 0) > asked + 1, 40)
+        s = job.status()
+        p = s["progress"]
+        printed = max(int(r["step"]) for r in job.steps() if r["time"] <= p["at"])
+        assert abs(p["step"] - printed) <= max(10, printed // 50), (p["step"], printed)
+        assert p["world"] == p["desired"] == 2 and p["training"] and p["rate"] > 0, p
+        assert 0 < p["goodput"] <= p["goodput_any"] <= 1 and p["goodput"] < 1, p
+        assert p["lost_ws"] > 0 and p["productive_ws"] > p["lost_ws"], p
+
+        found = s["incidents"]
+        by_pod = {pod: i for i in found for pod in i["pods"]}
+        failed = job.logs("worker.failed")
+        assert failed and all(e["pod"] in by_pod for e in failed), (failed, found)
+        assert {"NodeNotReady", "ExitCode", "PodForceDeleted", "Hung", "ScaleOut",
+                "ScaleIn"} <= {i["cause"] for i in found}, found
+        assert {"leave", "scale", "failure"} <= {i["kind"] for i in found}, found
+        for i in found:
+            if not i["open"]:
+                ph = i["phases"]
+                assert min(ph.values()) == ph["detected"] and max(ph.values()) == ph["full"], i
+        frozen = by_pod[[e for e in failed if e["cause"] == "Hung"][-1]["pod"]]
+        assert frozen["cause"] == "Hung" and not frozen["open"], frozen
+        assert set(frozen["phases"]) == {"detected", "fenced", "resumed", "created",
+                                         "scheduled", "started", "joined", "full"}, frozen
+        text = job.cli("status")
+        assert "PROGRESS: step " in text and "goodput " in text, text
+        assert "LAST INCIDENT #" in text, text
+
+        launcher = job.launcher()
+        assert launcher is not None
+        m = scrape(METRICS_PORT, launcher["status"]["podIP"])
+        full = [v for k, v in m.items() if k.startswith(
+            "elastic_supervisor_incident_phase_seconds_count{") and 'phase="full"' in k]
+        assert sum(full) >= len([i for i in found if not i["open"]]) - 1 > 0, full
+        assert any(k.startswith("elastic_supervisor_incident_phase_seconds_bucket{") for k in m)
+        assert m["elastic_supervisor_training_steps_total"] > 0
+        assert 0 < m['elastic_supervisor_goodput_ratio{of="full"}'] < 1
+
+        png = tmp_path / "timeline.png"
+        job.cli("timeline", "-o", str(png))
+        drawn = json.loads(timeline.read_png_text(png)[timeline.METADATA_KEY])
+        ticks = drawn["world_ticks"]
+        assert ticks and all(t.isdigit() for t in ticks) and "2" in ticks, ticks
+        labels = drawn["labels"]
+        state = job.state()
+        assert len(labels) == len(state["incidents"]), (labels, state)  # one per incident
 
     def test_a_killed_supervisor_is_replaced_by_the_job_and_goes_on_with_the_same_budgets(
             self, tour: Job) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -156,3 +157,34 @@ def test_the_stored_form_round_trips_and_damage_is_named() -> None:
     assert progress.from_dict(None) == Progress()
     with pytest.raises(ValueError, match="progress"):
         progress.from_dict({"step": "many"})
+
+
+def test_the_tool_and_rank_0s_printed_steps_agree_on_the_goodput() -> None:
+    """The same training seen two ways: rank 0's step lines (what the demo's bench reads) and
+    heartbeats every 0.5 s (what the supervisor reads): goodput within 1 % of each other."""
+    from localcluster.demo import goodput_from_steps
+
+    rng = random.Random(7)
+    printed, t, step, size = [], T0, 0, 2
+    pauses = {60: 4.0, 120: 9.0, 200: 2.5}  # at step -> seconds without a step (faults)
+    small = range(130, 170)  # steps trained with one process of two
+    while step < 300:
+        t += pauses.get(step, 0.0) + rng.uniform(0.15, 0.25)
+        step += 1
+        size = 1 if step in small else 2
+        printed.append({"time": t, "step": step, "size": size})
+    q, k, beat_t = Progress(), 0, T0
+    while beat_t < t + 1:
+        beat_t += 0.5 + rng.uniform(-0.05, 0.05)
+        while k < len(printed) and printed[k]["time"] <= beat_t:
+            k += 1
+        last = printed[k - 1] if k else {"step": 0, "size": 2}
+        b = P("1", 0, int(last["size"]), int(last["step"]))
+        q = observe(q, [beat(b, beat_t - 1e9)], desired=2, now=beat_t - 1e9, wall=beat_t)
+    assert q.since is not None and q.at is not None
+    full, trained = goodput_from_steps(printed, [], q.since, q.at)
+    good, good_any = q.goodput()
+    assert good is not None and good_any is not None
+    assert 0.5 < good < 0.95 and good_any < 1
+    assert abs(good - full) <= 0.01 and abs(good_any - trained) <= 0.01, (
+        good, full, good_any, trained)
