@@ -100,10 +100,14 @@ def position(b: Beat) -> int | None:
 
 
 def rank0(beats: Iterable[Beat], now: float) -> Beat | None:
-    """World rank 0's process, from a fresh heartbeat (the newest world if two say so)."""
+    """World rank 0's process, from a fresh heartbeat. Two may say so while the world
+    changes: one that left it (announced to go, its peer failed) still beats with the rank of
+    its last init. The one whose collectives completed last is in the world that trains
+    (counts of inits cannot tell: each process counts its own)."""
     live = [b for b in beats if b.rank == 0 and b.bye_at is None and b.size is not None
             and now - b.last_seen <= FRESH_S and b.steps is not None]
-    return max(live, key=lambda b: (b.inits, b.last_seen), default=None)
+    return max(live, key=lambda b: (b.progress_at or float("-inf"), b.last_seen),
+               default=None)
 
 
 def observe(p: Progress, beats: Iterable[Beat], *, desired: int, now: float,

@@ -650,6 +650,7 @@ def test_a_host_change_commits_first_so_no_counter_goes_back(
 
     monkeypatch.setattr(elastic.State, "check_host_updates", elastic.State.check_host_updates)
     monkeypatch.setattr(elastic.State, "commit", elastic.State.commit)
+    monkeypatch.setattr(elastic.ObjectState, "save", elastic.ObjectState.save)
 
     def regroup() -> tuple[int, int]:
         """(the step after the reset, the step a failure right after it restores)"""
@@ -692,7 +693,7 @@ def test_steps_commits_and_steps_computed_again_are_counted_on_horovods_own_clas
     from horovod.torch import optimizer
 
     for cls, name in ((elastic.State, "commit"), (elastic.State, "check_host_updates"),
-                      (optimizer._DistributedOptimizer, "step")):
+                      (elastic.ObjectState, "save"), (optimizer._DistributedOptimizer, "step")):
         monkeypatch.setattr(cls, name, getattr(cls, name))
     w = hook.WorkerHook(KEY, 9, "1", {})
     w.patch_elastic(elastic)
@@ -712,11 +713,14 @@ def test_steps_commits_and_steps_computed_again_are_counted_on_horovods_own_clas
     opt = SimpleNamespace(step=w.progress.counted(lambda: inner_steps.append(1)))
     state = elastic.ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, batch=0)
     p = w.progress
-    for batch in range(1, 8):  # 7 steps, a commit every 3
-        opt.step()
+    for batch in range(1, 8):  # 7 steps, a commit every 3 (the second as a save and check:
+        opt.step()             # worker_image/train.py's way)
         state.batch = batch
-        if batch % 3 == 0:
+        if batch == 3:
             state.commit()
+        elif batch == 6:
+            state.save()
+            state.check_host_updates()
     assert (p.steps, p.commits, p.redone) == (7, 2, 0)
     failing.append(HorovodInternalError("a peer failed"))
     with pytest.raises(HorovodInternalError):
@@ -733,7 +737,7 @@ def test_steps_commits_and_steps_computed_again_are_counted_on_horovods_own_clas
     failing.append(HorovodInternalError("a peer failed"))
     with pytest.raises(HorovodInternalError):
         mpi.synchronize(1)
-    assert (p.steps, p.commits, p.redone) == (8, 2, 1)
+    assert (p.steps, p.commits, p.redone) == (8, 3, 1)  # the save at the host change too
     assert len(inner_steps) == 8
 
 

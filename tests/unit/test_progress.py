@@ -26,12 +26,14 @@ class P:
     redone: int = 0
     inits: int = 1
     commits: int = 0
+    moving: bool = True  # its collectives complete (else: the last one 10 s ago)
 
 
 def beat(p: P, now: float) -> Beat:
     return Beat(sender=p.sender, host=f"10.0.0.{p.sender}", pid=1, local_rank=0,
-                first_seen=0.0, last_seen=now, progress_at=now, rank=p.rank, size=p.size,
-                inits=p.inits, steps=p.steps, redone=p.redone, commits=p.commits)
+                first_seen=0.0, last_seen=now, progress_at=now if p.moving else now - 10,
+                rank=p.rank, size=p.size, inits=p.inits, steps=p.steps, redone=p.redone,
+                commits=p.commits)
 
 
 def run(passes: Iterable[tuple[float, list[P]]], desired: int = 2,
@@ -119,6 +121,15 @@ def test_a_new_rank_0_continues_from_its_own_count_and_a_joining_one_adds_nothin
     q = run(first + alone + joined)
     assert q.step == 40
     assert q.resets == 3  # "1" first, then "2" alone, then "2" in the world with "3"
+
+
+def test_a_process_that_left_the_world_still_says_rank_0_and_is_not_the_one_counted() -> None:
+    """Seen on real nodes: the old rank 0, announced to go, beats on with the rank of its
+    last init (and more inits than anyone) while the new world's rank 0 trains."""
+    first = steady(T0, T0 + 10, 0, senders=("1", "2"))  # 20 steps
+    both = [(T0 + 10.5 + k * 0.5, [P("1", 0, 2, 20, inits=5, moving=False),
+                                   P("2", 0, 1, 21 + k, inits=2)]) for k in range(20)]
+    assert run(first + both).step == 40
 
 
 def test_a_script_without_distributed_optimizer_counts_commits() -> None:

@@ -307,11 +307,24 @@ class WorkerHook:
             check, progress.saved)
 
         @functools.wraps(commit)
-        def counted_commit(self: Any, *args: Any, **kwargs: Any) -> Any:
-            progress.saved(commit=True)  # `commit` saves first, then checks the hosts
+        def saving_commit(self: Any, *args: Any, **kwargs: Any) -> Any:
+            progress.saved()  # `commit` saves first, then checks the hosts
             return commit(self, *args, **kwargs)
 
-        state.commit = counted_commit  # type: ignore[union-attr]
+        state.commit = saving_commit  # type: ignore[union-attr]
+        # Scripts save without commit too (a save and check_host_updates of their own): the
+        # save of ObjectState (torch's and Keras's states call it) is the point a failed
+        # world rolls back to, and each one is counted.
+        objects = getattr(elastic, "ObjectState", None)
+        save = getattr(objects, "save", None)
+        if callable(save):
+            @functools.wraps(save)
+            def counted_save(self: Any, *args: Any, **kwargs: Any) -> Any:
+                result = save(self, *args, **kwargs)
+                progress.saved(commit=True)
+                return result
+
+            objects.save = counted_save  # type: ignore[union-attr]
 
     def patch_optimizer(self, optimizer: Any) -> None:
         """Count the training steps: horovod.torch's DistributedOptimizer copies the methods of

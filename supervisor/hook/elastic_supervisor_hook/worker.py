@@ -104,8 +104,9 @@ class Progress:
         self.rank: int | None = None
         self.size: int | None = None
         # Training progress, for the supervisor's goodput: optimizer steps (horovod.torch's
-        # DistributedOptimizer.step), commits (State.commit), and steps computed again: those
-        # since the last save, undone when a failed world rolls the state back to it.
+        # DistributedOptimizer.step), commits (saves of the state: State.commit saves), and
+        # steps computed again: those since the last save, undone when a failed world rolls
+        # the state back to it.
         self.steps = 0
         self.commits = 0
         self.redone = 0
