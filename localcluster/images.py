@@ -509,25 +509,13 @@ def build_base_rootfs(settings: Settings, recipe: BaseRecipe, log: Log) -> Path:
     if dest.exists():
         log(f"base rootfs cached: {dest}")
         return dest
-    debootstrap = shutil.which("debootstrap")
-    if debootstrap is None:
-        raise ImagesError("debootstrap not found: run make setup (Debian debootstrap)")
     dest.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     log(f"debootstrap --variant={recipe.variant} {recipe.suite} from {recipe.mirror} "
         f"(+ {', '.join(recipe.packages)}; ~65 s)")
-    logfile = dest.with_suffix(".log")
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
-        with logfile.open("w") as out:
-            done = subprocess.run(
-                [debootstrap, f"--variant={recipe.variant}",
-                 f"--include={','.join(recipe.packages)}", recipe.suite, str(rootfs),
-                 recipe.mirror], stdout=out, stderr=subprocess.STDOUT, check=False)
-        if done.returncode != 0:
-            raise ImagesError(f"debootstrap failed (exit {done.returncode}; log {logfile}):\n"
-                              f"{_tail(logfile)}")
-        _trim_rootfs(rootfs, recipe)
+        debootstrap_rootfs(recipe, rootfs, dest.with_suffix(".log"))
         partial = dest.with_name(f".{dest.name}.partial")
         _run(["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs), "-cf", str(partial),
               "--exclude=./dev/*", "--exclude=./proc/*", "--exclude=./sys/*",
@@ -538,6 +526,24 @@ def build_base_rootfs(settings: Settings, recipe: BaseRecipe, log: Log) -> Path:
             old.unlink()
     log(f"base rootfs made in {_since(t0)} ({dest.stat().st_size >> 20} MiB): {dest}")
     return dest
+
+
+def debootstrap_rootfs(recipe: BaseRecipe, rootfs: Path, logfile: Path) -> None:
+    """Make `rootfs` (a directory that does not exist yet) with debootstrap from the recipe,
+    trimmed as Debian's container images are; its output goes to `logfile`. Raise ImagesError
+    with the log's tail if debootstrap fails."""
+    debootstrap = shutil.which("debootstrap")
+    if debootstrap is None:
+        raise ImagesError("debootstrap not found: run make setup (Debian debootstrap)")
+    with logfile.open("w") as out:
+        done = subprocess.run(
+            [debootstrap, f"--variant={recipe.variant}",
+             f"--include={','.join(recipe.packages)}", recipe.suite, str(rootfs),
+             recipe.mirror], stdout=out, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0:
+        raise ImagesError(f"debootstrap failed (exit {done.returncode}; log {logfile}):\n"
+                          f"{_tail(logfile)}")
+    _trim_rootfs(rootfs, recipe)
 
 
 def _trim_rootfs(rootfs: Path, recipe: BaseRecipe) -> None:

@@ -48,7 +48,10 @@ and whether it is inside one. From the last heartbeat of each process and `now`:
   leaves room; the failure is required so that a slow first init of a large world, with
   nothing failed, is never taken for this. Only a new horovodrun helps, as for `broken`.
 - hosts listed for long without any heartbeat, and the hook's own problems, are reported so
-  that the supervisor can say hang detection is off for them.
+  that the supervisor can say hang detection is off for them; a problem that names a framework
+  the hook does not fence (horovod.tensorflow, horovod.mxnet) is reported apart (`unfenced`).
+  A process whose hook reports a problem takes part in none of the rules above: its counts may
+  say nothing (a TensorFlow process never completes a collective the hook can see).
 No I/O, no clock: `now` and all times are monotonic seconds passed in.
 """
 
@@ -58,6 +61,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from supervisor.channel import Beat
+from supervisor.hook.elastic_supervisor_hook import unfenced_framework
 
 BEAT_S = 0.5  # the hook's heartbeat period (elastic_supervisor_hook.worker.BEAT_S)
 BROKEN_AFTER_S = 5.0  # a failed member and no new world for this long: the rendezvous is broken
@@ -130,6 +134,8 @@ class Verdict:
     busy: tuple[tuple[str, int, float, str], ...] = ()
     unmonitored: tuple[str, ...] = ()  # listed hosts that never sent a heartbeat
     problems: tuple[tuple[str, str], ...] = ()  # (host, the hook's problem)
+    # (host, a Horovod framework its processes use that the hook does not fence yet)
+    unfenced: tuple[tuple[str, str], ...] = ()
 
 
 def running(b: Beat, now: float, s: HangSettings) -> bool:
@@ -169,15 +175,16 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
     (None: the driver hook did not say)."""
     s = settings
     all_beats = list(beats)
-    fresh = [b for b in all_beats if _fresh(b, now, s)]
+    monitored = [b for b in all_beats if not b.problems]
+    fresh = [b for b in monitored if _fresh(b, now, s)]
     waiting = [b for b in fresh if b.wait_s is not None]
     hung: dict[str, Hung] = {}
     busy: list[tuple[str, int, float, str]] = []
     threshold = stuck_threshold(fresh, s)
     busy_bound = max(s.silence_s, threshold)
-    for b in all_beats:
+    for b in monitored:
         silent = now - b.last_seen
-        if (b.host not in watched or b.bye_at is not None or b.problems
+        if (b.host not in watched or b.bye_at is not None
                 or silent < s.silence_s or b.host in hung):
             continue
         runs = running(b, now, s)
@@ -197,7 +204,7 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
             f"{len(peers)} peer process(es) waited in {where} (longest {longest.wait_s:.1f}s at "
             f"its last heartbeat) and none completed one since"))
     last_progress = max((b.first_seen if b.progress_at is None else b.progress_at
-                         for b in all_beats), default=started_at)
+                         for b in monitored), default=started_at)
     stall = None
     if fresh and now - last_progress >= s.stall_s:
         stall = Stall(now - last_progress, len(fresh))
@@ -221,10 +228,12 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
     unmonitored = tuple(sorted(
         h for h, since in watched.items()
         if h not in seen and now - max(since, started_at) >= UNMONITORED_AFTER_S))
-    problems = tuple(sorted({(b.host, p) for b in all_beats for p in b.problems}))
+    said = {(b.host, p) for b in all_beats for p in b.problems}
+    unfenced = {(h, f) for h, p in said if (f := unfenced_framework(p)) is not None}
+    problems = {(h, p) for h, p in said if unfenced_framework(p) is None}
     return Verdict(tuple(hung[h] for h in sorted(hung)), stall, broken, unformed,
                    stuck_ranks(fresh, watched, now, threshold), tuple(sorted(busy)), unmonitored,
-                   problems)
+                   tuple(sorted(problems)), tuple(sorted(unfenced)))
 
 
 def _stuck(fresh: list[Beat], world: tuple[frozenset[str], float],

@@ -632,9 +632,9 @@ class Supervisor:
             h.reported.discard("stall-logged")
 
     def _hang_warnings(self, verdict: Verdict, driver: Any, running_s: float) -> None:
-        """The one-time Warning Events of a run: hosts without heartbeats, the hook's problems,
-        a driver that never said the hook was loaded; and the log line of a process silent but
-        running (once per silence)."""
+        """The one-time Warning Events of a run: hosts without heartbeats, the hook's problems
+        and the frameworks it does not fence, a driver that never said the hook was loaded; and
+        the log line of a process silent but running (once per silence)."""
         h = self.state.hangs
         if verdict.unmonitored and "unmonitored" not in h.reported:
             h.reported.add("unmonitored")
@@ -663,6 +663,19 @@ class Supervisor:
                 self.events(EventSpec("Warning", "HookProblem", "Detect",
                                       f"the hook in a training process on {host}: {problem}; "
                                       "no fence and no hang detection for such processes"))
+        for framework in sorted({f for _, f in verdict.unfenced}):
+            key = f"unfenced:{framework}"
+            if key not in h.reported:
+                h.reported.add(key)
+                hosts = sorted(x for x, f in verdict.unfenced if f == framework)
+                self.log.warning("hook.framework_unfenced", framework=framework, hosts=hosts)
+                self.events(EventSpec(
+                    "Warning", "HookFrameworkUnfenced", "Detect",
+                    f"training processes on {len(hosts)} host(s) {hosts[:10]} use {framework}, "
+                    "which the hook does not fence yet (only horovod.torch): no fence and no "
+                    "hang detection for them, and the stall rule and the regroup hold ignore "
+                    "them; horovodrun's driver is hardened and pod and node failures are "
+                    "handled as for any job (docs/hook.md)"))
         if driver is None and running_s >= DRIVER_HELLO_WAIT_S and "driver" not in h.reported:
             h.reported.add("driver")
             self.log.error("hook.driver_missing", waited_s=round(running_s, 1))

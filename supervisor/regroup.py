@@ -11,7 +11,8 @@ reports a new `hvd.init()` and a completed collective after it (the hook's heart
 most MAX_HOLD_S. The survivors resume at the smaller size at once and the new host joins right
 after, through Horovod's host-added notification, at a commit point (no rollback). Nothing is
 held when the survivors alone could not reach MIN_NP (the driver would wait for the new host),
-or when no process heartbeats (no hook: nothing would tell when to stop holding).
+or when no process heartbeats without a problem of its hook (no hook, or one that cannot see the
+collectives, e.g. in a TensorFlow process: nothing would tell when to stop holding).
 No I/O, no clock.
 """
 
@@ -66,8 +67,9 @@ def regrouped(p: Pending, beats: Iterable[Beat]) -> bool:
 
 
 def over(p: Pending, beats: Iterable[Beat], now: float, max_hold_s: float = MAX_HOLD_S) -> bool:
-    """Whether the regroup is no longer pending: done, given up on, or nobody to tell."""
-    beats = list(beats)
+    """Whether the regroup is no longer pending: done, given up on, or nobody to tell (no
+    process heartbeats whose hook reports no problem)."""
+    beats = [b for b in beats if not b.problems]
     return now - p.since >= max_hold_s or not beats or regrouped(p, beats)
 
 

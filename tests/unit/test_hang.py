@@ -24,6 +24,7 @@ from supervisor.hang import (
     assess,
     run_progress,
 )
+from supervisor.hook.elastic_supervisor_hook import unfenced_problem
 
 S = HangSettings(silence_s=3.0, stall_s=600.0)
 NOW = 1000.0
@@ -47,6 +48,7 @@ def waiting(host: str, seconds: float, **kw: object) -> Beat:
 
 
 FROZEN_AT = NOW - 3.4  # its last heartbeat
+TF = unfenced_problem("horovod.tensorflow")
 
 
 def frozen(host: str = "10.0.0.3", **kw: object) -> Beat:
@@ -93,6 +95,16 @@ def hung(host: str = "10.0.0.3", peers: int = 2, longest: float = 3.0,
                   frozen(problems=("Horovod 0.27.0 is not 0.28.x: not patched",))],
                  Verdict(problems=(("10.0.0.3", "Horovod 0.27.0 is not 0.28.x: not patched"),)),
                  id="a process whose hook reported a problem is not judged, it is reported"),
+    pytest.param([replace(beat(h, progress=None, problems=(TF,)), first_seen=NOW - 700)
+                  for h in ("10.0.0.1", "10.0.0.2")],
+                 Verdict(unfenced=(("10.0.0.1", "horovod.tensorflow"),
+                                   ("10.0.0.2", "horovod.tensorflow"))),
+                 id="TensorFlow processes heartbeat, never progress: reported apart, no stall"),
+    pytest.param([beat("10.0.0.1", wait=500.0, kind="c", progress=NOW - 700),
+                  beat("10.0.0.2", progress=NOW - 700),
+                  replace(beat("10.0.0.3", progress=None, problems=(TF,)), first_seen=NOW - 5)],
+                 Verdict(stall=Stall(700.0, 2), unfenced=(("10.0.0.3", "horovod.tensorflow"),)),
+                 id="an unfenced process that just started does not hide the others' stall"),
     pytest.param([waiting("10.0.0.1", 5.0), frozen(host="10.0.0.2"), frozen()],
                  Verdict(hung=(hung("10.0.0.2", peers=1, longest=5.0),
                                hung("10.0.0.3", peers=1, longest=5.0))),

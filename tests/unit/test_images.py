@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import images
+from localcluster import images, pythons
 from localcluster.images import dockerignore_excludes, dockerignore_patterns
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -486,6 +486,37 @@ def test_the_base_recipe_key_follows_the_recipe() -> None:
                    {"sources_list": ()}, {"suite": "trixie"}):
         assert dataclasses.replace(base, **change).key != base.key  # type: ignore[arg-type]
     assert f"LABEL {images.RECIPE_LABEL}={base.key}" in base.docker_changes()
+
+
+@pytest.mark.parametrize(("suite", "listed", "lines"), [
+    pytest.param("trixie", "deb http://mirror.example/debian trixie main\n",
+                 ["deb http://mirror.example/debian trixie main"],
+                 id="a suite apt names: its own entry"),
+    pytest.param("bullseye", "", ["deb http://deb.debian.org/debian bullseye main"],
+                 id="a suite apt does not name: the host suite's Debian mirror"),
+])
+def test_the_hooks_interpreters_come_from_apts_debian_mirror(suite: str, listed: str,
+                                                               lines: list[str]) -> None:
+    sources = images.parse_apt_sources({"debian.sources": DEBIAN_SOURCES,
+                                        "nodesource.sources": NODESOURCE, "x.list": listed})
+    recipe = pythons.recipe(suite, sources, "bookworm")
+    assert (recipe.suite, list(recipe.sources_list), recipe.packages, recipe.variant) == (
+        suite, lines, ("python3", "python3-psutil"), "minbase")
+    assert pythons.host_suite('NAME="Debian"\nVERSION_CODENAME=bookworm\n') == "bookworm"
+    with pytest.raises(images.ImagesError, match="no VERSION_CODENAME: not a Debian host"):
+        pythons.host_suite('NAME="Fedora"\n')
+
+
+def test_the_hooks_interpreters_run_in_their_own_namespaces_on_a_copy() -> None:
+    argv = pythons.run_argv(Path("/cache/pythons/trixie-1"), Path("/tmp/x y/run"),
+                            ["python3", "-B", "/tmp/run/t.py"])
+    assert argv[:6] == ["unshare", "--mount", "--pid", "--fork",
+                        "--mount-proc=/cache/pythons/trixie-1/proc", "--"]
+    assert argv[6:8] == ["sh", "-c"]
+    assert argv[8] == (
+        "mount -t tmpfs -o mode=1777 tmpfs /cache/pythons/trixie-1/tmp && mount --bind /dev "
+        "/cache/pythons/trixie-1/dev && cp -r '/tmp/x y/run' /cache/pythons/trixie-1/tmp/ && "
+        "exec chroot /cache/pythons/trixie-1 python3 -B /tmp/run/t.py")
 
 
 def test_dockerd_leaves_the_hosts_network_alone() -> None:

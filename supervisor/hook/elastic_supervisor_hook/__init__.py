@@ -23,6 +23,11 @@ names. Nothing else is touched, so a process that never imports them is unchange
   state before it raises HostsUpdatedInterrupt (worker.saved_on_host_change). A missing
   target or another Horovod version is reported on stderr and in the heartbeats, never fatal
   to training.
+- a training process that imports a Horovod framework the hook does not fence yet
+  (horovod.tensorflow, which horovod.keras and horovod.tensorflow.keras import too, or
+  horovod.mxnet: UNFENCED) says so, once on stderr and in its heartbeats from then on (a problem,
+  `unfenced_problem`, which the supervisor posts as a HookFrameworkUnfenced Event), and cuts
+  nothing: no fence, no hang detection there. horovodrun's driver is hardened all the same.
   ELASTIC_SUPERVISOR_HOOK_WORKER=0 (SUPERVISOR_WORKER_HOOK=false) leaves training processes
   alone; a multiprocessing child (e.g. a DataLoader worker started by spawn) is left alone.
 """
@@ -61,7 +66,22 @@ DRIVER = "horovod.runner.elastic.driver"
 MPI_OPS = "horovod.torch.mpi_ops"
 OPTIMIZER = "horovod.torch.optimizer"
 ELASTIC = "horovod.common.elastic"
+# Horovod's other frameworks, each known by a module only it imports (its first): the hook does
+# not fence them yet (docs/hook.md, "TensorFlow, Keras and MXNet").
+UNFENCED = {"horovod.tensorflow.mpi_ops": "horovod.tensorflow",
+            "horovod.mxnet.mpi_ops": "horovod.mxnet"}
 Patch = Callable[[Any], None]
+
+
+def unfenced_problem(framework: str) -> str:
+    """The problem a training process that imported `framework` (a value of UNFENCED) reports
+    in its heartbeats."""
+    return f"{framework} is not fenced by the hook yet (only horovod.torch is)"
+
+
+def unfenced_framework(problem: str) -> str | None:
+    """The framework an `unfenced_problem` names; None for any other problem."""
+    return next((f for f in UNFENCED.values() if problem == unfenced_problem(f)), None)
 
 
 class _PatchingLoader:
@@ -287,10 +307,24 @@ class WorkerHook:
         self.joining: dict[worker.Link, int] | None = None  # connections as an init began
         self.world: frozenset[worker.Link] = frozenset()  # those the last init opened
         self.unreadable = False  # the connections could not be read (said once)
+        self.connections = worker.TcpConnections()
+        self.fence = True  # False once an unfenced framework was imported: nothing is cut
 
     def patches(self) -> dict[str, Patch]:
-        return {MPI_OPS: self.patch, ELASTIC: self.patch_elastic,
-                OPTIMIZER: self.patch_optimizer}
+        patches: dict[str, Patch] = {MPI_OPS: self.patch, ELASTIC: self.patch_elastic,
+                                     OPTIMIZER: self.patch_optimizer}
+        for module, framework in UNFENCED.items():
+            patches[module] = functools.partial(self.unfenced, framework)
+        return patches
+
+    def unfenced(self, framework: str, module: Any) -> None:
+        """The process imported a framework the hook does not fence: it says so (heartbeats
+        start, carrying the problem) and cuts nothing from now on."""
+        self.fence = False
+        if self.beater is not None:
+            self.beater.fence = False
+        self.problem(unfenced_problem(framework), "no fence and no hang detection for this "
+                     "process; horovodrun's driver is hardened all the same")
 
     def patch_elastic(self, elastic: Any) -> None:
         """A host change commits the state first (worker.saved_on_host_change): with no step
@@ -373,13 +407,27 @@ class WorkerHook:
         mpi_ops.synchronize, mpi_ops.init = synchronize, init
 
     def patched(self, name: str, problem: str) -> None:
-        if problem:
-            self.problems.append(problem)
-            lost = {OPTIMIZER: "steps are not counted for the goodput",
-                    ELASTIC: "no save at a host change; commits are not counted"}.get(
-                name, "no fence, no hang detection for this process")
+        if not problem:
+            return
+        lost = {OPTIMIZER: "steps are not counted for the goodput",
+                ELASTIC: "no save at a host change; saves are not counted"}.get(name)
+        if lost is not None:
+            # Said on stderr only: a problem in the heartbeats takes the process out of the
+            # hang rules, and these cost neither the fence nor what the rules read.
             print(f"elastic-supervisor hook: {problem} ({lost})", file=sys.stderr, flush=True)
-            self.start()  # heartbeats carry the problem, so the supervisor can say so
+            return
+        self.problem(problem, "no fence, no hang detection for this process")
+
+    def problem(self, text: str, lost: str) -> None:
+        """Say a problem once on stderr (with what is `lost`) and in every heartbeat from now
+        on: heartbeats start, so the supervisor can say so."""
+        if text in self.problems:
+            return
+        self.problems.append(text)
+        print(f"elastic-supervisor hook: {text} ({lost})", file=sys.stderr, flush=True)
+        if self.beater is not None and text not in self.beater.problems:
+            self.beater.problems.append(text)
+        self.start()
 
     def initialised(self) -> None:
         p, m = self.progress, self.module
@@ -396,9 +444,9 @@ class WorkerHook:
 
     def links(self) -> dict[worker.Link, int] | None:
         """This process's established connections (None, said once, if they cannot be read:
-        psutil missing or /proc unreadable; the process then cuts nothing on leaving)."""
+        /proc unreadable; the process then cuts nothing on leaving)."""
         try:
-            return worker.links(worker.tcp_connections())
+            return worker.links(self.connections())
         except Exception as e:
             if not self.unreadable:
                 self.unreadable = True
@@ -415,7 +463,7 @@ class WorkerHook:
         step), and only the Gloo timeout would end that; cut, this process's Horovod fails at
         once and closes its connections, so the peer fails at once too."""
         world, self.world = self.world, frozenset()
-        now = self.links() if world else None
+        now = self.links() if world and self.fence else None
         if not now:
             return
         n = worker.sever(fd for link, fd in now.items() if link in world)
@@ -439,5 +487,5 @@ class WorkerHook:
         self.beater = worker.Beater(
             self.progress, key=self.key, supervisor=(addr, self.port), run=self.run,
             host=env["HOROVOD_HOSTNAME"], local_rank=int(env["HOROVOD_LOCAL_RANK"]),
-            keep=self.keep(),
-            problems=self.problems).start(watch_env=dict(os.environ))
+            keep=self.keep(), problems=self.problems, connections=self.connections,
+            fence=self.fence).start(watch_env=dict(os.environ))

@@ -30,7 +30,12 @@ instead of waiting for the Gloo timeout. At once, not only when stalled: a host
 the supervisor declared dead may still be alive and answering (its kubelet stopped, its node
 NotReady, its ssh client killed): it must not stay in the ring behind Horovod's back.
 
-Standard library and psutil (a Horovod dependency) only, Python >= 3.8.
+An unfenced process (its framework is one the hook does not fence yet: the Beater gets
+`fence=False`) still heartbeats and obeys "exit", and records the dead set's version (so the
+supervisor does not resend it), but cuts nothing.
+
+Standard library only, Python >= 3.8. The connections come from psutil (a Horovod dependency)
+where it is installed, else from /proc (`TcpConnections`, said once on stderr).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterable, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence, Tuple
 
 from . import wire
 
@@ -311,9 +316,94 @@ def io_bytes(main_tid: int) -> int | None:
         return None
 
 
-def tcp_connections() -> list[Any]:
-    import psutil
-    return psutil.Process().net_connections(kind="tcp")
+class Connection(NamedTuple):
+    """One TCP socket of this process, as psutil's `pconn` shows it (the fields used here)."""
+
+    fd: int
+    laddr: tuple[Any, ...]  # (ip, port), or () when unbound
+    raddr: tuple[Any, ...]  # (ip, port), or () when not connected
+    status: str
+
+
+# /proc/net/tcp's `st` column (include/net/tcp_states.h), named as psutil names them
+TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1",
+              "05": "FIN_WAIT2", "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT",
+              "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING", "0C": "NEW_SYN_RECV"}
+
+
+def _proc_address(text: str, little_endian: bool) -> tuple[Any, ...]:
+    """An "ADDR:PORT" of /proc/net/tcp{,6} (the address in 32-bit words of the kernel's byte
+    order), as (ip, port); () for the unspecified address and port 0."""
+    addr, _, port = text.partition(":")
+    raw = bytes.fromhex(addr)
+    if little_endian:
+        raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    ip = socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
+    number = int(port, 16)
+    if number == 0 and ip in ("0.0.0.0", "::"):
+        return ()
+    return (ip, number)
+
+
+def parse_proc_tcp(text: str, sockets: dict[int, int],
+                   little_endian: bool = sys.byteorder == "little") -> list[Connection]:
+    """PURE: the connections of a /proc/net/tcp or tcp6 table whose socket inode is one of
+    this process's (`sockets`: inode -> fd)."""
+    out = []
+    for line in text.splitlines()[1:]:
+        cols = line.split()
+        if len(cols) < 10 or not cols[9].isdigit() or int(cols[9]) not in sockets:
+            continue
+        with contextlib.suppress(ValueError, OSError):
+            out.append(Connection(sockets[int(cols[9])], _proc_address(cols[1], little_endian),
+                                  _proc_address(cols[2], little_endian),
+                                  TCP_STATES.get(cols[3].upper(), "NONE")))
+    return out
+
+
+def proc_tcp_connections(proc: str = "/proc/self") -> list[Connection]:
+    """This process's TCP connections read from /proc, as psutil reads them: its socket fds
+    (proc/fd links "socket:[inode]") matched with the network namespace's tables."""
+    sockets = {}
+    for name in os.listdir(f"{proc}/fd"):
+        with contextlib.suppress(OSError, ValueError):
+            target = os.readlink(f"{proc}/fd/{name}")
+            if target.startswith("socket:["):
+                sockets[int(target[8:-1])] = int(name)
+    out: list[Connection] = []
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(f"{proc}/net/{table}") as f:
+            out += parse_proc_tcp(f.read(), sockets)
+    return out
+
+
+class TcpConnections:
+    """Reads this process's TCP connections: with psutil (a Horovod dependency) when it is
+    installed, else from /proc, said once on stderr. Called, it returns them (or raises)."""
+
+    def __init__(self) -> None:
+        self._read: Callable[[], list[Any]] | None = None
+
+    def _reader(self) -> Callable[[], list[Any]]:
+        try:
+            import psutil
+        except ImportError:
+            print("elastic-supervisor hook: psutil is not installed: this process's TCP "
+                  "connections are read from /proc instead", file=sys.stderr, flush=True)
+            return proc_tcp_connections
+
+        def read() -> list[Any]:
+            process = psutil.Process()
+            # net_connections since psutil 6.0; before, connections (Debian bullseye's 5.8)
+            read = getattr(process, "net_connections", None) or process.connections
+            return list(read(kind="tcp"))
+
+        return read
+
+    def __call__(self) -> list[Any]:
+        if self._read is None:
+            self._read = self._reader()
+        return self._read()
 
 
 class Beater:
@@ -322,13 +412,15 @@ class Beater:
     def __init__(self, progress: Progress, *, key: bytes, supervisor: Endpoint, run: str,
                  host: str, local_rank: int, keep: Sequence[Endpoint],
                  problems: Sequence[str] = (),
-                 connections: Callable[[], list[Any]] = tcp_connections,
+                 connections: Callable[[], list[Any]] | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 exit_process: Callable[[int], None] = os._exit) -> None:
+                 exit_process: Callable[[int], None] = os._exit, fence: bool = True) -> None:
         self.progress, self.key, self.supervisor, self.run = progress, key, supervisor, run
         self.host, self.local_rank, self.keep = host, local_rank, tuple(keep)
         self.problems = list(problems)
-        self.connections, self.clock, self.exit_process = connections, clock, exit_process
+        self.connections = TcpConnections() if connections is None else connections
+        self.clock, self.exit_process = clock, exit_process
+        self.fence = fence  # False: an unfenced framework's process: nothing is ever cut
         self.sender = wire.new_sender_id()
         self.seq = 0
         self.dead: list[DeadEntry] = []
@@ -450,7 +542,7 @@ class Beater:
     def check(self) -> int | None:
         """Cut the dead hosts' connections for a new dead set, or when a collective has been
         stalled STALL_S; return how many were cut (None: nothing to do)."""
-        if not self.dead:
+        if not self.dead or not self.fence:
             return None
         _, _, since = self.progress.waiting()
         fresh = self.severed_version != self.fence_version
@@ -485,8 +577,8 @@ class Beater:
     def _next_wake(self, next_beat: float) -> float:
         _, _, since = self.progress.waiting()
         wake = next_beat
-        if self.dead and since is not None and self.severed_stall != (since,
-                                                                        self.fence_version):
+        if self.dead and self.fence and since is not None and self.severed_stall != (
+                since, self.fence_version):
             wake = min(wake, since + STALL_S)
         return wake
 

@@ -1,0 +1,46 @@
+"""The loop's one-time warnings about the hook (reconcile.Supervisor._hang_warnings): a problem
+the hook reports is one HookProblem Event, and a framework it does not fence yet is one
+HookFrameworkUnfenced Event per framework and run, whatever the number of hosts and ticks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from supervisor.config import parse_config
+from supervisor.hang import Verdict
+from supervisor.metrics import make_metrics
+from supervisor.model import EventSpec
+from supervisor.reconcile import Supervisor
+
+
+class Log:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, dict[str, Any]]] = []
+
+    def __getattr__(self, level: str) -> Any:
+        return lambda event, **fields: self.lines.append((level, event, fields))
+
+
+def test_an_unfenced_framework_is_said_once_per_run_and_apart_from_other_problems() -> None:
+    cfg = parse_config({"SUPERVISOR_JOB_NAME": "j", "SUPERVISOR_NAMESPACE": "n",
+                        "SUPERVISOR_NP": "2"})
+    events: list[EventSpec] = []
+    log = Log()
+    loop = Supervisor(cfg, log=log, metrics=make_metrics(), events=events.append,
+                      start_child=None, base_env={}, act=print,  # type: ignore[arg-type]
+                      kill_ssh_clients=None, count_ssh_clients=None)  # type: ignore[arg-type]
+    verdict = Verdict(problems=(("10.0.0.1", "Horovod 0.27.0 is not 0.28.x: not patched"),),
+                      unfenced=(("10.0.0.1", "horovod.tensorflow"),
+                                ("10.0.0.2", "horovod.tensorflow")))
+    for _ in range(3):  # three ticks
+        loop._hang_warnings(verdict, driver=object(), running_s=5.0)
+    assert [(e.type, e.reason) for e in events] == [("Warning", "HookProblem"),
+                                                     ("Warning", "HookFrameworkUnfenced")]
+    assert events[1].note.startswith(
+        "training processes on 2 host(s) ['10.0.0.1', '10.0.0.2'] use horovod.tensorflow, "
+        "which the hook does not fence yet (only horovod.torch)"), events[1].note
+    assert ("warning", "hook.framework_unfenced", {
+        "framework": "horovod.tensorflow", "hosts": ["10.0.0.1", "10.0.0.2"]}) in log.lines
+    loop.state.hangs.reported.clear()  # a new run of horovodrun says it again
+    loop._hang_warnings(verdict, driver=object(), running_s=5.0)
+    assert [e.reason for e in events[2:]] == ["HookProblem", "HookFrameworkUnfenced"]
