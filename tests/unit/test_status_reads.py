@@ -5,9 +5,11 @@ scheduler's, so the supervisor's are selected by the API server, not after the t
 
 from __future__ import annotations
 
+import ast
 import gc
 import json
 import threading
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -18,6 +20,7 @@ from kubernetes.client.rest import ApiException
 from supervisor import cli, eventseries, fleet, kube
 from supervisor.model import EventSpec
 
+ROOT = Path(__file__).resolve().parents[2]
 NS, JOB = "team-a", "job1"
 SUPERVISOR_EVENT = {"reportingController": kube.REPORTING_CONTROLLER, "type": "Warning",
                     "reason": "WorkerRestarting", "note": "worker job1-w0-1: ExitCode 1",
@@ -135,3 +138,36 @@ def test_the_recorder_writes_events_k8s_io_v1_events_and_series(
     assert write.create is (series is None)
     assert kube.series_patch(write, when) == {"series": {"count": write.count,
                                                          "lastObservedTime": when}}
+
+
+
+def module_imports(module: str) -> set[str]:
+    """The modules `module` (supervisor.*) imports when it is imported: its top-level imports,
+    not those inside functions."""
+    tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module)
+            if node.module == "supervisor":
+                out |= {f"supervisor.{a.name}" for a in node.names}
+    return out
+
+
+def test_the_status_command_imports_none_of_the_supervisor_proper() -> None:
+    # `status` is waited for: the loop, metrics, logs, process control and the hook channel
+    # (a fifth of its second at 1,000 workers) are imported for `run` and `explain` only.
+    loaded, todo = set(), ["supervisor.cli"]
+    while todo:
+        m = todo.pop()
+        if m not in loaded:
+            loaded.add(m)
+            if m.startswith("supervisor.") and (ROOT / (m.replace(".", "/") + ".py")).exists():
+                todo += module_imports(m)
+    assert {"supervisor.kube", "supervisor.operate", "kubernetes"} <= loaded
+    assert not loaded & {"supervisor.runner", "supervisor.reconcile", "supervisor.metrics",
+                         "supervisor.logs", "supervisor.proc", "supervisor.channel",
+                         "prometheus_client", "structlog", "psutil", "watchfiles"}
+    assert "supervisor.reconcile" in module_imports("supervisor.runner")
