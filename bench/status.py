@@ -19,7 +19,7 @@ cache as it does by default (into a cache of the bench's own, PYTHONPYCACHEPREFI
 PYTHONDONTWRITEBYTECODE would make every run compile the Kubernetes client anew), and this
 checkout's code first on the path. Where the time goes: the interpreter and the imports alone
 (`--version`, `import kubernetes`), and in-process each API read, operate.status, render and the
-JSON, RUNS times.
+JSON, IN_PROCESS_RUNS times.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ TEMPLATE = ROOT / "manifests" / "base" / "files" / "worker-template.yaml"
 JOB = "elastic-train"  # the shipped template's job
 WORKERS = 1000
 NODES = 10
-RUNS = 20
+RUNS = 20  # of each command
+IN_PROCESS_RUNS = 10
 TARGET_S = 1.0
 HOUR_S = 3600.0
 FAILURE_EVERY_S = 2.0  # the supervisor's decisions: a failed worker this often, for an hour
@@ -319,10 +320,10 @@ def time_cli(ns: str, kubeconfig: Path, pycache: Path) -> dict[str, Any]:
             runs[name].append(took)
     py = sys.executable
     fixed = {
-        "python_start": [timed([py, "-c", "pass"], env)[0] for _ in range(RUNS // 2)],
+        "python_start": [timed([py, "-c", "pass"], env)[0] for _ in range(5)],
         "import_kubernetes": [timed([py, "-c", "import kubernetes"], env)[0]
-                              for _ in range(RUNS // 2)],
-        "cli_version": [timed([exe, "--version"], env)[0] for _ in range(RUNS // 2)],
+                              for _ in range(10)],
+        "cli_version": [timed([exe, "--version"], env)[0] for _ in range(10)],
     }
     return {"table_s": seconds(runs["table"]), "json_s": seconds(runs["json"]),
             "first_run_s": first,
@@ -330,7 +331,10 @@ def time_cli(ns: str, kubeconfig: Path, pycache: Path) -> dict[str, Any]:
 
 
 def time_in_process(api: client.ApiClient, ns: str) -> dict[str, Any]:
-    """Where `status`'s time goes once imported: each read, the status, the output (ms)."""
+    """Where `status`'s time goes once imported (ms): job_status (the reads made at once and
+    operate.status) and the output, as the command makes them (the collector paused); each read
+    alone; the Events of the namespace unselected and the pods with the collector running, as
+    `status` read them before."""
     parts: dict[str, list[float]] = {}
 
     def part(name: str, fn: Callable[[], Any]) -> Any:
@@ -340,22 +344,31 @@ def time_in_process(api: client.ApiClient, ns: str) -> dict[str, Any]:
         return out
 
     selector = cli.DEFAULT_SELECTOR.format(job=JOB)
-    for _ in range(RUNS):
-        s = part("job_status", lambda: cli.job_status(api, JOB, ns))
-        part("render", lambda s=s: operate.render(s))
-        part("json", lambda s=s: json.dumps(s, indent=2))
-        pods = part("list_pods", lambda: kube.list_pods(api, ns, selector))
-        state = part("load_state", lambda: kube.StateStore(
-            api, ns, fleet.state_name(JOB), None).load()[0])
-        part("load_scale", lambda: kube.StateStore(api, ns, fleet.scale_name(JOB), None,
-                                                   key=fleet.SCALE_KEY).load())
-        evs = part("list_events_supervisor", lambda: kube.list_events(
-            api, ns, controller=kube.REPORTING_CONTROLLER))
-        part("list_events_all", lambda: kube.list_events(api, ns))
-        part("operate_status", lambda pods=pods, state=state, evs=evs: operate.status(
-            JOB, ns, pods=pods, state=state, scale=None, events=evs))
-    return {k: {x: (y * 1000 if x != "n" else y) for x, y in seconds(v).items()}
+    for _ in range(IN_PROCESS_RUNS):
+        part("list_pods_collector_running", lambda: kube.list_pods(api, ns, selector))
+    with cli.collector_paused():
+        for _ in range(IN_PROCESS_RUNS):
+            time_parts(api, ns, selector, part)
+    return {k: {x: (round(y * 1000, 1) if x != "n" else y) for x, y in seconds(v).items()}
             for k, v in parts.items()}
+
+
+def time_parts(api: client.ApiClient, ns: str, selector: str,
+               part: Callable[[str, Callable[[], Any]], Any]) -> None:
+    """One round of the parts, each timed by `part`."""
+    s = part("job_status", lambda: cli.job_status(api, JOB, ns))
+    part("render", lambda: operate.render(s))
+    part("json", lambda: json.dumps(s, indent=2))
+    pods = part("list_pods", lambda: kube.list_pods(api, ns, selector))
+    state = part("load_state", lambda: kube.StateStore(
+        api, ns, fleet.state_name(JOB), None).load()[0])
+    part("load_scale", lambda: kube.StateStore(api, ns, fleet.scale_name(JOB), None,
+                                               key=fleet.SCALE_KEY).load())
+    evs = part("list_events_supervisor", lambda: kube.list_events(
+        api, ns, controller=kube.REPORTING_CONTROLLER))
+    part("list_events_all", lambda: kube.list_events(api, ns))
+    part("operate_status", lambda: operate.status(JOB, ns, pods=pods, state=state, scale=None,
+                                                  events=evs))
 
 
 def main() -> dict[str, Any]:
