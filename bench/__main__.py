@@ -27,6 +27,7 @@ from bench import (
     plot,
     replacement,
     soak,
+    status,
     versus,
 )
 
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="worker counts for the discovery benchmark (default %(default)s)")
     parser.add_argument("--only", choices=("discovery", "replacement", "baseline", "e2e",
                                            "e2e_stock", "e2e_sequences", "fence", "configmap",
-                                           "disruptions", "soak", "plot"),
+                                           "disruptions", "status", "soak", "plot"),
                         help="run one benchmark; keys of the others keep their stored values "
                              "(soak and e2e_sequences run only when named: ~15 min per seed, "
                              "~25 min)")
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         "configmap_path_latency_ms": None,
         "soak": None,
         "soak_details": None,
+        "status": None,
     }
     stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     # Keys no benchmark writes (`suite`: the test suite's times, measured by `make test` and
@@ -120,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         results.update(configmap_path.main())
     if args.only in (None, "disruptions"):
         results.update(disruptions.main())
+    if args.only in (None, "status"):
+        results.update(status.main())
     if args.only == "e2e_sequences":
         results.update(e2e_sequences.main())
     if args.only == "soak":
@@ -137,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     print_e2e(results)
     print_stock(results)
     print_configmap(results)
+    print_status(results)
     if results["soak"]:
         print(f"soak: {results['soak']}")
     return 0
@@ -219,6 +224,19 @@ def print_configmap(results: dict[str, object]) -> None:
                       "configmap_volume"), ("supervisor's file", "supervisor_file")):
         r = d[key]
         print(f"{who:<44} {r['p50']:>8} {r['p99']:>8} {r['max']:>8} {r['n']:>4}")
+
+
+def print_status(results: dict[str, object]) -> None:
+    d = results["status"]
+    if not isinstance(d, dict):
+        return
+    what = f"status at {d['workers']} workers, {d['events']['in_namespace']} Events"
+    print(f"\n{what:<44} {'median s':>9} {'p90 s':>7} {'max s':>7} {'n':>4}")
+    for who, key in (("elastic-supervisor status", "table_s"),
+                     ("elastic-supervisor status --output json", "json_s")):
+        r = d[key]
+        print(f"{who:<44} {r['median']:>9} {r['p90']:>7} {r['max']:>7} {r['n']:>4}")
+    print(f"target <= {d['target_s']} s: {'met' if d['target_met'] else 'MISSED'}")
 
 
 if __name__ == "__main__":

@@ -460,6 +460,24 @@ def micro_time(t: dt.datetime) -> str:
     return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def event_body(namespace: str, w: eventseries.Write, when: str, *, instance: str,
+               regarding: Mapping[str, str]) -> dict[str, Any]:
+    """The events.k8s.io/v1 Event the recorder creates for `w` (first seen at MicroTime
+    `when`)."""
+    spec = w.spec
+    return {"apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": w.name, "namespace": namespace},
+            "eventTime": when, "type": spec.type, "reason": spec.reason,
+            "action": spec.action, "note": spec.note[:1024],
+            "reportingController": REPORTING_CONTROLLER, "reportingInstance": instance[:128],
+            "regarding": dict(regarding)}
+
+
+def series_patch(w: eventseries.Write, when: str) -> dict[str, Any]:
+    """The patch that brings an Event's series to `w.count`, last observed at `when`."""
+    return {"series": {"count": w.count, "lastObservedTime": when}}
+
+
 class EventRecorder:
     """Posts events.k8s.io/v1 Events about the launcher pod from a background thread.
 
@@ -519,22 +537,17 @@ class EventRecorder:
 
     def _write(self, writes: list[eventseries.Write]) -> None:
         for w in writes:
-            spec, when = w.spec, micro_time(dt.datetime.now(dt.UTC))
+            when = micro_time(dt.datetime.now(dt.UTC))
             try:
                 if w.create:
-                    self.events.create_namespaced_event(self.namespace, {
-                        "apiVersion": "events.k8s.io/v1", "kind": "Event",
-                        "metadata": {"name": w.name, "namespace": self.namespace},
-                        "eventTime": when, "type": spec.type, "reason": spec.reason,
-                        "action": spec.action, "note": spec.note[:1024],
-                        "reportingController": REPORTING_CONTROLLER,
-                        "reportingInstance": self.instance[:128],
-                        "regarding": dict(self.regarding)}, _request_timeout=self.timeout)
+                    self.events.create_namespaced_event(self.namespace, event_body(
+                        self.namespace, w, when, instance=self.instance,
+                        regarding=self.regarding), _request_timeout=self.timeout)
                     self.posted += 1
                 else:
-                    self.events.patch_namespaced_event(w.name, self.namespace, {
-                        "series": {"count": w.count, "lastObservedTime": when}},
-                        _request_timeout=self.timeout)
+                    self.events.patch_namespaced_event(w.name, self.namespace,
+                                                       series_patch(w, when),
+                                                       _request_timeout=self.timeout)
                     self.updated += 1
             except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
                 verb = "create" if w.create else "update the series of"
@@ -680,12 +693,17 @@ def list_pods(api: client.ApiClient, namespace: str, selector: str,
         raise map_error(e, f"list pods in {namespace}") from e
 
 
-def list_events(api: client.ApiClient, namespace: str,
-                timeout_s: float = 30.0) -> list[dict[str, Any]]:
-    """Return the events.k8s.io/v1 Events of `namespace` as dicts (for status and tests)."""
+def list_events(api: client.ApiClient, namespace: str, timeout_s: float = 30.0, *,
+                controller: str | None = None) -> list[dict[str, Any]]:
+    """Return the events.k8s.io/v1 Events of `namespace` as dicts (for status and tests);
+    with `controller`, only those it reported (selected by the API server: a namespace holds
+    the kubelet's and the scheduler's Events about every pod too)."""
+    selector = {} if controller is None else {
+        "field_selector": f"reportingController={controller}"}
     try:
         resp = client.EventsV1Api(api).list_namespaced_event(
-            namespace, _preload_content=False, _request_timeout=request_timeout(timeout_s))
+            namespace, _preload_content=False, _request_timeout=request_timeout(timeout_s),
+            **selector)
         return json.loads(resp.data).get("items") or []
     except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
         raise map_error(e, f"list events in {namespace}") from e

@@ -3,6 +3,8 @@ bounded number of writes, nothing is lost from the counts, and the API accepts t
 
 from __future__ import annotations
 
+import datetime as dt
+
 from kubernetes import client
 
 from supervisor import eventseries, kube
@@ -33,3 +35,25 @@ def test_a_storm_of_decisions_becomes_a_few_events_with_series(api_client: clien
     assert combined == [eventseries.COMBINED + f"hosts: -10.0.{first}.1"], combined
     assert sum(c for n, c in count.items() if n.startswith(("hosts", "(combined"))) == flips
     assert rec.posted + rec.updated < 20, (rec.posted, rec.updated)
+
+
+def test_the_api_server_selects_the_supervisors_events_by_their_controller(
+        api_client: client.ApiClient, namespace: str) -> None:
+    # What `status` reads: the kubelet's Events about the workers stay on the server.
+    core = client.CoreV1Api(api_client)
+    for i in range(3):
+        core.create_namespaced_event(namespace, {
+            "metadata": {"name": f"w{i}.kubelet"},
+            "involvedObject": {"kind": "Pod", "name": f"w{i}", "namespace": namespace},
+            "reason": "Started", "message": "Started container worker", "type": "Normal",
+            "source": {"component": "kubelet"}, "reportingComponent": "kubelet"})
+    regarding = {**REGARDING, "namespace": namespace}
+    for i in range(2):
+        client.EventsV1Api(api_client).create_namespaced_event(namespace, kube.event_body(
+            namespace, eventseries.Write(EventSpec("Warning", "WorkerHung", "Detect",
+                                                   f"worker w{i}"), f"launcher-0.{i}"),
+            kube.micro_time(dt.datetime.now(dt.UTC)), instance="launcher-0",
+            regarding=regarding))
+    assert len(kube.list_events(api_client, namespace)) == 5
+    mine = kube.list_events(api_client, namespace, controller=kube.REPORTING_CONTROLLER)
+    assert sorted(e["note"] for e in mine) == ["worker w0", "worker w1"]

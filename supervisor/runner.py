@@ -1,0 +1,585 @@
+"""`run` and `explain` (supervisor.cli parses them): builds the pieces of the supervisor from
+the configuration, supervises horovodrun, maps outcomes to exit codes.
+
+`run -- CMD...`  supervise horovodrun running CMD (the launcher container's entrypoint);
+`explain [-- CMD...]`  print the effective configuration and the exact horovodrun argv.
+Both exit 2 with one line per problem when the configuration is bad. Exit codes: see
+supervisor.model.ExitCode and the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from supervisor import (
+    __version__,
+    cleanup,
+    discovery,
+    fleet,
+    incidents,
+    kube,
+    proc,
+    progress,
+    startup,
+)
+from supervisor.actuator import Actuator
+from supervisor.channel import HookChannel
+from supervisor.config import (
+    Config,
+    ConfigError,
+    effective_values,
+    parse_config,
+)
+from supervisor.launch import horovodrun_argv
+from supervisor.leader import LeaderElector, lease_name
+from supervisor.logs import make_logger
+from supervisor.metrics import make_metrics, serve
+from supervisor.model import (
+    EventSpec,
+    ExitCode,
+    LeadershipLost,
+    LeadershipPaused,
+    LeadershipResumed,
+    SourceState,
+)
+from supervisor.observe import Kind, NodeLeases, slim
+from supervisor.policy import DEFAULT_RULES
+from supervisor.reconcile import Supervisor
+from supervisor.reload import PolicyWatcher
+from supervisor.workers import worker_pod
+
+
+def _command(raw: list[str]) -> list[str]:
+    return raw[1:] if raw[:1] == ["--"] else raw
+
+
+def load_config(env: Mapping[str, str]) -> Config:
+    """Parse the config, deriving the namespace default from the pod or the kubeconfig."""
+    pod_ns = kube.in_cluster_namespace()
+    kc_ns = None if pod_ns or env.get("SUPERVISOR_NAMESPACE") else kube.kubeconfig_namespace()
+    return parse_config(env, pod_namespace=pod_ns, kubeconfig_namespace=kc_ns)
+
+
+def explain(cfg: Config, command: Sequence[str]) -> str:
+    """Return the `explain` text: variables (value, source) and the horovodrun argv."""
+    rows = effective_values(cfg)
+    width = max(len(r[0]) for r in rows)
+    lines = ["effective configuration (variable, value, source):"]
+    lines += [f"  {name:<{width}}  {value or '-'}  [{source}]" for name, value, source in rows]
+    cmd = list(command) or ["<training command>"]
+    argv = horovodrun_argv(cfg, cmd)
+    lines += ["", "horovodrun argv (executed directly, never through a shell):",
+              "  " + shlex.join(argv)]
+    lines += ["", "failure rules (first match wins; the defaults come last):"]
+    for rule in (*cfg.policy.rules, *DEFAULT_RULES):
+        what = rule.what() if rule.causes is not None else f"exit codes {rule.what()}"
+        lines.append(f"  {rule.action.value:<8} {what}  [{rule.name}]")
+    b = cfg.policy.budgets
+    lines.append(f"budgets: restart limit {b.restart_limit}, per slot "
+                 f"{b.per_slot_limit if b.per_slot_limit is not None else 'none'}, rate "
+                 + (f"{b.rate_limit}/{b.rate_window_s:g}s" if b.rate_limit else "none")
+                 + f", backoff {b.backoff_initial_s:g}s..{b.backoff_max_s:g}s, disruptions "
+                 + ("free" if b.disruptions_free else "counted"))
+    if cfg.worker_template is None:
+        lines.append("workers: created elsewhere (no SUPERVISOR_WORKER_TEMPLATE); a failed "
+                     "worker is dropped, never replaced")
+    else:
+        workers = fleet.workers_for(cfg.np, cfg.slots_per_worker)
+        lines.append(f"workers: {workers} created and replaced by the supervisor from "
+                     f"{cfg.worker_template_file}")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    """`run` / `explain`: the configuration from the environment, then the supervisor."""
+    env = dict(os.environ)
+    try:
+        cfg = load_config(env)
+    except ConfigError as e:
+        for problem in e.problems:
+            print(f"elastic-supervisor: {problem}", file=sys.stderr)
+        return ExitCode.CONFIG
+    command = _command(args.cmd)
+    if args.command == "explain":
+        print(explain(cfg, command))
+        return ExitCode.OK
+    if not command:
+        print("elastic-supervisor: run needs the training command: "
+              "elastic-supervisor run -- python train.py ...", file=sys.stderr)
+        return ExitCode.CONFIG
+    return run(cfg, command, env)
+
+
+def _preflight(cfg: Config) -> list[str]:
+    """Return problems with the files `run` relies on (one line each). Never writes or
+    removes a file that is there already."""
+    problems = []
+    script = cfg.discovery_script
+    if not (script.is_file() and os.access(script, os.X_OK)):
+        problems.append(f"SUPERVISOR_DISCOVERY_SCRIPT={str(script)!r}: expected an executable "
+                        "file (the shipped discover_hosts.sh)")
+    hr = cfg.horovodrun
+    wanted = "expected the horovodrun executable (a name on PATH or an absolute path)"
+    if "/" in hr and not (os.path.isfile(hr) and os.access(hr, os.X_OK)):
+        problems.append(f"SUPERVISOR_HOROVODRUN={hr!r}: not an executable file; {wanted}")
+    elif "/" not in hr and shutil.which(hr) is None:
+        problems.append(f"SUPERVISOR_HOROVODRUN={hr!r}: not found on PATH; {wanted}")
+    problems += _discovery_file_problems(cfg.discovery_file)
+    return problems
+
+
+def _discovery_file_problems(path: Path) -> list[str]:
+    var = f"SUPERVISOR_DISCOVERY_FILE={str(path)!r}"
+    wanted = "expected a file path in a writable directory (an emptyDir)"
+    if path.is_dir():
+        return [f"{var}: is a directory; {wanted}"]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Only a real write tells (root passes os.access, a read-only mount does not).
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as e:
+        return [f"{var}: its directory cannot be written ([Errno {e.errno}] {e.strerror}); "
+                f"{wanted}"]
+    try:
+        content = discovery.read_current(path)
+    except (OSError, UnicodeDecodeError) as e:
+        return [f"{var}: exists and cannot be read as a host list ({e}); refusing to replace "
+                "it: point it at a file of its own (an emptyDir)"]
+    if content is not None and (line := discovery.foreign_line(content)) is not None:
+        return [f"{var}: exists and is not a host list the supervisor wrote (line "
+                f"{content.splitlines().index(line) + 1}: {line[:60]!r}); refusing to replace "
+                "it: point it at a file of its own (an emptyDir)"]
+    return []
+
+
+def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
+    """Build the adapters and the loop, run it, and return the process exit code."""
+    log = make_logger(cfg.log_format, cfg.log_level, job=cfg.job_name)
+    if problems := _preflight(cfg):
+        for p in problems:
+            print(f"elastic-supervisor: {p}", file=sys.stderr)
+        return ExitCode.CONFIG
+    metrics = make_metrics()
+    if cfg.metrics_port:
+        try:
+            serve(metrics, cfg.metrics_port)
+        except OSError as e:
+            print(f"elastic-supervisor: SUPERVISOR_METRICS_PORT={cfg.metrics_port}: cannot "
+                  f"listen ({e}); set another port or 0 to disable", file=sys.stderr)
+            return ExitCode.CONFIG
+    try:
+        channel = HookChannel(cfg.fence_port, dead_file=dead_file(cfg),
+                              worker_hook=cfg.worker_hook, key_file=cfg.hook_key_file).start()
+    except OSError as e:
+        print(f"elastic-supervisor: SUPERVISOR_FENCE_PORT={cfg.fence_port}: cannot listen "
+              f"(UDP: {e}); set another port or 0 for any free one", file=sys.stderr)
+        return ExitCode.CONFIG
+    try:
+        return _run(cfg, command, env, log=log, metrics=metrics, channel=channel)
+    finally:
+        channel.close()
+
+
+def dead_file(cfg: Config) -> Path:
+    """The hosts declared dead, for horovodrun's driver: next to the discovery file."""
+    return cfg.discovery_file.with_name(cfg.discovery_file.name + ".dead")
+
+
+def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: Any,
+         metrics: Any, channel: HookChannel) -> int:
+    """The start sequence (supervisor.startup), then the loop; map every way out to a code."""
+    try:
+        api = kube.make_api_client()
+    except kube.KubeError as e:
+        log.error("kube.fatal", reason=str(e))
+        return ExitCode.KUBE_FATAL
+    stopping = startup.Stopping()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stopping.handle)
+    instance = cfg.pod_name or f"{cfg.job_name}-{socket.gethostname()}"
+    identity = f"{instance}/{os.getpid()}"
+    retry = startup.ApiRetry(cfg.start_timeout_s, log=log, stopping=stopping)
+    leadership = Relay()  # the elector thread's news, held until the loop runs
+    elector = LeaderElector(kube.Leases(api, cfg.namespace, cfg.api_timeout_s),
+                            lease_name(cfg.job_name), identity, cfg.leader_lease_s,
+                            api_timeout_s=cfg.api_timeout_s,
+                            on_lost=lambda why: leadership(LeadershipLost(why)),
+                            on_paused=lambda why: leadership(LeadershipPaused(why)),
+                            on_resumed=lambda s: leadership(LeadershipResumed(s)))
+
+    def event_failed(err: kube.KubeError) -> None:
+        log.warning("event.failed", reason=str(err), retryable=err.retryable)
+
+    recorder = None
+    try:
+        regarding, owner = _references(cfg, api, retry)
+        recorder = kube.EventRecorder(api, cfg.namespace, regarding=regarding,
+                                      instance=instance, on_error=event_failed,
+                                      timeout_s=cfg.api_timeout_s)
+        _lead(cfg, elector, retry, stopping, log=log, events=recorder.record)
+        elector.start()
+        store = kube.StateStore(api, cfg.namespace, fleet.state_name(cfg.job_name), owner,
+                                timeout_s=cfg.api_timeout_s)
+        workers, rv, stored = None, None, None
+        if cfg.worker_template is not None:
+            workers, rv, stored = retry.call("read the state", lambda: load_fleet(cfg, store))
+            if cleanup.already_succeeded(stored, owner):
+                # A standby whose leader ended the job with success: done, not trained again.
+                log.info("leader.job_succeeded", job=cfg.job_name)
+                recorder.record(EventSpec("Normal", "AlreadySucceeded", "Start",
+                                          f"job {cfg.job_name} already succeeded under another "
+                                          "launcher: exiting 0"))
+                return ExitCode.OK
+            rv = _adopt(cfg, api, store, stored, rv, owner=owner, identity=identity,
+                        retry=retry, log=log, events=recorder.record)
+            rejected = _dry_run_template(cfg, kube.Pods(api, cfg.namespace, cfg.api_timeout_s),
+                                         owner=owner, retry=retry, log=log)
+            if rejected is not None:
+                print(f"elastic-supervisor: {rejected}", file=sys.stderr)
+                recorder.record(EventSpec("Warning", "TemplateRejected", "Start", rejected))
+                return ExitCode.CONFIG
+        stopping.check()
+        return _supervise(cfg, command, env, api=api, log=log, metrics=metrics, channel=channel,
+                          recorder=recorder, elector=elector, leadership=leadership,
+                          stopping=stopping, store=store, workers=workers, rv=rv,
+                          identity=identity, owner=owner, stored=stored)
+    except startup.Stopped as e:
+        log.info("start.stopped", signal=e.signum, leader=elector.is_leader())
+        return 128 + e.signum
+    except startup.StartTimedOut as e:
+        log.error("start.timeout", reason=str(e))
+        if recorder is not None:
+            recorder.record(EventSpec("Warning", "StartTimeout", "Start", str(e)))
+        return ExitCode.START_TIMEOUT
+    except LauncherMissing as e:
+        print(f"elastic-supervisor: {e}", file=sys.stderr)
+        return ExitCode.CONFIG
+    except (kube.KubeError, ValueError) as e:
+        log.error("kube.fatal", reason=str(e))
+        if recorder is not None:
+            recorder.record(EventSpec("Warning", "KubernetesAccessDenied"
+                                      if isinstance(e, kube.Forbidden) else "StateDamaged",
+                                      "Start", str(e)))
+        return ExitCode.KUBE_FATAL
+    finally:
+        if elector.release():
+            log.info("leader.released", lease=elector.name)
+        if recorder is not None:
+            recorder.close()
+        api.close()
+
+
+class LauncherMissing(Exception):
+    """SUPERVISOR_POD_NAME names no pod: bad input (exit 2)."""
+
+
+class Relay:
+    """Holds what an early thread reports until the loop can take it (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: list[Any] = []
+        self._sink: Callable[[Any], None] | None = None
+
+    def __call__(self, item: Any) -> None:
+        with self._lock:
+            if self._sink is None:
+                self._held.append(item)
+                return
+        self._sink(item)
+
+    def attach(self, sink: Callable[[Any], None]) -> None:
+        with self._lock:
+            self._sink, held, self._held = sink, self._held, []
+        for item in held:
+            sink(item)
+
+
+def _references(cfg: Config, api: Any,
+                retry: startup.ApiRetry) -> tuple[dict[str, str], dict[str, str] | None]:
+    """Return (what Events regard, the owner of workers and state). In a pod: the pod, and
+    the Job that made it (else the pod); a local run: the Job by name, and no owner."""
+    if not cfg.pod_name:
+        return {"apiVersion": "batch/v1", "kind": "Job", "namespace": cfg.namespace,
+                "name": cfg.job_name}, None
+    try:
+        return retry.call("read the launcher pod", lambda: kube.launcher_refs(
+            api, cfg.namespace, cfg.pod_name, cfg.api_timeout_s))  # type: ignore[arg-type]
+    except kube.NotFound as e:
+        raise LauncherMissing(
+            f"SUPERVISOR_POD_NAME={cfg.pod_name!r}: no such pod in namespace {cfg.namespace}; "
+            "expected the launcher pod's own name (downward API metadata.name)") from e
+
+
+def _lead(cfg: Config, elector: LeaderElector, retry: startup.ApiRetry,
+          stopping: startup.Stopping, *, log: Any, events: Callable[[EventSpec], None]) -> None:
+    """Acquire the job's leader Lease; a standby waits here (until it is released, expires, or
+    a signal arrives). Nothing of the job is touched before."""
+    since = time.monotonic()
+    shown, next_log = None, 0.0
+    while not retry.call("acquire the leader lease", elector.attempt):
+        now = time.monotonic()
+        if elector.holder != shown or now >= next_log:
+            log.info("leader.waiting", holder=elector.holder, lease=elector.name,
+                     waited_s=round(now - since, 1))
+            if shown is None:
+                events(EventSpec("Normal", "LeaderWaiting", "Lead",
+                                 f"standby: job {cfg.job_name} is driven by {elector.holder} "
+                                 f"(Lease {elector.name}); waiting until it ends or its lease "
+                                 "expires"))
+            shown, next_log = elector.holder, now + 30
+        stopping.wait(elector.retry_s)
+        stopping.check()
+    log.info("leader.acquired", lease=elector.name, identity=elector.me,
+             transitions=elector.transitions, waited_s=round(time.monotonic() - since, 1))
+
+
+def _dry_run_template(cfg: Config, pods: kube.Pods, *, owner: Mapping[str, str] | None,
+                      retry: startup.ApiRetry, log: Any) -> str | None:
+    """Create a worker built from the template as a server-side dry run (the schema, defaults
+    and admission a real create goes through): a template the API server finds invalid (422)
+    is bad configuration, found before training starts, not at the first replacement. Return
+    why it was rejected, or None. A refusal by admission (quota, PodSecurity, a webhook) can
+    pass later: reported, not fatal."""
+    assert cfg.worker_template is not None
+    # Incarnation 0: a name no worker ever has (they count from 1), so no AlreadyExists.
+    body = worker_pod(cfg.worker_template, job=cfg.job_name, slot=0, incarnation=0,
+                      owner=owner)
+
+    def dry_run() -> str | None:
+        """None, or what admission refused (it may admit later: not retried here)."""
+        try:
+            pods.create(body, dry_run=True)
+        except kube.AlreadyExists:
+            pass  # validated and admitted before the name was found taken
+        except kube.Refused as e:
+            return e.detail
+        return None
+
+    try:
+        refused = retry.call("dry-run a worker pod", dry_run)
+    except kube.KubeError as e:
+        if e.status != 422:
+            raise
+        log.error("template.rejected", reason=e.detail)
+        return (f"SUPERVISOR_WORKER_TEMPLATE={str(cfg.worker_template_file)!r}: the API server "
+                f"rejects a worker pod built from it: {e.detail}")
+    if refused is not None:
+        log.warning("template.dry_run_refused", reason=refused)
+    else:
+        log.info("template.dry_run_ok", pod=body["metadata"]["name"])
+    return None
+
+
+def _adopt(cfg: Config, api: Any, store: kube.StateStore, stored: dict[str, Any] | None,
+           rv: str | None, *, owner: Mapping[str, str] | None, identity: str,
+           retry: startup.ApiRetry, log: Any, events: Callable[[EventSpec], None]
+           ) -> str | None:
+    """Re-own the job's workers and state that another owner (an older launcher pod) holds;
+    return the state's resourceVersion after it."""
+    if owner is None:
+        return rv
+    pods = kube.Pods(api, cfg.namespace, cfg.api_timeout_s)
+    found = retry.call("list the workers", lambda: kube.list_pods(
+        api, cfg.namespace, cfg.worker_selector, cfg.api_timeout_s))
+    moved = []
+    for name, uid, refs in startup.to_adopt(found, cfg.job_name, owner):
+        try:
+            retry.call(f"re-own pod {name}",
+                       lambda name=name, uid=uid, refs=refs: pods.set_owners(name, uid, refs))
+            moved.append(name)
+        except kube.KubeError as e:
+            if e.status not in (404, 409, 422):  # gone, or another pod of that name now
+                raise
+    state = stored is not None and not store.owned()
+    if state:
+        def save() -> str:
+            try:
+                return store.save({**(stored or {}), "writer": identity}, rv)
+            except kube.Conflict as e:  # nobody else may write it while we lead
+                raise kube.KubeError(f"{e}: written by someone else during the start") from e
+        rv = retry.call("re-own the state", save)
+    if moved or state:
+        log.info("owner.adopted", owner=f"{owner['kind']}/{owner['name']}", pods=moved,
+                 state=state)
+        events(EventSpec("Normal", "Adopted", "Start",
+                         f"owned by {owner['kind']} {owner['name']} now: "
+                         f"{len(moved)} worker pods{' and the state' if state else ''}"))
+    return rv
+
+
+def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, api: Any,
+               log: Any, metrics: Any, channel: HookChannel, recorder: kube.EventRecorder,
+               elector: LeaderElector, leadership: Relay, stopping: startup.Stopping,
+               store: kube.StateStore, workers: fleet.Fleet | None, rv: str | None,
+               identity: str, owner: Mapping[str, str] | None,
+               stored: Mapping[str, Any] | None = None) -> int:
+    """Run the loop as the job's leader; clean up (CLEAN_POD_POLICY) on the way out."""
+    actuator = Actuator(kube.Pods(api, cfg.namespace, cfg.api_timeout_s), store,
+                        resource_version=rv, writer=identity, sink=lambda _: None,
+                        may_act=elector.is_leader,
+                        budgets=kube.Budgets(api, cfg.namespace, cfg.api_timeout_s))
+    proc.become_subreaper()
+    leases = NodeLeases() if cfg.node_lease_s is not None else None
+    sup = Supervisor(cfg, log=log, metrics=metrics, events=recorder.record,
+                     start_child=proc.Child.start, base_env=env, act=actuator.submit,
+                     kill_ssh_clients=proc.kill_ssh_clients,
+                     count_ssh_clients=lambda pid, host: len(proc.ssh_clients_for(pid, host)),
+                     channel=channel,
+                     workers=workers, owner=owner, leases=leases, stored=stored)
+    actuator.sink = sup.submit
+    actuator.start()
+    leadership.attach(sup.submit)
+    settings = kube.WatchSettings(read_timeout_s=cfg.watch_read_timeout_s)
+    reflectors = [
+        kube.Reflector(kind, kube.lister(api, kind, cfg.namespace, cfg.worker_selector),
+                       sup.submit, settings, transform=slim)
+        for kind in (Kind.POD, Kind.NODE)
+    ]
+    reflectors.append(kube.Reflector(
+        Kind.SCALE, kube.lister(api, Kind.SCALE, cfg.namespace,
+                                f"metadata.name={fleet.scale_name(cfg.job_name)}"),
+        sup.submit, settings, transform=slim))
+    if leases is not None:
+        # Not part of the view: renewals (every 10 s per node) must not wake the loop; it
+        # reads the ages on its tick. A broken lease watch only switches this signal off.
+        def lease_news(item: object) -> None:
+            leases.submit(item)
+            if isinstance(item, SourceState) and item.fatal:  # e.g. 403: the option cannot work
+                sup.submit(item)
+
+        reflectors.append(kube.Reflector(
+            Kind.LEASE, kube.lister(api, Kind.LEASE, cfg.namespace, ""), lease_news,
+            settings, transform=slim))
+
+    def resumed(paused_s: float) -> None:
+        # The connections may have died silently through the same outage (a partition): the
+        # writes held meanwhile must not wait out their timeout on one, and the watches resume
+        # at once, so what changed meanwhile is reconciled now.
+        kube.drop_connections(api)
+        for r in reflectors:
+            r.reconnect()
+        leadership(LeadershipResumed(paused_s))
+
+    elector.on_resumed = resumed
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, sup.handle_signal)
+    if stopping.signum is not None:  # arrived between the start and the handlers above
+        sup.handle_signal(stopping.signum)
+    log.info("supervisor.started", version=__version__, namespace=cfg.namespace,
+             selector=cfg.worker_selector, np=cfg.np, min_np=cfg.min_np, max_np=cfg.max_np)
+    for r in reflectors:
+        r.start()
+    watcher = None
+    if cfg.policy_file is not None:
+        watcher = PolicyWatcher(
+            cfg.policy_file, parse=lambda: load_config(env).policy, sink=sup.submit,
+            clock=time.monotonic,
+            problems_of=lambda e: tuple(e.problems) if isinstance(e, ConfigError) else (
+                f"{type(e).__name__}: {e}",)).start()
+    try:
+        outcome = sup.run(command)
+    except Exception as e:  # a bug: report it once, clean up, exit distinctly
+        log.exception("supervisor.crashed", error=str(e))
+        if sup.state.child is not None:
+            sup.state.child.kill_tree()
+        outcome_code = ExitCode.INTERNAL
+    else:
+        log.info("supervisor.exited", code=outcome.code, reason=outcome.reason)
+        outcome_code = outcome.code
+    finally:
+        if watcher is not None:
+            watcher.stop()
+        for r in reflectors:
+            r.stop()
+        if abandoned := actuator.close():
+            log.warning("actuator.abandoned", operations=abandoned)
+        if cfg.worker_template is not None and elector.is_leader():
+            clean_up(cfg, api, store, int(outcome_code), owner=owner, log=log,
+                     events=recorder.record)
+    return int(outcome_code)
+
+
+def clean_up(cfg: Config, api: Any, store: kube.StateStore, code: int, *,
+             owner: Mapping[str, str] | None, log: Any,
+             events: Callable[[EventSpec], None]) -> None:
+    """On a terminal exit, delete the worker pods SUPERVISOR_CLEAN_POD_POLICY removes, after
+    marking them in the state (supervisor.cleanup); never raises."""
+    policy = cfg.clean_pod_policy
+    job = None
+    if owner is not None and owner.get("kind") == "Job":
+        try:
+            job = kube.read_job(api, cfg.namespace, owner["name"], cfg.api_timeout_s)
+        except kube.NotFound:
+            pass  # gone (deleted with orphans): nobody runs another launcher
+        except kube.KubeError as e:
+            # Unknown: clean up as before; the mark keeps a later launcher's budgets whole.
+            log.warning("cleanup.job_unread", job=owner["name"], reason=str(e))
+    why = cleanup.terminal(code, job)
+    if why is None:
+        log.info("cleanup.skipped", code=code, reason="the Job runs another launcher, which "
+                 "adopts the workers")
+        return
+    chosen = cleanup.selectors(policy, cfg.job_name)
+    success = cleanup.success_mark(code, owner)
+    try:
+        if chosen is not None or success:
+            _mark_end(store, release=chosen is not None, succeeded=success)
+        deleted = ([] if chosen is None else
+                   kube.Pods(api, cfg.namespace, cfg.api_timeout_s).delete_all(*chosen))
+    except (kube.KubeError, ValueError) as e:
+        log.error("cleanup.failed", policy=policy.value, reason=str(e))
+        events(EventSpec("Warning", "CleanupFailed", "Cleanup",
+                         f"SUPERVISOR_CLEAN_POD_POLICY={policy.value}: could not delete the "
+                         f"workers: {e}"))
+        return
+    log.info("cleanup.done", policy=policy.value, deleted=deleted, terminal=why)
+    if deleted:
+        shown = ", ".join(deleted[:20]) + (f" and {len(deleted) - 20} more"
+                                           if len(deleted) > 20 else "")
+        events(EventSpec("Normal", "WorkersCleanedUp", "Cleanup",
+                         f"SUPERVISOR_CLEAN_POD_POLICY={policy.value} ({why}): deleted "
+                         f"{len(deleted)} worker pods: {shown}"))
+
+
+def _mark_end(store: kube.StateStore, *, release: bool, succeeded: str | None) -> None:
+    """Store every active slot at its next incarnation (fleet.released) before its pod is
+    deleted (`release`), and the uid of the Job that succeeded (cleanup.SUCCEEDED), in one
+    write; raise KubeError or ValueError (then nothing may be deleted)."""
+    stored, rv = store.load()
+    if stored is None:
+        return
+    marked = (fleet.fleet_to_dict(fleet.released(fleet.fleet_from_dict(stored))) if release
+              else {})
+    store.save({**stored, **marked, **({cleanup.SUCCEEDED: succeeded} if succeeded else {})},
+               rv)
+
+
+def load_fleet(cfg: Config, store: kube.StateStore
+               ) -> tuple[fleet.Fleet, str | None, dict[str, Any] | None]:
+    """Return the stored fleet (or a new one), its resourceVersion and the stored state as
+    read; raise KubeError or ValueError naming the ConfigMap when it cannot be used."""
+    stored, rv = store.load()
+    if stored is None:
+        return fleet.initial(fleet.workers_for(cfg.np, cfg.slots_per_worker)), None, None
+    try:
+        progress.from_dict(stored.get("progress"))
+        incidents.from_list(stored.get("incidents"))
+        return fleet.fleet_from_dict(stored), rv, stored
+    except ValueError as e:
+        raise ValueError(f"configmap {cfg.namespace}/{store.name}: {store.KEY}: {e}; fix or "
+                         "delete it deliberately (deleting resets the restart budgets)") from e
+
