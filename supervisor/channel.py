@@ -93,6 +93,7 @@ class Beat:
     steps: int | None = None
     commits: int | None = None
     redone: int | None = None
+    trained_s: float | None = None  # seconds training, judged by the hook at each step
 
 
 @dataclass(frozen=True)
@@ -452,6 +453,8 @@ def _update(old: Beat | None, body: Mapping[str, Any], addr: tuple[str, int],
         since_init=body["dc"] if isinstance(body.get("dc"), int) else None,
         steps=_count(body.get("st")), commits=_count(body.get("cm")),
         redone=_count(body.get("rd")),
+        trained_s=float(body["tr"]) if isinstance(body.get("tr"), int | float)
+        and not isinstance(body.get("tr"), bool) and body["tr"] >= 0 else None,
         pos=str(body.get("pos") or ""), io=body["io"] if isinstance(body.get("io"), int) else None,
         where=tuple(str(w) for w in body.get("where") or ())[:8])
     if old is None:

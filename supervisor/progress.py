@@ -10,14 +10,17 @@ position seen of that process. A new rank 0 that trained before as another rank 
 its own count, so a failover loses nothing and counts nothing twice; steps computed again after
 a rollback bring the position back to where it was and add nothing.
 
-Training time is judged between two passes that saw the step grow: a pause no longer than
-max(MIN_PAUSE_S, PAUSE_STEPS x the step time) was training (at the world size rank 0 reported),
-a longer one was not. With heartbeats every 0.5 s a pause is known to about half a second at
-each end. Steps computed again after a rollback make no new step: computing them is a pause
-like any other. Goodput is, over the wall time since the first step: the share spent training
-at the size asked for (`goodput`), and training at all (`goodput_any`). Worker-seconds:
-productive ones are the training time times the world size; lost ones are the rest of what was
-asked for (desired x the time judged), so both only grow.
+Training time is judged where each step's time is known: in the hook, at every step (its
+heartbeats carry the seconds trained, Beat.trained_s). The pause from one new step (past every
+position before) to the next was training when it is at most max(MIN_PAUSE_S, PAUSE_STEPS x the
+step time), a longer one was not; steps computed again after a rollback make no new step, so
+computing them is a pause like any other. Each pass adds what rank 0's count grew, at the world
+size rank 0 reports. (An older hook does not count: then the pauses between two passes that saw
+the step grow are judged here by the same rule, to about a pass at each end.) Goodput is, over
+the wall time since the first step: the share spent training at the size asked for
+(`goodput`), and training at all (`goodput_any`). Worker-seconds: productive ones are the
+training time times the world size; lost ones are the rest of what was asked for (desired x the
+wall time), so both only grow.
 
 `history` keeps samples for `elastic-supervisor timeline`: (epoch s, world or None, step), one
 at least every SAMPLE_S and at every change of the world or of training, HISTORY_MAX at most
@@ -59,7 +62,7 @@ class Progress:
     resets: int = 0  # rank 0's worlds so far: a new rank 0 process or a new init of it
     # what is not stored: per process (sender), the highest position and redone count seen;
     # rank 0's sender and inits last pass; (epoch, step) of the last RATE_WINDOW_S
-    seen: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    seen: Mapping[str, tuple[int, int, float]] = field(default_factory=dict)
     lead: tuple[str, int] | None = None
     recent: tuple[tuple[float, int], ...] = ()
     history: tuple[tuple[float, int | None, int], ...] = ()
@@ -118,14 +121,17 @@ def observe(p: Progress, beats: Iterable[Beat], *, desired: int, now: float,
     lead = rank0(beats, now)
     seen = dict(p.seen)
     grew = redone = 0
+    trained: float | None = None  # seconds rank 0 trained since the last pass (its hook's)
     for b in beats:
         pos = position(b)
         if pos is None:
             continue
-        high, was_redone = seen.get(b.sender, (pos, b.redone or 0))
+        tr = b.trained_s or 0.0
+        high, was_redone, was_tr = seen.get(b.sender, (pos, b.redone or 0, tr))
         if lead is not None and b.sender == lead.sender:
             grew, redone = max(0, pos - high), max(0, (b.redone or 0) - was_redone)
-        seen[b.sender] = (max(high, pos), max(was_redone, b.redone or 0))
+            trained = None if b.trained_s is None else max(0.0, tr - was_tr)
+        seen[b.sender] = (max(high, pos), max(was_redone, b.redone or 0), max(was_tr, tr))
     live = {b.sender for b in beats}
     seen = {k: v for k, v in seen.items() if k in live}
     world = lead.size if lead is not None else None
@@ -136,12 +142,28 @@ def observe(p: Progress, beats: Iterable[Beat], *, desired: int, now: float,
                 world=world, desired=desired, at=wall, resets=resets)
     if redone:
         q = replace(q, redone=q.redone + redone)
+    if trained is not None:
+        q = _trained(q, trained, wall - (p.at or wall), world or 0, desired)
     if grew:
-        q = _grew(q, grew, wall, world or 0, desired)
+        q = _grew(q, grew, wall, world or 0, desired, judge=trained is None)
     return _sampled(p, q, wall)
 
 
-def _grew(q: Progress, grew: int, wall: float, world: int, desired: int) -> Progress:
+def _trained(q: Progress, trained: float, dt: float, world: int, desired: int) -> Progress:
+    """The hook's training seconds since the last pass, at `world` processes; what was asked
+    for in the `dt` seconds since and not trained is lost."""
+    if q.since is None:
+        return q
+    return replace(q, training_s=q.training_s + trained,
+                   full_s=q.full_s + (trained if world >= desired else 0.0),
+                   productive_ws=q.productive_ws + trained * world,
+                   lost_ws=q.lost_ws + max(0.0, desired * dt - trained * world))
+
+
+def _grew(q: Progress, grew: int, wall: float, world: int, desired: int, *,
+          judge: bool = True) -> Progress:
+    """The step grew: the rate and the step time; with `judge` (an older hook, which does not
+    count its training time), the pause since the last growth judged by the rule here."""
     step = q.step + grew
     recent = (*tuple(x for x in q.recent if wall - x[0] <= RATE_WINDOW_S), (wall, step))
     if q.grew_at is None:  # the first step seen: the goodput's window starts
@@ -149,6 +171,10 @@ def _grew(q: Progress, grew: int, wall: float, world: int, desired: int) -> Prog
     gap = max(0.0, wall - q.grew_at)
     step_s = gap / grew if q.step_s is None else q.step_s
     limit = max(MIN_PAUSE_S, PAUSE_STEPS * step_s)
+    if not judge:
+        return replace(q, step=step, grew_at=wall, recent=recent if gap <= limit else
+                       ((wall, step),), step_s=(1 - EWMA) * step_s + EWMA * gap / grew
+                       if gap <= limit else step_s)
     if gap <= limit:
         return replace(
             q, step=step, grew_at=wall, recent=recent,

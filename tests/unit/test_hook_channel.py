@@ -753,3 +753,29 @@ def test_the_optimizer_patch_wraps_what_distributed_optimizer_copies(
     assert copied is not original and copied.__wrapped__ is original
     with pytest.raises(RuntimeError, match=r"_DistributedOptimizer\.step not found"):
         w.patch_optimizer(SimpleNamespace())
+
+
+def test_the_hook_counts_training_time_between_new_steps_only() -> None:
+    """Steps every 0.2 s; a 5 s pause (a fault); a rollback of 4 steps computed again: the
+    pause and the replay are not training, the rest is."""
+    now = [100.0]
+    p = Progress(clock=lambda: now[0])
+    step = p.counted(lambda: None)
+
+    def steps(n: int, every: float = 0.2) -> None:
+        for _ in range(n):
+            now[0] += every
+            step()
+
+    steps(10)  # 9 pauses of 0.2 s after the first step
+    assert p.trained_s == pytest.approx(1.8)
+    p.saved()
+    steps(4)
+    now[0] += 5.0  # the world fails...
+    p.rolled_back()  # ...and goes back to the save: 4 steps to do again
+    steps(4)
+    assert p.trained_s == pytest.approx(2.6) and p.redone == 4
+    steps(1)  # the first new step: 5.0 + 5 x 0.2 s after the last one, a pause
+    assert p.trained_s == pytest.approx(2.6)
+    steps(5)
+    assert p.trained_s == pytest.approx(3.6) and p.steps - p.redone == 20

@@ -5,7 +5,8 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import pytest
 
@@ -172,27 +173,46 @@ def test_the_stored_form_round_trips_and_damage_is_named() -> None:
 
 def test_the_tool_and_rank_0s_printed_steps_agree_on_the_goodput() -> None:
     """The same training seen two ways: rank 0's step lines (what the demo's bench reads) and
-    heartbeats every 0.5 s (what the supervisor reads): goodput within 1 % of each other."""
+    the hook's counts in heartbeats every 0.5 s, read by passes 0.3 to 2.5 s apart (what the
+    supervisor reads): goodput within 1 % of each other. The hook is the real one (its
+    Progress, fed the steps at their times); a rollback to the last save, 3 steps computed
+    again, and pauses of 2.5 to 9 s."""
     from localcluster.demo import goodput_from_steps
+    from supervisor.hook.elastic_supervisor_hook.worker import Progress as Hook
 
     rng = random.Random(7)
-    printed, t, step, size = [], T0, 0, 2
-    pauses = {60: 4.0, 120: 9.0, 200: 2.5}  # at step -> seconds without a step (faults)
-    small = range(130, 170)  # steps trained with one process of two
-    while step < 300:
-        t += pauses.get(step, 0.0) + rng.uniform(0.15, 0.25)
-        step += 1
-        size = 1 if step in small else 2
-        printed.append({"time": t, "step": step, "size": size})
-    q, k, beat_t = Progress(), 0, T0
-    while beat_t < t + 1:
-        beat_t += 0.5 + rng.uniform(-0.05, 0.05)
-        while k < len(printed) and printed[k]["time"] <= beat_t:
+    clock = [T0]
+    hook = Hook(clock=lambda: clock[0])
+    step = hook.counted(lambda: None)
+    pauses = {60: 4.0, 120: 9.0, 200: 2.5}  # at position -> seconds without a step (faults)
+    small = range(130, 170)  # positions trained with one process of two
+    printed: list[dict[str, Any]] = []
+    beats: list[tuple[float, P, float]] = []  # (time, process, seconds trained)
+    t, next_beat = T0, T0 + 0.5
+    while hook.steps - hook.redone < 300:
+        pos = hook.steps - hook.redone
+        t += pauses.get(pos, 0.0) + rng.uniform(0.15, 0.25)
+        if pos == 238 and hook.redone == 0:
+            hook.rolled_back()  # a peer failed: back to the save at 235
+        while next_beat < t:
+            beats.append((next_beat, P("1", 0, 1 if pos in small else 2, hook.steps,
+                                       hook.redone), hook.trained_s))
+            next_beat += 0.5 + rng.uniform(-0.05, 0.05)
+        clock[0] = t
+        step()
+        pos = hook.steps - hook.redone
+        if pos % 5 == 0:
+            hook.saved()
+        printed.append({"time": t, "step": pos, "size": 1 if pos in small else 2})
+    q, k, now = Progress(), 0, T0
+    while now < t:
+        now += rng.uniform(0.3, 2.5)
+        while k + 1 < len(beats) and beats[k + 1][0] <= now:
             k += 1
-        last = printed[k - 1] if k else {"step": 0, "size": 2}
-        b = P("1", 0, int(last["size"]), int(last["step"]))
-        q = observe(q, [beat(b, beat_t - 1e9)], desired=2, now=beat_t - 1e9, wall=beat_t)
-    assert q.since is not None and q.at is not None
+        bt, b, trained = beats[k]
+        seen = replace(beat(b, bt - 1e9), trained_s=trained)
+        q = observe(q, [seen], desired=2, now=now - 1e9, wall=now)
+    assert q.since is not None and q.at is not None and q.redone == 3
     full, trained = goodput_from_steps(printed, [], q.since, q.at)
     good, good_any = q.goodput()
     assert good is not None and good_any is not None

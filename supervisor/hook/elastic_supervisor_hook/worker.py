@@ -58,6 +58,11 @@ BEAT_S = 0.5  # heartbeat period
 # least this often: reading them costs a scan of the network namespace's TCP table.
 ENDPOINTS_S = 10.0
 STALL_S = 1.0  # inside one collective this long: a dead host's connections are cut
+# Training time (Progress.stepped): a pause between two new steps longer than
+# max(MIN_PAUSE_S, PAUSE_STEPS x the step time) is not training (supervisor/progress.py).
+MIN_PAUSE_S = 1.5
+PAUSE_STEPS = 3.0
+STEP_EWMA = 0.2
 MAX_PORTS = 2000
 Endpoint = Tuple[str, int]
 # One fence entry: an address and the ports to match on it (None: every port).
@@ -116,6 +121,14 @@ class Progress:
         self.commits = 0
         self.redone = 0
         self.steps_saved = 0  # `steps` when the state was last saved
+        # Training time, judged here where every step's time is known (the supervisor sees
+        # heartbeats and its own passes): the pause from one new step (past every position
+        # before: not one computed again) to the next is training when it is at most
+        # max(MIN_PAUSE_S, PAUSE_STEPS x the step time); the sum of those, in seconds.
+        self.trained_s = 0.0
+        self.high = 0  # the highest position (steps - redone) reached
+        self.new_at: float | None = None  # when it was reached (this process's clock)
+        self.step_s: float | None = None  # the step time (EWMA of the training pauses)
 
     def saved(self, commit: bool = False) -> None:
         """The state was saved (a commit, or the save before a host change)."""
@@ -143,8 +156,28 @@ class Progress:
         def counted_step(*args: Any, **kwargs: Any) -> Any:
             result = step(*args, **kwargs)
             self.steps += 1
+            self.stepped(self.clock())
             return result
         return counted_step
+
+    def stepped(self, now: float) -> None:
+        """A step returned at `now`: a new one adds the pause since the last new one to the
+        training time when that pause is short enough (supervisor/progress.py's rule)."""
+        pos = self.steps - self.redone
+        if pos <= self.high:
+            return  # computed again after a rollback: no progress
+        new = pos - self.high
+        self.high = pos
+        last, self.new_at = self.new_at, now
+        if last is None:
+            return
+        gap = max(0.0, now - last)
+        step_s = gap / new if self.step_s is None else self.step_s
+        if gap <= max(MIN_PAUSE_S, PAUSE_STEPS * step_s):
+            self.trained_s += gap
+            self.step_s = (1 - STEP_EWMA) * step_s + STEP_EWMA * gap / new
+        elif self.step_s is None:
+            self.step_s = step_s
 
     def wrap(self, fn: Callable[..., Any], kind: str,
              after: Callable[[], None] | None = None) -> Callable[..., Any]:
@@ -497,6 +530,7 @@ class Beater:
         body = {"t": "hb", "pid": os.getpid(), "host": self.host, "lr": self.local_rank,
                 "rank": p.rank, "size": p.size, "inits": p.inits, "done": p.done,
                 "dc": p.since_init, "st": p.steps, "cm": p.commits, "rd": p.redone,
+                "tr": round(p.trained_s, 3),
                 "wait": None if start is None else round(now - start, 3),
                 "in": kind, "addrs": addrs, "ports": ports, "fv": self.fence_version,
                 "problems": self.problems, "pos": pos, "io": io_bytes(self.main_tid)}
