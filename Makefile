@@ -17,7 +17,7 @@ help:
 	@echo "make test-e2e     only the end-to-end tests (loopback horovodrun, then real nodes)"
 	@echo "make cluster-up   run the local control plane until Ctrl-C, print its kubeconfig"
 	@echo "make images       build the images for real nodes (cached), print name -> tarball"
-	@echo "make bench        benchmarks -> bench/results.json, bench/out/scale.png (~25 min)"
+	@echo "make bench        benchmarks -> bench/results.json, bench/out/scale.png (~27 min)"
 	@echo "make docs         write docs/env-vars.md from supervisor/config.py (a unit test checks it)"
 	@echo "make kind-up      kind cluster: one control plane, three workers (needs docker, kind)"
 	@echo "make kind-load    build both images and load them into the kind nodes"
