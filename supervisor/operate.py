@@ -123,15 +123,10 @@ def _percent(v: Any) -> str:
 
 def progress_lines(p: Mapping[str, Any] | None, last: Mapping[str, Any] | None) -> list[str]:
     """The progress line (step, rate, world, goodput) and the last incident with its phases."""
-    if not p:
-        return ["", "PROGRESS: no training step seen yet"]
-    state = "training" if p.get("training") else "not training"
-    world = "-" if p.get("world") is None else p["world"]
-    lines = ["", f"PROGRESS: step {p.get('step', 0)} ({p.get('redone', 0)} computed again), "
-             f"{p.get('rate', 0.0):.2f} steps/s, {state}, world {world}/{p.get('desired')}; "
-             f"goodput {_percent(p.get('goodput'))} at full size, "
-             f"{_percent(p.get('goodput_any'))} training at all, over "
-             f"{_duration(p.get('wall_s') or 0.0)}"]
+    if not p or p.get("since") is None:
+        lines = ["", "PROGRESS: no training step seen yet"]
+    else:
+        lines = ["", _progress_line(p)]
     if last:
         phases = last.get("phases") or {}
         t0 = phases.get("detected")
@@ -143,6 +138,16 @@ def progress_lines(p: Mapping[str, Any] | None, last: Mapping[str, Any] | None) 
                      f"{last.get('redone', 0)} steps computed again, "
                      f"{last.get('lost_ws', 0):.0f} worker-seconds lost")
     return lines
+
+
+def _progress_line(p: Mapping[str, Any]) -> str:
+    state = "training" if p.get("training") else "not training"
+    world = "-" if p.get("world") is None else p["world"]
+    return (f"PROGRESS: step {p.get('step', 0)} ({p.get('redone', 0)} computed again), "
+            f"{p.get('rate', 0.0):.2f} steps/s, {state}, world {world}/{p.get('desired')}; "
+            f"goodput {_percent(p.get('goodput'))} at full size, "
+            f"{_percent(p.get('goodput_any'))} training at all, over "
+            f"{_duration(p.get('wall_s') or 0.0)}")
 
 
 def render(s: Mapping[str, Any]) -> str:

@@ -152,8 +152,13 @@ def test_status_shows_workers_budgets_and_decisions(control_plane: ControlPlane,
         "job1-w1-1  1  1  <ip>  <ns>-n1  exited 137  False  0",
         "job1-w1-2  1  2  <ip>  <ns>-n1  Running  True  0",
     ]
-    assert lines[7] == "LAST DECISIONS"
-    decisions = "\n".join(lines[8:])
+    # the stand-in horovodrun trains nothing: no step yet; the failure is an incident, its
+    # replacement created (it never joins a world here)
+    assert lines[7] == "PROGRESS: no training step seen yet", lines
+    assert lines[8].startswith("LAST INCIDENT #1 ExitCode w1 (failure, open): "), lines
+    assert "created +" in lines[8], lines
+    assert lines[10] == "LAST DECISIONS"
+    decisions = "\n".join(lines[11:])
     assert "Warning  WorkerRestarting  worker job1-w1-1 (slot 1)" in decisions
     assert "Normal  WorkerCreated  created worker pod job1-w1-2" in decisions
     data = json.loads(cli(control_plane, namespace, "status", "--output", "json").stdout)
@@ -162,6 +167,10 @@ def test_status_shows_workers_budgets_and_decisions(control_plane: ControlPlane,
     assert [(w["pod"], w["slot"], w["incarnation"], w["state"]) for w in data["workers"]] == [
         ("job1-w0-1", 0, 1, "Running"), ("job1-w1-1", 1, 1, "exited 137"),
         ("job1-w1-2", 1, 2, "Running")]
+    [incident] = data["incidents"]
+    assert (incident["cause"], incident["kind"], incident["pods"], incident["open"]) == (
+        "ExitCode", "failure", ["job1-w1-1"], True)
+    assert incident["replacements"] == ["job1-w1-2"] and "created" in incident["phases"]
 
 
 def test_status_of_an_unknown_job_says_so(control_plane: ControlPlane, namespace: str,
