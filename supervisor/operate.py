@@ -111,14 +111,19 @@ def _last_seen(event: Mapping[str, Any]) -> str:
                or "")
 
 
-def _duration(seconds: float) -> str:
-    m, sec = divmod(int(seconds), 60)
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"
+def duration(s: float) -> str:
+    """A length of time in words: 45s, 4m10s, 2h05m (status and the timeline)."""
+    s = round(s)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def _percent(v: Any) -> str:
-    return "-" if v is None else f"{100 * v:.1f}%"
+def percent(v: Any) -> str:
+    """A share 0..1 as "81.4 %" ("-" when there is none)."""
+    return f"{100 * v:.1f} %" if isinstance(v, int | float) else "-"
 
 
 def progress_lines(p: Mapping[str, Any] | None, last: Mapping[str, Any] | None) -> list[str]:
@@ -130,7 +135,8 @@ def progress_lines(p: Mapping[str, Any] | None, last: Mapping[str, Any] | None) 
     if last:
         phases = last.get("phases") or {}
         t0 = phases.get("detected")
-        steps = ", ".join(f"{k} +{v - t0:.1f}s" for k, v in phases.items()
+        steps = ", ".join(f"{k} +{v - t0:.1f}s"  # in the order they were reached
+                          for k, v in sorted(phases.items(), key=lambda kv: kv[1])
                           if k != "detected" and t0 is not None)
         state = "open" if last.get("open") else "over"
         lines.append(f"LAST INCIDENT #{last.get('id')} {last.get('label') or last.get('cause')}"
@@ -145,9 +151,9 @@ def _progress_line(p: Mapping[str, Any]) -> str:
     world = "-" if p.get("world") is None else p["world"]
     return (f"PROGRESS: step {p.get('step', 0)} ({p.get('redone', 0)} computed again), "
             f"{p.get('rate', 0.0):.2f} steps/s, {state}, world {world}/{p.get('desired')}; "
-            f"goodput {_percent(p.get('goodput'))} at full size, "
-            f"{_percent(p.get('goodput_any'))} training at all, over "
-            f"{_duration(p.get('wall_s') or 0.0)}")
+            f"goodput {percent(p.get('goodput'))} at full size, "
+            f"{percent(p.get('goodput_any'))} training at all, over "
+            f"{duration(p.get('wall_s') or 0.0)}")
 
 
 def render(s: Mapping[str, Any]) -> str:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.incidents import PHASES
+from supervisor.operate import duration, percent
 
 OPEN = "open"  # the stretch of an open incident from its last phase to the end of the record
 SUPERVISOR = "elastic-supervisor.io/supervisor"  # the Events' reportingController (kube.py)
@@ -502,23 +503,10 @@ def _clock_s(s: float) -> str:
         f"{s // 60}:{s % 60:02d}"
 
 
-def duration(s: float) -> str:
-    """A length of time in words: 45s, 4m10s, 2h05m."""
-    s = round(s)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
 def _title(job: str, p: Mapping[str, Any], incidents: int) -> str:
-    def pct(v: Any) -> str:
-        return f"{100 * v:.1f} %" if isinstance(v, int | float) else "-"
-
     lost = p.get("lost_ws")
-    return (f"{job}: goodput {pct(p.get('goodput'))} training at the size asked for, "
-            f"{pct(p.get('goodput_any'))} training at all\n"
+    return (f"{job}: goodput {percent(p.get('goodput'))} training at the size asked for, "
+            f"{percent(p.get('goodput_any'))} training at all\n"
             f"{duration(float(p.get('wall_s') or 0))} since the first step, step "
             f"{p.get('step', '-')} ({p.get('redone', 0)} computed again), {incidents} "
             f"incident{'s' * (incidents != 1)}"
