@@ -60,6 +60,7 @@ class Progress:
     lost_ws: float = 0.0
     step_s: float | None = None  # the step time (EWMA of the training intervals)
     resets: int = 0  # rank 0's worlds so far: a new rank 0 process or a new init of it
+    counted: bool = False  # rank 0's hook counts its training time (Beat.trained_s)
     # what is not stored: per process (sender), the highest position and redone count seen;
     # rank 0's sender and inits last pass; (epoch, step) of the last RATE_WINDOW_S
     seen: Mapping[str, tuple[int, int, float]] = field(default_factory=dict)
@@ -142,8 +143,10 @@ def observe(p: Progress, beats: Iterable[Beat], *, desired: int, now: float,
                 world=world, desired=desired, at=wall, resets=resets)
     if redone:
         q = replace(q, redone=q.redone + redone)
-    if trained is not None:
-        q = _trained(q, trained, wall - (p.at or wall), world or 0, desired)
+    if trained is not None or (q.counted and lead is None):
+        # no world this pass (horovodrun restarting, rank 0 silent): all that was asked for
+        # is lost
+        q = _trained(q, trained or 0.0, wall - (p.at or wall), world or 0, desired)
     if grew:
         q = _grew(q, grew, wall, world or 0, desired, judge=trained is None)
     return _sampled(p, q, wall)
@@ -154,7 +157,7 @@ def _trained(q: Progress, trained: float, dt: float, world: int, desired: int) -
     for in the `dt` seconds since and not trained is lost."""
     if q.since is None:
         return q
-    return replace(q, training_s=q.training_s + trained,
+    return replace(q, counted=True, training_s=q.training_s + trained,
                    full_s=q.full_s + (trained if world >= desired else 0.0),
                    productive_ws=q.productive_ws + trained * world,
                    lost_ws=q.lost_ws + max(0.0, desired * dt - trained * world))
@@ -208,7 +211,7 @@ def to_dict(p: Progress) -> dict[str, Any]:
         "step": p.step, "redone": p.redone, "rate": round(p.rate(), 3), "world": p.world,
         "desired": p.desired, "training": p.training(), "since": p.since, "at": p.at,
         "grewAt": p.grew_at, "stepSeconds": None if p.step_s is None else round(p.step_s, 4),
-        "resets": p.resets,
+        "resets": p.resets, "counted": p.counted,
         "wall_s": round(p.wall_s(), 2), "training_s": round(p.training_s, 2),
         "full_s": round(p.full_s, 2),
         "goodput": None if good is None else round(good, 4),
@@ -231,7 +234,7 @@ def from_dict(d: Mapping[str, Any] | None) -> Progress:
             step=int(d.get("step", 0)), redone=int(d.get("redone", 0)),
             desired=int(d.get("desired", 0)), since=opt(d.get("since")), at=opt(d.get("at")),
             grew_at=opt(d.get("grewAt")), step_s=opt(d.get("stepSeconds")),
-            resets=int(d.get("resets", 0)),
+            resets=int(d.get("resets", 0)), counted=bool(d.get("counted", False)),
             training_s=float(d.get("training_s", 0.0)), full_s=float(d.get("full_s", 0.0)),
             productive_ws=float(d.get("productive_ws", 0.0)),
             lost_ws=float(d.get("lost_ws", 0.0)), history=history)

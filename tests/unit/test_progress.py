@@ -133,6 +133,28 @@ def test_a_process_that_left_the_world_still_says_rank_0_and_is_not_the_one_coun
     assert run(first + both).step == 40
 
 
+def test_time_without_a_world_is_lost_when_the_hook_counts() -> None:
+    """The hook's training seconds; then 10 s of passes without any heartbeat (horovodrun
+    restarting): those are lost too, not only the pauses rank 0 counted."""
+    def counted(t0: float, t1: float, step0: int,
+                trained0: float) -> list[tuple[float, Beat]]:
+        out = []
+        for k in range(round((t1 - t0) / 0.5) + 1):
+            t = t0 + k * 0.5
+            b = replace(beat(P("1", 0, 2, step0 + k), t - 1e9), trained_s=trained0 + k * 0.5)
+            out.append((t, b))
+        return out
+
+    q = Progress()
+    for t, b in counted(T0, T0 + 20, 0, 0.0):
+        q = observe(q, [b], desired=2, now=t - 1e9, wall=t)
+    before = q.lost_ws
+    for k in range(1, 21):  # no world for 10 s
+        q = observe(q, [], desired=2, now=T0 + 20 + k * 0.5 - 1e9, wall=T0 + 20 + k * 0.5)
+    assert q.lost_ws - before == pytest.approx(2 * 10.0)
+    assert q.training_s == pytest.approx(19.5) and q.world is None  # from the first step seen
+
+
 def test_a_script_without_distributed_optimizer_counts_commits() -> None:
     passes = [(T0 + k, [P("1", 0, 1, 0, commits=k)]) for k in range(10)]
     assert run(passes, desired=1).step == 9
