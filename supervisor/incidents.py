@@ -30,10 +30,10 @@ from typing import Any
 
 from supervisor.core import RestartHorovodrun
 from supervisor.discovery import HostMode, host_of
+from supervisor.fleet import slot_of
 from supervisor.observe import Obj
 from supervisor.plan import Note
 from supervisor.progress import Progress
-from supervisor.workers import LABEL_SLOT
 
 PHASES = ("detected", "fenced", "resumed", "created", "scheduled", "started", "joined", "full")
 KEEP = 50
@@ -85,6 +85,7 @@ class Opened:
     cause: str
     kind: str
     pods: tuple[str, ...] = ()
+    slots: tuple[int, ...] = ()  # where the decision names them (a pod may be gone already)
 
 
 @dataclass(frozen=True)
@@ -100,13 +101,12 @@ class Tick:
     progress: Progress = field(default_factory=Progress)
 
 
-def pod_seen(pod: Obj, mode: HostMode) -> PodSeen:
-    labels = pod["metadata"].get("labels") or {}
-    slot = labels.get(LABEL_SLOT, "")
+def pod_seen(pod: Obj, mode: HostMode, job: str) -> PodSeen:
+    found = slot_of(pod, job)
     status = pod.get("status") or {}
     running = status.get("phase") == "Running" and any(
         "running" in (c.get("state") or {}) for c in status.get("containerStatuses") or ())
-    return PodSeen(int(slot) if slot.isdigit() else None, host_of(pod, mode),
+    return PodSeen(None if found is None else found[0], host_of(pod, mode),
                    bool((pod.get("spec") or {}).get("nodeName")), running)
 
 
@@ -115,7 +115,9 @@ def opened_by(event: str, fields: Mapping[str, Any]) -> Opened | None:
     pod = fields.get("pod")
     pods = (str(pod),) if pod else ()
     if event == "worker.failed":
-        return Opened(str(fields.get("cause")), "failure", pods)
+        slot = fields.get("slot")
+        return Opened(str(fields.get("cause")), "failure", pods,
+                      (slot,) if isinstance(slot, int) else ())
     if event == "worker.hung":
         return Opened("Hung", "failure", pods)
     if event == "worker.stuck":
@@ -147,7 +149,8 @@ def advance(book: Book, t: Tick) -> tuple[Book, list[tuple[Incident, str]]]:
     items = list(book.incidents)
     next_id = book.next_id
     for o in _merged(t.opened, items):
-        slots = tuple(sorted({s for p in o.pods if (s := _slot(t.pods, p)) is not None}))
+        slots = tuple(sorted({*o.slots, *(s for p in o.pods if (seen := t.pods.get(p))
+                                          is not None and (s := seen.slot) is not None)}))
         hosts = tuple(sorted({h for p in o.pods if (seen := t.pods.get(p)) is not None
                               and (h := seen.host)}))
         inc = Incident(next_id, o.cause, o.kind, o.pods, slots, {"detected": t.wall},
@@ -188,16 +191,9 @@ def _merged(opened: Iterable[Opened], items: list[Incident]) -> list[Opened]:
         if same is None:
             out.append(replace(o, pods=pods))
         else:
-            out[same] = replace(out[same], pods=out[same].pods + pods)
+            out[same] = replace(out[same], pods=out[same].pods + pods,
+                                slots=out[same].slots + o.slots)
     return out
-
-
-def _slot(pods: Mapping[str, PodSeen], name: str) -> int | None:
-    seen = pods.get(name)
-    if seen is not None and seen.slot is not None:
-        return seen.slot
-    part = name.rsplit("-", 2)  # <job>-w<slot>-<incarnation>
-    return int(part[1][1:]) if len(part) == 3 and part[1][1:].isdigit() else None
 
 
 def _phases(inc: Incident, t: Tick, claimed: set[int]) -> tuple[Incident, list[str]]:

@@ -490,7 +490,7 @@ class Supervisor:
         created = tuple((t.create.slot, t.create.name) for t in p.todo
                         if isinstance(t, core.CreateWorker))
         wanted |= {name for _, name in created}
-        pods = {n: incidents.pod_seen(st.view.pods[n], cfg.host_mode) for n in wanted
+        pods = {n: incidents.pod_seen(st.view.pods[n], cfg.host_mode, cfg.job_name) for n in wanted
                 if n in st.view.pods}
         joined = frozenset(b.host for b in beats if b.rank is not None and b.bye_at is None
                            and now - b.last_seen <= progress.FRESH_S)

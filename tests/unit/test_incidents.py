@@ -15,7 +15,7 @@ from supervisor.fleet import Create
 from supervisor.incidents import Book, Tick
 from supervisor.plan import Note
 from supervisor.progress import Progress
-from supervisor.workers import LABEL_SLOT
+from supervisor.workers import LABEL_INCARNATION, LABEL_SLOT
 from tests.unit.shapes import pod as shaped_pod
 
 T0 = 1.8e9
@@ -25,7 +25,7 @@ JOB = "job1"
 def pod(slot: int, inc: int, stage: str, ip: str) -> dict[str, Any]:
     """A worker pod at `stage` (pending, scheduled, running), from the captured shape."""
     p = shaped_pod(f"{JOB}-w{slot}-{inc}", ip=ip if stage == "running" else None)
-    p["metadata"]["labels"][LABEL_SLOT] = str(slot)
+    p["metadata"]["labels"].update({LABEL_SLOT: str(slot), LABEL_INCARNATION: str(inc)})
     if stage != "running":
         p["status"]["phase"] = "Pending"
         for c in p["status"]["containerStatuses"]:
@@ -70,7 +70,7 @@ class Job:
             else desired, world=p.world if world is None else world,
             grew_at=self.t if grew else p.grew_at, step=p.step + grew, redone=p.redone,
             lost_ws=p.lost_ws + (0.0 if grew else dt * p.desired))
-        seen = {n: incidents.pod_seen(x, HostMode.POD_IP) for n, x in self.pods.items()}
+        seen = {n: incidents.pod_seen(x, HostMode.POD_IP, JOB) for n, x in self.pods.items()}
         fenced = frozenset(h for x in todo if isinstance(x, core.Fence) for h in x.hosts)
         created = tuple((x.create.slot, x.create.name) for x in todo
                         if isinstance(x, core.CreateWorker))
@@ -125,9 +125,10 @@ def test_a_force_delete_and_a_hang_are_one_incident_each_whatever_follows() -> N
     j.tick(hung)
     j.tick(failed(f"{JOB}-w2-1", "Hung", 2), core.Fence(frozenset({"10.1.0.12"})),
            create(2, 2))
+    del j.pods[f"{JOB}-w0-1"]  # force-deleted: gone from the view as it is decided
     j.tick(failed(f"{JOB}-w0-1", "PodForceDeleted", 0), core.Fence(frozenset({"10.1.0.10"})))
-    assert [(x.cause, x.pods) for x in j.book.incidents] == [
-        ("Hung", (f"{JOB}-w2-1",)), ("PodForceDeleted", (f"{JOB}-w0-1",))]
+    assert [(x.cause, x.pods, x.slots) for x in j.book.incidents] == [
+        ("Hung", (f"{JOB}-w2-1",), (2,)), ("PodForceDeleted", (f"{JOB}-w0-1",), (0,))]
     hung_s = j.seconds(0)
     assert hung_s["fenced"] == 0.5 and hung_s["created"] == 0.5  # detected a pass earlier
     assert "created" not in j.book.incidents[1].phases  # not the other incident's pod
