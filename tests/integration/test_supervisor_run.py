@@ -64,7 +64,8 @@ def test_start_gate_then_the_file_follows_pods_and_nodes(
 
     job.worker("w1", n2)
     start = wait_for(lambda: sup.records("start"), 10, what="horovodrun start")[0]
-    first = sup.records("discover")[0]
+    # the stand-in horovodrun records its start, then calls the discovery script
+    first = wait_for(lambda: sup.records("discover"), 10, what="the first discovery call")[0]
     assert first["rc"] == 0, "the first discovery call must succeed"
     assert sorted(first["out"].splitlines()) == sorted([job.line("w0"), job.line("w1")])
     assert start["argv"][:6] == ["-np", "2", "--min-np", "2", "--max-np", "4"]
