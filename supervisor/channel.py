@@ -176,7 +176,9 @@ class HookChannel:
 
     def __init__(self, port: int = 0, *, dead_file: Path, worker_hook: bool = True,
                  clock: Callable[[], float] = time.monotonic, bind: str = "",
-                 key_file: tuple[Path, bytes] | None = None) -> None:
+                 key_file: tuple[Path, bytes] | None = None, hook_dir: Path = HOOK_DIR) -> None:
+        # Where the processes horovodrun starts find the hook (sidecar mode: the shared dir).
+        self.hook_dir = hook_dir
         # The key: the job's (a file every process reads, never in an environment), else one
         # of this process's own, handed over in horovodrun's environment.
         self.key_file, self.key = key_file[0] if key_file else None, (
@@ -224,7 +226,7 @@ class HookChannel:
         key = ({KEY_FILE_ENV: str(self.key_file)} if self.key_file is not None
                else {KEY_ENV: self.key.hex()})
         return {
-            "PYTHONPATH": ":".join(p for p in (str(HOOK_DIR), base_pythonpath) if p),
+            "PYTHONPATH": ":".join(p for p in (str(self.hook_dir), base_pythonpath) if p),
             **key, PORT_ENV: str(self.port), RUN_ENV: self.run_id(self._run.number),
             WORKER_ENV: "1" if self.worker_hook else "0", DEAD_ENV: str(self.dead_file),
         }

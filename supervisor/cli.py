@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the training command")
     explain = sub.add_parser("explain", help="print the effective configuration and argv")
     explain.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the training command")
+    install = sub.add_parser("install", help="sidecar mode: put the wrapper es-run, the "
+                             "discovery script and the hook into DIR (an emptyDir)")
+    install.add_argument("dir", type=Path, metavar="DIR")
     status = sub.add_parser("status", help="show a job's workers, budgets and last decisions "
                             "(reads the cluster with your kubeconfig)")
     scale = sub.add_parser("scale", help="record the desired worker count; the running "
@@ -66,10 +69,28 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("status", "scale", "timeline"):
         return operate_command(args)
+    if args.command == "install":
+        return install_command(args.dir)
     # The supervisor proper is imported for run and explain only: `status` answers within a
     # second at 1,000 workers, a fifth of which its modules took to import (bench/status.py).
     from supervisor import runner  # noqa: PLC0415
     return runner.main(args)
+
+
+def install_command(dest: Path) -> int:
+    """`install DIR`: what a training container needs from the supervisor in sidecar mode
+    (supervisor.sidecar), copied into the shared emptyDir by an init container."""
+    from supervisor import sidecar  # noqa: PLC0415 (psutil: not for status)
+    from supervisor.config import packaged_discovery_script  # noqa: PLC0415
+    try:
+        written = sidecar.install(dest, packaged_discovery_script())
+    except OSError as e:
+        print(f"elastic-supervisor: install {str(dest)!r}: cannot write there ([Errno {e.errno}] "
+              f"{e.strerror}); mount a writable emptyDir at it", file=sys.stderr)
+        return ExitCode.CONFIG
+    print(f"elastic-supervisor: installed {len(written)} files into {dest}: "
+          f"{sidecar.wrapper(dest)}, {sidecar.discovery_script(dest)}, {sidecar.hook_dir(dest)}/")
+    return ExitCode.OK
 
 
 def operate_command(args: argparse.Namespace) -> int:

@@ -38,6 +38,8 @@ from supervisor.policy import (
 from supervisor.workers import DNS_LABEL, TemplateError, validate_template
 
 PREFIX = "SUPERVISOR_"
+BAKED_DISCOVERY_FILE = "/etc/edl/hostfile"
+SHARED_DIR = Path("/opt/elastic-supervisor")  # sidecar mode: SUPERVISOR_SHARED_DIR's default
 # A label selector of key=value / key!=value / key / !key terms, comma separated.
 SELECTOR_TERM = re.compile(r"^!?[A-Za-z0-9./_-]+((=|==|!=)[A-Za-z0-9._-]*)?$")
 
@@ -60,6 +62,13 @@ class CleanPodPolicy(StrEnum):
     RUNNING = "Running"  # the workers still Running or Pending: none is left running sshd
     ALL = "All"  # every worker pod, finished ones too
     NONE = "None"  # none
+
+
+class Mode(StrEnum):
+    """Where the supervisor runs (docs/configuration.md)."""
+
+    BAKED = "baked"  # in the launcher's image, horovodrun's parent (`run -- CMD`)
+    SIDECAR = "sidecar"  # a native sidecar; horovodrun in the user's container, under es-run
 
 
 class HostMode(StrEnum):
@@ -133,6 +142,8 @@ class Config:
     quarantine_failures: int = 2  # 0: no quarantine
     quarantine_window_s: float = 1800.0
     quarantine_s: float = 3600.0
+    mode: Mode = Mode.BAKED
+    shared_dir: Path = SHARED_DIR  # sidecar mode: the emptyDir both containers mount
     # variable name -> "env" | "default" | "derived: ..." (for `explain`)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -365,10 +376,18 @@ VARIABLES: tuple[Var, ...] = (
     Var("WORKERS", None, "Arena form of NP, in worker pods. Not together with NP."),
     Var("MIN_WORKERS", None, "Arena form of MIN_NP, in worker pods. Not together with MIN_NP."),
     Var("MAX_WORKERS", None, "Arena form of MAX_NP, in worker pods. Not together with MAX_NP."),
-    Var("DISCOVERY_FILE", "/etc/edl/hostfile", "Host list written atomically by the supervisor "
-        "(one `host:slots` per line); put it in an emptyDir."),
+    Var("MODE", "baked", "`baked`: the supervisor runs horovodrun as its child (`run -- CMD` in "
+        "the launcher image). `sidecar`: it runs in a native sidecar of the launcher pod and "
+        "the training container runs `SHARED_DIR/bin/es-run CMD` (docs/configuration.md)."),
+    Var("SHARED_DIR", str(SHARED_DIR), "Sidecar mode: the emptyDir the supervisor's and the "
+        "training container mount at this path (the wrapper, the hook, the discovery file); "
+        "the workers get it too."),
+    Var("DISCOVERY_FILE", None, "Host list written atomically by the supervisor (one "
+        "`host:slots` per line); put it in an emptyDir. Default: /etc/edl/hostfile; in sidecar "
+        "mode SHARED_DIR/hosts."),
     Var("DISCOVERY_SCRIPT", None, "Script horovodrun polls (--host-discovery-script); it only "
-        "`cat`s DISCOVERY_FILE. Default: the discover_hosts.sh shipped in the package."),
+        "`cat`s DISCOVERY_FILE. Default: the discover_hosts.sh shipped in the package; in "
+        "sidecar mode SHARED_DIR/discover_hosts.sh."),
     Var("HOST_MODE", "ip", "How workers are named to Horovod: `ip` (pod IP) or `dns` "
         "(<hostname>.<subdomain>.<namespace>.svc, needs a headless Service)."),
     Var("STALENESS_SECONDS", "60", "If the watch is broken longer than this, the discovery file "
@@ -602,11 +621,27 @@ def parse_config(
         problems.append(f"{PREFIX}MIN_NP={min_np}, {PREFIX}NP={np_}, {PREFIX}MAX_NP={max_np}: "
                         "expected MIN_NP <= NP <= MAX_NP")
 
+    mode = get("MODE", _enum(Mode))
+    shared = get("SHARED_DIR", _abs_path)
     discovery_file = get("DISCOVERY_FILE", _abs_path)
     discovery_script = get("DISCOVERY_SCRIPT", _abs_path)
+    sidecar = mode == Mode.SIDECAR and isinstance(shared, Path)
+    if discovery_file is None and f"{PREFIX}DISCOVERY_FILE" not in sources:
+        discovery_file = shared / "hosts" if sidecar else Path(BAKED_DISCOVERY_FILE)
+        sources[f"{PREFIX}DISCOVERY_FILE"] = ("derived: SHARED_DIR" if sidecar
+                                              else "default")
     if discovery_script is None and f"{PREFIX}DISCOVERY_SCRIPT" not in sources:
-        discovery_script = packaged_discovery_script()
-        sources[f"{PREFIX}DISCOVERY_SCRIPT"] = "derived: packaged script"
+        discovery_script = (shared / "discover_hosts.sh" if sidecar
+                            else packaged_discovery_script())
+        sources[f"{PREFIX}DISCOVERY_SCRIPT"] = ("derived: SHARED_DIR" if sidecar
+                                                else "derived: packaged script")
+    if sidecar:
+        for var, path in (("DISCOVERY_FILE", discovery_file),
+                          ("DISCOVERY_SCRIPT", discovery_script)):
+            if isinstance(path, Path) and not path.is_relative_to(shared):
+                problems.append(f"{PREFIX}{var}={str(path)!r}: in sidecar mode expected a path "
+                                f"under {PREFIX}SHARED_DIR ({shared}), which the training "
+                                "container mounts too (or leave it unset)")
     host_mode = get("HOST_MODE", _enum(HostMode))
     staleness = get("STALENESS_SECONDS", _seconds_in(1, 3600))
     start_timeout = get("START_TIMEOUT_SECONDS", _seconds(0))
@@ -702,6 +737,7 @@ def parse_config(
         worker_container=container, node_drain_taints=drain_taints,
         node_bad_conditions=bad_conditions, quarantine_failures=q_failures,
         quarantine_window_s=q_window, quarantine_s=q_ttl,
+        mode=mode, shared_dir=shared,
         sources=dict(sources),
     )  # type: ignore[arg-type]
 
@@ -819,6 +855,7 @@ def effective_values(cfg: Config) -> list[tuple[str, str, str]]:
         "JOB_NAME": cfg.job_name, "NAMESPACE": cfg.namespace,
         "WORKER_SELECTOR": cfg.worker_selector, "SLOTS_PER_WORKER": cfg.slots_per_worker,
         "NP": cfg.np, "MIN_NP": cfg.min_np, "MAX_NP": cfg.max_np,
+        "MODE": cfg.mode.value, "SHARED_DIR": cfg.shared_dir,
         "DISCOVERY_FILE": cfg.discovery_file, "DISCOVERY_SCRIPT": cfg.discovery_script,
         "HOST_MODE": cfg.host_mode.value, "STALENESS_SECONDS": cfg.staleness_s,
         "START_TIMEOUT_SECONDS": cfg.start_timeout_s,

@@ -556,24 +556,34 @@ class EventRecorder:
 
 # ---- ownership ----------------------------------------------------------------------------------
 
-def launcher_refs(api: client.ApiClient, namespace: str, pod: str,
-                  timeout_s: float = 30.0) -> tuple[dict[str, str], dict[str, str]]:
-    """Return (the launcher pod, the owner of the job's objects) as references.
-
-    The owner is the batch/v1 Job that controls the launcher pod: its next pod (a Job retry)
-    has the same one, and a finished launcher pod can go (PodGC, node removal) without taking
-    the workers or the budgets. A launcher pod without a Job owns them itself. NotFound if the
-    pod does not exist."""
-    what = f"get pod {namespace}/{pod}"
+def read_pod(api: client.ApiClient, namespace: str, pod: str,
+             timeout_s: float = 30.0) -> dict[str, Any]:
+    """Return the pod as the API server has it (a dict); NotFound if it does not exist."""
     try:
         resp = client.CoreV1Api(api).read_namespaced_pod(
             pod, namespace, _preload_content=False, _request_timeout=request_timeout(timeout_s))
-        obj = json.loads(resp.data)
+        return dict(json.loads(resp.data))
     except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
-        raise map_error(e, what) from e
-    regarding = {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": pod,
-                 "uid": obj["metadata"]["uid"]}
-    for ref in obj["metadata"].get("ownerReferences") or ():
+        raise map_error(e, f"get pod {namespace}/{pod}") from e
+
+
+def launcher_refs(api: client.ApiClient, namespace: str, pod: str,
+                  timeout_s: float = 30.0) -> tuple[dict[str, str], dict[str, str]]:
+    """Return (the launcher pod, the owner of the job's objects) as references (refs_of)."""
+    return refs_of(read_pod(api, namespace, pod, timeout_s))
+
+
+def refs_of(obj: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """Return (the launcher pod `obj`, the owner of the job's objects) as references.
+
+    The owner is the batch/v1 Job that controls the launcher pod: its next pod (a Job retry)
+    has the same one, and a finished launcher pod can go (PodGC, node removal) without taking
+    the workers or the budgets. A launcher pod without a Job owns them itself."""
+    meta = obj["metadata"]
+    namespace = meta["namespace"]
+    regarding = {"apiVersion": "v1", "kind": "Pod", "namespace": namespace,
+                 "name": meta["name"], "uid": meta["uid"]}
+    for ref in meta.get("ownerReferences") or ():
         if ref.get("controller") and (ref.get("apiVersion"), ref.get("kind")) == (
                 "batch/v1", "Job"):
             return regarding, {"apiVersion": "batch/v1", "kind": "Job", "namespace": namespace,

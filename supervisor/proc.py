@@ -134,7 +134,8 @@ def kill_ssh_clients(root_pid: int, hosts: Collection[str]) -> dict[str, list[in
     return killed
 
 
-def _alive(p: psutil.Process) -> bool:
+def alive(p: psutil.Process) -> bool:
+    """Whether `p` runs (a zombie does not)."""
     try:
         return p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -218,7 +219,7 @@ class Child:
         killed = 0
         self.signal_group(signal.SIGKILL)
         for _ in range(rounds):
-            procs = [p for p in self.members() if _alive(p)]
+            procs = [p for p in self.members() if alive(p)]
             if not procs:
                 break
             for p in procs:

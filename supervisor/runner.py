@@ -10,6 +10,7 @@ supervisor.model.ExitCode and the README.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shlex
 import shutil
@@ -20,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ from supervisor import (
     kube,
     proc,
     progress,
+    sidecar,
     startup,
 )
 from supervisor.actuator import Actuator
@@ -39,6 +42,7 @@ from supervisor.channel import HookChannel
 from supervisor.config import (
     Config,
     ConfigError,
+    Mode,
     effective_values,
     parse_config,
 )
@@ -115,11 +119,61 @@ def main(args: argparse.Namespace) -> int:
     if args.command == "explain":
         print(explain(cfg, command))
         return ExitCode.OK
+    if cfg.mode == Mode.SIDECAR:
+        if command:
+            print("elastic-supervisor: SUPERVISOR_MODE=sidecar: run takes no training command "
+                  f"(got {shlex.join(command)!r}): it is the training container's, which runs "
+                  f"{sidecar.wrapper(cfg.shared_dir)} with it as its args", file=sys.stderr)
+            return _stopped_with(cfg, ExitCode.CONFIG)
+        return run_sidecar(cfg, env)
     if not command:
         print("elastic-supervisor: run needs the training command: "
               "elastic-supervisor run -- python train.py ...", file=sys.stderr)
         return ExitCode.CONFIG
     return run(cfg, command, env)
+
+
+def _stopped_with(cfg: Config, code: int) -> int:
+    """Sidecar mode: hand the job's exit code to es-run (best effort) and return it."""
+    try:
+        sidecar.Link(cfg.shared_dir).stop(code)
+    except OSError as e:
+        print(f"elastic-supervisor: SUPERVISOR_SHARED_DIR={str(cfg.shared_dir)!r}: cannot hand "
+              f"es-run the exit code {code} ([Errno {e.errno}] {e.strerror})", file=sys.stderr)
+    return code
+
+
+WRAPPER_EXIT_WAIT_S = 30.0  # after the stop: how long es-run may take to see it and exit
+
+
+def run_sidecar(cfg: Config, env: Mapping[str, str]) -> int:
+    """`run` in sidecar mode: the job's outcome goes to es-run, which exits with it (the pod's
+    result is the training container's). A sidecar started again after the job ended (its
+    restartPolicy is Always) only waits for the pod to stop."""
+    link = sidecar.Link(cfg.shared_dir)
+    try:
+        link.announce()
+    except OSError as e:
+        print(f"elastic-supervisor: SUPERVISOR_SHARED_DIR={str(cfg.shared_dir)!r}: cannot be "
+              f"written ([Errno {e.errno}] {e.strerror}); mount the emptyDir the training "
+              "container mounts there, filled by `elastic-supervisor install` in an init "
+              "container", file=sys.stderr)
+        return ExitCode.CONFIG
+    stopping = startup.Stopping()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stopping.handle)
+    if (ended := link.stopped()) is not None:
+        print(f"elastic-supervisor: the job ended already with {ended} (es-run has it); "
+              "waiting for the pod to stop", file=sys.stderr)
+        while not stopping.wait(3600):
+            pass
+        return ExitCode.OK
+    code = run(cfg, [], env, link=link)
+    _stopped_with(cfg, code)
+    end = time.monotonic() + WRAPPER_EXIT_WAIT_S
+    while link.wrapper_alive() and time.monotonic() < end and not stopping.wait(0.1):
+        pass
+    return code
 
 
 def _preflight(cfg: Config) -> list[str]:
@@ -130,6 +184,14 @@ def _preflight(cfg: Config) -> list[str]:
     if not (script.is_file() and os.access(script, os.X_OK)):
         problems.append(f"SUPERVISOR_DISCOVERY_SCRIPT={str(script)!r}: expected an executable "
                         "file (the shipped discover_hosts.sh)")
+    if cfg.mode == Mode.SIDECAR:
+        # horovodrun is the training container's; what es-run loads must be in the shared dir.
+        if not (hook := sidecar.hook_dir(cfg.shared_dir) / "sitecustomize.py").is_file():
+            problems.append(f"SUPERVISOR_SHARED_DIR={str(cfg.shared_dir)!r}: no hook in it "
+                            f"({hook} is missing); run `elastic-supervisor install "
+                            f"{cfg.shared_dir}` in an init container before this one, with the "
+                            "same emptyDir mounted at that path")
+        return problems + _discovery_file_problems(cfg.discovery_file)
     hr = cfg.horovodrun
     wanted = "expected the horovodrun executable (a name on PATH or an absolute path)"
     if "/" in hr and not (os.path.isfile(hr) and os.access(hr, os.X_OK)):
@@ -165,8 +227,10 @@ def _discovery_file_problems(path: Path) -> list[str]:
     return []
 
 
-def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
-    """Build the adapters and the loop, run it, and return the process exit code."""
+def run(cfg: Config, command: Sequence[str], env: Mapping[str, str],
+        link: sidecar.Link | None = None) -> int:
+    """Build the adapters and the loop, run it, and return the process exit code. `link`:
+    sidecar mode (the command comes from es-run)."""
     log = make_logger(cfg.log_format, cfg.log_level, job=cfg.job_name)
     if problems := _preflight(cfg):
         for p in problems:
@@ -182,13 +246,15 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str]) -> int:
             return ExitCode.CONFIG
     try:
         channel = HookChannel(cfg.fence_port, dead_file=dead_file(cfg),
-                              worker_hook=cfg.worker_hook, key_file=cfg.hook_key_file).start()
+                              worker_hook=cfg.worker_hook, key_file=cfg.hook_key_file,
+                              **({"hook_dir": sidecar.hook_dir(cfg.shared_dir)} if link
+                                 else {})).start()
     except OSError as e:
         print(f"elastic-supervisor: SUPERVISOR_FENCE_PORT={cfg.fence_port}: cannot listen "
               f"(UDP: {e}); set another port or 0 for any free one", file=sys.stderr)
         return ExitCode.CONFIG
     try:
-        return _run(cfg, command, env, log=log, metrics=metrics, channel=channel)
+        return _run(cfg, command, env, log=log, metrics=metrics, channel=channel, link=link)
     finally:
         channel.close()
 
@@ -199,7 +265,7 @@ def dead_file(cfg: Config) -> Path:
 
 
 def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: Any,
-         metrics: Any, channel: HookChannel) -> int:
+         metrics: Any, channel: HookChannel, link: sidecar.Link | None = None) -> int:
     """The start sequence (supervisor.startup), then the loop; map every way out to a code."""
     try:
         api = kube.make_api_client()
@@ -225,7 +291,9 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
 
     recorder = None
     try:
-        regarding, owner = _references(cfg, api, retry)
+        regarding, owner, pod = _references(cfg, api, retry)
+        if link is not None:
+            cfg = _as_sidecar(cfg, pod, log=log)
         recorder = kube.EventRecorder(api, cfg.namespace, regarding=regarding,
                                       instance=instance, on_error=event_failed,
                                       timeout_s=cfg.api_timeout_s)
@@ -252,10 +320,12 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
                 recorder.record(EventSpec("Warning", "TemplateRejected", "Start", rejected))
                 return ExitCode.CONFIG
         stopping.check()
+        if link is not None:
+            command, env = _wrapped_command(cfg, link, stopping, log=log), {}
         return _supervise(cfg, command, env, api=api, log=log, metrics=metrics, channel=channel,
                           recorder=recorder, elector=elector, leadership=leadership,
                           stopping=stopping, store=store, workers=workers, rv=rv,
-                          identity=identity, owner=owner, stored=stored)
+                          identity=identity, owner=owner, stored=stored, link=link)
     except startup.Stopped as e:
         log.info("start.stopped", signal=e.signum, leader=elector.is_leader())
         return 128 + e.signum
@@ -264,7 +334,7 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
         if recorder is not None:
             recorder.record(EventSpec("Warning", "StartTimeout", "Start", str(e)))
         return ExitCode.START_TIMEOUT
-    except LauncherMissing as e:
+    except (LauncherMissing, PodUnfit) as e:
         print(f"elastic-supervisor: {e}", file=sys.stderr)
         return ExitCode.CONFIG
     except (kube.KubeError, ValueError) as e:
@@ -284,6 +354,45 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
 
 class LauncherMissing(Exception):
     """SUPERVISOR_POD_NAME names no pod: bad input (exit 2)."""
+
+
+class PodUnfit(Exception):
+    """Sidecar mode: the launcher pod lacks what the mode needs (exit 2, one line each)."""
+
+
+def _as_sidecar(cfg: Config, pod: Mapping[str, Any] | None, *, log: Any) -> Config:
+    """Check the launcher pod for sidecar mode; return the configuration whose worker template
+    carries the hook (supervisor.sidecar.with_hook). Raise PodUnfit."""
+    if pod is None:
+        raise PodUnfit("SUPERVISOR_MODE=sidecar: SUPERVISOR_POD_NAME is not set; expected the "
+                       "launcher pod's own name (downward API metadata.name)")
+    problems, found = sidecar.pod_problems(pod, cfg.shared_dir)
+    if found is None:
+        raise PodUnfit("\nelastic-supervisor: ".join(problems))
+    log.info("sidecar.found", container=found.container, image=found.image,
+             training_container=found.wrapped, volume=found.volume)
+    if cfg.worker_template is None:
+        return cfg
+    return replace(cfg, worker_template=sidecar.with_hook(cfg.worker_template, found,
+                                                          cfg.shared_dir))
+
+
+def _wrapped_command(cfg: Config, link: sidecar.Link, stopping: startup.Stopping, *,
+                     log: Any) -> list[str]:
+    """The training command es-run was given; a horovodrun an earlier supervisor of this pod
+    left running is killed first (it would not be ours to supervise)."""
+    if (left := link.leftover()) is not None:
+        killed = sidecar.kill_tree(*left)
+        log.warning("sidecar.leftover_killed", pid=left[0], processes=killed)
+    command = sidecar.wait_for_command(link, stopping=stopping.wait,
+                                       timeout_s=cfg.start_timeout_s)
+    stopping.check()
+    if command is None:
+        raise startup.StartTimedOut(
+            f"es-run ({sidecar.wrapper(cfg.shared_dir)}) did not start in the training "
+            f"container within SUPERVISOR_START_TIMEOUT_SECONDS={cfg.start_timeout_s:g}")
+    log.info("sidecar.command", command=command)
+    return command
 
 
 class Relay:
@@ -308,16 +417,18 @@ class Relay:
             sink(item)
 
 
-def _references(cfg: Config, api: Any,
-                retry: startup.ApiRetry) -> tuple[dict[str, str], dict[str, str] | None]:
-    """Return (what Events regard, the owner of workers and state). In a pod: the pod, and
-    the Job that made it (else the pod); a local run: the Job by name, and no owner."""
+def _references(cfg: Config, api: Any, retry: startup.ApiRetry
+                ) -> tuple[dict[str, str], dict[str, str] | None, dict[str, Any] | None]:
+    """Return (what Events regard, the owner of workers and state, the launcher pod). In a
+    pod: the pod, and the Job that made it (else the pod); a local run: the Job by name, no
+    owner and no pod."""
     if not cfg.pod_name:
         return {"apiVersion": "batch/v1", "kind": "Job", "namespace": cfg.namespace,
-                "name": cfg.job_name}, None
+                "name": cfg.job_name}, None, None
     try:
-        return retry.call("read the launcher pod", lambda: kube.launcher_refs(
+        pod = retry.call("read the launcher pod", lambda: kube.read_pod(
             api, cfg.namespace, cfg.pod_name, cfg.api_timeout_s))  # type: ignore[arg-type]
+        return (*kube.refs_of(pod), pod)
     except kube.NotFound as e:
         raise LauncherMissing(
             f"SUPERVISOR_POD_NAME={cfg.pod_name!r}: no such pod in namespace {cfg.namespace}; "
@@ -426,7 +537,7 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
                elector: LeaderElector, leadership: Relay, stopping: startup.Stopping,
                store: kube.StateStore, workers: fleet.Fleet | None, rv: str | None,
                identity: str, owner: Mapping[str, str] | None,
-               stored: Mapping[str, Any] | None = None) -> int:
+               stored: Mapping[str, Any] | None = None, link: sidecar.Link | None = None) -> int:
     """Run the loop as the job's leader; clean up (CLEAN_POD_POLICY) on the way out."""
     actuator = Actuator(kube.Pods(api, cfg.namespace, cfg.api_timeout_s), store,
                         resource_version=rv, writer=identity, sink=lambda _: None,
@@ -435,7 +546,9 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
     proc.become_subreaper()
     leases = NodeLeases() if cfg.node_lease_s is not None else None
     sup = Supervisor(cfg, log=log, metrics=metrics, events=recorder.record,
-                     start_child=proc.Child.start, base_env=env, act=actuator.submit,
+                     start_child=(proc.Child.start if link is None else functools.partial(
+                         sidecar.RemoteChild.start, link)),
+                     base_env=env, act=actuator.submit,
                      kill_ssh_clients=proc.kill_ssh_clients,
                      count_ssh_clients=lambda pid, host: len(proc.ssh_clients_for(pid, host)),
                      channel=channel,
@@ -479,8 +592,13 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
         signal.signal(sig, sup.handle_signal)
     if stopping.signum is not None:  # arrived between the start and the handlers above
         sup.handle_signal(stopping.signum)
-    log.info("supervisor.started", version=__version__, namespace=cfg.namespace,
-             selector=cfg.worker_selector, np=cfg.np, min_np=cfg.min_np, max_np=cfg.max_np)
+    if link is not None:
+        # es-run got the pod's stop signal (the supervisor's own comes last): ours to handle.
+        threading.Thread(target=_relay_signals, args=(link, sup.handle_signal),
+                         name="sidecar-signals", daemon=True).start()
+    log.info("supervisor.started", version=__version__, mode=cfg.mode.value,
+             namespace=cfg.namespace, selector=cfg.worker_selector, np=cfg.np,
+             min_np=cfg.min_np, max_np=cfg.max_np)
     for r in reflectors:
         r.start()
     watcher = None
@@ -511,6 +629,13 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
             clean_up(cfg, api, store, int(outcome_code), owner=owner, log=log,
                      events=recorder.record)
     return int(outcome_code)
+
+
+def _relay_signals(link: sidecar.Link, handle: Callable[[int], None]) -> None:
+    while True:
+        if (signum := link.take_signal()) is not None:
+            handle(signum)
+        time.sleep(sidecar.POLL_S * 2)
 
 
 def clean_up(cfg: Config, api: Any, store: kube.StateStore, code: int, *,

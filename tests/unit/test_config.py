@@ -15,6 +15,7 @@ from supervisor.config import (
     HostMode,
     LogFormat,
     LogLevel,
+    Mode,
     effective_values,
     packaged_discovery_script,
     parse_config,
@@ -97,6 +98,7 @@ def test_every_variable_set_explicitly() -> None:
         "SUPERVISOR_NODE_DRAIN_TAINTS": "example.com/going, ToBeDeletedByClusterAutoscaler",
         "SUPERVISOR_NODE_BAD_CONDITIONS": "none", "SUPERVISOR_QUARANTINE_FAILURES": "3",
         "SUPERVISOR_QUARANTINE_WINDOW_SECONDS": "600", "SUPERVISOR_QUARANTINE_SECONDS": "120",
+        "SUPERVISOR_MODE": "baked", "SUPERVISOR_SHARED_DIR": "/run/es",
     }, read_text=lambda _: TEMPLATE.replace("app: x", "app: bert\n    role: worker"))
     assert (cfg.worker_selector, cfg.slots_per_worker, cfg.np, cfg.min_np, cfg.max_np) == (
         "app=bert,role=worker", 2, 4, 2, 8)
@@ -126,6 +128,7 @@ def test_every_variable_set_explicitly() -> None:
     assert cfg.node_drain_taints == {"example.com/going", "ToBeDeletedByClusterAutoscaler"}
     assert cfg.node_bad_conditions == frozenset()
     assert (cfg.quarantine_failures, cfg.quarantine_window_s, cfg.quarantine_s) == (3, 600, 120)
+    assert (cfg.mode, cfg.shared_dir) == (Mode.BAKED, Path("/run/es"))
     assert all(src == "env" for src in cfg.sources.values())
 
 
@@ -163,6 +166,8 @@ BAD = [
      " an absolute path"),
     ("SUPERVISOR_HOST_MODE", "hostname", "SUPERVISOR_HOST_MODE='hostname': expected one of"
      " ip|dns"),
+    ("SUPERVISOR_MODE", "native", "SUPERVISOR_MODE='native': expected one of baked|sidecar"),
+    ("SUPERVISOR_SHARED_DIR", "es", "SUPERVISOR_SHARED_DIR='es': expected an absolute path"),
     ("SUPERVISOR_STALENESS_SECONDS", "0", "SUPERVISOR_STALENESS_SECONDS='0': expected a number"
      " of seconds from 1 to 3600"),
     ("SUPERVISOR_START_TIMEOUT_SECONDS", "nan", "SUPERVISOR_START_TIMEOUT_SECONDS='nan':"
@@ -348,6 +353,21 @@ def test_every_variable_is_covered_by_the_bad_value_table() -> None:
     tested = {b[0] for b in BAD} | {"SUPERVISOR_WORKERS", "SUPERVISOR_MIN_WORKERS",
                                     "SUPERVISOR_MAX_WORKERS"}
     assert tested == {f"SUPERVISOR_{v.name}" for v in VARIABLES}
+
+
+def test_sidecar_mode_puts_discovery_in_the_shared_dir() -> None:
+    cfg = parse(SUPERVISOR_MODE="sidecar", SUPERVISOR_SHARED_DIR="/es")
+    assert (cfg.mode, cfg.discovery_file, cfg.discovery_script) == (
+        Mode.SIDECAR, Path("/es/hosts"), Path("/es/discover_hosts.sh"))
+    assert cfg.sources["SUPERVISOR_DISCOVERY_FILE"] == "derived: SHARED_DIR"
+    baked = parse()
+    assert (baked.mode, baked.discovery_file) == (Mode.BAKED, Path("/etc/edl/hostfile"))
+    assert problems({**BASE, "SUPERVISOR_MODE": "sidecar", "SUPERVISOR_SHARED_DIR": "/es",
+                     "SUPERVISOR_DISCOVERY_FILE": "/etc/edl/hostfile",
+                     "SUPERVISOR_DISCOVERY_SCRIPT": "/es/bin/d.sh"}) == [
+        "SUPERVISOR_DISCOVERY_FILE='/etc/edl/hostfile': in sidecar mode expected a path under "
+        "SUPERVISOR_SHARED_DIR (/es), which the training container mounts too (or leave it "
+        "unset)"]
 
 
 def test_all_problems_are_reported_at_once() -> None:

@@ -1,0 +1,153 @@
+"""supervisor.sidecar's pure parts: what a launcher pod needs in sidecar mode (one line per
+problem, naming the fix), the worker template with the hook added, the launch file."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor import sidecar
+
+SHARED = Path("/opt/elastic-supervisor")
+MOUNT = {"name": "elastic-supervisor", "mountPath": "/opt/elastic-supervisor"}
+
+
+def launcher_pod() -> dict[str, Any]:
+    """A launcher pod as the API server returns it (defaults filled in), in sidecar mode."""
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "elastic-train-x7k2p", "namespace": "ml", "uid": "u1"},
+        "spec": {
+            "shareProcessNamespace": True,
+            "restartPolicy": "Never",
+            "initContainers": [
+                {"name": "elastic-supervisor-install", "image": "es-sidecar:0.1.0",
+                 "args": ["install", "/opt/elastic-supervisor"], "volumeMounts": [MOUNT],
+                 "imagePullPolicy": "IfNotPresent", "terminationMessagePath":
+                     "/dev/termination-log"},
+                {"name": "elastic-supervisor", "image": "es-sidecar:0.1.0", "args": ["run"],
+                 "restartPolicy": "Always", "imagePullPolicy": "IfNotPresent",
+                 "env": [{"name": "SUPERVISOR_JOB_NAME", "value": "elastic-train"},
+                         {"name": "SUPERVISOR_MODE", "value": "sidecar"}],
+                 "volumeMounts": [MOUNT, {"name": "ssh", "mountPath": "/etc/edl/ssh",
+                                          "readOnly": True},
+                                  {"name": "kube-api-access-abcde", "readOnly": True,
+                                   "mountPath": "/var/run/secrets/kubernetes.io/"
+                                                "serviceaccount"}]},
+            ],
+            "containers": [
+                {"name": "launcher", "image": "team/train:2024",
+                 "command": ["/opt/elastic-supervisor/bin/es-run"],
+                 "args": ["python", "train.py"], "volumeMounts": [dict(MOUNT)]},
+            ],
+            "volumes": [{"name": "elastic-supervisor", "emptyDir": {}}],
+        },
+    }
+
+
+def broken(change: Any) -> dict[str, Any]:
+    pod = launcher_pod()
+    change(pod["spec"])
+    return pod
+
+
+@pytest.mark.parametrize(("pod", "expected"), [
+    pytest.param(broken(lambda s: s.pop("shareProcessNamespace")),
+                 ["SUPERVISOR_MODE=sidecar: launcher pod elastic-train-x7k2p has no "
+                  "spec.shareProcessNamespace: true; set it, so that the supervisor can see, "
+                  "signal and reap horovodrun in the training container"],
+                 id="no shared process namespace"),
+    pytest.param(broken(lambda s: s["containers"][0].update(command=None)),
+                 ["SUPERVISOR_MODE=sidecar: no container of launcher pod elastic-train-x7k2p "
+                  "runs /opt/elastic-supervisor/bin/es-run; start the training container with "
+                  "command: [/opt/elastic-supervisor/bin/es-run] and the training command as "
+                  "its args"], id="the training container without the wrapper"),
+    pytest.param(broken(lambda s: s["initContainers"][1].update(volumeMounts=[])),
+                 ["SUPERVISOR_SHARED_DIR='/opt/elastic-supervisor': not mounted in container "
+                  "elastic-supervisor of launcher pod elastic-train-x7k2p; mount an emptyDir "
+                  "there, in it and in the training container"], id="the hook path not mounted"),
+    pytest.param(broken(lambda s: s["containers"][0].update(volumeMounts=[])),
+                 ["SUPERVISOR_SHARED_DIR='/opt/elastic-supervisor': container launcher of "
+                  "launcher pod elastic-train-x7k2p runs /opt/elastic-supervisor/bin/es-run but "
+                  "does not mount it; mount volume elastic-supervisor at "
+                  "/opt/elastic-supervisor in it too"], id="the training container without it"),
+    pytest.param(broken(lambda s: s["initContainers"][1].pop("restartPolicy")),
+                 ["SUPERVISOR_MODE=sidecar: container elastic-supervisor of launcher pod "
+                  "elastic-train-x7k2p is not a native sidecar; put it in initContainers with "
+                  "restartPolicy: Always (Kubernetes 1.29 or later)"], id="a plain init"),
+    pytest.param(broken(lambda s: s["initContainers"][1].update(env=[])),
+                 ["SUPERVISOR_MODE=sidecar: launcher pod elastic-train-x7k2p: expected exactly "
+                  "one container with env SUPERVISOR_MODE=sidecar (set as a value, not through "
+                  "envFrom), found 0"], id="mode through envFrom"),
+])
+def test_a_launcher_pod_unfit_for_sidecar_mode_is_named_with_its_fix(
+        pod: dict[str, Any], expected: list[str]) -> None:
+    problems, found = sidecar.pod_problems(pod, SHARED)
+    assert (problems, found) == (expected, None)
+
+
+def test_a_fit_launcher_pod_names_the_supervisors_image() -> None:
+    assert sidecar.pod_problems(launcher_pod(), SHARED) == ([], sidecar.Sidecar(
+        container="elastic-supervisor", image="es-sidecar:0.1.0", pull_policy="IfNotPresent",
+        volume="elastic-supervisor", wrapped="launcher"))
+
+
+WORKER = {
+    "metadata": {"labels": {"elastic-supervisor/job": "j"}},
+    "spec": {"containers": [
+        {"name": "worker", "image": "team/train:2024",
+         "env": [{"name": "SSHD_PORT", "value": "2222"}]},
+        {"name": "logs", "image": "busybox",
+         "env": [{"name": "PYTHONPATH", "value": "/app"}]}],
+        "initContainers": [{"name": "theirs", "image": "x"}]},
+}
+
+
+def test_workers_get_the_hook_from_an_init_container_of_the_supervisors_image() -> None:
+    _, found = sidecar.pod_problems(launcher_pod(), SHARED)
+    assert found is not None
+    before = copy.deepcopy(WORKER)
+    out = sidecar.with_hook(WORKER, found, SHARED)
+    assert before == WORKER  # not changed in place
+    spec = out["spec"]
+    assert [c["name"] for c in spec["initContainers"]] == ["elastic-supervisor-hook", "theirs"]
+    init = spec["initContainers"][0]
+    assert (init["image"], init["args"], init["imagePullPolicy"], init["volumeMounts"]) == (
+        "es-sidecar:0.1.0", ["install", "/opt/elastic-supervisor"], "IfNotPresent", [MOUNT])
+    assert {"name": "elastic-supervisor", "emptyDir": {}} in spec["volumes"]
+    for c in spec["containers"]:
+        assert MOUNT in c["volumeMounts"]
+    assert [e for e in spec["containers"][0]["env"] if e["name"] == "PYTHONPATH"] == [
+        {"name": "PYTHONPATH", "value": "/opt/elastic-supervisor/hook"}]
+    assert [e for e in spec["containers"][1]["env"] if e["name"] == "PYTHONPATH"] == [
+        {"name": "PYTHONPATH", "value": "/opt/elastic-supervisor/hook:/app"}]
+    assert sidecar.with_hook(out, found, SHARED) == out  # once only
+
+
+def test_the_launch_file_is_posix_sh_that_keeps_every_word(tmp_path: Path) -> None:
+    argv = ["horovodrun", "-np", "2", "python", "it's $x", "a\nb", ""]
+    text = sidecar.launch_script(7, argv, {"A": "x y", "PYTHONPATH": "/h", "K": "$(id)"})
+    assert sidecar.parse_gen(text) == 7
+    assert sidecar.marker_of(text) is None
+    script = tmp_path / "launch"
+    script.write_text(text)
+    got = subprocess.run(["sh", "-c", '. "$0"; printf "%s|" "$A" "$K" "$PYTHONPATH" "$@"',
+                          str(script)], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": "/mine"})
+    assert got.stdout == "|".join(["x y", "$(id)", "/h:/mine", *argv]) + "|"
+
+
+@pytest.mark.parametrize(("text", "gen", "pair"), [
+    ("ES_GEN=3\nexport A=b\n", 3, None),
+    ("", 0, None),
+    ("ES_GEN=x\n", 0, None),
+    ("3 1234\n", 0, (3, 1234)),
+    ("3\n", 0, None),
+])
+def test_the_files_es_run_writes_are_read_strictly(text: str, gen: int,
+                                                   pair: tuple[int, int] | None) -> None:
+    assert (sidecar.parse_gen(text), sidecar.parse_pair(text)) == (gen, pair)
