@@ -231,6 +231,21 @@ class HookChannel:
             WORKER_ENV: "1" if self.worker_hook else "0", DEAD_ENV: str(self.dead_file),
         }
 
+    def adopt(self, run_id: str, key_hex: str | None) -> None:
+        """Take over the current run of horovodrun from an earlier supervisor process (sidecar
+        mode: it runs on): its run id (epoch.number) and, without a key file, its key. Raise
+        ValueError when they are not what new_run hands out."""
+        epoch, _, number = run_id.partition(".")
+        if len(epoch) != 8 or not number.isdigit():
+            raise ValueError(f"run id {run_id!r}: expected <8 hex digits>.<run number>")
+        bytes.fromhex(epoch)
+        key = None if self.key_file is not None or key_hex is None else bytes.fromhex(key_hex)
+        with self._lock:
+            self.epoch = epoch
+            self._run = _Run(int(number), self.clock())
+            if key is not None:
+                self.key = key
+
     def run_id(self, number: int) -> str:
         """What the processes of run `number` carry in their datagrams."""
         return f"{self.epoch}.{number}"

@@ -203,14 +203,18 @@ class Supervisor:
 
     # -- the loop (main thread) ---------------------------------------------------------------
 
-    def run(self, command: Sequence[str]) -> Outcome:
-        """Supervise until horovodrun exits or the start fails; return how it ended."""
+    def run(self, command: Sequence[str], adopted: ChildProcess | None = None) -> Outcome:
+        """Supervise until horovodrun exits or the start fails; return how it ended.
+        `adopted`: a horovodrun already running (sidecar mode: started for a supervisor of
+        this pod that died), supervised as if this one had started it."""
         cfg = self.cfg
         horovodrun_argv(cfg, command)  # a bad command fails before anything starts
         st = self.state
         st.gate_since = self.clock()
         next_progress = next_reap = st.gate_since
         self._sync_discovery(st.gate_since, None)  # withdraw a file left by a previous run
+        if adopted is not None:
+            self._running(adopted, adopted=True)
         while True:
             batch = self._drain(self._timeout())
             now = self.clock()
@@ -1045,10 +1049,25 @@ class Supervisor:
                                   f"removed {removed}"))
 
     def _start(self, argv: Sequence[str], slots: int, np: int) -> None:
-        st, cfg = self.state, self.cfg
+        cfg = self.cfg
         hook = (self.channel.new_run(self.base_env.get("PYTHONPATH"))
                 if self.channel is not None else None)
         child = self.start_child(argv, horovodrun_env(cfg, self.base_env, hook))
+        self.log.info("horovodrun.started", pid=child.pid, slots=slots, np=np, argv=list(argv))
+        self.events(EventSpec("Normal", "HorovodrunStarted", "Start",
+                              f"horovodrun started with {slots} usable slots "
+                              f"(np {np}, min {cfg.min_np}, max {cfg.max_np})"))
+        self._running(child, adopted=False)
+
+    def _running(self, child: ChildProcess, *, adopted: bool) -> None:
+        """Supervise `child` from now on: started by `_start`, or `adopted`."""
+        st, cfg = self.state, self.cfg
+        if adopted:
+            self.log.info("horovodrun.adopted", pid=child.pid)
+            self.events(EventSpec("Normal", "HorovodrunAdopted", "Start",
+                                  f"horovodrun (pid {child.pid}) started for an earlier "
+                                  "supervisor of this pod still runs: supervised as it is, "
+                                  "not restarted"))
         st.child = child
         st.hangs = replace(st.hangs, run_started_at=self.clock(), reported=set(), world_seq=0)
         st.core = replace(st.core, failed_at={}, regroup=None, held_said=False)
@@ -1061,10 +1080,6 @@ class Supervisor:
                                   "(survivors of a frozen or partitioned worker wait for the "
                                   "Gloo timeout) and no hang detection"))
         self.metrics.horovodrun_up.set(1)
-        self.log.info("horovodrun.started", pid=child.pid, slots=slots, np=np, argv=list(argv))
-        self.events(EventSpec("Normal", "HorovodrunStarted", "Start",
-                              f"horovodrun started with {slots} usable slots "
-                              f"(np {np}, min {cfg.min_np}, max {cfg.max_np})"))
         threading.Thread(target=self._wait_child, args=(child,), name="child-waiter",
                          daemon=True).start()
 

@@ -46,6 +46,7 @@ from supervisor.config import (
     effective_values,
     parse_config,
 )
+from supervisor.hook.elastic_supervisor_hook import KEY_ENV, PORT_ENV, RUN_ENV
 from supervisor.launch import horovodrun_argv
 from supervisor.leader import LeaderElector, lease_name
 from supervisor.logs import make_logger
@@ -244,8 +245,12 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str],
             print(f"elastic-supervisor: SUPERVISOR_METRICS_PORT={cfg.metrics_port}: cannot "
                   f"listen ({e}); set another port or 0 to disable", file=sys.stderr)
             return ExitCode.CONFIG
+    # Sidecar mode: a horovodrun started for an earlier supervisor of this pod (it died, the
+    # kubelet started this one) goes on under this one, on the same channel.
+    running = link.running() if link is not None else None
+    port = cfg.fence_port or (_env_int(running.env, PORT_ENV) if running is not None else 0)
     try:
-        channel = HookChannel(cfg.fence_port, dead_file=dead_file(cfg),
+        channel = HookChannel(port, dead_file=dead_file(cfg),
                               worker_hook=cfg.worker_hook, key_file=cfg.hook_key_file,
                               **({"hook_dir": sidecar.hook_dir(cfg.shared_dir)} if link
                                  else {})).start()
@@ -253,8 +258,15 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str],
         print(f"elastic-supervisor: SUPERVISOR_FENCE_PORT={cfg.fence_port}: cannot listen "
               f"(UDP: {e}); set another port or 0 for any free one", file=sys.stderr)
         return ExitCode.CONFIG
+    if running is not None:
+        try:
+            channel.adopt(running.env.get(RUN_ENV, ""), running.env.get(KEY_ENV))
+        except ValueError as e:
+            log.warning("sidecar.not_adoptable", pid=running.pid, reason=str(e))
+            running = None
     try:
-        return _run(cfg, command, env, log=log, metrics=metrics, channel=channel, link=link)
+        return _run(cfg, command, env, log=log, metrics=metrics, channel=channel, link=link,
+                    running=running)
     finally:
         channel.close()
 
@@ -264,8 +276,14 @@ def dead_file(cfg: Config) -> Path:
     return cfg.discovery_file.with_name(cfg.discovery_file.name + ".dead")
 
 
+def _env_int(env: Mapping[str, str], key: str) -> int:
+    value = env.get(key, "")
+    return int(value) if value.isdigit() else 0
+
+
 def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: Any,
-         metrics: Any, channel: HookChannel, link: sidecar.Link | None = None) -> int:
+         metrics: Any, channel: HookChannel, link: sidecar.Link | None = None,
+         running: sidecar.Running | None = None) -> int:
     """The start sequence (supervisor.startup), then the loop; map every way out to a code."""
     try:
         api = kube.make_api_client()
@@ -320,12 +338,16 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
                 recorder.record(EventSpec("Warning", "TemplateRejected", "Start", rejected))
                 return ExitCode.CONFIG
         stopping.check()
+        adopted = None
         if link is not None:
-            command, env = _wrapped_command(cfg, link, stopping, log=log), {}
+            command, env = _wrapped_command(cfg, link, stopping, log=log, running=running), {}
+            if running is not None:
+                adopted = sidecar.RemoteChild.adopt(link, running)
         return _supervise(cfg, command, env, api=api, log=log, metrics=metrics, channel=channel,
                           recorder=recorder, elector=elector, leadership=leadership,
                           stopping=stopping, store=store, workers=workers, rv=rv,
-                          identity=identity, owner=owner, stored=stored, link=link)
+                          identity=identity, owner=owner, stored=stored, link=link,
+                          adopted=adopted)
     except startup.Stopped as e:
         log.info("start.stopped", signal=e.signum, leader=elector.is_leader())
         return 128 + e.signum
@@ -378,12 +400,12 @@ def _as_sidecar(cfg: Config, pod: Mapping[str, Any] | None, *, log: Any) -> Conf
 
 
 def _wrapped_command(cfg: Config, link: sidecar.Link, stopping: startup.Stopping, *,
-                     log: Any) -> list[str]:
-    """The training command es-run was given; a horovodrun an earlier supervisor of this pod
-    left running is killed first (it would not be ours to supervise)."""
-    if (left := link.leftover()) is not None:
-        killed = sidecar.kill_tree(*left)
-        log.warning("sidecar.leftover_killed", pid=left[0], processes=killed)
+                     log: Any, running: sidecar.Running | None) -> list[str]:
+    """The training command es-run was given. A horovodrun an earlier supervisor of this pod
+    left running that is not `running` (adopted) is killed first: nobody would supervise it."""
+    if (left := link.running()) is not None and (running is None or left.pid != running.pid):
+        killed = sidecar.kill_tree(left.pid, left.marker)
+        log.warning("sidecar.leftover_killed", pid=left.pid, processes=killed)
     command = sidecar.wait_for_command(link, stopping=stopping.wait,
                                        timeout_s=cfg.start_timeout_s)
     stopping.check()
@@ -537,7 +559,8 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
                elector: LeaderElector, leadership: Relay, stopping: startup.Stopping,
                store: kube.StateStore, workers: fleet.Fleet | None, rv: str | None,
                identity: str, owner: Mapping[str, str] | None,
-               stored: Mapping[str, Any] | None = None, link: sidecar.Link | None = None) -> int:
+               stored: Mapping[str, Any] | None = None, link: sidecar.Link | None = None,
+               adopted: sidecar.RemoteChild | None = None) -> int:
     """Run the loop as the job's leader; clean up (CLEAN_POD_POLICY) on the way out."""
     actuator = Actuator(kube.Pods(api, cfg.namespace, cfg.api_timeout_s), store,
                         resource_version=rv, writer=identity, sink=lambda _: None,
@@ -609,7 +632,7 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
             problems_of=lambda e: tuple(e.problems) if isinstance(e, ConfigError) else (
                 f"{type(e).__name__}: {e}",)).start()
     try:
-        outcome = sup.run(command)
+        outcome = sup.run(command, adopted)
     except Exception as e:  # a bug: report it once, clean up, exit distinctly
         log.exception("supervisor.crashed", error=str(e))
         if sup.state.child is not None:

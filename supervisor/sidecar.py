@@ -225,12 +225,31 @@ def parse_pair(text: str) -> tuple[int, int] | None:
     return int(words[0]), int(words[1])
 
 
-def marker_of(launch: str) -> str | None:
-    """The tree marker a launch file gave its processes."""
+def launch_env(launch: str) -> dict[str, str]:
+    """The variables a launch file exports (PYTHONPATH as written, unexpanded)."""
+    env = {}
     for line in launch.splitlines():
-        if line.startswith(f"export {TREE_MARKER}="):
-            return line.split("=", 1)[1].strip("'")
-    return None
+        if line.startswith("export "):
+            with contextlib.suppress(ValueError):
+                words = shlex.split(line[len("export "):])
+                if len(words) == 1 and "=" in words[0]:
+                    key, value = words[0].split("=", 1)
+                    env[key] = value
+    return env
+
+
+@dataclass(frozen=True)
+class Running:
+    """A horovodrun that es-run runs for an earlier supervisor of this pod: its launch
+    generation, pid and the variables it was given."""
+
+    gen: int
+    pid: int
+    env: Mapping[str, str]
+
+    @property
+    def marker(self) -> str | None:
+        return self.env.get(TREE_MARKER)
 
 
 # ---- the shared directory: adapter -----------------------------------------------------------
@@ -301,14 +320,15 @@ class Link:
             (self.dir / "signal").unlink()
         return int(text) if text.strip().isdigit() else None
 
-    def leftover(self) -> tuple[int, str | None] | None:
-        """(pid, tree marker) of a horovodrun a previous supervisor of this pod launched and
-        that still runs, else None."""
-        gen = self.gen()
+    def running(self) -> Running | None:
+        """The horovodrun an earlier supervisor of this pod had es-run start, if it still
+        runs."""
+        text = self._read("launch") or ""
+        gen = parse_gen(text)
         pid = self.pid(gen) if gen else None
         if pid is None or self.exit_code(gen) is not None or not psutil.pid_exists(pid):
             return None
-        return pid, marker_of(self._read("launch") or "")
+        return Running(gen, pid, launch_env(text))
 
 
 def wait_for_command(link: Link, *, stopping: Callable[[float], bool],
@@ -390,6 +410,11 @@ class RemoteChild:
                                   "training container running it?)")
             time.sleep(POLL_S)
         return cls(link, gen, pid, token)
+
+    @classmethod
+    def adopt(cls, link: Link, running: Running) -> RemoteChild:
+        """The horovodrun an earlier supervisor of this pod started, as this one's."""
+        return cls(link, running.gen, running.pid, running.marker or "")
 
     def poll(self) -> int | None:
         code = self.link.exit_code(self.gen)

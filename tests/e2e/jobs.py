@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from localcluster.job import JOB, MainJob, Record, log_time
+from localcluster.job import JOB, OVERLAY, MainJob, Record, log_time
 from localcluster.nodes import Cluster
 
 COMMIT_EVERY = 5
@@ -303,7 +303,7 @@ def workers_avoid_the_launcher(docs: list[dict[str, Any]]) -> None:
 def main_job(cluster: Cluster, api: client.ApiClient, out: Path, *, steps: int,
              extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
              checkpoint: Path | None = None, transform: Transform | None = None,
-             command: list[str] | None = None) -> Iterator[Job]:
+             command: list[str] | None = None, overlay: Path = OVERLAY) -> Iterator[Job]:
     """The main job in a fresh namespace (applied), deleted afterwards. `checkpoint`: a host
     directory every worker mounts, where rank 0 keeps the committed state (`--checkpoint` is
     added to the command); `command`: the training command instead of worker_image/train.py's
@@ -325,7 +325,8 @@ def main_job(cluster: Cluster, api: client.ApiClient, out: Path, *, steps: int,
     env = {"SUPERVISOR_CLEAN_POD_POLICY": "None", "SUPERVISOR_LEADER_LEASE_SECONDS": "10",
            "SUPERVISOR_HOROVODRUN_EXTRA_ARGS": "--verbose", "SUPERVISOR_QUARANTINE_FAILURES": "0",
            **(env or {})}
-    job = Job(cluster, api, namespace, out, args=args, env=env, transform=compose(*changes))
+    job = Job(cluster, api, namespace, out, args=args, env=env, transform=compose(*changes),
+              overlay=overlay)
     if checkpoint is not None:
         job.stop_file = checkpoint / STOP_FILE
     try:

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from localcluster.job import REPO, log_time
+from localcluster.job import OVERLAY, REPO, log_time
 from localcluster.nodes import Cluster
 from supervisor.hook.elastic_supervisor_hook import wire
 from tests.e2e.jobs import (
@@ -92,10 +92,10 @@ def stock_command(batches: int, *extra: str) -> list[str]:
 @contextlib.contextmanager
 def stock_job(cluster: Cluster, api: client.ApiClient, out: Path, *, workers: int = 2,
               batches: int = BATCHES, script: tuple[str, ...] = (), policy: Any = None,
-              **env: str) -> Iterator[tuple[Job, PodFaults]]:
+              overlay: Path = OVERLAY, **env: str) -> Iterator[tuple[Job, PodFaults]]:
     transform = stock_script if policy is None else compose(stock_script, with_policy(policy))
     with main_job(cluster, api, out, steps=batches, command=stock_command(batches, *script),
-                  checkpoint=out / "checkpoint", transform=transform,
+                  checkpoint=out / "checkpoint", transform=transform, overlay=overlay,
                   env={"SUPERVISOR_WORKERS": str(workers), **env}) as job:
         faults = PodFaults(job, STOCK.name)
         try:

@@ -193,11 +193,14 @@ def test_a_supervisor_started_again_finds_the_run_it_did_not_start(
         shell: list[str], shared: Path, wrappers: list[Wrapper]) -> None:
     w = start(shell, shared, wrappers, ["true"])
     child = sidecar.RemoteChild.start(w.link, ["sh", "-c", "sleep 300"], {})
-    left = sidecar.Link(shared).leftover()
-    assert left == (child.pid, child.token)
-    assert sidecar.kill_tree(*left) >= 1
-    until("the exit", lambda: w.link.exit_code(child.gen) is not None)
-    assert sidecar.Link(shared).leftover() is None
+    running = sidecar.Link(shared).running()
+    assert running is not None and (running.gen, running.pid, running.marker) == (
+        child.gen, child.pid, child.token)
+    adopted = sidecar.RemoteChild.adopt(sidecar.Link(shared), running)
+    assert (adopted.gen, adopted.pid, adopted.token) == (child.gen, child.pid, child.token)
+    assert adopted.kill_tree() >= 1
+    assert adopted.wait(5) == 128 + signal.SIGKILL
+    assert sidecar.Link(shared).running() is None
     nxt = sidecar.RemoteChild.start(w.link, ["true"], {})
     assert (nxt.gen, nxt.wait(5)) == (child.gen + 1, 0)
 

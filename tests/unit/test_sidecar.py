@@ -132,7 +132,8 @@ def test_the_launch_file_is_posix_sh_that_keeps_every_word(tmp_path: Path) -> No
     argv = ["horovodrun", "-np", "2", "python", "it's $x", "a\nb", ""]
     text = sidecar.launch_script(7, argv, {"A": "x y", "PYTHONPATH": "/h", "K": "$(id)"})
     assert sidecar.parse_gen(text) == 7
-    assert sidecar.marker_of(text) is None
+    assert sidecar.launch_env(text) == {"A": "x y", "K": "$(id)",
+                                        "PYTHONPATH": "/h${PYTHONPATH:+:$PYTHONPATH}"}
     script = tmp_path / "launch"
     script.write_text(text)
     got = subprocess.run(["sh", "-c", '. "$0"; printf "%s|" "$A" "$K" "$PYTHONPATH" "$@"',

@@ -1,0 +1,212 @@
+"""Sidecar mode on real nodes (manifests/overlays/sidecar): the supervisor runs from its own
+image (elastic-supervisor-sidecar) as a native sidecar of the launcher pod, and the training
+container and every worker run the trainer image, which holds the training stack and nothing of
+elastic-supervisor (localcluster.images checks that at build time). The training container runs
+the user's command under /opt/elastic-supervisor/bin/es-run; the workers get the hook from the
+init container the supervisor adds to them.
+
+`TestSidecarStockTour`: the stock script (imports nothing of ours) through the faults of the
+stock lane that need the hook and the process tree: a SIGKILLed worker, a frozen training
+process, a partitioned worker; then a SIGTERM to the pod's training container (what the kubelet
+sends on a delete), which es-run hands to the supervisor. `TestSidecarMainJob`: the main job
+(worker_image/train.py) with a killed worker, ended through the stop file with exit 0: the job's
+exit code is the training container's. Bad launcher pods fail at once with exit 2 and one line
+naming the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from localcluster.job import SIDECAR_OVERLAY
+from localcluster.nodes import Cluster
+from tests.e2e.jobs import (
+    Job,
+    check_steps,
+    check_training,
+    main_job,
+    tour_budgets,
+    with_policy,
+)
+from tests.e2e.test_stock_lane import (
+    decisions,
+    hung_then_replaced,
+    no_gloo_timeout,
+    sound,
+    stock_job,
+)
+from tests.faults import PodFaults
+
+SHARED = "/opt/elastic-supervisor"
+WRAPPER = f"{SHARED}/bin/es-run"
+
+
+def images_of(pod: dict[str, Any]) -> dict[str, str]:
+    spec = pod["spec"]
+    return {c["name"]: c["image"] for c in [*(spec.get("initContainers") or ()),
+                                            *spec["containers"]]}
+
+
+def the_training_image_has_nothing_of_ours(job: Job) -> None:
+    """The launcher's training container and the workers run the trainer image; the hook the
+    workers load comes from the supervisor's init container; horovodrun runs under es-run with
+    the hook first on its PYTHONPATH."""
+    launcher = job.launcher()
+    assert launcher is not None and launcher["spec"].get("shareProcessNamespace") is True
+    images = images_of(launcher)
+    assert images["launcher"].startswith("elastic-supervisor-trainer:"), images
+    assert images["elastic-supervisor"].startswith("elastic-supervisor-sidecar:"), images
+    for name, pod in job.live_workers().items():
+        got = images_of(pod)
+        assert got == {"elastic-supervisor-hook": images["elastic-supervisor"],
+                       "worker": images["launcher"]}, (name, got)
+    horovodrun = job.processes(launcher["metadata"]["name"],
+                               lambda argv: any(a.endswith("horovodrun") for a in argv[:2]))
+    assert horovodrun, "horovodrun runs in the launcher pod"
+    env = dict(e.split("=", 1) for e in Path(f"/proc/{horovodrun[0]}/environ").read_text()
+               .split("\0") if "=" in e)
+    assert env["PYTHONPATH"].split(":")[0] == f"{SHARED}/hook", env.get("PYTHONPATH")
+    parent = int(Path(f"/proc/{horovodrun[0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    assert WRAPPER in Path(f"/proc/{parent}/cmdline").read_text(), "es-run started it"
+
+
+@pytest.fixture(scope="class")
+def sidecar_tour(cluster: Cluster, cluster_api: client.ApiClient,
+                 main_images: dict[str, Path],
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Job, PodFaults]]:
+    with stock_job(cluster, cluster_api, tmp_path_factory.mktemp("sidecar-tour"),
+                   policy=tour_budgets, overlay=SIDECAR_OVERLAY) as jf:
+        yield jf
+
+
+@pytest.mark.tour
+class TestSidecarStockTour:
+    def test_the_training_container_and_the_workers_run_an_image_without_us(
+            self, sidecar_tour: tuple[Job, PodFaults]) -> None:
+        job, _ = sidecar_tour
+        job.settled(2)
+        the_training_image_has_nothing_of_ours(job)
+        assert "HangDetectionOff" not in job.reasons()
+        assert job.logs("sidecar.found"), "the supervisor checked its pod"
+
+    def test_a_sigkilled_worker_is_replaced(self, sidecar_tour: tuple[Job, PodFaults]) -> None:
+        job, faults = sidecar_tour
+        job.settled(2)
+        victim, _ = job.victim()
+        t0 = time.time()
+        faults.kill(victim)
+        took = no_gloo_timeout(job, t0)
+        job.back_to(2, t0)
+        d = decisions(job)[victim]
+        assert (d["cause"], d["exit_code"], d["action"]) == ("ExitCode", 137, "Restart")
+        assert job.successor(victim) in job.live_workers()
+        print(f"{victim}: resumed {took:.2f}s after the kill (sidecar mode)")
+        sound(job, t0)
+
+    def test_a_frozen_process_is_found_by_its_silence(
+            self, sidecar_tour: tuple[Job, PodFaults]) -> None:
+        job, faults = sidecar_tour
+        job.settled(2)
+        victim, _ = job.victim()
+        t0 = time.time()
+        faults.freeze_training(victim)
+        hung_then_replaced(job, victim, t0)
+
+    def test_a_partitioned_worker_is_found_and_cut_off(
+            self, sidecar_tour: tuple[Job, PodFaults]) -> None:
+        job, faults = sidecar_tour
+        job.settled(2)
+        victim, _ = job.victim()
+        with faults.partition(victim):
+            t0 = time.time()
+            job.wait("the partitioned pod deleted", lambda: victim not in job.live_workers(), 60)
+        hung_then_replaced(job, victim, t0)
+
+    def test_sigterm_to_the_training_container_goes_through_the_supervisor(
+            self, sidecar_tour: tuple[Job, PodFaults]) -> None:
+        job, _ = sidecar_tour
+        job.settled(2)
+        t0 = time.time()
+        launcher = job.launcher()
+        assert launcher is not None
+        wrapper = job.processes(launcher["metadata"]["name"],
+                                lambda argv: any(a == WRAPPER for a in argv[:2]))
+        assert wrapper, "es-run in the training container"
+        for pid in wrapper:
+            os.kill(pid, signal.SIGTERM)  # what the kubelet does on a delete
+        code = job.wait_exit(120)
+        assert code == 128 + signal.SIGTERM, f"stopped, not finished: {code}\n{job.tail()}"
+        forwarded = job.logs("signal.forwarded")
+        assert [f["signal"] for f in forwarded] == ["SIGTERM"], forwarded
+        assert job.logs_since("worker.hung", t0) == [], "workers stopped on purpose are not Hung"
+        check_steps(job.records())
+
+
+@pytest.fixture(scope="class")
+def sidecar_main(cluster: Cluster, cluster_api: client.ApiClient, main_images: dict[str, Path],
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    out = tmp_path_factory.mktemp("sidecar-main")
+    with main_job(cluster, cluster_api, out, steps=1_000_000, checkpoint=out / "checkpoint",
+                  transform=with_policy(tour_budgets), overlay=SIDECAR_OVERLAY) as job:
+        job.wait_training(past=10, size=2, timeout=420)
+        yield job
+
+
+@pytest.mark.tour
+class TestSidecarMainJob:
+    def test_a_killed_worker_container_is_replaced(self, sidecar_main: Job) -> None:
+        job = sidecar_main
+        job.settled(2)
+        the_training_image_has_nothing_of_ours(job)
+        victim, _ = job.victim()
+        t0 = time.time()
+        job.kill_container(victim)
+        job.back_to(2, t0, timeout=120)
+        d = job.decision(victim)
+        assert (d["cause"], d["exit_code"], d["action"]) == ("ExitCode", 137, "Restart")
+        assert job.logs_since("horovodrun.started", t0) == [], "horovodrun was not restarted"
+        check_steps(job.records())
+
+    def test_the_job_ends_through_the_stop_file_with_exit_0(self, sidecar_main: Job) -> None:
+        job = sidecar_main
+        target = job.stop_at()
+        assert job.wait_exit(300) == 0, job.tail()
+        check_training(job.records(), target, final_size=2)
+        exited = job.logs("supervisor.exited")
+        assert [e["code"] for e in exited] == [0], exited
+
+
+def without(change: str) -> Any:
+    """A transform that breaks the sidecar-mode launcher pod in one way."""
+    def transform(docs: list[dict[str, Any]]) -> None:
+        for doc in docs:
+            if doc["kind"] != "Job":
+                continue
+            spec = doc["spec"]["template"]["spec"]
+            if change == "shareProcessNamespace":
+                spec.pop("shareProcessNamespace")
+            elif change == "wrapper":
+                spec["containers"][0]["command"] = ["sh", "-c", "sleep 600", "sh"]
+    return transform
+
+
+@pytest.mark.parametrize(("change", "line"), [
+    ("shareProcessNamespace", "has no spec.shareProcessNamespace: true; set it"),
+    ("wrapper", f"runs {WRAPPER}; start the training container with command: [{WRAPPER}]"),
+])
+def test_a_launcher_pod_unfit_for_sidecar_mode_fails_at_once_naming_the_fix(
+        make_job: Callable[..., Job], change: str, line: str) -> None:
+    job = make_job(steps=10, transform=without(change), overlay=SIDECAR_OVERLAY)
+    job.wait("the supervisor's line", lambda: line in job.text(), 120, after_exit=True)
+    assert not job.logs("horovodrun.started")
+    if change == "shareProcessNamespace":
+        # es-run cannot see the supervisor, but reads the exit code it left in the files
+        assert job.wait_exit(120) == 2, job.tail()
