@@ -1,4 +1,4 @@
-"""The images with the real tools: hadolint on both Dockerfiles; the worker's entrypoint running
+"""The images with the real tools: hadolint on the Dockerfiles; the worker's entrypoint running
 the real OpenSSH sshd with worker_image/sshd_config on loopback; then the built images (smoke
 tests) run as real nodes run them, by containerd with `ctr run`: the launcher's `explain` and
 `horovodrun --check-build`, the worker's sshd with the job's key, the pause image's signals; and
@@ -33,7 +33,8 @@ from tests.containerd import ScratchContainerd
 from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILES = [ROOT / "launcher_image" / "Dockerfile", ROOT / "worker_image" / "Dockerfile"]
+DOCKERFILES = [ROOT / "launcher_image" / "Dockerfile", ROOT / "worker_image" / "Dockerfile",
+               ROOT / "sidecar_image" / "Dockerfile"]
 ENTRYPOINT = ROOT / "worker_image" / "entrypoint.sh"
 
 
