@@ -323,14 +323,15 @@ class Forbidden:
 def forbidden(names: Names) -> dict[str, Forbidden]:
     """Return, by image, what it must not hold: the trainer nothing of the supervisor (the
     native-sidecar mode's promise: a training image without elastic-supervisor, its hook
-    included), the sidecar no training stack and no ssh."""
+    included), the sidecar no training stack and no ssh (ssh-keygen and sshd stand for OpenSSH's
+    packages: a file named `ssh` is also apt's ssh method in any Debian image)."""
     return {
         names.trainer: Forbidden(modules=("supervisor", "elastic_supervisor_hook"),
                                  distributions=("elastic-supervisor",),
                                  files=("elastic_supervisor_hook", "elastic-supervisor")),
         names.sidecar: Forbidden(modules=("torch", "horovod"),
                                  distributions=("torch", "horovod"),
-                                 files=("horovodrun", "ssh", "sshd")),
+                                 files=("horovodrun", "ssh-keygen", "sshd")),
     }
 
 

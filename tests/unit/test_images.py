@@ -489,7 +489,7 @@ def test_what_the_trainer_and_the_sidecar_must_not_hold() -> None:
     assert "elastic-supervisor" in rules[NAMES.trainer].distributions
     assert "elastic_supervisor_hook" in rules[NAMES.trainer].files
     assert {"torch", "horovod"} <= set(rules[NAMES.sidecar].modules)
-    assert {"horovodrun", "ssh"} <= set(rules[NAMES.sidecar].files)
+    assert {"horovodrun", "ssh-keygen", "sshd"} <= set(rules[NAMES.sidecar].files)
 
 
 def test_the_content_probe_finds_what_an_image_must_not_hold(tmp_path: Path) -> None:
