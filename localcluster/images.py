@@ -3,9 +3,9 @@ that `ctr -n k8s.io images import` loads into a node's containerd.
 
 `build(Settings())` returns image name -> tarball path for the launcher, the worker, the
 native-sidecar mode's sidecar and trainer, and the pause image (`python -m localcluster images`,
-`make images`). Everything is cached under
-`$ES_CACHE` (~/.cache/elastic-supervisor) and keyed by its inputs, so a warm machine returns at
-once, even from a clean clone, without starting anything:
+`make images`). Everything is cached under `$ES_CACHE` (~/.cache/elastic-supervisor) and keyed
+by its inputs, so a warm machine returns at once, even from a clean clone, without starting
+anything:
 - base/: Debian bookworm made with `debootstrap --variant=minbase` through apt's configured
   Debian source (python3, python3-venv, ca-certificates), a rootfs tarball keyed by its recipe;
   `docker import`ed as elastic-supervisor-base:bookworm, the Dockerfiles' PYTHON_IMAGE.
