@@ -1,10 +1,11 @@
 """The project's container images, made on this machine (no registry is reachable), as tarballs
 that `ctr -n k8s.io images import` loads into a node's containerd.
 
-`build(Settings())` returns image name -> tarball path for the launcher, the worker and the pause
-image (`python -m localcluster images`, `make images`). Everything is cached under
-`$ES_CACHE` (~/.cache/elastic-supervisor) and keyed by its inputs, so a warm machine returns at
-once, even from a clean clone, without starting anything:
+`build(Settings())` returns image name -> tarball path for the launcher, the worker, the
+native-sidecar mode's sidecar and trainer, and the pause image (`python -m localcluster images`,
+`make images`). Everything is cached under `$ES_CACHE` (~/.cache/elastic-supervisor) and keyed
+by its inputs, so a warm machine returns at once, even from a clean clone, without starting
+anything:
 - base/: Debian bookworm made with `debootstrap --variant=minbase` through apt's configured
   Debian source (python3, python3-venv, ca-certificates), a rootfs tarball keyed by its recipe;
   `docker import`ed as elastic-supervisor-base:bookworm, the Dockerfiles' PYTHON_IMAGE.
@@ -14,9 +15,13 @@ once, even from a clean clone, without starting anything:
   (pip's PIP_FIND_LINKS, PIP_NO_INDEX=1): pip in a build never reaches PyPI.
 - docker/: the data root of a dockerd that runs only while images are built, on its own socket
   and exec root, with no bridge, no iptables rules, no ip_forward change (`DockerDaemon`).
-- images/: one `docker save` archive of the launcher and worker (their shared training layers
-  once) named by their image IDs, the pause image (a static C program, `pause.c`, written as a
-  docker-save archive with tarfile), and an index from the inputs' key to them.
+- images/: one `docker save` archive of the launcher, worker, trainer and sidecar (their shared
+  layers once) named by their tags and image IDs, the pause image (a static C program,
+  `pause.c`, written as a docker-save archive with tarfile), and an index from the inputs' key
+  to them. A build checks what the images are made of before it saves them: the launcher and
+  the trainer start with the training stage's layers, the worker with the trainer's; the
+  trainer holds nothing of the supervisor, the sidecar no training stack (`docker run` of a
+  probe in each).
 
 Never touches a node: importing the tarballs is the local cluster's job.
 """
@@ -24,6 +29,7 @@ Never touches a node: importing the tarballs is the local cluster's job.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import hashlib
@@ -55,16 +61,21 @@ BASE_IMAGE = "elastic-supervisor-base:bookworm"
 HOROVOD_VERSION = "0.28.1"
 # Bump when the way an artefact is made changes in a way its inputs do not show.
 BASE_RECIPE_VERSION = 1
-IMAGES_RECIPE_VERSION = 1
+IMAGES_RECIPE_VERSION = 2
 RECIPE_LABEL = "org.elastic-supervisor.recipe"
 # File names of this module's artefacts in $ES_CACHE/images (shared with other image makers):
 # only files with these prefixes are ever removed.
-ARCHIVE_PREFIX = "launcher-worker-"
+ARCHIVE_PREFIX = "images-"
+# Recipe 1's archives (launcher and worker only): removed like this module's own.
+LEGACY_PREFIXES = ("launcher-worker-",)
 PAUSE_PREFIX = "pause-static-"
 # Fixed, outside the kernel's ephemeral range (32768-60999): the wheelhouse URL is a build arg,
 # so it is part of Docker's cache key for every RUN that installs from it.
 DEFAULT_WHEELHOUSE_PORT = 29417
 PATH_ENV = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+LAUNCHER_DOCKERFILE = "launcher_image/Dockerfile"
+WORKER_DOCKERFILE = "worker_image/Dockerfile"
+SIDECAR_DOCKERFILE = "sidecar_image/Dockerfile"
 
 Log = Callable[[str], None]
 
@@ -114,8 +125,10 @@ class Names:
     """The image references the project uses (as pods name them)."""
 
     launcher: str
-    worker: str
-    training: str  # the launcher Dockerfile's `training` stage, the worker's FROM
+    worker: str  # the trainer + the supervisor's package (baked mode)
+    sidecar: str  # the supervisor alone (native-sidecar mode)
+    trainer: str  # the worker Dockerfile's `trainer` stage: nothing of the supervisor
+    training: str  # the launcher Dockerfile's `training` stage, the trainer's FROM
     pause: str
     base: str = BASE_IMAGE
 
@@ -132,6 +145,8 @@ def image_names(version: str) -> Names:
     """Return the names of the project's images for a version (pyproject.toml's)."""
     return Names(launcher=f"elastic-supervisor-launcher:{version}",
                  worker=f"elastic-supervisor-worker:{version}",
+                 sidecar=f"elastic-supervisor-sidecar:{version}",
+                 trainer=f"elastic-supervisor-trainer:{version}",
                  training=f"elastic-supervisor-training:{version}",
                  pause=f"localhost/elastic-supervisor-pause:{PAUSE_VERSION}")
 
@@ -245,6 +260,115 @@ def docker_build_argv(*, dockerfile: str, tag: str, args: dict[str, str],
     for key in sorted(args):
         argv += ["--build-arg", f"{key}={args[key]}"]
     return [*argv, "."]
+
+
+@dataclass(frozen=True)
+class BuildStep:
+    """One `docker build`: the tag it makes, from which Dockerfile and stage, with which args."""
+
+    tag: str
+    dockerfile: str
+    target: str | None
+    args: dict[str, str]
+
+    def argv(self) -> list[str]:
+        return docker_build_argv(dockerfile=self.dockerfile, tag=self.tag, args=self.args,
+                                 target=self.target)
+
+
+def build_steps(names: Names, args: dict[str, str]) -> list[BuildStep]:
+    """Return the builds, in order, given the launcher's build args (build_args): the training
+    stage, the launcher on it; the trainer and then the worker from the worker Dockerfile on the
+    training image (the worker's build takes its `trainer` stage from the cache: it starts with
+    the trainer's layers); the sidecar on the base image alone (no torch version, no training
+    image: it has neither)."""
+    on_training = {"TRAINING_IMAGE": names.training}
+    sidecar = {k: v for k, v in args.items() if k not in ("TORCH_VERSION", "TORCH_INDEX_URL")}
+    return [BuildStep(names.training, LAUNCHER_DOCKERFILE, "training", args),
+            BuildStep(names.launcher, LAUNCHER_DOCKERFILE, None, args),
+            BuildStep(names.trainer, WORKER_DOCKERFILE, "trainer", on_training),
+            BuildStep(names.worker, WORKER_DOCKERFILE, None, on_training),
+            BuildStep(names.sidecar, SIDECAR_DOCKERFILE, None, sidecar)]
+
+
+def layer_problems(names: Names, layers: dict[str, list[str]]) -> list[str]:
+    """Return what is wrong with the images' layers (diff IDs, bottom first, by tag, the base
+    image's and the training stage's included), one line each: an image that does not start
+    with the layers of the one it is built on (a node would store those twice), a sidecar that
+    holds any layer of the training stack."""
+    found = []
+    for image, under in ((names.launcher, names.training), (names.trainer, names.training),
+                         (names.worker, names.trainer)):
+        shared = layers[under]
+        if layers[image][: len(shared)] != shared:
+            found.append(f"{image} does not start with the layers of {under}: a node would "
+                         "store them twice")
+    stack = set(layers[names.training]) - set(layers[names.base])
+    if stack & set(layers[names.sidecar]):
+        found.append(f"{names.sidecar} holds layers of {names.training}: the sidecar must not "
+                     "carry the training stack")
+    return found
+
+
+@dataclass(frozen=True)
+class Forbidden:
+    """What must not be in an image: Python modules and distributions (as its `python` finds
+    them) and file or directory names anywhere on its filesystem."""
+
+    modules: tuple[str, ...] = ()
+    distributions: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()
+
+
+def forbidden(names: Names) -> dict[str, Forbidden]:
+    """Return, by image, what it must not hold: the trainer nothing of the supervisor (the
+    native-sidecar mode's promise: a training image without elastic-supervisor, its hook
+    included), the sidecar no training stack and no ssh (ssh-keygen and sshd stand for OpenSSH's
+    packages: a file named `ssh` is also apt's ssh method in any Debian image)."""
+    return {
+        names.trainer: Forbidden(modules=("supervisor", "elastic_supervisor_hook"),
+                                 distributions=("elastic-supervisor",),
+                                 files=("elastic_supervisor_hook", "elastic-supervisor")),
+        names.sidecar: Forbidden(modules=("torch", "horovod"),
+                                 distributions=("torch", "horovod"),
+                                 files=("horovodrun", "ssh-keygen", "sshd")),
+    }
+
+
+# Run by an image's own `python` (argv: a Forbidden as JSON, the directory to search): prints
+# what it found of it as JSON. Python 3.8 code: it runs in any training image.
+PROBE = """\
+import importlib.metadata as md, importlib.util as iu, json, os, sys
+want, top = json.loads(sys.argv[1]), sys.argv[2]
+def has(name):
+    try:
+        md.distribution(name)
+    except md.PackageNotFoundError:
+        return False
+    return True
+files = []
+for here, dirs, names in os.walk(top):
+    if here == "/":
+        dirs[:] = [d for d in dirs if d not in ("proc", "sys", "dev")]
+    files += [os.path.join(here, n) for n in sorted(dirs + names) if n in want["files"]]
+print(json.dumps({"modules": [m for m in want["modules"] if iu.find_spec(m)],
+                  "distributions": [d for d in want["distributions"] if has(d)],
+                  "files": sorted(files)}))
+"""
+
+
+def probe_argv(image: str, wanted: Forbidden, top: str = "/") -> list[str]:
+    """Return the `docker` arguments that run PROBE in `image` (as root: it reads every
+    directory; no network)."""
+    return ["run", "--rm", "--network", "none", "--user", "0", "--entrypoint", "python",
+            image, "-c", PROBE, json.dumps(dataclasses.asdict(wanted)), top]
+
+
+def content_problem(image: str, found: dict[str, list[str]]) -> str | None:
+    """Return one line naming what PROBE found in `image` that it must not hold, or None."""
+    parts = [f"{kind[:-1]} {name}" for kind in ("modules", "distributions", "files")
+             for name in found.get(kind, [])]
+    return f"{image} holds what it must not: {', '.join(parts)}" if parts else None
 
 
 def torch_pin(pyproject_text: str) -> str:
@@ -849,7 +973,7 @@ def ensure_base_image(docker: DockerDaemon, rootfs: Path, recipe: BaseRecipe, lo
 
 @dataclass(frozen=True)
 class Inputs:
-    """Everything the launcher and worker images are made from; `key` names their archive."""
+    """Everything the project's images are made from; `key` names their archive's index."""
 
     names: Names
     base_key: str
@@ -860,8 +984,8 @@ class Inputs:
     @property
     def key(self) -> str:
         return digest(IMAGES_RECIPE_VERSION, self.names.launcher, self.names.worker,
-                      self.names.training, self.base_key, self.wheelhouse, self.context,
-                      self.args)[:16]
+                      self.names.sidecar, self.names.trainer, self.names.training,
+                      self.base_key, self.wheelhouse, self.context, self.args)[:16]
 
 
 @dataclass(frozen=True)
@@ -870,15 +994,15 @@ class Built:
 
     tarballs: dict[str, Path]
     image_ids: dict[str, str]
-    # Layer diff IDs, bottom first, of the training image, the launcher and the worker.
+    # Layer diff IDs, bottom first, of every image built, the base and the training stage's.
     layers: dict[str, list[str]]
 
 
-def archive_name(launcher_id: str, worker_id: str) -> str:
-    """Return the file name of the launcher + worker archive: named by both image IDs, so a
-    saved archive is reused whenever the daemon built the very same images."""
-    short = [i.removeprefix("sha256:")[:12] for i in (launcher_id, worker_id)]
-    return f"{ARCHIVE_PREFIX}{short[0]}-{short[1]}.tar"
+def archive_name(image_ids: dict[str, str]) -> str:
+    """Return the file name of the archive of these images (tag -> image ID): named by a digest
+    of every tag and ID, so a saved archive is reused whenever the daemon built the very same
+    images under the same tags, and never otherwise."""
+    return f"{ARCHIVE_PREFIX}{digest(sorted(image_ids.items()))[:16]}.tar"
 
 
 def _index_path(settings: Settings, key: str) -> Path:
@@ -898,7 +1022,8 @@ def _cached(settings: Settings, inputs: Inputs) -> Built | None:
 
 
 def build_images(settings: Settings, log: Log = _stderr) -> Built:
-    """Build (or take from the cache) the launcher and worker images; return their archive."""
+    """Build (or take from the cache) the launcher, worker, trainer and sidecar images, check
+    what they are made of, and return their one archive."""
     pyproject = (settings.root / "pyproject.toml").read_text()
     names = image_names(project_version(pyproject))
     recipe = base_recipe(settings)
@@ -906,62 +1031,57 @@ def build_images(settings: Settings, log: Log = _stderr) -> Built:
                                   horovod_wheel(settings, log), log)
     patterns = dockerignore_patterns((settings.root / ".dockerignore").read_text())
     files = sorted({*context_files(settings.root, patterns), ".dockerignore",
-                    "launcher_image/Dockerfile", "worker_image/Dockerfile"})
+                    LAUNCHER_DOCKERFILE, WORKER_DOCKERFILE, SIDECAR_DOCKERFILE})
     args = build_args(base_image=BASE_IMAGE, torch_version=torch_pin(pyproject),
                       wheelhouse=wheelhouse_url(settings.wheelhouse_port))
     inputs = Inputs(names, recipe.key, wheelhouse.name, tree_digest(settings.root, files),
                     tuple(sorted(args.items())))
     if (hit := _cached(settings, inputs)) is not None:
-        log(f"launcher and worker images cached: {hit.tarballs[names.launcher]}")
+        log(f"images cached: {hit.tarballs[names.launcher]}")
         return hit
     rootfs = build_base_rootfs(settings, recipe, log)
     images_dir = settings.cache / "images"
     with DockerDaemon(settings, log) as docker, \
             WheelhouseServer(wheelhouse, settings.wheelhouse_port) as server:
         ensure_base_image(docker, rootfs, recipe, log)
-        steps = [
-            (names.training, "launcher_image/Dockerfile", "training", args),
-            (names.launcher, "launcher_image/Dockerfile", None, args),
-            (names.worker, "worker_image/Dockerfile", None,
-             {"TRAINING_IMAGE": names.training}),
-        ]
-        for tag, dockerfile, target, step_args in steps:
+        steps = build_steps(names, args)
+        for step in steps:
             t0 = time.monotonic()
-            log(f"docker build {tag}")
-            docker.build(docker_build_argv(dockerfile=dockerfile, tag=tag, args=step_args,
-                                           target=target),
-                         context=settings.root,
-                         logfile=images_dir / "logs" / f"{tag.replace(':', '-')}.log")
-            log(f"built {tag} in {_since(t0)}")
+            log(f"docker build {step.tag}")
+            docker.build(step.argv(), context=settings.root,
+                         logfile=images_dir / "logs" / f"{step.tag.replace(':', '-')}.log")
+            log(f"built {step.tag} in {_since(t0)}")
         wheels = sorted({Path(p).name for p in server.served if p.endswith(".whl")})
         if wheels:
             log(f"wheels served to the builds: {len(wheels)}")
         docker.docker("image", "prune", "-f", what="docker image prune")
-        layers = {tag: docker.layers(tag) for tag in (names.training, names.launcher,
-                                                      names.worker)}
-        shared = layers[names.training]
-        for tag in (names.launcher, names.worker):
-            if layers[tag][: len(shared)] != shared:
-                raise ImagesError(f"{tag} does not start with the layers of {names.training}: "
-                                  "a node would store the training stack twice")
-        ids = {tag: docker.image_id(tag) or "" for tag in (names.launcher, names.worker)}
-        archive = images_dir / archive_name(ids[names.launcher], ids[names.worker])
+        layers = {tag: docker.layers(tag) for tag in (names.base, *(s.tag for s in steps))}
+        problems = layer_problems(names, layers)
+        for image, wanted in forbidden(names).items():
+            found = json.loads(docker.docker(*probe_argv(image, wanted),
+                                             what=f"the content probe of {image}"))
+            if (problem := content_problem(image, found)) is not None:
+                problems.append(problem)
+        if problems:
+            raise ImagesError("; ".join(problems))
+        saved = sorted(s.tag for s in steps if s.tag != names.training)
+        ids = {tag: docker.image_id(tag) or "" for tag in saved}
+        archive = images_dir / archive_name(ids)
         if archive.exists():
             log(f"archive cached: {archive}")
         else:
             t0 = time.monotonic()
             partial = archive.with_name(f".{archive.name}.partial")
-            docker.docker("save", "-o", str(partial), names.launcher, names.worker,
-                          what="docker save", timeout=3600)
+            docker.docker("save", "-o", str(partial), *saved, what="docker save", timeout=3600)
             partial.replace(archive)
             log(f"docker save in {_since(t0)} ({archive.stat().st_size >> 20} MiB): {archive}")
     record = {"archive": archive.name, "image_ids": ids, "layers": layers}
     _atomic_write(_index_path(settings, inputs.key), json.dumps(record, indent=1).encode())
     # Only this module's own files: others cache their images in the same directory.
-    for old in [*images_dir.glob(f"{ARCHIVE_PREFIX}*.json"),
-                *images_dir.glob(f"{ARCHIVE_PREFIX}*.tar")]:
-        if old.name not in (archive.name, _index_path(settings, inputs.key).name):
-            old.unlink()
+    for prefix in (ARCHIVE_PREFIX, *LEGACY_PREFIXES):
+        for old in [*images_dir.glob(f"{prefix}*.json"), *images_dir.glob(f"{prefix}*.tar")]:
+            if old.name not in (archive.name, _index_path(settings, inputs.key).name):
+                old.unlink()
     return Built({tag: archive for tag in ids}, ids, layers)
 
 
@@ -974,8 +1094,8 @@ def pause(settings: Settings | None = None, log: Log = _stderr) -> tuple[str, Pa
 
 def build(settings: Settings | None = None, log: Log = _stderr) -> dict[str, Path]:
     """Build every image the local cluster runs, or take it from the cache; return image name ->
-    tarball path for `ctr -n k8s.io images import`. The launcher and the worker share one
-    archive (their common layers once): import each distinct path once per node."""
+    tarball path for `ctr -n k8s.io images import`. The launcher, worker, trainer and sidecar
+    share one archive (their common layers once): import each distinct path once per node."""
     settings = settings or Settings()
     t0 = time.monotonic()
     with build_lock(settings, log):

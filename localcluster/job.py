@@ -2,8 +2,9 @@
 
 `MainJob` renders `manifests/overlays/local` with kustomize (the very manifests of the kind
 overlay: RBAC, PriorityClasses, the launcher Job, the worker template and policy ConfigMaps, the
-ssh Secret), moves it into a namespace of its own, optionally changes the training command and
-the launcher's environment, and applies it with kubectl. The Job controller makes the launcher pod
+ssh Secret), or `manifests/overlays/sidecar` (the same job in native-sidecar mode), moves it into
+a namespace of its own, optionally changes the training command and the supervisor's
+environment, and applies it with kubectl. The Job controller makes the launcher pod
 (the launcher image: the supervisor with the manifests' ServiceAccount), the supervisor creates
 the worker pods from its template (the worker image), and horovodrun trains on them over ssh.
 
@@ -43,6 +44,10 @@ API_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)
 
 REPO = Path(__file__).resolve().parents[1]
 OVERLAY = REPO / "manifests" / "overlays" / "local"
+SIDECAR_OVERLAY = REPO / "manifests" / "overlays" / "sidecar"
+# The launcher pod's containers whose logs MainJob follows: the baked mode's one (supervisor and
+# horovodrun), the sidecar mode's two (the supervisor; es-run and horovodrun in `launcher`).
+LAUNCHER_CONTAINERS = ("elastic-supervisor", "launcher")
 JOB = "elastic-train"
 BASE_NAMESPACE = "elastic-supervisor"
 WORKER_SELECTOR = f"elastic-supervisor/job={JOB},elastic-supervisor/role=worker"
@@ -54,15 +59,35 @@ class JobError(RuntimeError):
     """The job could not be deployed, or did not do what a wait expected in time."""
 
 
+def set_training(pod_spec: dict[str, Any], *, args: Sequence[str] | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
+    """Give the launcher pod (`pod_spec`, changed in place) the training command `args` (the
+    args of container `launcher`, in both modes) and extra (or changed) `env` for the
+    supervisor (its container: the one that names SUPERVISOR_JOB_NAME, `launcher` in the baked
+    mode, the sidecar `elastic-supervisor` in the sidecar mode)."""
+    containers = [*pod_spec.get("initContainers", ()), *pod_spec["containers"]]
+    if args is not None:
+        launcher = next(c for c in pod_spec["containers"] if c["name"] == "launcher")
+        launcher["args"] = list(args)
+    if env:
+        supervisor = next(c for c in containers
+                          if any(e["name"] == "SUPERVISOR_JOB_NAME" for e in c.get("env", ())))
+        current = {e["name"]: e for e in supervisor.get("env") or ()}
+        for name, value in env.items():
+            current[name] = {"name": name, "value": value}
+        supervisor["env"] = list(current.values())
+
+
 def render(namespace: str, *, args: Sequence[str] | None = None,
-           env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-    """The local overlay's objects, moved into `namespace`, with the launcher's training
-    command `args` and extra (or changed) `env` if given."""
+           env: Mapping[str, str] | None = None,
+           overlay: Path = OVERLAY) -> list[dict[str, Any]]:
+    """The overlay's objects (the local one by default), moved into `namespace`, with the
+    training command `args` and extra (or changed) supervisor `env` if given."""
     cluster_kubectl = _kubectl_path()
-    out = subprocess.run([str(cluster_kubectl), "kustomize", str(OVERLAY)], capture_output=True,
+    out = subprocess.run([str(cluster_kubectl), "kustomize", str(overlay)], capture_output=True,
                          text=True, check=False)
     if out.returncode != 0:
-        raise JobError(f"kubectl kustomize {OVERLAY}: {out.stderr.strip()}")
+        raise JobError(f"kubectl kustomize {overlay}: {out.stderr.strip()}")
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
     suffix = f".{BASE_NAMESPACE}"  # cluster-wide objects are named <name>.<namespace>
     for doc in docs:
@@ -87,14 +112,7 @@ def render(namespace: str, *, args: Sequence[str] | None = None,
                 expr["values"] = [namespace if v == BASE_NAMESPACE else v
                                   for v in expr["values"]]
         if kind == "Job":
-            container = doc["spec"]["template"]["spec"]["containers"][0]
-            if args is not None:
-                container["args"] = list(args)
-            if env:
-                current = {e["name"]: e for e in container.get("env") or ()}
-                for name, value in env.items():
-                    current[name] = {"name": name, "value": value}
-                container["env"] = list(current.values())
+            set_training(doc["spec"]["template"]["spec"], args=args, env=env)
     return docs
 
 
@@ -180,6 +198,7 @@ class MainJob:
     env: Mapping[str, str] = field(default_factory=dict)
     # Changes the rendered objects in place before they are applied (e.g. a shared volume).
     transform: Callable[[list[dict[str, Any]]], None] | None = None
+    overlay: Path = OVERLAY  # SIDECAR_OVERLAY: the native-sidecar mode
 
     def __post_init__(self) -> None:
         self.core = client.CoreV1Api(self.api)
@@ -199,7 +218,7 @@ class MainJob:
 
     def apply(self) -> MainJob:
         ensure_ssh_key()
-        docs = render(self.namespace, args=self.args, env=self.env)
+        docs = render(self.namespace, args=self.args, env=self.env, overlay=self.overlay)
         if self.transform is not None:
             self.transform(docs)
         manifest = self.out / f"manifests-{self.namespace}.yaml"
@@ -257,16 +276,17 @@ class MainJob:
                         f.write(out)
 
     def _log_files(self, pod: dict[str, Any]) -> list[Path]:
-        """The container log files of a launcher pod on its node, oldest first."""
+        """The log files of a launcher pod's containers on its node (LAUNCHER_CONTAINERS),
+        oldest first in each."""
         node = pod.get("spec", {}).get("nodeName")
         if not node:
             return []
         meta = pod["metadata"]
-        d = (self.cluster.node(node).dir / "pod-logs"
-             / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / "launcher")
-        if not d.is_dir():
-            return []
-        return sorted(d.glob("*.log"), key=lambda p: int(p.stem) if p.stem.isdigit() else 0)
+        pod_dir = (self.cluster.node(node).dir / "pod-logs"
+                   / f"{meta['namespace']}_{meta['name']}_{meta['uid']}")
+        return [path for name in LAUNCHER_CONTAINERS
+                for path in sorted((pod_dir / name).glob("*.log"),
+                                   key=lambda p: int(p.stem) if p.stem.isdigit() else 0)]
 
     def close(self) -> None:
         self._stop.set()
@@ -366,10 +386,13 @@ class MainJob:
         return pods[-1] if pods else None
 
     def launcher_env(self) -> list[dict[str, Any]]:
-        """The launcher container's env as the newest launcher pod has it."""
-        pod = self.launcher() or {}
-        containers = pod.get("spec", {}).get("containers") or [{}]
-        return list(containers[0].get("env") or ())
+        """The supervisor container's env as the newest launcher pod has it (the sidecar's in
+        the sidecar mode)."""
+        spec = (self.launcher() or {}).get("spec", {})
+        for c in [*spec.get("initContainers", ()), *spec.get("containers", ())]:
+            if any(e.get("name") == "SUPERVISOR_JOB_NAME" for e in c.get("env") or ()):
+                return list(c["env"])
+        return []
 
     def exit_code(self) -> int | None:
         """The newest launcher container's exit code, once it terminated (None also while the

@@ -1,4 +1,4 @@
-"""The images with the real tools: hadolint on both Dockerfiles; the worker's entrypoint running
+"""The images with the real tools: hadolint on the Dockerfiles; the worker's entrypoint running
 the real OpenSSH sshd with worker_image/sshd_config on loopback; then the built images (smoke
 tests) run as real nodes run them, by containerd with `ctr run`: the launcher's `explain` and
 `horovodrun --check-build`, the worker's sshd with the job's key, the pause image's signals; and
@@ -33,7 +33,8 @@ from tests.containerd import ScratchContainerd
 from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILES = [ROOT / "launcher_image" / "Dockerfile", ROOT / "worker_image" / "Dockerfile"]
+DOCKERFILES = [ROOT / "launcher_image" / "Dockerfile", ROOT / "worker_image" / "Dockerfile",
+               ROOT / "sidecar_image" / "Dockerfile"]
 ENTRYPOINT = ROOT / "worker_image" / "entrypoint.sh"
 
 
@@ -277,24 +278,29 @@ def test_the_images_are_imported_under_the_names_pods_use(runtime: ScratchContai
     listed = set(runtime.ctr("images", "ls", "-q").stdout.split())
     # containerd normalizes a pod's `image: elastic-supervisor-launcher:0.1.0` the same way.
     assert {f"docker.io/library/{names.launcher}", f"docker.io/library/{names.worker}",
+            f"docker.io/library/{names.sidecar}", f"docker.io/library/{names.trainer}",
             names.pause} <= listed
-    assert {images.containerd_ref(n) for n in (names.launcher, names.worker, names.pause)} \
-        <= listed
+    assert {images.containerd_ref(n) for n in (names.launcher, names.worker, names.sidecar,
+                                               names.trainer, names.pause)} <= listed
 
 
-def test_the_launcher_and_worker_archive_stores_the_training_layers_once(
-        tarballs: dict[str, Path], names: images.Names) -> None:
+def test_the_archive_stores_the_shared_layers_once(tarballs: dict[str, Path],
+                                                   names: images.Names) -> None:
     archive = tarballs[names.launcher]
-    assert tarballs[names.worker] == archive
+    assert {tarballs[n] for n in (names.worker, names.sidecar, names.trainer)} == {archive}
     with tarfile.open(archive) as tar:
         manifest = {tuple(e["RepoTags"]): e["Layers"]
                     for e in json.load(tar.extractfile("manifest.json"))}  # type: ignore[arg-type]
         layer_files = [m.name for m in tar.getmembers() if m.name.endswith("/layer.tar")]
     launcher, worker = manifest[(names.launcher,)], manifest[(names.worker,)]
+    trainer, sidecar = manifest[(names.trainer,)], manifest[(names.sidecar,)]
     shared = [a for a, b in zip(launcher, worker, strict=False) if a == b]
     assert len(shared) >= 4  # base, the training scripts, torch + numpy, Horovod
     assert shared == launcher[:len(shared)] == worker[:len(shared)]
-    assert len(layer_files) == len(set(launcher) | set(worker))
+    assert worker[:len(trainer)] == trainer and len(worker) > len(trainer)  # + the package
+    assert sidecar[0] == launcher[0]  # the base image, and none of the training stack
+    assert not set(sidecar[1:]) & set(shared)
+    assert len(layer_files) == len(set(launcher) | set(worker) | set(sidecar))
 
 
 def test_the_launcher_runs_explain(runtime: ScratchContainerd, names: images.Names) -> None:
@@ -325,8 +331,34 @@ def test_the_launchers_horovod_has_pytorch_and_gloo(runtime: ScratchContainerd,
     assert "[ ] MPI" in lines  # CPU-only, Gloo: no MPI
 
 
+def test_the_sidecar_runs_the_supervisor_without_the_training_stack(
+        runtime: ScratchContainerd, names: images.Names) -> None:
+    done = ctr_run(runtime, names.sidecar, "elastic-supervisor", "--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["elastic-supervisor", images.project_version(
+        (ROOT / "pyproject.toml").read_text())]
+    done = ctr_run(runtime, names.sidecar, "python", "-c",
+                   "import importlib.util as u; print([m for m in ('torch', 'horovod', "
+                   "'supervisor') if u.find_spec(m)])")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['supervisor']"
+
+
+def test_the_trainer_has_horovod_and_nothing_of_the_supervisor(
+        runtime: ScratchContainerd, names: images.Names) -> None:
+    done = ctr_run(runtime, names.trainer, "sh", "-c",
+                   "command -v horovodrun; command -v ssh; "
+                   "command -v elastic-supervisor || echo none; "
+                   "python -c 'import importlib.util as u; "
+                   "print([m for m in (\"horovod\", \"supervisor\") if u.find_spec(m)])'")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["/opt/venv/bin/horovodrun", "/usr/bin/ssh", "none",
+                                   "['horovod']"]
+
+
 def test_the_images_run_unprivileged(runtime: ScratchContainerd, names: images.Names) -> None:
-    for image, user in ((names.launcher, "supervisor"), (names.worker, "worker")):
+    for image, user in ((names.launcher, "supervisor"), (names.worker, "worker"),
+                        (names.trainer, "worker")):
         done = ctr_run(runtime, image, "sh", "-c", "id -u; id -un; pwd")
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == ["1000", user, "/workspace"]

@@ -1,22 +1,28 @@
-"""The two Dockerfiles and the build context, read as text (Docker is not needed).
+"""The three Dockerfiles and the build context, read as text (Docker is not needed).
 
 What hadolint (tests/integration/test_images.py) cannot know about this repository: base images
 pinned once build ARGs are resolved, every COPY source present and not dropped by .dockerignore,
-ENTRYPOINT/CMD in exec form, a non-root USER in the final stage, the launcher's entrypoint, the
-same training stack in both images as in pyproject.toml, and a build context that keeps .git,
-.venv and the job's ssh keys out. Each check is also fed a doctored Dockerfile, so it can fail.
+ENTRYPOINT/CMD in exec form, a non-root USER in the final stage, the launcher's and the sidecar's
+entrypoints, the same training stack in the launcher and worker images as in pyproject.toml, a
+trainer stage without the supervisor and a sidecar without the training stack, and a build
+context that keeps .git, .venv and the job's ssh keys out. Each check is also fed a doctored
+Dockerfile, so it can fail.
 Then the pure parts of localcluster/images.py, which builds them: the pause image's docker-save
-archive, build args and the docker build command line, the wheelhouse's requirements, the build
-context and cache keys, apt's sources for the base image, dockerd's flags.
+archive, build args, the builds and the docker build command line, the checks of the built
+images' layers and contents (the content probe run here), the wheelhouse's requirements, the
+build context and cache keys, apt's sources for the base image, dockerd's flags.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hashlib
 import io
 import json
 import re
+import subprocess
+import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +34,8 @@ from localcluster.images import dockerignore_excludes, dockerignore_patterns
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = {"launcher": ROOT / "launcher_image" / "Dockerfile",
-               "worker": ROOT / "worker_image" / "Dockerfile"}
+               "worker": ROOT / "worker_image" / "Dockerfile",
+               "sidecar": ROOT / "sidecar_image" / "Dockerfile"}
 # COPY sources another branch is adding: allowed to be missing until they land (then checked).
 PENDING = {"worker_image/train.py"}
 # Must never reach the build context (the Docker daemon, and every layer's cache).
@@ -121,6 +128,9 @@ def problems(text: str, *, role: str, ignore: list[str], root: Path = ROOT) -> l
     entry = [_exec_form(i.args) for i in final if i.keyword == "ENTRYPOINT"]
     if role == "launcher" and entry[-1:] != [["elastic-supervisor", "run", "--"]]:
         found.append("final stage: ENTRYPOINT must be [\"elastic-supervisor\", \"run\", \"--\"]")
+    cmd = [_exec_form(i.args) for i in final if i.keyword == "CMD"]
+    if role == "sidecar" and (entry[-1:], cmd[-1:]) != ([["elastic-supervisor"]], [["run"]]):
+        found.append("final stage: ENTRYPOINT must be [\"elastic-supervisor\"], CMD [\"run\"]")
     return found
 
 
@@ -156,6 +166,13 @@ DOCTORED = [
      "COPY worker_image/sshd_conf ", "worker_image/sshd_conf: not in the repository"),
     ("a COPY source .dockerignore drops", "launcher", "COPY supervisor /src/supervisor",
      "COPY tests /src/tests", "tests: excluded by .dockerignore"),
+    ("the sidecar running horovodrun", "sidecar", 'ENTRYPOINT ["elastic-supervisor"]',
+     'ENTRYPOINT ["elastic-supervisor", "run", "--"]', "CMD [\"run\"]"),
+    ("the sidecar without its run command", "sidecar", 'CMD ["run"]', 'CMD ["explain"]',
+     "CMD [\"run\"]"),
+    ("no USER in the sidecar", "sidecar", "USER 1000:1000\n", "", "no USER"),
+    ("an unpinned sidecar base", "sidecar", "ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm",
+     "ARG PYTHON_IMAGE=python:latest", "FROM python:latest: pin"),
 ]
 
 
@@ -203,7 +220,8 @@ def test_both_images_carry_the_same_training_stack_as_pyproject() -> None:
     version = re.search(r'^version = "(.+)"$', pyproject, re.M)
     assert version is not None
     assert build_arg(worker, "TRAINING_IMAGE") == f"elastic-supervisor-training:{version[1]}"
-    assert "FROM ${TRAINING_IMAGE}\n" in worker
+    assert "FROM ${TRAINING_IMAGE} AS trainer\n" in worker
+    assert "FROM trainer\n" in worker
     assert "FROM ${PYTHON_IMAGE} AS training\n" in launcher
     assert "FROM training\n" in launcher
     assert "RUN /opt/training/build-training-venv.sh torch /opt/venv" in launcher
@@ -225,12 +243,72 @@ def _stage_of(text: str, keyword_args: str) -> list[Instruction]:
     return steps[start + 1:end]
 
 
+def _of_the_supervisor(stage: list[Instruction]) -> list[str]:
+    # The instructions of a stage that bring in anything of the supervisor.
+    return [f"line {ins.line}: {ins.keyword} {ins.args}" for ins in stage
+            if "supervisor" in ins.args or "pyproject" in ins.args]
+
+
 def test_the_training_stage_holds_nothing_of_the_supervisor() -> None:
     # A change of the supervisor's code or dependencies must rebuild none of the heavy layers.
     stage = _stage_of(DOCKERFILES["launcher"].read_text(), "${PYTHON_IMAGE} AS training")
     copied = [w for ins in stage if ins.keyword == "COPY" for w in ins.args.split()[:-1]]
     assert copied == ["scripts/build-horovod.sh", "scripts/build-training-venv.sh"]
-    assert not any("supervisor" in ins.args or "pyproject" in ins.args for ins in stage)
+    assert _of_the_supervisor(stage) == []
+
+
+TRAINER = "${TRAINING_IMAGE} AS trainer"
+
+
+def test_the_trainer_holds_nothing_of_the_supervisor_and_the_worker_adds_it() -> None:
+    # Sidecar mode's promise: a training image without elastic-supervisor (the worker's
+    # trainer stage stands for the user's own image). The worker is the trainer + the package.
+    text = DOCKERFILES["worker"].read_text()
+    trainer = _stage_of(text, TRAINER)
+    copied = [w for ins in trainer if ins.keyword == "COPY" for w in ins.args.split()[:-1]]
+    assert copied == ["worker_image/sshd_config", "worker_image/entrypoint.sh",
+                      "worker_image/train.py"]
+    assert _of_the_supervisor(trainer) == []
+    worker = _stage_of(text, "trainer")
+    assert [ins.args for ins in worker if ins.keyword == "COPY"] == [
+        "pyproject.toml /src/", "supervisor /src/supervisor"]
+    assert [ins.args for ins in worker if ins.keyword == "USER"][-1] == "1000:1000"
+    # The check can fail: the package installed a stage too early.
+    doctored = text.replace("COPY worker_image/train.py /workspace/train.py",
+                            "COPY worker_image/train.py /workspace/train.py\n"
+                            "COPY supervisor /src/supervisor")
+    found = _of_the_supervisor(_stage_of(doctored, TRAINER))
+    assert [p.split(": ", 1)[1] for p in found] == ["COPY supervisor /src/supervisor"]
+
+
+SIDECAR_STAGE = "${PYTHON_IMAGE}"
+
+
+def _training_stack(stage: list[Instruction]) -> list[str]:
+    words = ("torch", "horovod", "build-training-venv", "openssh", "TRAINING_IMAGE")
+    return [f"line {ins.line}: {ins.keyword} {ins.args}" for ins in stage
+            if any(w in ins.args for w in words) and "find_spec" not in ins.args]
+
+
+def test_the_sidecar_is_the_supervisor_alone_on_the_launchers_base() -> None:
+    text = DOCKERFILES["sidecar"].read_text()
+    assert build_arg(text, "PYTHON_IMAGE") == build_arg(DOCKERFILES["launcher"].read_text(),
+                                                       "PYTHON_IMAGE")
+    stage = _stage_of(text, SIDECAR_STAGE)
+    assert _training_stack(stage) == []
+    # Dependencies from pyproject.toml alone first, the code after: editing it reinstalls
+    # nothing else; the build checks the installed command and that no torch came in.
+    order = [ins.args for ins in stage if ins.keyword in ("COPY", "RUN")]
+    deps = next(i for i, a in enumerate(order) if "requirements.txt" in a)
+    code = order.index("supervisor /src/supervisor")
+    assert order.index("pyproject.toml /src/") < deps < code
+    assert "--no-deps" in order[code + 1]
+    assert "elastic-supervisor --version" in order[code + 1]
+    assert 'u.find_spec(m)]' in order[code + 1] and '"torch", "horovod"' in order[code + 1]
+    doctored = text.replace("COPY pyproject.toml /src/",
+                            "RUN pip install --no-cache-dir torch==2.13.0\n"
+                            "COPY pyproject.toml /src/")
+    assert len(_training_stack(_stage_of(doctored, SIDECAR_STAGE))) == 1
 
 
 def test_the_supervisor_code_comes_after_its_dependencies() -> None:
@@ -247,7 +325,8 @@ def test_the_supervisor_code_comes_after_its_dependencies() -> None:
                                   "supervisor/data/discover_hosts.sh",
                                   "scripts/build-horovod.sh", "scripts/build-training-venv.sh",
                                   "launcher_image/ssh_config", "worker_image/entrypoint.sh",
-                                  "worker_image/sshd_config", "worker_image/train.py"])
+                                  "worker_image/sshd_config", "worker_image/train.py",
+                                  "sidecar_image/Dockerfile"])
 def test_the_build_context_keeps(path: str, ignore: list[str]) -> None:
     assert not dockerignore_excludes(ignore, path)
 
@@ -335,6 +414,120 @@ def test_every_build_arg_passed_is_declared_by_its_dockerfile() -> None:
     assert {"PIP_FIND_LINKS", "PIP_NO_INDEX"} <= {i.args for i in final if i.keyword == "ARG"}
 
 
+def _stages(text: str) -> set[str]:
+    return {ins.args.split()[2] for ins in parse(text)
+            if ins.keyword == "FROM" and len(ins.args.split()) == 3}
+
+
+def test_every_build_declares_its_args_and_names_a_stage_that_exists() -> None:
+    names = images.image_names("0.1.0")
+    args = images.build_args(base_image=images.BASE_IMAGE, torch_version="2.13.0",
+                             wheelhouse=images.wheelhouse_url(1))
+    steps = images.build_steps(names, args)
+    assert [s.tag for s in steps] == [names.training, names.launcher, names.trainer,
+                                      names.worker, names.sidecar]
+    for step in steps:
+        text = (ROOT / step.dockerfile).read_text()
+        assert set(step.args) <= _declared_args(text), step.tag
+        assert step.target is None or step.target in _stages(text), step.tag
+    by_tag = {s.tag: s for s in steps}
+    # The trainer and the worker start FROM the training image; the sidecar knows no torch.
+    assert by_tag[names.worker].args == by_tag[names.trainer].args == {
+        "TRAINING_IMAGE": names.training}
+    assert by_tag[names.sidecar].args == {"PYTHON_IMAGE": images.BASE_IMAGE,
+                                          "PIP_FIND_LINKS": "http://127.0.0.1:1/",
+                                          "PIP_NO_INDEX": "1"}
+    assert by_tag[names.trainer].argv() == [
+        "build", "--network", "host", "--force-rm", "-f", "worker_image/Dockerfile", "-t",
+        names.trainer, "--target", "trainer", "--build-arg",
+        f"TRAINING_IMAGE={names.training}", "."]
+
+
+NAMES = images.image_names("0.1.0")
+BASE_LAYERS = ["sha256:base"]
+TRAINING_LAYERS = [*BASE_LAYERS, "sha256:scripts", "sha256:torch", "sha256:horovod"]
+TRAINER_LAYERS = [*TRAINING_LAYERS, "sha256:sshd", "sha256:train.py"]
+GOOD_LAYERS = {
+    NAMES.base: BASE_LAYERS,
+    NAMES.training: TRAINING_LAYERS,
+    NAMES.launcher: [*TRAINING_LAYERS, "sha256:ssh-client", "sha256:deps", "sha256:code"],
+    NAMES.trainer: TRAINER_LAYERS,
+    NAMES.worker: [*TRAINER_LAYERS, "sha256:code"],
+    NAMES.sidecar: [*BASE_LAYERS, "sha256:user", "sha256:deps", "sha256:code"],
+}
+
+
+@pytest.mark.parametrize(("image", "layers", "expected"), [
+    pytest.param(None, None, [], id="as built: no problem"),
+    pytest.param(NAMES.worker, ["sha256:other-base", *TRAINER_LAYERS[1:], "sha256:code"],
+                 [f"{NAMES.worker} does not start with the layers of {NAMES.trainer}: a node "
+                  "would store them twice"], id="a worker not built on the trainer"),
+    pytest.param(NAMES.trainer, [*BASE_LAYERS, "sha256:torch-again", "sha256:sshd"],
+                 [f"{NAMES.trainer} does not start with the layers of {NAMES.training}: a "
+                  "node would store them twice",
+                  f"{NAMES.worker} does not start with the layers of {NAMES.trainer}: a node "
+                  "would store them twice"], id="a trainer not built on the training stage"),
+    pytest.param(NAMES.launcher, ["sha256:base", "sha256:torch", "sha256:code"],
+                 [f"{NAMES.launcher} does not start with the layers of {NAMES.training}: a "
+                  "node would store them twice"], id="a launcher with its own training stack"),
+    pytest.param(NAMES.sidecar, [*TRAINING_LAYERS, "sha256:code"],
+                 [f"{NAMES.sidecar} holds layers of {NAMES.training}: the sidecar must not "
+                  "carry the training stack"], id="a sidecar on the training stage"),
+])
+def test_the_layers_of_the_built_images(image: str | None, layers: list[str] | None,
+                                        expected: list[str]) -> None:
+    built = dict(GOOD_LAYERS)
+    if image is not None and layers is not None:
+        built[image] = layers
+    assert images.layer_problems(NAMES, built) == expected
+
+
+def test_what_the_trainer_and_the_sidecar_must_not_hold() -> None:
+    rules = images.forbidden(NAMES)
+    assert set(rules) == {NAMES.trainer, NAMES.sidecar}
+    assert {"supervisor", "elastic_supervisor_hook"} <= set(rules[NAMES.trainer].modules)
+    assert "elastic-supervisor" in rules[NAMES.trainer].distributions
+    assert "elastic_supervisor_hook" in rules[NAMES.trainer].files
+    assert {"torch", "horovod"} <= set(rules[NAMES.sidecar].modules)
+    assert {"horovodrun", "ssh-keygen", "sshd"} <= set(rules[NAMES.sidecar].files)
+
+
+def test_the_content_probe_finds_what_an_image_must_not_hold(tmp_path: Path) -> None:
+    # The probe itself, run by this venv's python (which has the supervisor installed) on a
+    # directory standing for an image's filesystem: what an image's `python` would print.
+    (tmp_path / "opt" / "hook" / "elastic_supervisor_hook").mkdir(parents=True)
+    (tmp_path / "opt" / "hook" / "sitecustomize.py").write_text("")
+    (tmp_path / "usr" / "bin").mkdir(parents=True)
+    (tmp_path / "usr" / "bin" / "elastic-supervisor").write_text("")
+    wanted = images.Forbidden(modules=("supervisor", "no_such_module_zz"),
+                              distributions=("elastic-supervisor", "no-such-dist-zz"),
+                              files=("elastic_supervisor_hook", "elastic-supervisor", "horovodrun"))
+    argv = images.probe_argv("img:1", wanted, str(tmp_path))
+    assert argv[:9] == ["run", "--rm", "--network", "none", "--user", "0", "--entrypoint",
+                        "python", "img:1"]
+    assert argv[9] == "-c"
+    done = subprocess.run([sys.executable, *argv[9:]], capture_output=True, text=True,
+                          check=True, timeout=60)
+    found = json.loads(done.stdout)
+    assert found == {"modules": ["supervisor"], "distributions": ["elastic-supervisor"],
+                     "files": [str(tmp_path / "opt" / "hook" / "elastic_supervisor_hook"),
+                               str(tmp_path / "usr" / "bin" / "elastic-supervisor")]}
+    assert images.content_problem("img:1", found) == (
+        "img:1 holds what it must not: module supervisor, distribution elastic-supervisor, "
+        f"file {tmp_path}/opt/hook/elastic_supervisor_hook, "
+        f"file {tmp_path}/usr/bin/elastic-supervisor")
+    clean = images.Forbidden(modules=("no_such_module_zz",), files=("horovodrun",))
+    done = subprocess.run([sys.executable, *images.probe_argv("img:1", clean,
+                                                                str(tmp_path))[9:]],
+                          capture_output=True, text=True, check=True, timeout=60)
+    assert images.content_problem("img:1", json.loads(done.stdout)) is None
+
+
+def test_the_content_probe_is_python_38_code() -> None:
+    # It runs under whatever python a training image has.
+    ast.parse(images.PROBE, feature_version=(3, 8))
+
+
 def test_the_wheelhouse_holds_what_the_images_install() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
     wanted = images.wheelhouse_requirements(pyproject)
@@ -364,6 +557,8 @@ def test_the_project_version_and_torch_pin() -> None:
     names = images.image_names(version)
     assert names.launcher == f"elastic-supervisor-launcher:{version}"
     assert names.worker == f"elastic-supervisor-worker:{version}"
+    assert names.sidecar == f"elastic-supervisor-sidecar:{version}"
+    assert names.trainer == f"elastic-supervisor-trainer:{version}"
     assert names.pause == PAUSE_NAME
     assert images.torch_pin(pyproject) == "2.13.0"
 
@@ -414,9 +609,14 @@ def test_the_archive_key_changes_with_each_input(change: dict[str, object]) -> N
     assert dataclasses.replace(INPUTS).key == INPUTS.key
 
 
-def test_the_archive_is_named_by_both_image_ids() -> None:
-    assert images.archive_name("sha256:" + "a" * 64, "sha256:" + "b" * 64) == (
-        "launcher-worker-aaaaaaaaaaaa-bbbbbbbbbbbb.tar")
+def test_the_archive_is_named_by_every_tag_and_image_id() -> None:
+    ids = {"l:1": "sha256:" + "a" * 64, "w:1": "sha256:" + "b" * 64,
+           "s:1": "sha256:" + "c" * 64, "t:1": "sha256:" + "d" * 64}
+    name = images.archive_name(ids)
+    assert re.fullmatch(r"images-[0-9a-f]{16}\.tar", name)
+    assert images.archive_name(dict(reversed(list(ids.items())))) == name  # order: none
+    others = [{**ids, "s:1": "sha256:" + "e" * 64}, {**ids, "t:2": ids.pop("t:1")}]
+    assert len({name, *(images.archive_name(o) for o in others)}) == 3
 
 
 # This machine's apt configuration (deb822), plus a third-party source that must stay out.
