@@ -26,6 +26,7 @@ from bench import (
     fence,
     plot,
     replacement,
+    sidecar,
     soak,
     status,
     versus,
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="worker counts for the discovery benchmark (default %(default)s)")
     parser.add_argument("--only", choices=("discovery", "replacement", "baseline", "e2e",
                                            "e2e_stock", "e2e_sequences", "fence", "configmap",
-                                           "disruptions", "status", "soak", "plot"),
+                                           "disruptions", "status", "sidecar", "soak", "plot"),
                         help="run one benchmark; keys of the others keep their stored values "
                              "(soak and e2e_sequences run only when named: ~15 min per seed, "
                              "~25 min)")
@@ -96,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         "soak": None,
         "soak_details": None,
         "status": None,
+        "sidecar": None,
+        "sidecar_details": None,
     }
     stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     # Keys no benchmark writes (`suite`: the test suite's times, measured by `make test` and
@@ -124,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         results.update(disruptions.main())
     if args.only in (None, "status"):
         results.update(status.main())
+    if args.only in (None, "sidecar"):
+        results.update(sidecar.main())
     if args.only == "e2e_sequences":
         results.update(e2e_sequences.main())
     if args.only == "soak":

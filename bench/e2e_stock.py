@@ -35,6 +35,7 @@ from typing import Any
 from kubernetes import client, config
 
 from localcluster import demo
+from localcluster.job import OVERLAY
 from localcluster.nodes import Cluster
 from tests.e2e.jobs import (
     CHECKPOINT_MOUNT,
@@ -79,7 +80,8 @@ def rerun_after(job: Job, t0: float) -> list[int]:
 
 def stop_supervisor(job: Job) -> None:
     """SIGTERM the supervisor in the launcher pod and wait for the launcher to exit (the job's
-    end, as a user's signal would bring it)."""
+    end, as a user's signal would bring it; in sidecar mode the supervisor hands it to es-run
+    with the job's exit code)."""
     launcher = job.launcher()
     assert launcher is not None, "no launcher pod"
     for pid in job.processes(launcher["metadata"]["name"],
@@ -121,7 +123,9 @@ def inject(job: Job, faults: PodFaults, fault: str,
     return victim, t0
 
 
-def one_job(cluster: Cluster, api: client.ApiClient, work: Path) -> dict[str, Any]:
+def one_job(cluster: Cluster, api: client.ApiClient, work: Path, plan: tuple[str, ...] = PLAN,
+            overlay: Path = OVERLAY) -> dict[str, Any]:
+    """One job of `overlay` (the baked-in mode's, or the sidecar mode's) through `plan`."""
     faults_out: list[dict[str, Any]] = []
     # Backoff capped at 1 s (in the policy file, where the manifests keep the budgets):
     # repeated faults on one slot measure recovery, not the policy.
@@ -131,11 +135,12 @@ def one_job(cluster: Cluster, api: client.ApiClient, work: Path) -> dict[str, An
 
     command = stock_command(1_000_000, "--hang-file", f"{CHECKPOINT_MOUNT}/{HANG_FILE}")
     with main_job(cluster, api, work, steps=0, command=command,
-                  checkpoint=work / "checkpoint", transform=fast_backoff) as job:
+                  checkpoint=work / "checkpoint", transform=fast_backoff,
+                  overlay=overlay) as job:
         faults = PodFaults(job, STOCK.name)
         try:
             job.wait_training(past=20, size=2, timeout=420)
-            for fault in PLAN:
+            for fault in plan:
                 past = (job.last_step() or {"step": 0})["step"] + 10
                 job.wait_training(past=past, size=2, timeout=240)
                 partition = contextlib.ExitStack()

@@ -48,7 +48,7 @@ from tests.integration.harness import AutoKubelet, Job, SupervisorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE_PY = ROOT / "supervisor" / "kube.py"
-TARGETS = ["base", "overlays/kind", "overlays/local", "overlays/standby"]
+TARGETS = ["base", "overlays/kind", "overlays/local", "overlays/standby", "overlays/sidecar"]
 NAMESPACE = "elastic-supervisor"  # where the manifests put the job
 JOB = "<job namespace>"  # stands for the job's namespace in the permission tables below
 CLUSTER = None  # cluster-scoped
@@ -186,7 +186,11 @@ def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[
 
 
 def launcher(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    return one(docs, "Job")["spec"]["template"]["spec"]["containers"][0]
+    """The supervisor's container: the launcher container, or in sidecar mode the native
+    sidecar."""
+    spec = one(docs, "Job")["spec"]["template"]["spec"]
+    return next(c for c in [*spec.get("initContainers", ()), *spec["containers"]]
+                if any(e["name"] == "SUPERVISOR_JOB_NAME" for e in c.get("env", ())))
 
 
 def config_file(docs: list[dict[str, Any]], volume_source: str) -> Any:
@@ -366,8 +370,10 @@ def test_the_workers_and_launcher_use_this_versions_images(
     template = config_file(docs, "worker-template.yaml")
     images = {launcher(docs)["image"]} | {
         c["image"] for p in [*find(docs, "Pod"), template] for c in p["spec"]["containers"]}
-    assert images == {f"elastic-supervisor-launcher:{version[1]}",
-                      f"elastic-supervisor-worker:{version[1]}"}  # what `make kind-load` builds
+    # what `make kind-load` builds; in sidecar mode the supervisor's image and the training
+    # image without it
+    kinds = ("sidecar", "trainer") if target == "overlays/sidecar" else ("launcher", "worker")
+    assert images == {f"elastic-supervisor-{kind}:{version[1]}" for kind in kinds}
 
 
 def test_the_launcher_and_workers_have_their_priority_classes(

@@ -87,7 +87,8 @@ def test_every_relative_link_of_the_page_resolves(page: Path) -> None:
 
 
 def test_the_readme_maps_every_page_of_docs() -> None:
-    linked = {Path(t).name for t in LINK.findall(README.read_text()) if t.startswith("docs/")}
+    linked = {Path(t.split("#")[0]).name for t in LINK.findall(README.read_text())
+              if t.startswith("docs/")}
     assert linked == {p.name for p in DOCS.glob("*.md")}
 
 
