@@ -266,6 +266,37 @@ def test_a_process_of_an_earlier_run_is_told_to_exit(channel: HookChannel) -> No
         old.close()
 
 
+def test_a_supervisor_started_again_adopts_the_run_its_processes_beat_for(
+        tmp_path: Path) -> None:
+    """Sidecar mode: the supervisor died, horovodrun ran on; the next supervisor process of the
+    pod takes the run over (its run id and key, from es-run's launch file) on the same port,
+    and the processes that beat for the first are its own at once, not told to exit."""
+    first = HookChannel(0, dead_file=tmp_path / "hostfile.dead", bind="127.0.0.1").start()
+    env = first.new_run(None)
+    port = first.port
+    first.close()
+    exits: list[int] = []
+    b = Beater(Progress(), key=bytes.fromhex(env["ELASTIC_SUPERVISOR_HOOK_KEY"]),
+               supervisor=("127.0.0.1", port), run=env["ELASTIC_SUPERVISOR_HOOK_RUN"],
+               host="10.0.0.1", local_rank=0, keep=[], exit_process=exits.append)
+    again = HookChannel(port, dead_file=tmp_path / "hostfile.dead", bind="127.0.0.1")
+    assert again.run_id(1) != env["ELASTIC_SUPERVISOR_HOOK_RUN"], "a new process, a new epoch"
+    again.adopt(env["ELASTIC_SUPERVISOR_HOOK_RUN"], env["ELASTIC_SUPERVISOR_HOOK_KEY"])
+    again.start()
+    b.start()
+    try:
+        wait_for(lambda: again.snapshot().beats.get(b.sender), 5, what="the adopted beat")
+        assert exits == [] and again.counters.stale_runs == 0
+        # the next run of horovodrun is new to both
+        assert again.new_run(None)["ELASTIC_SUPERVISOR_HOOK_RUN"].endswith(".2")
+        wait_for(lambda: exits, 5, what="the adopted run's process told to exit")
+    finally:
+        b.close()
+        again.close()
+    with pytest.raises(ValueError, match="expected <8 hex digits>.<run number>"):
+        again.adopt("nope", None)
+
+
 def test_new_run_puts_the_hook_first_on_pythonpath_and_keeps_the_users(
         channel: HookChannel) -> None:
     env = channel.new_run("/opt/user")
