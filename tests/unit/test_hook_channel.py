@@ -293,7 +293,7 @@ def test_a_supervisor_started_again_adopts_the_run_its_processes_beat_for(
     finally:
         b.close()
         again.close()
-    with pytest.raises(ValueError, match="expected <8 hex digits>.<run number>"):
+    with pytest.raises(ValueError, match=r"expected <8 hex digits>\.<run number>"):
         again.adopt("nope", None)
 
 
