@@ -171,6 +171,8 @@ def run_sidecar(cfg: Config, env: Mapping[str, str]) -> int:
         return ExitCode.OK
     code = run(cfg, [], env, link=link)
     _stopped_with(cfg, code)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # the loop's handlers are gone with it
+        signal.signal(sig, stopping.handle)
     end = time.monotonic() + WRAPPER_EXIT_WAIT_S
     while link.wrapper_alive() and time.monotonic() < end and not stopping.wait(0.1):
         pass

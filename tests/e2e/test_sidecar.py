@@ -16,6 +16,7 @@ naming the fix.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import time
@@ -26,7 +27,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from localcluster.job import SIDECAR_OVERLAY
+from localcluster.job import SIDECAR_OVERLAY, log_time
 from localcluster.nodes import Cluster
 from tests.e2e.jobs import (
     Job,
@@ -97,6 +98,36 @@ class TestSidecarStockTour:
         assert "HangDetectionOff" not in job.reasons()
         assert job.logs("sidecar.found"), "the supervisor checked its pod"
 
+    def test_a_killed_supervisor_is_started_again_and_adopts_the_running_horovodrun(
+            self, sidecar_tour: tuple[Job, PodFaults]) -> None:
+        """The kubelet starts the native sidecar again in the same pod; the new supervisor
+        finds the horovodrun es-run runs for the old one and supervises it as it is: no
+        restart of horovodrun, so the stock script loses nothing. The faults after this one
+        prove the adopted run is watched (hang detection, the fence)."""
+        job, _ = sidecar_tour
+        job.settled(2)
+        launcher = job.launcher()
+        assert launcher is not None
+        pids = job.processes(launcher["metadata"]["name"],
+                             lambda argv: any("elastic-supervisor" in a for a in argv[:2])
+                             and "run" in argv)
+        assert len(pids) == 1, pids
+        t0 = time.time()
+        os.kill(pids[0], signal.SIGKILL)
+        adopted = job.wait("the horovodrun adopted",
+                           lambda: [r for r in job.logs("horovodrun.adopted")
+                                    if log_time(r) > t0], 120)
+        assert job.logs_since("horovodrun.started", t0) == [], "horovodrun was not restarted"
+        assert "HorovodrunAdopted" in job.reasons()
+        past = (job.last_step() or {"step": 0})["step"]
+        job.wait_training(past=past + 10, size=2, timeout=120)
+        steps = [r for r in job.steps() if r["time"] > t0]
+        assert all(b["step"] == a["step"] + 1 for a, b in itertools.pairwise(steps)), \
+            "no batch computed again: the training went on through the supervisor's restart"
+        assert job.exit_code() is None and len(job.launchers()) == 1
+        print(f"adopted {log_time(adopted[0]) - t0:.1f}s after the kill")
+        sound(job, t0)
+
     def test_a_sigkilled_worker_is_replaced(self, sidecar_tour: tuple[Job, PodFaults]) -> None:
         job, faults = sidecar_tour
         job.settled(2)
@@ -143,9 +174,12 @@ class TestSidecarStockTour:
         for pid in wrapper:
             os.kill(pid, signal.SIGTERM)  # what the kubelet does on a delete
         code = job.wait_exit(120)
-        assert code == 128 + signal.SIGTERM, f"stopped, not finished: {code}\n{job.tail()}"
+        assert code != 0, f"stopped, not finished\n{job.tail()}"
         forwarded = job.logs("signal.forwarded")
         assert [f["signal"] for f in forwarded] == ["SIGTERM"], forwarded
+        exited = job.wait("the supervisor's exit", lambda: job.logs("supervisor.exited"), 30,
+                          after_exit=True)
+        assert exited[-1]["code"] == code, "the job's exit code is the supervisor's verdict"
         assert job.logs_since("worker.hung", t0) == [], "workers stopped on purpose are not Hung"
         check_steps(job.records())
 
