@@ -161,6 +161,25 @@ class TestSidecarStockTour:
             job.wait("the partitioned pod deleted", lambda: victim not in job.live_workers(), 60)
         hung_then_replaced(job, victim, t0)
 
+    def test_status_counts_the_stock_scripts_steps_across_the_adoption_and_the_faults(
+            self, sidecar_tour: tuple[Job, PodFaults]) -> None:
+        """The hook counts the stock script's optimizer steps (it prints them too): the step
+        `status` shows is the one printed, through a supervisor's restart and three faults, and
+        each fault is an incident."""
+        job, _ = sidecar_tour
+        job.settled(2)
+        asked = time.time()
+        job.wait("the progress saved after now", lambda: (
+            (job.status().get("progress") or {}).get("at") or 0) > asked + 1, 40)
+        s = job.status()
+        p = s["progress"]
+        printed = max(int(r["step"]) for r in job.steps() if r["time"] <= p["at"])
+        assert abs(p["step"] - printed) <= max(10, printed // 50), (p["step"], printed)
+        assert p["world"] == p["desired"] == 2 and 0 < p["goodput"] < 1, p
+        pods = {pod for i in s["incidents"] for pod in i["pods"]}
+        failed = job.logs("worker.failed")
+        assert len(failed) >= 3 and all(e["pod"] in pods for e in failed), (failed, s)
+
     def test_sigterm_to_the_training_container_goes_through_the_supervisor(
             self, sidecar_tour: tuple[Job, PodFaults]) -> None:
         job, _ = sidecar_tour

@@ -335,3 +335,49 @@ def test_the_job_helpers_set_the_training_command_and_the_supervisors_env(
     sidecar_spec = copy.deepcopy(pod_spec(built["sidecar"]))
     set_training(sidecar_spec, env={"SUPERVISOR_LOG_LEVEL": "debug"})
     assert env_of(by_name(sidecar_spec["containers"])["launcher"]) == {}
+
+
+def readme_yaml() -> Doc:
+    """The pod spec changes README.md's "Use it with your own image" shows."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Use it with your own image"):]
+    block = section[section.index("```yaml\n") + 8:section.index("```\n", 8)]
+    assert len(block.splitlines()) < 30, "the README promises under 30 lines"
+    return yaml.safe_load(block)["spec"]
+
+
+def is_part_of(small: Any, big: Any, where: str = "spec") -> list[str]:
+    """Where `small` (the README's) is not in `big` (the overlay's): mappings key by key, lists
+    of named entries by name, other lists item by item. The README's own values (the job's
+    name, the image, the training command) are the user's: only names and the structure must
+    match."""
+    if isinstance(small, dict) and isinstance(big, dict):
+        return [p for k, v in small.items()
+                for p in ([f"{where}.{k}: missing"] if k not in big
+                          else is_part_of(v, big[k], f"{where}.{k}"))]
+    if isinstance(small, list) and isinstance(big, list):
+        if all(isinstance(x, dict) and "name" in x for x in small):
+            named = {x["name"]: x for x in big if isinstance(x, dict)}
+            return [p for x in small for p in (
+                [f"{where}[{x['name']}]: missing"] if x["name"] not in named
+                else is_part_of({k: v for k, v in x.items() if k not in (
+                    "value", "image", *(("args",) if x["name"] == "launcher" else ()))},
+                                named[x["name"]], f"{where}[{x['name']}]"))]
+        return [] if small == big[:len(small)] else [f"{where}: {small} != {big}"]
+    return [] if small == big else [f"{where}: {small!r} != {big!r}"]
+
+
+def test_the_readmes_recipe_is_the_tested_overlay(built: dict[str, list[Doc]]) -> None:
+    """What a new user copies from the README is what the sidecar e2e tests run
+    (tests/e2e/test_sidecar.py applies manifests/overlays/sidecar)."""
+    recipe = readme_yaml()
+    assert [c["name"] for c in recipe["initContainers"]] == [
+        c["name"] for c in pod_spec(built["sidecar"])["initContainers"]]
+    assert is_part_of(recipe, pod_spec(built["sidecar"])) == []
+    # and the comparison can fail
+    recipe["containers"][0]["command"] = ["/opt/es-run"]
+    recipe["initContainers"][1]["restartPolicy"] = "OnFailure"
+    assert is_part_of(recipe, pod_spec(built["sidecar"])) == [
+        "spec.initContainers[elastic-supervisor].restartPolicy: 'OnFailure' != 'Always'",
+        "spec.containers[launcher].command: ['/opt/es-run'] != "
+        "['/opt/elastic-supervisor/bin/es-run']"]
