@@ -405,6 +405,8 @@ class RemoteChild:
         link.launch(gen, argv, {**env, TREE_MARKER: token})
         end = time.monotonic() + timeout_s
         while (pid := link.pid(gen)) is None:
+            if not link.wrapper_alive():
+                raise WrapperGone("es-run is not running: the training container ended")
             if time.monotonic() >= end:
                 raise WrapperGone(f"es-run took no launch within {timeout_s:g}s (is the "
                                   "training container running it?)")

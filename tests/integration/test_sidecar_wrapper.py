@@ -187,6 +187,10 @@ def test_a_dead_wrapper_is_a_killed_horovodrun(
     w.proc.wait()
     os.kill(child.pid, signal.SIGKILL)
     assert child.wait(5) == 128 + signal.SIGKILL
+    t0 = time.monotonic()
+    with pytest.raises(sidecar.WrapperGone, match="es-run is not running"):
+        sidecar.RemoteChild.start(w.link, ["true"], {})
+    assert time.monotonic() - t0 < 1, "said at once, not after the timeout"
 
 
 def test_a_supervisor_started_again_finds_the_run_it_did_not_start(
