@@ -248,12 +248,23 @@ def without(change: str) -> Any:
                 spec.pop("shareProcessNamespace")
             elif change == "wrapper":
                 spec["containers"][0]["command"] = ["sh", "-c", "sleep 600", "sh"]
+            elif change == "mount":  # the supervisor's container without the shared dir
+                me = next(c for c in spec["initContainers"] if c["name"] == "elastic-supervisor")
+                me["volumeMounts"] = [m for m in me["volumeMounts"]
+                                      if m["name"] != "elastic-supervisor"]
+            elif change == "install":  # the shared dir left empty
+                spec["initContainers"] = [c for c in spec["initContainers"]
+                                          if c["name"] != "elastic-supervisor-install"]
     return transform
 
 
 @pytest.mark.parametrize(("change", "line"), [
     ("shareProcessNamespace", "has no spec.shareProcessNamespace: true; set it"),
     ("wrapper", f"runs {WRAPPER}; start the training container with command: [{WRAPPER}]"),
+    ("mount", f"SUPERVISOR_SHARED_DIR='{SHARED}': cannot be written ([Errno 13] Permission "
+              "denied); mount the emptyDir the training container mounts there"),
+    ("install", f"SUPERVISOR_SHARED_DIR='{SHARED}': no hook in it ({SHARED}/hook/"
+                "sitecustomize.py is missing); run `elastic-supervisor install"),
 ])
 def test_a_launcher_pod_unfit_for_sidecar_mode_fails_at_once_naming_the_fix(
         make_job: Callable[..., Job], change: str, line: str) -> None:
