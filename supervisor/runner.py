@@ -342,7 +342,8 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
         stopping.check()
         adopted = None
         if link is not None:
-            command, env = _wrapped_command(cfg, link, stopping, log=log, running=running), {}
+            command, env = _wrapped_command(cfg, link, stopping, log=log,
+                                            events=recorder.record, running=running), {}
             if running is not None:
                 adopted = sidecar.RemoteChild.adopt(link, running)
         return _supervise(cfg, command, env, api=api, log=log, metrics=metrics, channel=channel,
@@ -402,12 +403,16 @@ def _as_sidecar(cfg: Config, pod: Mapping[str, Any] | None, *, log: Any) -> Conf
 
 
 def _wrapped_command(cfg: Config, link: sidecar.Link, stopping: startup.Stopping, *,
-                     log: Any, running: sidecar.Running | None) -> list[str]:
+                     log: Any, events: Callable[[EventSpec], None],
+                     running: sidecar.Running | None) -> list[str]:
     """The training command es-run was given. A horovodrun an earlier supervisor of this pod
     left running that is not `running` (adopted) is killed first: nobody would supervise it."""
     if (left := link.running()) is not None and (running is None or left.pid != running.pid):
         killed = sidecar.kill_tree(left.pid, left.marker)
         log.warning("sidecar.leftover_killed", pid=left.pid, processes=killed)
+        events(EventSpec("Warning", "HorovodrunLeftoverKilled", "Start",
+                         f"horovodrun (pid {left.pid}) started for an earlier supervisor of "
+                         "this pod could not be adopted: killed, started again"))
     command = sidecar.wait_for_command(link, stopping=stopping.wait,
                                        timeout_s=cfg.start_timeout_s)
     stopping.check()
