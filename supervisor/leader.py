@@ -81,11 +81,13 @@ class Write:
 
 
 def step(lease: Mapping[str, Any] | None, me: str, duration_s: int, *, seen_at: float,
-         now: float, wall: float) -> Wait | Write:
+         now: float, wall: float, gone: bool = False) -> Wait | Write:
     """Return what to do about the job's Lease as read now.
 
     `seen_at` is when (monotonic) this process first saw the Lease's current record; `wall`
-    the wall-clock time written into acquireTime / renewTime (informational for others).
+    the wall-clock time written into acquireTime / renewTime (informational for others);
+    `gone`: its holder is known to be dead (a supervisor process of this very pod that is no
+    more: sidecar mode), so the Lease is taken over without waiting for it to expire.
     """
     stamp = micro_time(wall)
     if lease is None:
@@ -95,7 +97,7 @@ def step(lease: Mapping[str, Any] | None, me: str, duration_s: int, *, seen_at: 
     spec = dict(lease.get("spec") or {})
     holder = spec.get("holderIdentity") or ""
     left = seen_at + float(spec.get("leaseDurationSeconds") or 0) - now
-    if holder and holder != me and left > 0:
+    if holder and holder != me and left > 0 and not gone:
         return Wait(holder, left)
     transitions = int(spec.get("leaseTransitions") or 0)
     if holder != me:  # released or expired: take it over
@@ -112,8 +114,10 @@ class LeaderElector:
                  on_paused: Callable[[str], None] = lambda _: None,
                  on_resumed: Callable[[float], None] = lambda _: None,
                  clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time,
+                 gone: Callable[[str], bool] = lambda _: False) -> None:
         self.leases, self.name, self.me = leases, name, me
+        self.gone = gone  # whether a holder is known to be dead (see step)
         self.duration_s = max(1, math.ceil(duration_s))
         self.renew_deadline_s = duration_s * 2 / 3
         self.retry_s = max(0.2, duration_s / 12)
@@ -152,7 +156,9 @@ class LeaderElector:
                 self._record, self._seen_at = record, self.clock()
             self.holder = record[0]
         decision = step(lease, self.me, self.duration_s, seen_at=self._seen_at,
-                        now=self.clock(), wall=self.wall())
+                        now=self.clock(), wall=self.wall(),
+                        gone=bool(self.holder) and self.holder != self.me
+                        and self.gone(self.holder))
         if isinstance(decision, Wait):
             self._lease = lease
             return False

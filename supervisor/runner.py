@@ -304,7 +304,10 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
                             api_timeout_s=cfg.api_timeout_s,
                             on_lost=lambda why: leadership(LeadershipLost(why)),
                             on_paused=lambda why: leadership(LeadershipPaused(why)),
-                            on_resumed=lambda s: leadership(LeadershipResumed(s)))
+                            on_resumed=lambda s: leadership(LeadershipResumed(s)),
+                            # sidecar mode: a dead supervisor of this pod is seen to be dead
+                            gone=(functools.partial(sidecar.holder_gone, instance=instance)
+                                  if link is not None else lambda _: False))
 
     def event_failed(err: kube.KubeError) -> None:
         log.warning("event.failed", reason=str(err), retryable=err.retryable)

@@ -382,6 +382,15 @@ def kill_tree(pid: int, marker: str | None, rounds: int = 3) -> int:
     return killed
 
 
+def holder_gone(holder: str, instance: str) -> bool:
+    """Whether the leader Lease's holder `holder` ("<instance>/<pid>") is a supervisor process
+    of this pod (`instance`) that no longer runs: in sidecar mode the pod's processes share one
+    namespace, so its pid is ours to look at. (A pid reused since reads as alive: we wait.)"""
+    name, _, pid = holder.rpartition("/")
+    return (name == instance and pid.isdigit() and int(pid) != os.getpid()
+            and not psutil.pid_exists(int(pid)))
+
+
 class WrapperGone(Exception):
     """es-run is not running (the training container ended or never ran it)."""
 

@@ -53,6 +53,15 @@ def test_the_leader_lease_step(current: dict[str, Any] | None, seen_at: float, n
     assert step(current, ME, 60, seen_at=seen_at, now=now, wall=T0) == expected
 
 
+def test_a_holder_known_to_be_gone_is_taken_over_at_once() -> None:
+    """Sidecar mode: the holder was a supervisor process of this pod that died (the kubelet
+    started this one): no waiting out its 60 s."""
+    assert step(lease(OTHER), ME, 60, seen_at=100.0, now=100.5, wall=T0, gone=True) == Write({
+        "holderIdentity": ME, "leaseDurationSeconds": 60, "acquireTime": micro_time(T0),
+        "renewTime": micro_time(T0), "leaseTransitions": 1}, create=False)
+    assert step(lease(OTHER), ME, 60, seen_at=100.0, now=100.5, wall=T0) == Wait(OTHER, 59.5)
+
+
 def test_expiry_is_measured_from_when_this_process_saw_the_record_not_from_renew_time() -> None:
     # renewTime says 2026 and the clock says 2027: never compared. A standby that first sees
     # the record now waits the whole duration from now.

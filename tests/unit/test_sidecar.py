@@ -4,6 +4,7 @@ problem, naming the fix), the worker template with the hook added, the launch fi
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -152,3 +153,13 @@ def test_the_launch_file_is_posix_sh_that_keeps_every_word(tmp_path: Path) -> No
 def test_the_files_es_run_writes_are_read_strictly(text: str, gen: int,
                                                    pair: tuple[int, int] | None) -> None:
     assert (sidecar.parse_gen(text), sidecar.parse_pair(text)) == (gen, pair)
+
+
+def test_a_lease_holder_is_gone_only_when_it_was_of_this_pod_and_its_pid_is_free() -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its pid is free (until reused: then it reads as alive, and we wait)
+    assert sidecar.holder_gone(f"train-x7k2p/{dead.pid}", "train-x7k2p")
+    assert not sidecar.holder_gone(f"train-x7k2p/{os.getpid()}", "train-x7k2p"), "ourselves"
+    assert not sidecar.holder_gone(f"train-other/{dead.pid}", "train-x7k2p"), "another pod's"
+    assert not sidecar.holder_gone("train-x7k2p/1", "train-x7k2p"), "alive"
+    assert not sidecar.holder_gone("train-x7k2p", "train-x7k2p")
