@@ -51,7 +51,7 @@ from supervisor.classify import (
     held_nodes,
     training_container,
 )
-from supervisor.config import Config
+from supervisor.config import Config, HostMode
 from supervisor.discovery import Rendered
 from supervisor.fleet import Fleet
 from supervisor.hang import HangSettings, Verdict
@@ -122,6 +122,7 @@ class Core:
     found: tuple[plan.Failed, ...] = ()  # failures classified between passes, to decide
     node_down: Mapping[str, float] = field(default_factory=dict)  # node -> down since
     braked: frozenset[str] = frozenset()  # down nodes the disruption brake holds back
+    settling: frozenset[str] = frozenset()  # down nodes held after an API outage (_settle)
     synced_at: float | None = None  # the first pass after the watch synced
     scanned: bool = False  # the first full classification after sync is done
     reused: Mapping[int, int] = field(default_factory=dict)  # slot -> pods replaced (reused IP)
@@ -171,6 +172,8 @@ class Seen:
     ssh_clients: Mapping[str, int]  # host -> ssh clients (plan.retiring_hosts of Core.fleet)
     now: float  # monotonic
     wall: float  # epoch (the fleet's clock)
+    # monotonic: when the supervisor's node watch came back from its last outage (None: none)
+    api_back_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -239,7 +242,7 @@ def node_state(c: Core, nodes: Mapping[str, Obj], pod: Obj, lease_age: float | N
     Lease's age. A node never seen since the sync counts as down since then."""
     name = pod.get("spec", {}).get("nodeName") or ""
     node = nodes.get(name)
-    if name in c.braked:
+    if name in c.braked or name in c.settling:
         return NodeState(node=node)  # held back: no evidence against it for now
     down = c.node_down.get(name)
     if node is None and name and down is None:
@@ -283,6 +286,7 @@ def manage(c: Core, s: Seen, st: Settings) -> Pass:
         running = running and not any(isinstance(t, RestartHorovodrun) for t in p.todo)
     suspects = set(p.c.node_down) | set(s.lease_stale)
     _brake(p, s, st, suspects)
+    _settle(p, s, st, suspects)
     if suspects and p.c.hung:
         _force_hung_on_lost_nodes(p, s, suspects)
     if not p.c.scanned or suspects:
@@ -425,6 +429,50 @@ def _brake(p: _Pass, s: Seen, st: Settings, down: set[str]) -> None:
         p.todo.append(Note("info", "node.disruption_over", {"nodes": sorted(c.braked)},
                            EventSpec("Normal", "NodeDisruptionOver", "Resume", note)))
     p.c = replace(c, braked=braked, node_down=node_down)
+
+
+# After an outage of the API server (or of the supervisor's link to it) the node controller may
+# mark nodes NotReady whose kubelets could not renew their Leases through it, and they turn
+# Ready again at their next status update: no node was lost. For this long after its own watch
+# came back, the supervisor holds a down node whose workers' training processes all heartbeat.
+OUTAGE_SETTLE_S = 60.0
+OUTAGE_MIN_S = 5.0  # a watch broken this long is an outage (a routine reconnect is shorter)
+
+
+def settling_nodes(down: set[str], pods: Mapping[str, Obj], beats: tuple[Beat, ...], *,
+                   mode: HostMode, silence_s: float, now: float,
+                   api_back_at: float | None) -> frozenset[str]:
+    """PURE: the down nodes to hold (see OUTAGE_SETTLE_S): every live worker on them has a
+    training process that heartbeats now, within OUTAGE_SETTLE_S of the API's return."""
+    if api_back_at is None or now - api_back_at > OUTAGE_SETTLE_S or not down:
+        return frozenset()
+    talking = {b.host for b in beats if b.bye_at is None and now - b.last_seen < silence_s}
+    on: dict[str, list[str | None]] = {}
+    for pod in pods.values():
+        node = pod.get("spec", {}).get("nodeName")
+        if node in down and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+            on.setdefault(node, []).append(discovery.host_of(pod, mode))
+    return frozenset(n for n, hosts in on.items() if all(h in talking for h in hosts))
+
+
+def _settle(p: _Pass, s: Seen, st: Settings, down: set[str]) -> None:
+    """Step 3b: hold nodes that went down with the API server (settling_nodes), said once."""
+    c = p.c
+    settling = settling_nodes(down, s.pods, s.beats, mode=st.plan.host_mode,
+                              silence_s=st.hang.silence_s, now=s.now,
+                              api_back_at=s.api_back_at) if s.hooked else frozenset()
+    if settling == c.settling:
+        return
+    if new := settling - c.settling:
+        note = (f"node(s) {', '.join(sorted(new))} went down within {OUTAGE_SETTLE_S:g}s of "
+                "the API server's return while every worker on them heartbeats: held, not "
+                "replaced, while they do (their kubelets report again at their next update)")
+        p.todo.append(Note("warning", "node.settling", {"nodes": sorted(new), "note": note},
+                           EventSpec("Warning", "NodeSettling", "Hold", note)))
+    if gone := c.settling - settling:
+        p.todo.append(Note("info", "node.settled", {
+            "nodes": sorted(gone), "still_down": sorted(gone & down)}))
+    p.c = replace(c, settling=settling)
 
 
 def _quarantine(p: _Pass, s: Seen, st: Settings, found: list[plan.Failed]) -> None:

@@ -61,8 +61,10 @@ class Progress:
     step_s: float | None = None  # the step time (EWMA of the training intervals)
     resets: int = 0  # rank 0's worlds so far: a new rank 0 process or a new init of it
     counted: bool = False  # rank 0's hook counts its training time (Beat.trained_s)
-    # what is not stored: per process (sender), the highest position and redone count seen;
-    # rank 0's sender and inits last pass; (epoch, step) of the last RATE_WINDOW_S
+    # per process (sender), the highest position, redone count and training seconds seen, and
+    # rank 0's sender and inits last pass: stored too, so that a supervisor started again
+    # that adopts the run (sidecar mode) counts what its processes did meanwhile; not stored:
+    # (epoch, step) of the last RATE_WINDOW_S
     seen: Mapping[str, tuple[int, int, float]] = field(default_factory=dict)
     lead: tuple[str, int] | None = None
     recent: tuple[tuple[float, int], ...] = ()
@@ -218,6 +220,8 @@ def to_dict(p: Progress) -> dict[str, Any]:
         "goodput_any": None if good_any is None else round(good_any, 4),
         "productive_ws": round(p.productive_ws, 2), "lost_ws": round(p.lost_ws, 2),
         "history": [list(h) for h in p.history],
+        "seen": {k: [h, r, round(t, 3)] for k, (h, r, t) in p.seen.items()},
+        "lead": None if p.lead is None else list(p.lead),
     }
 
 
@@ -230,7 +234,11 @@ def from_dict(d: Mapping[str, Any] | None) -> Progress:
         history = tuple((float(t), None if w is None else int(w), int(s))
                         for t, w, s in d.get("history") or ())
         opt = _optional_float
+        seen = {str(k): (int(h), int(r), float(t)) for k, (h, r, t) in
+                (d.get("seen") or {}).items()}
+        lead = d.get("lead")
         return Progress(
+            seen=seen, lead=None if lead is None else (str(lead[0]), int(lead[1])),
             step=int(d.get("step", 0)), redone=int(d.get("redone", 0)),
             desired=int(d.get("desired", 0)), since=opt(d.get("since")), at=opt(d.get("at")),
             grew_at=opt(d.get("grewAt")), step_s=opt(d.get("stepSeconds")),

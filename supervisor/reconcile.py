@@ -138,6 +138,7 @@ class LoopState:
     crashed: bool = False
     budget_said: str | None = None  # the last DisruptionBudgetMissing's error
     memory: dict[str, PodMemory] = field(default_factory=dict)  # by pod name
+    api_back_at: float | None = None  # monotonic: the node watch back from an outage
     lease_reported: set[str] = field(default_factory=set)  # nodes whose Lease is too slow
     # the pods of the active slots, for the fleet they were computed from
     active_pods: tuple[Fleet | None, frozenset[str] | None] = (None, None)
@@ -445,7 +446,8 @@ class Supervisor:
             started_at=st.hangs.run_started_at if st.hangs.run_started_at is not None else now,
             beats=tuple(snap.beats.values()) if snap is not None else (),
             driver=snap.driver if snap is not None else None,
-            ssh_clients=clients, now=now, wall=self.wall()), settings)
+            ssh_clients=clients, now=now, wall=self.wall(), api_back_at=st.api_back_at),
+            settings)
         st.core = p.core
         st.replace_from.update(p.replace_from)
         for cause, action in p.counts:
@@ -930,6 +932,8 @@ class Supervisor:
             if health.broken_since is not None:
                 self.log.info("watch.connected", kind=s.kind.value,
                               broken_s=round(s.at - health.broken_since, 3))
+                if s.kind is Kind.NODE and s.at - health.broken_since >= core.OUTAGE_MIN_S:
+                    self.state.api_back_at = s.at  # nodes it marks now may be its artefact
             health.broken_since = None
             self.metrics.watch_connects.labels(s.kind.value).inc()
 

@@ -152,6 +152,11 @@ def run_sidecar(cfg: Config, env: Mapping[str, str]) -> int:
     result is the training container's). A sidecar started again after the job ended (its
     restartPolicy is Always) only waits for the pod to stop."""
     link = sidecar.Link(cfg.shared_dir)
+    if not os.path.ismount(cfg.shared_dir):  # an emptyDir is a mount in the container
+        print(f"elastic-supervisor: SUPERVISOR_SHARED_DIR={str(cfg.shared_dir)!r}: not mounted "
+              "in this container; mount there the emptyDir the training container mounts, "
+              "filled by `elastic-supervisor install` in an init container", file=sys.stderr)
+        return ExitCode.CONFIG
     try:
         link.announce()
     except OSError as e:

@@ -261,8 +261,8 @@ def without(change: str) -> Any:
 @pytest.mark.parametrize(("change", "line"), [
     ("shareProcessNamespace", "has no spec.shareProcessNamespace: true; set it"),
     ("wrapper", f"runs {WRAPPER}; start the training container with command: [{WRAPPER}]"),
-    ("mount", f"SUPERVISOR_SHARED_DIR='{SHARED}': cannot be written ([Errno 13] Permission "
-              "denied); mount the emptyDir the training container mounts there"),
+    ("mount", f"SUPERVISOR_SHARED_DIR='{SHARED}': not mounted in this container; mount "
+              "there the emptyDir the training container mounts"),
     ("install", f"SUPERVISOR_SHARED_DIR='{SHARED}': no hook in it ({SHARED}/hook/"
                 "sitecustomize.py is missing); run `elastic-supervisor install"),
 ])

@@ -223,6 +223,33 @@ def test_nodes_down_together_are_held_not_lost() -> None:
     assert over.core.braked == frozenset()
 
 
+@pytest.mark.parametrize(("api_back", "beats", "held"), [
+    pytest.param(NOW - 14, BEATS, True,
+                 id="down 14s after the API came back, its worker heartbeats: held"),
+    pytest.param(NOW - 61, BEATS, False, id="long after the outage: a lost node"),
+    pytest.param(None, BEATS, False, id="no outage seen: a lost node (a stopped kubelet)"),
+    pytest.param(NOW - 14, (beat(1),), False, id="its worker silent: a lost node"),
+])
+def test_a_node_down_just_after_an_api_outage_is_held_while_its_workers_heartbeat(
+        api_back: float | None, beats: tuple[Beat, ...], held: bool) -> None:
+    """The node controller marks NotReady the nodes whose kubelets could not renew their
+    Leases through an API server outage (seen on real nodes after kube-apiserver restarted:
+    a job with both workers on that node lost both, and horovodrun gave up). While every
+    worker on it heartbeats, within OUTAGE_SETTLE_S of the watch's return, nothing fails."""
+    nodes = {**NODES, "node-0": shapes.node("node-0", "node_unreachable")}
+    c = replace(STEADY, node_down={"node-0": NOW - 12})
+    p = manage(c, seen(nodes=nodes, beats=beats, api_back_at=api_back), S)
+    w0 = pod_name(JOB, 0, 1)
+    if held:
+        assert script(p) == [("say", "node.settling")]
+        assert p.core.settling == {"node-0"} and p.core.failed == frozenset()
+        back = manage(replace(p.core, node_down={}), seen(api_back_at=api_back), S)  # Ready
+        assert script(back) == [("say", "node.settled")] and back.core.settling == frozenset()
+    else:
+        assert ("delete", w0, 0) in script(p) and "uid-" + w0 in p.core.failed
+        assert p.core.settling == frozenset()
+
+
 def stalled() -> tuple[Beat, ...]:
     return (beat(0, progress_at=NOW - STALL_S - 1), beat(1, progress_at=NOW - STALL_S - 1))
 

@@ -193,6 +193,21 @@ def test_the_stored_form_round_trips_and_damage_is_named() -> None:
         progress.from_dict({"step": "many"})
 
 
+def test_a_supervisor_started_again_counts_what_the_adopted_run_did_meanwhile() -> None:
+    """Sidecar mode: the supervisor dies, horovodrun runs on, the next one adopts it (the same
+    processes, senders) and reads the stored progress, saved up to 10 s before the death. The
+    steps since that save and through the gap are counted when the processes are seen again;
+    found on real nodes, where the count was 186 steps short without the per-process marks."""
+    saved = run(steady(T0, T0 + 20, 0))  # step 40, the last save
+    restored = progress.from_dict(progress.to_dict(saved))
+    assert restored.seen == saved.seen and restored.lead == saved.lead
+    # 8 s after the save the supervisor died; its successor sees the processes at T0 + 35
+    q = run(steady(T0 + 35, T0 + 45, 70), start=restored)
+    assert q.step == 90 and q.redone == 0 and q.resets == saved.resets
+    without = run(steady(T0 + 35, T0 + 45, 70), start=replace(restored, seen={}, lead=None))
+    assert without.step == 60, "what counting from the first beat seen again would lose"
+
+
 def test_the_tool_and_rank_0s_printed_steps_agree_on_the_goodput() -> None:
     """The same training seen two ways: rank 0's step lines (what the demo's bench reads) and
     the hook's counts in heartbeats every 0.5 s, read by passes 0.3 to 2.5 s apart (what the
