@@ -130,7 +130,9 @@ def observe(p: Progress, beats: Iterable[Beat], *, desired: int, now: float,
         if pos is None:
             continue
         tr = b.trained_s or 0.0
-        high, was_redone, was_tr = seen.get(b.sender, (pos, b.redone or 0, tr))
+        # a process not seen before counts from its start: its counts are its own (a new
+        # process of a restarted run starts at 0; an adopted one trained for this job too)
+        high, was_redone, was_tr = seen.get(b.sender, (0, 0, 0.0))
         if lead is not None and b.sender == lead.sender:
             grew, redone = max(0, pos - high), max(0, (b.redone or 0) - was_redone)
             trained = None if b.trained_s is None else max(0.0, tr - was_tr)

@@ -361,6 +361,13 @@ def check_steps(records: list[Record], *, resumed_from: int = 0) -> None:
         if r.get("event") == "resumed":  # a new run, from the checkpoint of the last commit
             committed = checkpointed = max(checkpointed, r["step"])
             continue
+        if r.get("event") == "reset":
+            # A regroup: every process goes on from the state synced at `step`, which is saved
+            # (after a failure it is the last commit; at a host change the hook saves it
+            # first): a later rollback comes back to it, not further (seen when two workers
+            # died together right after a scale-out's regroup).
+            committed = max(committed, r["step"])
+            continue
         if "loss" not in r:
             continue
         moved, host = host is not None and r.get("host") != host, r.get("host")
