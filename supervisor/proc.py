@@ -18,7 +18,7 @@ import os
 import signal
 import subprocess
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import psutil
@@ -134,6 +134,23 @@ def kill_ssh_clients(root_pid: int, hosts: Collection[str]) -> dict[str, list[in
     return killed
 
 
+def kill_rounds(members: Callable[[], list[psutil.Process]],
+                wait: Callable[[list[psutil.Process]], object], rounds: int = 3) -> int:
+    """SIGKILL what `members()` finds alive, `wait` for it, and look again (a process forked
+    meanwhile), at most `rounds` times; return how many processes got it."""
+    killed = 0
+    for _ in range(rounds):
+        procs = [p for p in members() if alive(p)]
+        if not procs:
+            break
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        killed += len(procs)
+        wait(procs)
+    return killed
+
+
 def alive(p: psutil.Process) -> bool:
     """Whether `p` runs (a zombie does not)."""
     try:
@@ -216,17 +233,9 @@ class Child:
 
     def kill_tree(self, rounds: int = 3) -> int:
         """SIGKILL the child, its process group and every member of its tree; reap; return count."""
-        killed = 0
         self.signal_group(signal.SIGKILL)
-        for _ in range(rounds):
-            procs = [p for p in self.members() if alive(p)]
-            if not procs:
-                break
-            for p in procs:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    p.kill()
-            killed += len(procs)
-            psutil.wait_procs(procs, timeout=2)
+        killed = kill_rounds(self.members, lambda procs: psutil.wait_procs(procs, timeout=2),
+                             rounds)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
         self.reap()

@@ -31,7 +31,7 @@ import psutil
 
 from supervisor import discovery
 from supervisor.hook import HOOK_DIR
-from supervisor.proc import TREE_MARKER, alive
+from supervisor.proc import TREE_MARKER, alive, kill_rounds
 
 VOLUME = "elastic-supervisor"  # the emptyDir the supervisor adds to the workers it creates
 HOOK_INIT = "elastic-supervisor-hook"  # the init container that fills it there
@@ -366,20 +366,12 @@ def _tree(pid: int, marker: str | None) -> list[psutil.Process]:
 
 def kill_tree(pid: int, marker: str | None, rounds: int = 3) -> int:
     """SIGKILL horovodrun `pid` and its tree; return how many processes got it."""
-    killed = 0
-    for _ in range(rounds):
-        procs = [p for p in _tree(pid, marker) if alive(p)]
-        if not procs:
-            break
-        for p in procs:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill()
-        killed += len(procs)
+    def dead(procs: list[psutil.Process]) -> None:
         # Not our children: wait until they are dead (zombies, which their parents reap).
         end = time.monotonic() + 2
         while any(alive(p) for p in procs) and time.monotonic() < end:
             time.sleep(0.02)
-    return killed
+    return kill_rounds(lambda: _tree(pid, marker), dead, rounds)
 
 
 def holder_gone(holder: str, instance: str) -> bool:

@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -180,6 +181,18 @@ class Job(MainJob):
 
     def status(self) -> dict[str, Any]:
         return dict(json.loads(self.cli("status", "--output", "json")))
+
+    def status_as_printed(self) -> dict[str, Any]:
+        """`status` once the progress was saved after now, its step checked against the one
+        rank 0's script printed by then (within 2 %: the hook counts optimizer steps)."""
+        asked = time.time()
+        self.wait("the progress saved after now", lambda: (
+            (self.status().get("progress") or {}).get("at") or 0) > asked + 1, 40)
+        s = self.status()
+        p = s["progress"]
+        printed = max(int(r["step"]) for r in self.steps() if r["time"] <= p["at"])
+        assert abs(p["step"] - printed) <= max(10, printed // 50), (p["step"], printed)
+        return s
 
     def state(self) -> dict[str, Any]:
         cm = self.core.read_namespaced_config_map(f"{JOB}-supervisor-state", self.namespace)

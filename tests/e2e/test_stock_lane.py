@@ -173,6 +173,30 @@ def hung_then_replaced(job: Job, victim: str, t0: float) -> dict[str, Any]:
     return d
 
 
+def frozen_then_replaced(job: Job, faults: PodFaults) -> dict[str, Any]:
+    """A worker's training process frozen (SIGSTOP) on a healthy node, once the job is
+    settled: found by its silence, fenced, replaced (hung_then_replaced); returns its pod."""
+    job.settled(2)
+    victim, pod = job.victim()
+    t0 = time.time()
+    faults.freeze_training(victim)
+    hung_then_replaced(job, victim, t0)
+    return pod
+
+
+def partitioned_then_replaced(job: Job, faults: PodFaults) -> None:
+    """A worker cut off the pod network (iptables), once the job is settled: found, fenced,
+    deleted, replaced (hung_then_replaced)."""
+    job.settled(2)
+    victim, _ = job.victim()
+    with faults.partition(victim):
+        t0 = time.time()
+        # The partition ends with the pod (the supervisor deletes a hung one): its rules
+        # would otherwise catch whatever reuses its ports later.
+        job.wait("the partitioned pod deleted", lambda: victim not in job.live_workers(), 60)
+    hung_then_replaced(job, victim, t0)
+
+
 @pytest.mark.tour
 class TestStockTour:
     # ---- no false positives (the job's first minute) ---------------------------------------------
@@ -286,12 +310,8 @@ class TestStockTour:
 
     def test_a_frozen_process_on_a_healthy_node_is_found_by_its_silence(
             self, tour: tuple[Job, PodFaults]) -> None:
-        job, faults = tour
-        job.settled(2)
-        victim, pod = job.victim()
-        t0 = time.time()
-        faults.freeze_training(victim)
-        hung_then_replaced(job, victim, t0)
+        job, _ = tour
+        pod = frozen_then_replaced(*tour)
         node = job.core.read_node(pod["spec"]["nodeName"])
         ready = next(c for c in node.status.conditions if c.type == "Ready")
         assert ready.status == "True", "the node stayed healthy throughout"
@@ -356,15 +376,7 @@ class TestStockTour:
 
     def test_a_partitioned_worker_is_found_and_cut_off(
             self, tour: tuple[Job, PodFaults]) -> None:
-        job, faults = tour
-        job.settled(2)
-        victim, _ = job.victim()
-        with faults.partition(victim):
-            t0 = time.time()
-            # The partition ends with the pod (the supervisor deletes a hung one): its rules
-            # would otherwise catch whatever reuses its ports later.
-            job.wait("the partitioned pod deleted", lambda: victim not in job.live_workers(), 60)
-        hung_then_replaced(job, victim, t0)
+        partitioned_then_replaced(*tour)
 
     def test_six_ready_blips_of_a_workers_node_cost_nothing(
             self, tour: tuple[Job, PodFaults]) -> None:
