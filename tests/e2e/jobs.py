@@ -190,6 +190,11 @@ class Job(MainJob):
             (self.status().get("progress") or {}).get("at") or 0) > asked + 1, 40)
         s = self.status()
         p = s["progress"]
+        # rank 0's lines reach the launcher's log through ssh and horovodrun, up to a second
+        # behind the hook's heartbeats (15 steps of the stock script): read them once they are
+        # past the saved progress
+        self.wait("rank 0's lines past the saved progress",
+                  lambda: any(r["time"] > p["at"] for r in self.steps()), 30)
         printed = max(int(r["step"]) for r in self.steps() if r["time"] <= p["at"])
         assert abs(p["step"] - printed) <= max(10, printed // 50), (p["step"], printed)
         return s
