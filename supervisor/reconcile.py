@@ -678,10 +678,10 @@ class Supervisor:
                 self.events(EventSpec(
                     "Warning", "HookFrameworkUnfenced", "Detect",
                     f"training processes on {len(hosts)} host(s) {hosts[:10]} use {framework}, "
-                    "which the hook does not fence yet (only horovod.torch): no fence and no "
-                    "hang detection for them, and the stall rule and the regroup hold ignore "
-                    "them; horovodrun's driver is hardened and pod and node failures are "
-                    "handled as for any job (docs/hook.md)"))
+                    "which the hook does not fence (only horovod.torch and horovod.tensorflow): "
+                    "no fence and no hang detection for them, and the stall rule and the "
+                    "regroup hold ignore them; horovodrun's driver is hardened and pod and "
+                    "node failures are handled as for any job (docs/hook.md)"))
         if driver is None and running_s >= DRIVER_HELLO_WAIT_S and "driver" not in h.reported:
             h.reported.add("driver")
             self.log.error("hook.driver_missing", waited_s=round(running_s, 1))

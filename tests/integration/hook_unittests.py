@@ -5,7 +5,7 @@
 it with Debian bullseye's python3 (3.9) and trixie's (3.13) in minimal Debian trees
 (localcluster/pythons.py), and with the project's own. Horovod is in none of them: small fake
 `horovod` packages in a temporary directory stand in for the modules the hook patches
-(`horovod.torch.mpi_ops`, `horovod.tensorflow.mpi_ops`); the real ones are the other tests'
+(`horovod.torch.mpi_ops`, `horovod.mxnet.mpi_ops`); the real ones are the other tests'
 (tests/unit/test_hook_channel.py, tests/integration/test_hook_loading.py). Everything else is
 real: UDP and TCP sockets on loopback, /proc, psutil where the interpreter has it, the process
 watcher as a child process.
@@ -372,8 +372,8 @@ FAKE_HOROVOD = {
                                  "def init():\n    pass\n"
                                  "def rank():\n    return 0\n"
                                  "def size():\n    return 1\n"),
-    "horovod/tensorflow/__init__.py": "from horovod.tensorflow.mpi_ops import init\n",
-    "horovod/tensorflow/mpi_ops.py": "def init():\n    pass\n",
+    "horovod/mxnet/__init__.py": "from horovod.mxnet.mpi_ops import init\n",
+    "horovod/mxnet/mpi_ops.py": "def init():\n    pass\n",
 }
 
 
@@ -431,17 +431,17 @@ class Patching(unittest.TestCase):
         self.assertEqual((ps["pid"], ps["of"]), (os.getpid(), self.hook.beater.sender))
         self.assertNotIn("elastic-supervisor hook", err.getvalue())
 
-    def test_horovod_tensorflow_is_said_unfenced_once_and_in_every_heartbeat(self):
+    def test_horovod_mxnet_is_said_unfenced_once_and_in_every_heartbeat(self):
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
-            import horovod.tensorflow
-            import horovod.tensorflow.mpi_ops  # noqa: F401  # imported again: said once
-        problem = hook.unfenced_problem("horovod.tensorflow")
+            import horovod.mxnet
+            import horovod.mxnet.mpi_ops  # noqa: F401  # imported again: said once
+        problem = hook.unfenced_problem("horovod.mxnet")
         said = [line for line in err.getvalue().splitlines() if "elastic-supervisor" in line]
         self.assertEqual(said, [
             f"elastic-supervisor hook: {problem} (no fence and no hang detection for this "
             "process; horovodrun's driver is hardened all the same)"])
-        self.assertEqual(hook.unfenced_framework(problem), "horovod.tensorflow")
+        self.assertEqual(hook.unfenced_framework(problem), "horovod.mxnet")
         self.assertIsNone(hook.unfenced_framework("Horovod 0.27.0 is not 0.28.x"))
         for _ in range(2):
             body = received(self.rx, lambda b: b["t"] == "hb")

@@ -48,7 +48,7 @@ def waiting(host: str, seconds: float, **kw: object) -> Beat:
 
 
 FROZEN_AT = NOW - 3.4  # its last heartbeat
-TF = unfenced_problem("horovod.tensorflow")
+TF = unfenced_problem("horovod.mxnet")
 
 
 def frozen(host: str = "10.0.0.3", **kw: object) -> Beat:
@@ -97,13 +97,13 @@ def hung(host: str = "10.0.0.3", peers: int = 2, longest: float = 3.0,
                  id="a process whose hook reported a problem is not judged, it is reported"),
     pytest.param([replace(beat(h, progress=None, problems=(TF,)), first_seen=NOW - 700)
                   for h in ("10.0.0.1", "10.0.0.2")],
-                 Verdict(unfenced=(("10.0.0.1", "horovod.tensorflow"),
-                                   ("10.0.0.2", "horovod.tensorflow"))),
+                 Verdict(unfenced=(("10.0.0.1", "horovod.mxnet"),
+                                   ("10.0.0.2", "horovod.mxnet"))),
                  id="TensorFlow processes heartbeat, never progress: reported apart, no stall"),
     pytest.param([beat("10.0.0.1", wait=500.0, kind="c", progress=NOW - 700),
                   beat("10.0.0.2", progress=NOW - 700),
                   replace(beat("10.0.0.3", progress=None, problems=(TF,)), first_seen=NOW - 5)],
-                 Verdict(stall=Stall(700.0, 2), unfenced=(("10.0.0.3", "horovod.tensorflow"),)),
+                 Verdict(stall=Stall(700.0, 2), unfenced=(("10.0.0.3", "horovod.mxnet"),)),
                  id="an unfenced process that just started does not hide the others' stall"),
     pytest.param([waiting("10.0.0.1", 5.0), frozen(host="10.0.0.2"), frozen()],
                  Verdict(hung=(hung("10.0.0.2", peers=1, longest=5.0),

@@ -30,17 +30,18 @@ def test_an_unfenced_framework_is_said_once_per_run_and_apart_from_other_problem
                       start_child=None, base_env={}, act=print,  # type: ignore[arg-type]
                       kill_ssh_clients=None, count_ssh_clients=None)  # type: ignore[arg-type]
     verdict = Verdict(problems=(("10.0.0.1", "Horovod 0.27.0 is not 0.28.x: not patched"),),
-                      unfenced=(("10.0.0.1", "horovod.tensorflow"),
-                                ("10.0.0.2", "horovod.tensorflow")))
+                      unfenced=(("10.0.0.1", "horovod.mxnet"),
+                                ("10.0.0.2", "horovod.mxnet")))
     for _ in range(3):  # three ticks
         loop._hang_warnings(verdict, driver=object(), running_s=5.0)
     assert [(e.type, e.reason) for e in events] == [("Warning", "HookProblem"),
                                                      ("Warning", "HookFrameworkUnfenced")]
     assert events[1].note.startswith(
-        "training processes on 2 host(s) ['10.0.0.1', '10.0.0.2'] use horovod.tensorflow, "
-        "which the hook does not fence yet (only horovod.torch)"), events[1].note
+        "training processes on 2 host(s) ['10.0.0.1', '10.0.0.2'] use horovod.mxnet, "
+        "which the hook does not fence (only horovod.torch and horovod.tensorflow): "
+    ), events[1].note
     assert ("warning", "hook.framework_unfenced", {
-        "framework": "horovod.tensorflow", "hosts": ["10.0.0.1", "10.0.0.2"]}) in log.lines
+        "framework": "horovod.mxnet", "hosts": ["10.0.0.1", "10.0.0.2"]}) in log.lines
     loop.state.hangs.reported.clear()  # a new run of horovodrun says it again
     loop._hang_warnings(verdict, driver=object(), running_s=5.0)
     assert [e.reason for e in events[2:]] == ["HookProblem", "HookFrameworkUnfenced"]

@@ -54,8 +54,8 @@ def test_pending_remembers_each_processs_inits() -> None:
                  id="the survivors alone cannot reach MIN_NP: never held"),
     pytest.param(PENDING, [], NOW, 1, frozenset(), id="nobody heartbeats (no hook): never held"),
     pytest.param(PENDING, [beat("p1", progress=None, problems=(
-        "horovod.tensorflow is not fenced by the hook yet (only horovod.torch is)",))], NOW, 1,
-        frozenset(), id="only processes whose hook cannot see collectives (TensorFlow): never"),
+        "horovod.mxnet is not fenced by the hook (horovod.torch and horovod.tensorflow are)",))],
+        NOW, 1, frozenset(), id="only processes whose hook cannot see collectives (MXNet): never"),
 ])
 def test_held(p: Pending | None, beats: list[Beat], now: float, min_np: int,
               expected: frozenset[str]) -> None:

@@ -23,9 +23,14 @@ names. Nothing else is touched, so a process that never imports them is unchange
   state before it raises HostsUpdatedInterrupt (worker.saved_on_host_change). A missing
   target or another Horovod version is reported on stderr and in the heartbeats, never fatal
   to training.
+- a training process of horovod.tensorflow (which horovod.keras and horovod.tensorflow.keras
+  import too): `horovod.tensorflow.mpi_ops` gets its `init` wrapped as torch's is, and its
+  collectives timed, eagerly in Python and inside a `tf.function` by two signals the graph runs
+  (tfwait.py); `horovod.tensorflow`'s `allreduce_grads` is one wait and one training step; a
+  world whose collective failed is left (`horovod.common.elastic.run_fn` sees its
+  HorovodInternalError).
 - a training process that imports a Horovod framework the hook does not fence yet
-  (horovod.tensorflow, which horovod.keras and horovod.tensorflow.keras import too, or
-  horovod.mxnet: UNFENCED) says so, once on stderr and in its heartbeats from then on (a problem,
+  (horovod.mxnet: UNFENCED) says so, once on stderr and in its heartbeats from then on (a problem,
   `unfenced_problem`, which the supervisor posts as a HookFrameworkUnfenced Event), and cuts
   nothing: no fence, no hang detection there. horovodrun's driver is hardened all the same.
   ELASTIC_SUPERVISOR_HOOK_WORKER=0 (SUPERVISOR_WORKER_HOOK=false) leaves training processes
@@ -43,7 +48,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from . import driver, wire, worker
+from . import driver, tfwait, wire, worker
 
 KEY_ENV = "ELASTIC_SUPERVISOR_HOOK_KEY"  # hex; one per supervisor process
 # Or a file with the key in hex (the job's Secret, mounted on the launcher and every worker):
@@ -64,19 +69,20 @@ NETWORK = "horovod.runner.common.util.network"
 REMOTE = "horovod.runner.util.remote"
 DRIVER = "horovod.runner.elastic.driver"
 MPI_OPS = "horovod.torch.mpi_ops"
+TF_OPS = "horovod.tensorflow.mpi_ops"
+TF = "horovod.tensorflow"
 OPTIMIZER = "horovod.torch.optimizer"
 ELASTIC = "horovod.common.elastic"
 # Horovod's other frameworks, each known by a module only it imports (its first): the hook does
-# not fence them yet (docs/hook.md, "TensorFlow, Keras and MXNet").
-UNFENCED = {"horovod.tensorflow.mpi_ops": "horovod.tensorflow",
-            "horovod.mxnet.mpi_ops": "horovod.mxnet"}
+# not fence them (docs/hook.md, "MXNet").
+UNFENCED = {"horovod.mxnet.mpi_ops": "horovod.mxnet"}
 Patch = Callable[[Any], None]
 
 
 def unfenced_problem(framework: str) -> str:
     """The problem a training process that imported `framework` (a value of UNFENCED) reports
     in its heartbeats."""
-    return f"{framework} is not fenced by the hook yet (only horovod.torch is)"
+    return f"{framework} is not fenced by the hook (horovod.torch and horovod.tensorflow are)"
 
 
 def unfenced_framework(problem: str) -> str | None:
@@ -309,10 +315,12 @@ class WorkerHook:
         self.unreadable = False  # the connections could not be read (said once)
         self.connections = worker.TcpConnections()
         self.fence = True  # False once an unfenced framework was imported: nothing is cut
+        self.signals: tfwait.Signals | None = None  # horovod.tensorflow's collectives
 
     def patches(self) -> dict[str, Patch]:
         patches: dict[str, Patch] = {MPI_OPS: self.patch, ELASTIC: self.patch_elastic,
-                                     OPTIMIZER: self.patch_optimizer}
+                                     OPTIMIZER: self.patch_optimizer, TF_OPS: self.patch_tf,
+                                     TF: self.patch_tf_gradients}
         for module, framework in UNFENCED.items():
             patches[module] = functools.partial(self.unfenced, framework)
         return patches
@@ -339,6 +347,9 @@ class WorkerHook:
         progress = self.progress
         state.check_host_updates = worker.saved_on_host_change(  # type: ignore[union-attr]
             check, progress.saved)
+        run_fn = getattr(elastic, "run_fn", None)
+        if callable(run_fn):
+            elastic.run_fn = self.leaving_failed_worlds(run_fn)
 
         @functools.wraps(commit)
         def saving_commit(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -360,6 +371,36 @@ class WorkerHook:
 
             objects.save = counted_save  # type: ignore[union-attr]
 
+    def leaving_failed_worlds(self, run_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Horovod's `run_fn(func, reset)` (under every framework's `hvd.elastic.run`), with
+        `func` leaving a failed world as its HorovodInternalError passes: horovod.tensorflow's
+        collectives fail inside TensorFlow's executor, and the first Python sees of it is
+        this error (horovod.torch's `synchronize` has left already: a second leave is a no-op)."""
+        hook = self
+
+        @functools.wraps(run_fn)
+        def leaving_run_fn(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            @functools.wraps(func)
+            def leaving(*a: Any, **k: Any) -> Any:
+                try:
+                    return func(*a, **k)
+                except Exception as e:
+                    if type(e).__name__ == "HorovodInternalError":
+                        hook.failed_world()
+                    raise
+
+            return run_fn(leaving, *args, **kwargs)
+
+        return leaving_run_fn
+
+    def failed_world(self) -> None:
+        """A collective of this process's world failed: its state rolls back, the graphs' waits
+        never complete, and what is left of its connections is cut."""
+        self.progress.rolled_back()
+        if self.signals is not None:
+            self.signals.forget()
+        self.leave_world()
+
     def patch_optimizer(self, optimizer: Any) -> None:
         """Count the training steps: horovod.torch's DistributedOptimizer copies the methods of
         `_DistributedOptimizer` (and the Adasum one) into the class it makes for the script's
@@ -373,15 +414,17 @@ class WorkerHook:
         for cls in found:
             cls.step = self.progress.counted(cls.step)
 
-    def patch(self, mpi_ops: Any) -> None:
-        self.module = mpi_ops
+    def _check(self, name: str, mpi_ops: Any, needed: tuple[str, ...]) -> None:
         version = _horovod_version()
         if not version.startswith(SUPPORTED):
             raise RuntimeError(f"Horovod {version} is not {SUPPORTED}x: not patched")
-        missing = [n for n in ("synchronize", "init", "rank", "size")
-                   if not callable(getattr(mpi_ops, n, None))]
+        missing = [n for n in needed if not callable(getattr(mpi_ops, n, None))]
         if missing:
-            raise RuntimeError(f"{MPI_OPS}: {', '.join(missing)} not found: not patched")
+            raise RuntimeError(f"{name}: {', '.join(missing)} not found: not patched")
+        self.module = mpi_ops
+
+    def patch(self, mpi_ops: Any) -> None:
+        self._check(MPI_OPS, mpi_ops, ("synchronize", "init", "rank", "size"))
         timed_synchronize = self.progress.wrap(mpi_ops.synchronize, "c")
 
         @functools.wraps(timed_synchronize)
@@ -390,26 +433,48 @@ class WorkerHook:
                 return timed_synchronize(*args, **kwargs)
             except Exception as e:
                 if type(e).__name__ == "HorovodInternalError":
-                    self.progress.rolled_back()
-                    self.leave_world()
+                    self.failed_world()
                 raise
 
-        timed_init = self.progress.wrap(mpi_ops.init, "i", after=self.initialised)
+        mpi_ops.synchronize, mpi_ops.init = synchronize, self.watched_init(mpi_ops.init)
+
+    def patch_tf(self, mpi_ops: Any) -> None:
+        """horovod.tensorflow: its init as torch's, its collectives timed (tfwait.py)."""
+        self._check(TF_OPS, mpi_ops, ("init", "rank", "size"))
+        tf = sys.modules.get("tensorflow")
+        if tf is None:
+            raise RuntimeError(f"{TF_OPS} was imported without tensorflow: not patched")
+        self.signals = tfwait.Signals(self.progress, tf)
+        tfwait.patch_ops(mpi_ops, self.signals)
+        mpi_ops.init = self.watched_init(mpi_ops.init)
+
+    def patch_tf_gradients(self, package: Any) -> None:
+        if self.signals is None:
+            raise RuntimeError(f"{TF_OPS} was not patched: the gradients are not timed")
+        tfwait.patch_gradients(package, self.signals)
+
+    def watched_init(self, init: Callable[..., Any]) -> Callable[..., Any]:
+        """A framework's `init`: heartbeats start as the first one begins, it is timed as a
+        wait, and the connections it opens are the world's."""
+        timed_init = self.progress.wrap(init, "i", after=self.initialised)
 
         @functools.wraps(timed_init)
-        def init(*args: Any, **kwargs: Any) -> Any:
+        def watched(*args: Any, **kwargs: Any) -> Any:
             # Heartbeats from the first init on, not after it: a process waiting in the first
             # rendezvous of a run (a member lost there never comes) is seen waiting there.
             self.start()
+            if self.signals is not None:  # a new world: the old one's graphs are gone
+                self.signals.forget()
             self.joining = self.links()
             return timed_init(*args, **kwargs)
 
-        mpi_ops.synchronize, mpi_ops.init = synchronize, init
+        return watched
 
     def patched(self, name: str, problem: str) -> None:
         if not problem:
             return
         lost = {OPTIMIZER: "steps are not counted for the goodput",
+                TF: "steps are not counted for the goodput",
                 ELASTIC: "no save at a host change; saves are not counted"}.get(name)
         if lost is not None:
             # Said on stderr only: a problem in the heartbeats takes the process out of the

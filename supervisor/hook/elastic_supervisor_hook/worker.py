@@ -155,10 +155,14 @@ class Progress:
         @functools.wraps(step)
         def counted_step(*args: Any, **kwargs: Any) -> Any:
             result = step(*args, **kwargs)
-            self.steps += 1
-            self.stepped(self.clock())
+            self.step()
             return result
         return counted_step
+
+    def step(self) -> None:
+        """A training step completed (an optimizer's step, or a step's reduced gradients)."""
+        self.steps += 1
+        self.stepped(self.clock())
 
     def stepped(self, now: float) -> None:
         """A step returned at `now`: a new one adds the pause since the last new one to the
@@ -179,6 +183,23 @@ class Progress:
         elif self.step_s is None:
             self.step_s = step_s
 
+    def begin(self, token: object, kind: str) -> None:
+        """A wait of `kind` ("c": a collective, "i": an init) begins, known as `token`."""
+        self.inflight[token] = (self.clock(), kind)
+
+    def end(self, token: object, kind: str, completed: bool = True) -> None:
+        """The wait `token` is over; `completed`: it succeeded (counted as done)."""
+        self.inflight.pop(token, None)
+        if completed:
+            self.done += 1
+            self.since_init = 0 if kind == "i" else self.since_init + 1
+
+    def forget(self, kind_of: Callable[[object], bool]) -> None:
+        """Drop the waits whose token `kind_of` picks: waits that will never end (the ops of a
+        TensorFlow graph that failed: its end signal never runs)."""
+        for token in [t for t in list(self.inflight) if kind_of(t)]:
+            self.inflight.pop(token, None)
+
     def wrap(self, fn: Callable[..., Any], kind: str,
              after: Callable[[], None] | None = None) -> Callable[..., Any]:
         """`fn`, timed as a wait of `kind` ("c": a collective, "i": an init); `after` runs
@@ -186,13 +207,13 @@ class Progress:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             token = object()
-            self.inflight[token] = (self.clock(), kind)
+            self.begin(token, kind)
             try:
                 result = fn(*args, **kwargs)
-            finally:
-                self.inflight.pop(token, None)
-            self.done += 1
-            self.since_init = 0 if kind == "i" else self.since_init + 1
+            except BaseException:
+                self.end(token, kind, completed=False)
+                raise
+            self.end(token, kind)
             if after is not None:
                 after()
             return result
