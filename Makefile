@@ -39,7 +39,7 @@ lint: $(PY)
 
 # The end-to-end tests that run real horovodrun over ssh to loopback hosts (no cluster).
 E2E_LOOPBACK := tests/e2e/test_driver_hardening.py tests/e2e/test_join_gate.py \
-	tests/e2e/test_train_script.py tests/e2e/test_horovod_build.py
+	tests/e2e/test_train_script.py tests/e2e/test_horovod_build.py tests/e2e/test_tensorflow.py
 
 # Integration tests that need no control plane (the hook in real interpreters, Debian's 3.9 and
 # 3.13 among them, the images in a scratch containerd): in `make test` they run in the loopback lane, which evens the lanes.

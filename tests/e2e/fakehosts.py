@@ -34,8 +34,14 @@ from tests.e2e.jobs import steps_of
 from tests.helpers import wait_for
 
 T = TypeVar("T")
-BIN = Path(sys.executable).parent
 STOCK = Path(__file__).resolve().with_name("stock_train.py")
+# The stock scripts of the other frameworks (TensorFlow's custom loop, Keras's model.fit).
+STOCK_TF = STOCK.with_name("stock_tf_train.py")
+STOCK_KERAS = STOCK.with_name("stock_keras_train.py")
+STOCK_SCRIPTS = (STOCK.name, STOCK_TF.name, STOCK_KERAS.name)
+# The TensorFlow environment `make setup` builds (scripts/build-tf-env.sh) the TF scripts run in.
+TF_PYTHON = Path(os.environ.get("ES_CACHE", Path.home() / ".cache" / "elastic-supervisor")
+                 ) / "tf-venv" / "bin" / "python"
 
 
 class HostSet:
@@ -71,7 +77,8 @@ class HostSet:
         out = []
         for p in psutil.Process(host.proc.pid).children(recursive=True):
             with contextlib.suppress(psutil.NoSuchProcess):
-                if STOCK.name in " ".join(p.cmdline()) and p.name().startswith("python"):
+                line = " ".join(p.cmdline())
+                if any(n in line for n in STOCK_SCRIPTS) and p.name().startswith("python"):
                     out.append(p)
         return out
 
@@ -135,22 +142,23 @@ class HorovodRun:
 
     def __init__(self, workdir: Path, hosts: HostSet, *, np: int, min_np: int, max_np: int,
                  batches: int, channel: Channel | None, worker_hook: bool = True,
-                 gloo_timeout_s: int = 60, script_args: Sequence[str] = ()) -> None:
+                 gloo_timeout_s: int = 60, script_args: Sequence[str] = (),
+                 python: Path = Path(sys.executable), script: Path = STOCK) -> None:
         self.workdir, self.hosts = workdir, hosts
         self.hostfile = workdir / "hostfile"
         self.dead_file = workdir / "dead.json"
         self.stop_file = workdir / "stop"  # the stock script's --stop-file: see stop_at
-        script = workdir / "discover_hosts.sh"
-        script.write_text(f"#!/bin/sh\nexec cat {self.hostfile}\n")
-        script.chmod(0o755)
+        discover = workdir / "discover_hosts.sh"
+        discover.write_text(f"#!/bin/sh\nexec cat {self.hostfile}\n")
+        discover.chmod(0o755)
         self.argv = [
-            str(BIN / "horovodrun"), "-np", str(np), "--min-np", str(min_np),
+            str(python.parent / "horovodrun"), "-np", str(np), "--min-np", str(min_np),
             "--max-np", str(max_np), "--slots-per-host", "1",
-            "--host-discovery-script", str(script), "--ssh-port", str(hosts.port),
+            "--host-discovery-script", str(discover), "--ssh-port", str(hosts.port),
             "--ssh-identity-file", str(hosts.key.private), "--network-interface", "lo",
             "--gloo-timeout-seconds", str(gloo_timeout_s), "--start-timeout", "60",
             "--elastic-timeout", "120",
-            sys.executable, str(STOCK), "--batches", str(batches),
+            str(python), str(script), "--batches", str(batches),
             "--stop-file", str(self.stop_file), *script_args]
         self.env = dict(os.environ)
         if channel is not None:

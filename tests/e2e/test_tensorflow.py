@@ -1,0 +1,224 @@
+"""The hook with horovod.tensorflow and its Keras, under real horovodrun (elastic, Gloo) on fake
+hosts, without Kubernetes: the seeds' TensorFlow 2 shape (stock_tf_train.py: a `@tf.function`
+step with a DistributedGradientTape, TensorFlowKerasState, a commit every batch) and Keras's
+`model.fit` with Horovod's elastic callbacks (stock_keras_train.py), neither with a checkpoint
+and neither importing anything of the supervisor. They run in the TensorFlow environment
+`make setup` builds (scripts/build-tf-env.sh: tensorflow-cpu and Horovod built against it).
+
+The supervisor's part is played by its own pieces, as its loop uses them: a real `HookChannel`
+takes the heartbeats, `hang.assess` judges them with the shipped settings, and a verdict's
+hosts are fenced (`HookChannel.fence`), their ssh clients killed and their hosts unlisted (the
+discovery file is this test's): what the loop does when it declares a worker Hung or stuck.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localcluster.job import horovod_records
+from supervisor.channel import HookChannel
+from supervisor.config import Config
+from supervisor.hang import HangSettings, Verdict, assess
+from supervisor.proc import kill_ssh_clients
+from tests.e2e.fakehosts import (
+    STOCK_KERAS,
+    STOCK_TF,
+    TF_PYTHON,
+    HorovodRun,
+    HostSet,
+    horovod_on_fake_hosts,
+)
+from tests.e2e.jobs import check_steps, step_after_reset
+from tests.faults import freeze, thaw
+from tests.helpers import wait_for
+
+START_S = 180  # three TensorFlow workers start (ssh, import tensorflow, trace) on 2 loaded cores
+RESUME_BOUND_S = 5.0  # the issue's target after a frozen peer
+STUCK_BOUND_S = 30.0  # after a main thread that stopped while its other threads run
+SHAPES = [pytest.param(STOCK_TF, id="tf.function step"), pytest.param(STOCK_KERAS, id="keras fit")]
+
+
+def shipped() -> HangSettings:
+    """The hang rules' settings as the supervisor ships them (Config's defaults)."""
+    default = {f.name: f.default for f in dataclasses.fields(Config)}
+    return HangSettings(silence_s=default["heartbeat_timeout_s"],
+                        stall_s=default["stall_timeout_s"], stuck_s=default["stuck_s"])
+
+
+class Supervisor:
+    """The loop's hang detection over one horovodrun: every 0.1 s the channel's heartbeats are
+    judged, and a Hung or stuck host is fenced, its ssh clients killed and its host unlisted."""
+
+    def __init__(self, channel: HookChannel, run: HorovodRun, listed: list[str]) -> None:
+        self.channel, self.run = channel, run
+        self.listed = list(listed)
+        self.since = {h: time.monotonic() for h in listed}
+        self.verdicts: list[tuple[float, Verdict]] = []  # (wall time, a verdict naming hosts)
+        self.settings = shipped()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> Supervisor:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def named(self) -> list[str]:
+        return [h for _, v in self.verdicts for h in [*(x.host for x in v.hung),
+                                                       *(x.host for x in v.stuck)]]
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.1):
+            snap = self.channel.snapshot()
+            verdict = assess(snap.beats.values(), dict(self.since), started_at=snap.started_at,
+                             settings=self.settings, now=time.monotonic())
+            hosts = sorted({*(x.host for x in verdict.hung), *(x.host for x in verdict.stuck)})
+            if not hosts:
+                continue
+            self.verdicts.append((time.time(), verdict))
+            self.channel.fence(hosts)
+            assert self.run.proc is not None
+            kill_ssh_clients(self.run.proc.pid, set(hosts))
+            self.listed = [h for h in self.listed if h not in hosts]
+            for h in hosts:
+                self.since.pop(h, None)
+            self.run.set_hosts(self.listed)
+
+
+@pytest.fixture
+def fake_hosts(tmp_path: Path) -> Iterator[tuple[HostSet, list[HorovodRun]]]:
+    assert TF_PYTHON.exists(), f"{TF_PYTHON} not found: run make setup (its TensorFlow step)"
+    with horovod_on_fake_hosts(tmp_path) as made:
+        yield made
+
+
+@pytest.fixture
+def channel(tmp_path: Path) -> Iterator[HookChannel]:
+    ch = HookChannel(dead_file=tmp_path / "dead.json", bind="127.0.0.1").start()
+    yield ch
+    ch.close()
+
+
+def tf_training(tmp_path: Path, hosts: HostSet, runs: list[HorovodRun], channel: HookChannel, *,
+                script: Path, n: int, **kw: Any) -> tuple[HorovodRun, list[str]]:
+    """horovodrun of `script` on `n` new hosts, with the hook as the supervisor sets it up;
+    returned once rank 0 trained past batch 5 at size n."""
+    listed = hosts.start(n)
+    run = HorovodRun(tmp_path, hosts, np=n, min_np=1, max_np=n, batches=100_000,
+                     channel=None, python=TF_PYTHON, script=script, **kw)
+    run.dead_file = channel.dead_file
+    run.env.update(channel.new_run(os.environ.get("PYTHONPATH")))
+    runs.append(run)
+    run.set_hosts(listed)
+    run.start()
+    wait_for(lambda: (s := run.last_step()) and s["size"] == n and s["step"] > 5, START_S,
+             what=f"training at size {n}:\n{run.tail()}")
+    return run, listed
+
+
+def beats_of(channel: HookChannel) -> list[Any]:
+    return list(channel.snapshot().beats.values())
+
+
+def printed_by(run: HorovodRun, at: float) -> int:
+    """Rank 0's last printed step among the lines read by monotonic time `at`."""
+    steps = [r["step"] for r in horovod_records("\n".join(
+        line for t, line in list(run.lines) if t <= at)) if "loss" in r]
+    return max(steps, default=0)
+
+
+@pytest.mark.parametrize("script", SHAPES)
+def test_a_tensorflow_process_heartbeats_its_steps_saves_and_waits(
+        tmp_path: Path, fake_hosts: tuple[HostSet, list[HorovodRun]], channel: HookChannel,
+        script: Path) -> None:
+    hosts, runs = fake_hosts
+    run, listed = tf_training(tmp_path, hosts, runs, channel, script=script, n=2)
+    # Inside a tf.function the collectives wait out of Python's sight: the graph's signals say
+    # when a process waits in one (the gradients of a step), and each step completes one.
+    wait_for(lambda: any(b.waiting == "c" for b in beats_of(channel)), 30,
+             what="a heartbeat from inside a collective")
+    end = run.stop_at(ahead=10)
+    assert run.wait(120) == 0, run.tail()
+    beats = beats_of(channel)
+    assert {b.host for b in beats} == set(listed), beats
+    assert all(b.problems == () for b in beats), [b.problems for b in beats]
+    # Each process's last heartbeat counts the steps rank 0 had printed by then (every process
+    # of a world trains the same steps), each commit, and a completed collective per step.
+    for b in beats:
+        low, high = printed_by(run, b.last_seen - 0.5), printed_by(run, b.last_seen + 0.5)
+        assert b.steps is not None and low <= b.steps <= high, (b.host, b.steps, low, high)
+        assert b.commits is not None and b.commits >= b.steps, (b.host, b.commits, b.steps)
+        assert b.done >= b.steps, (b.host, b.done, b.steps)
+    assert run.last_step()["step"] == end  # type: ignore[index]
+    assert "not fenced by the hook" not in run.output()
+
+
+@pytest.mark.parametrize("script", SHAPES)
+def test_a_frozen_tensorflow_worker_is_named_hung_fenced_and_the_survivors_resume(
+        tmp_path: Path, fake_hosts: tuple[HostSet, list[HorovodRun]], channel: HookChannel,
+        script: Path) -> None:
+    hosts, runs = fake_hosts
+    run, listed = tf_training(tmp_path, hosts, runs, channel, script=script, n=3)
+    supervisor = Supervisor(channel, run, listed).start()
+    try:
+        coordinator = run.last_step()["host"]  # type: ignore[index]
+        victim = next(h for h in listed if h != coordinator)  # rank 0 keeps printing
+        frozen = [p.pid for p in hosts.training(victim)]
+        at = time.time()
+        freeze(frozen)
+        resumed = wait_for(lambda: step_after_reset(run.records(), at, size=2), 60,
+                           interval=0.05, what=f"a step at size 2:\n{run.tail()}")
+        took = resumed["time"] - at
+        assert supervisor.named() == [victim], supervisor.verdicts
+        [(_, verdict)] = supervisor.verdicts
+        assert "waited in a collective" in verdict.hung[0].detail, verdict
+        assert took <= RESUME_BOUND_S, f"resumed {took:.2f}s after the freeze\n{run.tail()}"
+        end = run.stop_at(ahead=10)
+        assert run.wait(120) == 0, f"horovodrun did not end well:\n{run.tail()}"
+        check_steps(run.records())
+        assert run.last_step()["step"] == end  # type: ignore[index]
+        assert "fence.severed" in run.output() or "fence.left_world" in run.output()
+    finally:
+        supervisor.close()
+        thaw(frozen)
+
+
+def test_a_stuck_main_thread_of_a_tensorflow_worker_is_named_and_the_survivors_resume(
+        tmp_path: Path, fake_hosts: tuple[HostSet, list[HorovodRun]],
+        channel: HookChannel) -> None:
+    hosts, runs = fake_hosts
+    hang_file = tmp_path / "hang"
+    run, listed = tf_training(tmp_path, hosts, runs, channel, script=STOCK_TF, n=3,
+                              script_args=["--hang-file", str(hang_file)])
+    supervisor = Supervisor(channel, run, listed).start()
+    try:
+        coordinator = run.last_step()["host"]  # type: ignore[index]
+        victim = next(h for h in listed if h != coordinator)
+        at = time.time()
+        hang_file.write_text(victim)
+        resumed = wait_for(lambda: step_after_reset(run.records(), at, size=2),
+                           STUCK_BOUND_S + 30, interval=0.1,
+                           what=f"a step at size 2:\n{run.tail()}")
+        took = resumed["time"] - at
+        [(_, verdict)] = supervisor.verdicts
+        assert [s.host for s in verdict.stuck] == [victim] and not verdict.hung, verdict
+        assert "stock_tf_train.py" in " ".join(verdict.stuck[0].where), verdict
+        assert took <= STUCK_BOUND_S, f"resumed {took:.2f}s after the hang\n{run.tail()}"
+        hang_file.write_text("")
+        end = run.stop_at(ahead=10)
+        assert run.wait(120) == 0, f"horovodrun did not end well:\n{run.tail()}"
+        check_steps(run.records())
+        assert run.last_step()["step"] == end  # type: ignore[index]
+    finally:
+        supervisor.close()
