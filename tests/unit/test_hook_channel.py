@@ -70,6 +70,23 @@ def test_authentic_but_malformed_bodies_are_dropped(payload: Any) -> None:
     assert wire.decode(KEY, data) is None
 
 
+@pytest.mark.parametrize("payload", [
+    pytest.param(b'{"t":"hb","s":"a","n":1,"x":' + b"[" * 50_000, id="nested 50,000 deep"),
+    pytest.param(b'{"t":["hb"],"s":"a","n":1}', id="a type that is a list"),
+    pytest.param(b'{"t":"hb","s":"a","n":1,"wait":1e400}', id="a number that is not finite"),
+    pytest.param(b'{"t":"hb","s":"a","n":1,"wait":NaN}', id="NaN"),
+    pytest.param(b'{"t":"hb","s":"a","n":-1}', id="a sequence below 0"),
+    pytest.param(b'{"t":"hb","s":"' + b"a" * 65 + b'","n":1}', id="a sender id too long"),
+    pytest.param(b"\xff", id="not UTF-8"),
+])
+def test_authentic_bodies_a_parser_chokes_on_are_dropped_not_raised(payload: bytes) -> None:
+    """What a worker's Beater decodes too: a raise there ends its heartbeat thread."""
+    data = wire.MAGIC + hmac.new(KEY, payload, hashlib.sha256).digest() + payload
+    assert wire.decode(KEY, data) is None
+    with pytest.raises(wire.Malformed):
+        wire.parse(payload)
+
+
 def test_replays_are_refused_per_sender() -> None:
     r = wire.Replays(limit=2)
     assert r.accept("a", 1) and r.accept("a", 2) and not r.accept("a", 2)
