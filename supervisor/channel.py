@@ -15,6 +15,11 @@ an older fence version gets it again in reply, so a lost push costs one heartbea
 each dead host the set lists the addresses its processes reported (with their ports where the
 address is a loopback one, shared by every process of the machine) and the host string itself
 when it is an IP address.
+
+Every field of an authentic datagram is checked (supervisor.datagrams) before anything of it is
+recorded: a bad one is counted (`invalid`), dropped, and said once per type and field
+(`hook.datagram_invalid`). The receiver thread never ends on a datagram; if it ends anyway, the
+loop's `revive` says so (`hook.receiver_restarted`) and starts it again.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from supervisor import discovery
+import structlog
+
+from supervisor import datagrams, discovery
 from supervisor.hook import HOOK_DIR
 from supervisor.hook.elastic_supervisor_hook import (
     DEAD_ENV,
@@ -42,6 +49,7 @@ from supervisor.hook.elastic_supervisor_hook import (
     WORKER_ENV,
     wire,
 )
+from supervisor.hook.elastic_supervisor_hook.wire import brief
 
 FENCE_KEEP_S = 600.0  # a dead host stays in the pushed set this long (its peers reset by then)
 FENCE_MAX = 256  # and at most this many, the most recent
@@ -123,7 +131,9 @@ class Snapshot:
 @dataclass
 class Counters:
     received: int = 0
-    rejected: int = 0  # not authentic, malformed, replayed
+    rejected: int = 0  # not authentic, replayed, the supervisor's own
+    invalid: int = 0  # authentic, but a field that is not what the hook sends (datagrams.py)
+    failed: int = 0  # raised while being recorded (a defect of ours: said once, dropped)
     stale_runs: int = 0  # datagrams of an earlier run of horovodrun
     unbound: int = 0  # authentic, but from an address that is not the host it speaks for
     pushed: int = 0
@@ -176,7 +186,8 @@ class HookChannel:
 
     def __init__(self, port: int = 0, *, dead_file: Path, worker_hook: bool = True,
                  clock: Callable[[], float] = time.monotonic, bind: str = "",
-                 key_file: tuple[Path, bytes] | None = None, hook_dir: Path = HOOK_DIR) -> None:
+                 key_file: tuple[Path, bytes] | None = None, hook_dir: Path = HOOK_DIR,
+                 log: Any = None) -> None:
         # Where the processes horovodrun starts find the hook (sidecar mode: the shared dir).
         self.hook_dir = hook_dir
         # The key: the job's (a file every process reads, never in an environment), else one
@@ -187,6 +198,7 @@ class HookChannel:
         # with the same key is of no run of this one.
         self.epoch = os.urandom(4).hex()
         self.dead_file, self.worker_hook, self.clock = dead_file, worker_hook, clock
+        self.log = log if log is not None else structlog.get_logger()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self.sock.bind((bind, port))
@@ -200,12 +212,30 @@ class HookChannel:
         self._lock = threading.Lock()
         self._run = _Run(0, clock())
         self._seq = 0
+        # what was said of bad datagrams: (type, field), ("raised", the exception's class)
+        self._said: set[tuple[str, str]] = set()
+        self._ended: str | None = None  # why the receiver thread ended, if it did
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._receive, name="hook-channel", daemon=True)
+        self._thread = self._receiver()
+
+    def _receiver(self) -> threading.Thread:
+        return threading.Thread(target=self._serve, name="hook-channel", daemon=True)
 
     def start(self) -> HookChannel:
         self._thread.start()
         return self
+
+    def revive(self) -> bool:
+        """Start the receiver thread again if it ended while the channel is open (the loop
+        calls this on every pass); say so. Return whether it did."""
+        if self._stop.is_set() or self._thread.ident is None or self._thread.is_alive():
+            return False
+        self.log.error("hook.receiver_restarted", reason=self._ended or "unknown",
+                       port=self.port)
+        self._ended = None
+        self._thread = self._receiver()
+        self._thread.start()
+        return True
 
     def close(self) -> None:
         self._stop.set()
@@ -323,6 +353,12 @@ class HookChannel:
             self.sock.sendto(wire.encode(self.key, {**body, "s": wire.SUPERVISOR, "n": seq}),
                              addr)
 
+    def _serve(self) -> None:
+        try:
+            self._receive()
+        except BaseException as e:  # whatever ends it: the loop's revive says so, restarts it
+            self._ended = repr(e)
+
     def _receive(self) -> None:
         while not self._stop.is_set():
             try:
@@ -331,18 +367,47 @@ class HookChannel:
                 if self._stop.is_set():
                     return
                 continue
-            self.handle(data, addr)
+            try:
+                self.handle(data, addr)
+            except Exception as e:  # a defect of ours: this datagram is lost, not the thread
+                self.counters.failed += 1
+                if ("raised", type(e).__name__) not in self._said:
+                    self._said.add(("raised", type(e).__name__))
+                    self.log.error("hook.datagram_failed", source=addr[0],
+                                   reason=brief(e, 200), exc_info=True)
 
     def bind_hosts(self, addresses: Mapping[str, str]) -> None:
         """The workers' host strings and their pods' IPs, as the loop sees them now."""
         self._addresses = dict(addresses)
 
+    def _invalid(self, source: str, found: datagrams.Defect) -> None:
+        """Count a bad datagram; say it once per type and field."""
+        self.counters.invalid += 1
+        if (found.kind, found.field) not in self._said:
+            self._said.add((found.kind, found.field))
+            self.log.warning("hook.datagram_invalid", source=source, type=found.kind or None,
+                             field=found.field, reason=found.line)
+
     def handle(self, data: bytes, addr: tuple[str, int]) -> None:
         """Record one datagram (the receiver thread; tests call it directly)."""
         self.counters.received += 1
-        body = wire.decode(self.key, data)
-        if body is None or body["s"] == wire.SUPERVISOR or not self._replays.accept(
-                body["s"], body["n"]):
+        payload = wire.authentic(self.key, data)
+        if payload is None:
+            self.counters.rejected += 1
+            return
+        try:
+            body = wire.parse(payload)
+        except wire.Malformed as e:
+            self._invalid(addr[0], datagrams.Defect("", e.field, str(e)))
+            return
+        if body["s"] == wire.SUPERVISOR:
+            self.counters.rejected += 1
+            return
+        found = datagrams.defect(body)
+        if found is not None:
+            self._invalid(addr[0], found)
+            return
+        if not self._replays.accept(body["s"], body["n"]):
             self.counters.rejected += 1
             return
         now = self.clock()

@@ -259,6 +259,7 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str],
     try:
         channel = HookChannel(port, dead_file=dead_file(cfg),
                               worker_hook=cfg.worker_hook, key_file=cfg.hook_key_file,
+                              log=log,
                               **({"hook_dir": sidecar.hook_dir(cfg.shared_dir)} if link
                                  else {})).start()
     except OSError as e:
