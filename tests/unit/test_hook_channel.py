@@ -630,6 +630,25 @@ def test_a_stalled_process_with_nothing_of_the_dead_hosts_to_cut_says_whom_it_ta
         b.sock.close()
 
 
+def test_a_dead_set_the_hook_cannot_read_is_dropped_and_the_next_one_taken() -> None:
+    """A raise in `receive` ends the heartbeat thread: the process would then look silent."""
+    b = Beater(Progress(), key=KEY, supervisor=("127.0.0.1", 9), run="1", host="10.0.0.2",
+               local_rank=0, keep=[], connections=list, fence=False)
+
+    def fence(n: int, dead: Any) -> bytes:
+        return wire.encode(KEY, {"t": "fence", "s": wire.SUPERVISOR, "n": n, "v": 1,
+                                 "dead": dead})
+
+    try:
+        for n, dead in enumerate((5, {"10.0.0.9": None}, "10.0.0.9", None), 1):
+            b.receive(fence(n, dead))
+        assert b.fence_version == 0
+        b.receive(fence(9, [["10.0.0.9", None], ["127.0.0.1", [1, 2]], [1], 7]))
+        assert (b.fence_version, b.dead) == (1, [("10.0.0.9", None), ("127.0.0.1", (1, 2))])
+    finally:
+        b.sock.close()
+
+
 class HorovodInternalError(RuntimeError):
     """Horovod's class of the same name (the hook matches it by name, importing nothing)."""
 
