@@ -118,7 +118,8 @@ SCHEMA: dict[str, dict[str, Rule]] = {
     "driver": {
         **COMMON, "pid": ID,
         "ok": Rule(lambda v: isinstance(v, bool), "true or false", required=True),
-        "problems": PROBLEMS, "version": Rule(lambda v: _text(v, 64), "a version string"),
+        "problems": PROBLEMS, "version": Rule(lambda v: _text(v, TEXT_CHARS),
+                                             f"a string of at most {TEXT_CHARS} characters"),
         "connect_s": SECONDS, "read_s": SECONDS, "wseq": COUNT,
         "world": Rule(lambda v: _texts(v, MAX_HOSTS, HOST_CHARS),
                       f"a list of host strings of at most {HOST_CHARS} characters"),

@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import io
 import json
+import os
 import random
 import socket
 import threading
@@ -26,7 +27,7 @@ import pytest
 from supervisor import datagrams, hang
 from supervisor.channel import HookChannel
 from supervisor.config import LogFormat, LogLevel
-from supervisor.hook.elastic_supervisor_hook import RUN_ENV, wire
+from supervisor.hook.elastic_supervisor_hook import RUN_ENV, DriverHook, watch, wire
 from supervisor.hook.elastic_supervisor_hook.worker import Beater, Progress
 from supervisor.logs import make_logger
 from tests.helpers import wait_for
@@ -183,18 +184,28 @@ def test_the_line_names_the_type_the_field_the_value_and_what_is_accepted(
     assert found is not None and found.line == line
 
 
-def test_what_the_hook_sends_is_accepted(channel: HookChannel, run: str) -> None:
-    """The schema is not stricter than the hook: a real heartbeat (with its frames), a bye,
-    its watcher's and the driver's datagrams."""
-    assert datagrams.defect({**real_heartbeat(channel, run), "s": "x", "n": 1}) is None
-    assert datagrams.defect({"t": "bye", "s": "x", "n": 1, "run": run, "pid": 7,
-                             "host": "10.0.0.1", "lr": 0}) is None
-    assert datagrams.defect({"t": "ps", "s": "x", "n": 1, "run": run, "of": "y", "pid": 7,
-                             "state": "S", "cpu": 120}) is None
-    assert datagrams.defect({"t": "driver", "s": "x", "n": 1, "run": run, "pid": 7, "ok": True,
-                             "version": "0.28.1", "connect_s": 5, "read_s": 30.0,
-                             "world": ["10.0.0.1"], "wseq": 2, "exited": {"10.0.0.2": 1},
-                             "problems": []}) is None
+def test_what_the_hook_sends_is_taken(channel: HookChannel, run: str) -> None:
+    """The checks are not stricter than the hook: a training process's heartbeats (standing
+    still: with its frames) and bye, its watcher's report, the driver's hello and refusal."""
+    b = Beater(Progress(), key=channel.key, supervisor=("127.0.0.1", channel.port), run=run,
+               host="10.0.0.1", local_rank=0, keep=[]).start()
+    try:
+        wait_for(lambda: (beat := channel.snapshot().beats.get(b.sender)) and beat.where, 5,
+                 what="a heartbeat that names the main thread's frames")
+        parents = iter([os.getpid(), 0])
+        assert watch.run(channel.key, ("127.0.0.1", channel.port), run, b.sender, os.getpid(),
+                         parent=lambda: next(parents), sleep=lambda _: None) == 1
+        wait_for(lambda: channel.snapshot().beats[b.sender].proc_state, 5, what="the watcher")
+        driver = DriverHook(channel.key, channel.port, run, None)
+        driver.say("driver", driver.hello())
+        wait_for(channel.driver, 5, what="the driver's hello")
+        driver.say("driver", {"ok": False, "problems": driver.problems()})
+        wait_for(lambda: (d := channel.driver()) and not d.ok, 5, what="the driver's refusal")
+        b.bye()
+        wait_for(lambda: channel.snapshot().beats[b.sender].bye_at, 5, what="the bye")
+        assert (channel.counters.invalid, channel.counters.failed) == (0, 0)
+    finally:
+        b.close()
 
 
 # ---- fuzz: real heartbeats, mutated -----------------------------------------------------------
