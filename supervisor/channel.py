@@ -16,10 +16,12 @@ each dead host the set lists the addresses its processes reported (with their po
 address is a loopback one, shared by every process of the machine) and the host string itself
 when it is an IP address.
 
-Every field of an authentic datagram is checked (supervisor.datagrams) before anything of it is
-recorded: a bad one is counted (`invalid`), dropped, and said once per type and field
-(`hook.datagram_invalid`). The receiver thread never ends on a datagram; if it ends anyway, the
-loop's `revive` says so (`hook.receiver_restarted`) and starts it again.
+A datagram is taken when it is authentic, parses (wire.parse), comes from the address of what it
+speaks for (`bound`), has every field as the hook sends it (supervisor.datagrams) and is newer
+than its sender's last, in that order: one from another address neither is said nor burns its
+sender's sequence numbers. A bad one is counted (`invalid`), dropped, and said once per type and
+field (`hook.datagram_invalid`). The receiver thread never ends on a datagram; if it ends
+anyway, the loop's `revive` says so (`hook.receiver_restarted`) and starts it again.
 
 What a supervisor process of a sidecar pod hands the next one (`adopt`): the state file next to
 the dead file (`<dead file>.channel`), written at each new run, each fence, and each time the
@@ -495,20 +497,20 @@ class HookChannel:
         if body["s"] == wire.SUPERVISOR:
             self.counters.rejected += 1
             return
-        found = datagrams.defect(body)
-        if found is not None:
-            self._invalid(addr[0], found)
-            return
-        if not self._replays.accept(body["s"], body["n"]):
-            self.counters.rejected += 1
-            return
-        now = self.clock()
-        reply = None
+        now, reply, found = self.clock(), None, None
+        # Who may say it first (a datagram from another address neither is said nor burns its
+        # sender's sequence numbers), then what it says, then whether it is new.
         with self._lock:
             r = self._run
             if not bound(body, addr[0], r.beats, self._addresses):
                 self.counters.unbound += 1
-                self.last_unbound = (addr[0], str(body.get("host") or body.get("t")))
+                host = body.get("host")
+                self.last_unbound = (addr[0], host[:datagrams.HOST_CHARS]
+                                     if isinstance(host, str) and host else body["t"])
+            elif (found := datagrams.defect(body)) is not None:
+                pass  # said below, out of the lock
+            elif not self._replays.accept(body["s"], body["n"]):
+                self.counters.rejected += 1
             elif str(body.get("run")) != self.run_id(r.number):
                 self.counters.stale_runs += 1
                 if body["t"] == "hb":
@@ -527,6 +529,8 @@ class HookChannel:
                     if body["t"] == "hb" and body.get("fv") != r.version and r.version:
                         reply = self._fence_body(r, now)
                     self._forget(r, now)
+        if found is not None:
+            self._invalid(addr[0], found)
         if reply is not None:
             self.counters.replies += 1
             self._send(reply, addr)
@@ -563,10 +567,11 @@ def bound(body: Mapping[str, Any], source: str, beats: Mapping[str, Beat],
     kind = body.get("t")
     if kind == "driver":
         return False
-    first = beats.get(str(body.get("of") if kind == "ps" else body.get("s")))
+    sender, host = body.get("of") if kind == "ps" else body.get("s"), body.get("host")
+    first = beats.get(sender) if isinstance(sender, str) else None
     if first is not None:
         return first.source[0] == source
-    return kind != "ps" and addresses.get(str(body.get("host"))) == source
+    return kind != "ps" and isinstance(host, str) and addresses.get(host) == source
 
 
 def _driver(old: Driver | None, body: Mapping[str, Any], now: float) -> Driver:

@@ -404,6 +404,22 @@ def test_a_key_holder_on_another_address_cannot_speak_for_a_host(channel: HookCh
     assert list(channel.snapshot().beats) == ["p1"]
 
 
+def test_a_key_holder_on_another_address_burns_no_sequence_numbers_and_is_not_said(
+        channel: HookChannel) -> None:
+    """Who may speak is checked before what is said and whether it is new: a forgery in the
+    name of a known process, with a huge sequence number and a field the hook never sends, is
+    refused as unbound, and the process's own next heartbeat is still taken."""
+    channel.bind_hosts({"10.0.0.1": "10.0.0.1"})
+    run = channel.new_run(None)["ELASTIC_SUPERVISOR_HOOK_RUN"]
+    body = {"t": "hb", "s": "p1", "n": 1, "run": run, "host": "10.0.0.1", "done": 1}
+    channel.handle(wire.encode(channel.key, body), ("10.0.0.1", 4000))
+    forged = {**body, "n": 2**62, "in": "x", "done": 99}
+    channel.handle(wire.encode(channel.key, forged), ("10.0.0.7", 4000))
+    assert (channel.counters.unbound, channel.counters.invalid) == (1, 0)
+    channel.handle(wire.encode(channel.key, {**body, "n": 2, "done": 2}), ("10.0.0.1", 4000))
+    assert channel.snapshot().beats["p1"].done == 2
+
+
 def test_the_drivers_world_is_timed_from_its_first_report() -> None:
     from supervisor.channel import _driver
 
