@@ -15,6 +15,20 @@ an older fence version gets it again in reply, so a lost push costs one heartbea
 each dead host the set lists the addresses its processes reported (with their ports where the
 address is a loopback one, shared by every process of the machine) and the host string itself
 when it is an IP address.
+
+A datagram is taken when it is authentic, parses (wire.parse), comes from the address of what it
+speaks for (`bound`), has every field as the hook sends it (supervisor.datagrams) and is newer
+than its sender's last, in that order: one from another address neither is said nor burns its
+sender's sequence numbers. A bad one is counted (`invalid`), dropped, and said once per type and
+field (`hook.datagram_invalid`). The receiver thread never ends on a datagram; if it ends
+anyway, the loop's `revive` says so (`hook.receiver_restarted`) and starts it again.
+
+What a supervisor process of a sidecar pod hands the next one (`adopt`): the state file next to
+the dead file (`<dead file>.channel`), written at each new run, each fence, and each time the
+sequence numbers reserved in it run out (a block of SEQ_BLOCK at a time): the run id, the
+sequence numbers the process may have used, the fence version and the dead set. The workers
+take commands only from a sequence above the last they took and a fence version above theirs,
+so the next process goes on from there; they never take a "new supervisor" on its word.
 """
 
 from __future__ import annotations
@@ -22,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import math
 import os
 import socket
 import threading
@@ -31,7 +46,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from supervisor import discovery
+import structlog
+
+from supervisor import datagrams, discovery
 from supervisor.hook import HOOK_DIR
 from supervisor.hook.elastic_supervisor_hook import (
     DEAD_ENV,
@@ -42,11 +59,13 @@ from supervisor.hook.elastic_supervisor_hook import (
     WORKER_ENV,
     wire,
 )
+from supervisor.hook.elastic_supervisor_hook.wire import brief
 
 FENCE_KEEP_S = 600.0  # a dead host stays in the pushed set this long (its peers reset by then)
 FENCE_MAX = 256  # and at most this many, the most recent
 FORGET_S = 600.0  # a process silent this long (or gone with a bye) is dropped from the store
 GAPS = 64  # progress intervals kept per process (the step time, hang.stuck_threshold)
+SEQ_BLOCK = 1 << 20  # sequence numbers reserved in the state file at a time (one write each)
 
 
 @dataclass(frozen=True)
@@ -123,7 +142,9 @@ class Snapshot:
 @dataclass
 class Counters:
     received: int = 0
-    rejected: int = 0  # not authentic, malformed, replayed
+    rejected: int = 0  # not authentic, replayed, the supervisor's own
+    invalid: int = 0  # authentic, but a field that is not what the hook sends (datagrams.py)
+    failed: int = 0  # raised while being recorded (a defect of ours: said once, dropped)
     stale_runs: int = 0  # datagrams of an earlier run of horovodrun
     unbound: int = 0  # authentic, but from an address that is not the host it speaks for
     pushed: int = 0
@@ -159,6 +180,53 @@ def dead_entries(host: str, beats: Iterable[Beat]) -> list[list[Any]]:
             + [[a, sorted(p)] for a, p in sorted(shared.items())])
 
 
+def state_file(dead_file: Path) -> Path:
+    """Where a supervisor process leaves the run's channel state for the next one."""
+    return dead_file.with_name(dead_file.name + ".channel")
+
+
+@dataclass(frozen=True)
+class Carried:
+    """What the state file hands the next supervisor process: every sequence number the last
+    one may have used is at most `seq`; its fence version, dead hosts (-> when, on the
+    supervisor's clock) and their fence entries."""
+
+    seq: int
+    version: int
+    fenced: Mapping[str, float]
+    entries: Mapping[str, list[list[Any]]]
+
+
+def _entry(e: Any) -> bool:
+    return (isinstance(e, list) and len(e) == 2 and isinstance(e[0], str)
+            and (e[1] is None or (isinstance(e[1], list)
+                                  and all(map(datagrams.port, e[1])))))
+
+
+def carried(text: str, run_id: str, now: float) -> Carried:
+    """PURE: the state file `text` of run `run_id`; raise ValueError saying what is wrong.
+    Times later than `now` (another clock) are taken as `now`."""
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        raise ValueError("not JSON") from None
+    got = doc.get("run") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict) or got != run_id:
+        raise ValueError(f"written for run {brief(got)}, not {run_id}")
+    seq, version, fenced, entries = (doc.get(k) for k in ("seq", "version", "fenced", "entries"))
+    if not (datagrams.COUNT.accepts(seq) and datagrams.COUNT.accepts(version)):
+        raise ValueError(f"seq={brief(seq)}, version={brief(version)}: expected integers "
+                         "0..2^63-1")
+    if not (isinstance(fenced, dict) and isinstance(entries, dict)
+            and all(isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t)
+                    and isinstance(entries.get(h), list) and all(map(_entry, entries[h]))
+                    for h, t in fenced.items())):
+        raise ValueError("fenced, entries: expected host -> time and host -> [[address, "
+                         "ports or null], ...] for the same hosts")
+    return Carried(seq, version, {h: min(float(t), now) for h, t in fenced.items()},
+                   {h: entries[h] for h in fenced})
+
+
 @dataclass
 class _Run:
     number: int
@@ -176,7 +244,8 @@ class HookChannel:
 
     def __init__(self, port: int = 0, *, dead_file: Path, worker_hook: bool = True,
                  clock: Callable[[], float] = time.monotonic, bind: str = "",
-                 key_file: tuple[Path, bytes] | None = None, hook_dir: Path = HOOK_DIR) -> None:
+                 key_file: tuple[Path, bytes] | None = None, hook_dir: Path = HOOK_DIR,
+                 log: Any = None) -> None:
         # Where the processes horovodrun starts find the hook (sidecar mode: the shared dir).
         self.hook_dir = hook_dir
         # The key: the job's (a file every process reads, never in an environment), else one
@@ -187,6 +256,8 @@ class HookChannel:
         # with the same key is of no run of this one.
         self.epoch = os.urandom(4).hex()
         self.dead_file, self.worker_hook, self.clock = dead_file, worker_hook, clock
+        self.state_file = state_file(dead_file)
+        self.log = log if log is not None else structlog.get_logger()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self.sock.bind((bind, port))
@@ -200,12 +271,31 @@ class HookChannel:
         self._lock = threading.Lock()
         self._run = _Run(0, clock())
         self._seq = 0
+        self._reserved = 0  # the sequence numbers up to this one are in the state file
+        # what was said of bad datagrams: (type, field), ("raised", the exception's class)
+        self._said: set[tuple[str, str]] = set()
+        self._ended: str | None = None  # why the receiver thread ended, if it did
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._receive, name="hook-channel", daemon=True)
+        self._thread = self._receiver()
+
+    def _receiver(self) -> threading.Thread:
+        return threading.Thread(target=self._serve, name="hook-channel", daemon=True)
 
     def start(self) -> HookChannel:
         self._thread.start()
         return self
+
+    def revive(self) -> bool:
+        """Start the receiver thread again if it ended while the channel is open (the loop
+        calls this on every pass); say so. Return whether it did."""
+        if self._stop.is_set() or self._thread.ident is None or self._thread.is_alive():
+            return False
+        self.log.error("hook.receiver_restarted", reason=self._ended or "unknown",
+                       port=self.port)
+        self._ended = None
+        self._thread = self._receiver()
+        self._thread.start()
+        return True
 
     def close(self) -> None:
         self._stop.set()
@@ -222,6 +312,7 @@ class HookChannel:
         to exit when they speak) and return the environment that puts the hook in it."""
         with self._lock:
             self._run = _Run(self._run.number + 1, self.clock())
+            self._save()
         discovery.write_atomic(self.dead_file, "[]")
         key = ({KEY_FILE_ENV: str(self.key_file)} if self.key_file is not None
                else {KEY_ENV: self.key.hex()})
@@ -233,16 +324,32 @@ class HookChannel:
 
     def adopt(self, run_id: str, key_hex: str | None) -> None:
         """Take over the current run of horovodrun from an earlier supervisor process (sidecar
-        mode: it runs on): its run id (epoch.number) and, without a key file, its key. Raise
-        ValueError when they are not what new_run hands out."""
+        mode: it runs on): its run id (epoch.number) and, without a key file, its key; from the
+        state file, its sequence, fence version and dead set. Raise ValueError when the id and
+        key are not what new_run hands out. A state file that cannot be read is said
+        (`hook.channel_state_lost`): the sequence and the version then start from the wall
+        clock (microseconds, seconds), above what a process of the run took, and the hosts
+        declared dead before are forgotten."""
         epoch, _, number = run_id.partition(".")
         if len(epoch) != 8 or not number.isdigit():
             raise ValueError(f"run id {run_id!r}: expected <8 hex digits>.<run number>")
         bytes.fromhex(epoch)
         key = None if self.key_file is not None or key_hex is None else bytes.fromhex(key_hex)
+        now = self.clock()
+        try:
+            state = carried(self.state_file.read_text(), run_id, now)
+            self.log.info("hook.channel_adopted", run=run_id, fence_version=state.version,
+                          dead=sorted(state.fenced))
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            self.log.warning("hook.channel_state_lost", file=str(self.state_file),
+                             reason=str(e), run=run_id)
+            wall = time.time()
+            state = Carried(int(wall * 1e6), int(wall), {}, {})
         with self._lock:
             self.epoch = epoch
-            self._run = _Run(int(number), self.clock())
+            self._run = _Run(int(number), now, fenced=dict(state.fenced),
+                             entries=dict(state.entries), version=state.version)
+            self._seq = self._reserved = state.seq
             if key is not None:
                 self.key = key
 
@@ -297,6 +404,7 @@ class HookChannel:
             body = self._fence_body(r, now)
             targets = {b.source for b in r.beats.values()
                        if b.host not in r.fenced and b.bye_at is None}
+            self._save()  # before anybody takes the new version: the next process goes on
         discovery.write_atomic(self.dead_file, json.dumps(all_dead))
         for addr in targets:
             self._send(dict(body), addr)
@@ -314,14 +422,36 @@ class HookChannel:
         dead = [e for _, h in recent[-FENCE_MAX:] for e in r.entries[h]]
         return {"t": "fence", "v": r.version, "dead": dead}
 
+    def _save(self) -> None:
+        """Write the state file (under the lock: the last write holds the latest state)."""
+        r = self._run
+        if r.number == 0:
+            return  # no run yet: what is there may be the state of the run about to be adopted
+        text = json.dumps({"run": self.run_id(r.number), "seq": self._reserved,
+                           "version": r.version, "fenced": r.fenced, "entries": r.entries})
+        try:
+            discovery.write_atomic(self.state_file, text)
+        except OSError as e:
+            self.log.warning("hook.channel_state_unsaved", file=str(self.state_file),
+                             reason=str(e))
+
     def _send(self, body: dict[str, Any], addr: tuple[str, int]) -> None:
         with self._lock:
             self._seq += 1
             seq = self._seq
+            if seq > self._reserved:
+                self._reserved = seq + SEQ_BLOCK
+                self._save()
         # A process gone or unreachable: its silence speaks for it.
         with contextlib.suppress(OSError):
             self.sock.sendto(wire.encode(self.key, {**body, "s": wire.SUPERVISOR, "n": seq}),
                              addr)
+
+    def _serve(self) -> None:
+        try:
+            self._receive()
+        except BaseException as e:  # whatever ends it: the loop's revive says so, restarts it
+            self._ended = repr(e)
 
     def _receive(self) -> None:
         while not self._stop.is_set():
@@ -331,27 +461,56 @@ class HookChannel:
                 if self._stop.is_set():
                     return
                 continue
-            self.handle(data, addr)
+            try:
+                self.handle(data, addr)
+            except Exception as e:  # a defect of ours: this datagram is lost, not the thread
+                self.counters.failed += 1
+                if ("raised", type(e).__name__) not in self._said:
+                    self._said.add(("raised", type(e).__name__))
+                    self.log.error("hook.datagram_failed", source=addr[0],
+                                   reason=brief(e, 200), exc_info=True)
 
     def bind_hosts(self, addresses: Mapping[str, str]) -> None:
         """The workers' host strings and their pods' IPs, as the loop sees them now."""
         self._addresses = dict(addresses)
 
+    def _invalid(self, source: str, found: datagrams.Defect) -> None:
+        """Count a bad datagram; say it once per type and field."""
+        self.counters.invalid += 1
+        if (found.kind, found.field) not in self._said:
+            self._said.add((found.kind, found.field))
+            self.log.warning("hook.datagram_invalid", source=source, type=found.kind or None,
+                             field=found.field, reason=found.line)
+
     def handle(self, data: bytes, addr: tuple[str, int]) -> None:
         """Record one datagram (the receiver thread; tests call it directly)."""
         self.counters.received += 1
-        body = wire.decode(self.key, data)
-        if body is None or body["s"] == wire.SUPERVISOR or not self._replays.accept(
-                body["s"], body["n"]):
+        payload = wire.authentic(self.key, data)
+        if payload is None:
             self.counters.rejected += 1
             return
-        now = self.clock()
-        reply = None
+        try:
+            body = wire.parse(payload)
+        except wire.Malformed as e:
+            self._invalid(addr[0], datagrams.Defect("", e.field, str(e)))
+            return
+        if body["s"] == wire.SUPERVISOR:
+            self.counters.rejected += 1
+            return
+        now, reply, found = self.clock(), None, None
+        # Who may say it first (a datagram from another address neither is said nor burns its
+        # sender's sequence numbers), then what it says, then whether it is new.
         with self._lock:
             r = self._run
             if not bound(body, addr[0], r.beats, self._addresses):
                 self.counters.unbound += 1
-                self.last_unbound = (addr[0], str(body.get("host") or body.get("t")))
+                host = body.get("host")
+                self.last_unbound = (addr[0], host[:datagrams.HOST_CHARS]
+                                     if isinstance(host, str) and host else body["t"])
+            elif (found := datagrams.defect(body)) is not None:
+                pass  # said below, out of the lock
+            elif not self._replays.accept(body["s"], body["n"]):
+                self.counters.rejected += 1
             elif str(body.get("run")) != self.run_id(r.number):
                 self.counters.stale_runs += 1
                 if body["t"] == "hb":
@@ -370,6 +529,8 @@ class HookChannel:
                     if body["t"] == "hb" and body.get("fv") != r.version and r.version:
                         reply = self._fence_body(r, now)
                     self._forget(r, now)
+        if found is not None:
+            self._invalid(addr[0], found)
         if reply is not None:
             self.counters.replies += 1
             self._send(reply, addr)
@@ -406,10 +567,11 @@ def bound(body: Mapping[str, Any], source: str, beats: Mapping[str, Beat],
     kind = body.get("t")
     if kind == "driver":
         return False
-    first = beats.get(str(body.get("of") if kind == "ps" else body.get("s")))
+    sender, host = body.get("of") if kind == "ps" else body.get("s"), body.get("host")
+    first = beats.get(sender) if isinstance(sender, str) else None
     if first is not None:
         return first.source[0] == source
-    return kind != "ps" and addresses.get(str(body.get("host"))) == source
+    return kind != "ps" and isinstance(host, str) and addresses.get(host) == source
 
 
 def _driver(old: Driver | None, body: Mapping[str, Any], now: float) -> Driver:

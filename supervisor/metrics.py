@@ -104,8 +104,10 @@ def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
             "restarted had trained: what a script without a checkpoint lost", registry=r),
         hook_datagrams=Gauge(f"{p}hook_datagrams", "Datagrams of the hook channel since start, "
                              "by outcome (received, rejected: not authentic or replayed, "
-                             "stale: an earlier run, unbound: not from the address of the "
-                             "host it speaks for, pushed: fence pushes sent, replies)",
+                             "invalid: authentic but a field the hook does not send, failed: "
+                             "raised while recorded, stale: an earlier run, unbound: not from "
+                             "the address of the host it speaks for, pushed: fence pushes sent, "
+                             "replies)",
                              ["outcome"], registry=r),
         training_steps=Counter(f"{p}training_steps", "The job's training steps (world rank "
                                "0's optimizer steps, or commits; progress.py)", registry=r),

@@ -219,6 +219,8 @@ class Supervisor:
         while True:
             batch = self._drain(self._timeout())
             now = self.clock()
+            if self.channel is not None:
+                self.channel.revive()  # its receiver thread, if it ended: said, started again
             earliest, exited = self._apply(batch, now)
             if earliest is not None and self.channel is not None:
                 self.channel.bind_hosts(discovery.addresses(self.state.view.pods.values(),
@@ -615,6 +617,7 @@ class Supervisor:
         assert self.channel is not None
         c = self.channel.counters
         for outcome, n in (("received", c.received), ("rejected", c.rejected),
+                           ("invalid", c.invalid), ("failed", c.failed),
                            ("stale", c.stale_runs), ("unbound", c.unbound),
                            ("pushed", c.pushed), ("replies", c.replies)):
             self.metrics.hook_datagrams.labels(outcome).set(n)

@@ -259,8 +259,9 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str],
     try:
         channel = HookChannel(port, dead_file=dead_file(cfg),
                               worker_hook=cfg.worker_hook, key_file=cfg.hook_key_file,
+                              log=log,
                               **({"hook_dir": sidecar.hook_dir(cfg.shared_dir)} if link
-                                 else {})).start()
+                                 else {}))
     except OSError as e:
         print(f"elastic-supervisor: SUPERVISOR_FENCE_PORT={cfg.fence_port}: cannot listen "
               f"(UDP: {e}); set another port or 0 for any free one", file=sys.stderr)
@@ -271,6 +272,9 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str],
         except ValueError as e:
             log.warning("sidecar.not_adoptable", pid=running.pid, reason=str(e))
             running = None
+    # Received only now: a heartbeat of the run taken before would be of another run (told
+    # to exit).
+    channel.start()
     try:
         return _run(cfg, command, env, log=log, metrics=metrics, channel=channel, link=link,
                     running=running)

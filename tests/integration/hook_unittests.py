@@ -97,6 +97,13 @@ class Wire(unittest.TestCase):
             data = wire.MAGIC + hmac.new(KEY, payload, hashlib.sha256).digest() + payload
             self.assertIsNone(wire.decode(KEY, data), body)
 
+    def test_authentic_bodies_a_parser_chokes_on_are_dropped_not_raised(self):
+        for payload in (b'{"t":"hb","s":"a","n":1,"x":' + b"[" * 50000,
+                        b'{"t":["hb"],"s":"a","n":1}', b'{"t":"hb","s":"a","n":1,"w":1e400}',
+                        b'{"t":"hb","s":"a","n":1,"w":NaN}', b"\xff"):
+            data = wire.MAGIC + hmac.new(KEY, payload, hashlib.sha256).digest() + payload
+            self.assertIsNone(wire.decode(KEY, data), payload[:40])
+
     def test_an_oversized_body_is_refused_before_sending(self):
         with self.assertRaises(ValueError):
             wire.encode(KEY, {"t": "hb", "s": "a", "n": 1, "x": "y" * wire.MAX_DATAGRAM})

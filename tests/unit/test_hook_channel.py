@@ -70,6 +70,23 @@ def test_authentic_but_malformed_bodies_are_dropped(payload: Any) -> None:
     assert wire.decode(KEY, data) is None
 
 
+@pytest.mark.parametrize("payload", [
+    pytest.param(b'{"t":"hb","s":"a","n":1,"x":' + b"[" * 50_000, id="nested 50,000 deep"),
+    pytest.param(b'{"t":["hb"],"s":"a","n":1}', id="a type that is a list"),
+    pytest.param(b'{"t":"hb","s":"a","n":1,"wait":1e400}', id="a number that is not finite"),
+    pytest.param(b'{"t":"hb","s":"a","n":1,"wait":NaN}', id="NaN"),
+    pytest.param(b'{"t":"hb","s":"a","n":-1}', id="a sequence below 0"),
+    pytest.param(b'{"t":"hb","s":"' + b"a" * 65 + b'","n":1}', id="a sender id too long"),
+    pytest.param(b"\xff", id="not UTF-8"),
+])
+def test_authentic_bodies_a_parser_chokes_on_are_dropped_not_raised(payload: bytes) -> None:
+    """What a worker's Beater decodes too: a raise there ends its heartbeat thread."""
+    data = wire.MAGIC + hmac.new(KEY, payload, hashlib.sha256).digest() + payload
+    assert wire.decode(KEY, data) is None
+    with pytest.raises(wire.Malformed):
+        wire.parse(payload)
+
+
 def test_replays_are_refused_per_sender() -> None:
     r = wire.Replays(limit=2)
     assert r.accept("a", 1) and r.accept("a", 2) and not r.accept("a", 2)
@@ -387,6 +404,22 @@ def test_a_key_holder_on_another_address_cannot_speak_for_a_host(channel: HookCh
     assert list(channel.snapshot().beats) == ["p1"]
 
 
+def test_a_key_holder_on_another_address_burns_no_sequence_numbers_and_is_not_said(
+        channel: HookChannel) -> None:
+    """Who may speak is checked before what is said and whether it is new: a forgery in the
+    name of a known process, with a huge sequence number and a field the hook never sends, is
+    refused as unbound, and the process's own next heartbeat is still taken."""
+    channel.bind_hosts({"10.0.0.1": "10.0.0.1"})
+    run = channel.new_run(None)["ELASTIC_SUPERVISOR_HOOK_RUN"]
+    body = {"t": "hb", "s": "p1", "n": 1, "run": run, "host": "10.0.0.1", "done": 1}
+    channel.handle(wire.encode(channel.key, body), ("10.0.0.1", 4000))
+    forged = {**body, "n": 2**62, "in": "x", "done": 99}
+    channel.handle(wire.encode(channel.key, forged), ("10.0.0.7", 4000))
+    assert (channel.counters.unbound, channel.counters.invalid) == (1, 0)
+    channel.handle(wire.encode(channel.key, {**body, "n": 2, "done": 2}), ("10.0.0.1", 4000))
+    assert channel.snapshot().beats["p1"].done == 2
+
+
 def test_the_drivers_world_is_timed_from_its_first_report() -> None:
     from supervisor.channel import _driver
 
@@ -609,6 +642,25 @@ def test_a_stalled_process_with_nothing_of_the_dead_hosts_to_cut_says_whom_it_ta
         assert capsys.readouterr().err == "", (
             "a later stall with the same dead set says nothing (it would for every slow "
             "collective of a job that lost a worker once)")
+    finally:
+        b.sock.close()
+
+
+def test_a_dead_set_the_hook_cannot_read_is_dropped_and_the_next_one_taken() -> None:
+    """A raise in `receive` ends the heartbeat thread: the process would then look silent."""
+    b = Beater(Progress(), key=KEY, supervisor=("127.0.0.1", 9), run="1", host="10.0.0.2",
+               local_rank=0, keep=[], connections=list, fence=False)
+
+    def fence(n: int, dead: Any) -> bytes:
+        return wire.encode(KEY, {"t": "fence", "s": wire.SUPERVISOR, "n": n, "v": 1,
+                                 "dead": dead})
+
+    try:
+        for n, dead in enumerate((5, {"10.0.0.9": None}, "10.0.0.9", None), 1):
+            b.receive(fence(n, dead))
+        assert b.fence_version == 0
+        b.receive(fence(9, [["10.0.0.9", None], ["127.0.0.1", [1, 2]], [1], 7]))
+        assert (b.fence_version, b.dead) == (1, [("10.0.0.9", None), ("127.0.0.1", (1, 2))])
     finally:
         b.sock.close()
 

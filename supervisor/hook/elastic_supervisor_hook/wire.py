@@ -3,9 +3,11 @@
 One UDP datagram = MAGIC (4 bytes) + HMAC-SHA256 of the body under the run's key (32 bytes) +
 the body, a compact JSON object. Every body has "t" (its type), "s" (the sender: a random id per
 process, "supervisor" for the supervisor) and "n" (a sequence number that only grows per
-sender). `decode` returns None for anything whose tag does not verify or whose body is not such
-an object; `Replays` drops what is not newer than the last datagram accepted from its sender.
-So a client without the key changes nothing, and a recorded datagram sent again neither.
+sender). `authentic` returns the payload of a datagram whose tag verifies; `parse` its body, or
+raises Malformed naming what is wrong (not JSON, a number that is not finite, nested deeper than
+the interpreter parses, not such an object); `decode` is both, None for either failure.
+`Replays` drops what is not newer than the last datagram accepted from its sender. So a client
+without the key changes nothing, and a recorded datagram sent again neither.
 
 Types: training process -> supervisor "hb" (heartbeat) and "bye" (a clean exit), its process
 watcher -> supervisor "ps" (the process's scheduler state and CPU time), horovodrun's
@@ -19,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import os
 from collections import OrderedDict
 from typing import Any
@@ -30,6 +33,8 @@ TAG_LEN = 32
 MAX_DATAGRAM = 60000
 SUPERVISOR = "supervisor"
 TYPES = frozenset({"hb", "bye", "ps", "driver", "fence", "exit"})
+MAX_SENDER = 64  # characters of "s" (the hook's ids are 16 hex digits)
+MAX_SEQ = 2 ** 63 - 1
 
 
 MIN_KEY_BYTES = 16
@@ -76,22 +81,73 @@ def encode(key: bytes, body: dict[str, Any]) -> bytes:
     return MAGIC + hmac.new(key, payload, hashlib.sha256).digest() + payload
 
 
-def decode(key: bytes, data: bytes) -> dict[str, Any] | None:
-    """Return the body of an authentic, well-formed datagram, else None."""
+class Malformed(ValueError):
+    """An authentic payload that is not a body of this channel: `field` names what is wrong
+    ("body": the JSON itself), the message says what it holds and what is accepted."""
+
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(f"{field}: {why}")
+        self.field = field
+
+
+def brief(value: Any, limit: int = 60) -> str:
+    """`value`'s repr, cut to `limit` characters (a log line names a bad value, not all of it)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400
+        raise ValueError(f"number {text[:20]} is not finite")
+    return value
+
+
+def _constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def authentic(key: bytes, data: bytes) -> bytes | None:
+    """The payload of a datagram whose tag verifies under `key`, else None."""
     if len(data) <= len(MAGIC) + TAG_LEN or not data.startswith(MAGIC):
         return None
     tag, payload = data[len(MAGIC):len(MAGIC) + TAG_LEN], data[len(MAGIC) + TAG_LEN:]
     if not hmac.compare_digest(tag, hmac.new(key, payload, hashlib.sha256).digest()):
         return None
+    return payload
+
+
+def parse(payload: bytes) -> dict[str, Any]:
+    """The body of an authentic payload; raise Malformed unless it is a JSON object of finite
+    numbers with a known "t", a string "s" and an integer "n" >= 0."""
     try:
-        body = json.loads(payload)
-    except ValueError:
-        return None
-    if (not isinstance(body, dict) or body.get("t") not in TYPES
-            or not isinstance(body.get("s"), str) or not isinstance(body.get("n"), int)
-            or isinstance(body.get("n"), bool)):
-        return None
+        body = json.loads(payload, parse_float=_finite, parse_constant=_constant)
+    except RecursionError:
+        raise Malformed("body", "nested deeper than this interpreter parses") from None
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError too
+        raise Malformed("body", f"not JSON of finite numbers: {str(e)[:80]}") from None
+    if not isinstance(body, dict):
+        raise Malformed("body", f"a JSON {type(body).__name__}, expected an object")
+    kind, sender, seq = body.get("t"), body.get("s"), body.get("n")
+    if not isinstance(kind, str) or kind not in TYPES:
+        raise Malformed("t", f"{brief(kind)}, expected one of {', '.join(sorted(TYPES))}")
+    if not isinstance(sender, str) or not 0 < len(sender) <= MAX_SENDER:
+        raise Malformed("s", f"{brief(sender)}, expected a string of 1 to {MAX_SENDER} "
+                        "characters")
+    if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= MAX_SEQ:
+        raise Malformed("n", f"{brief(seq)}, expected an integer 0..2^63-1")
     return body
+
+
+def decode(key: bytes, data: bytes) -> dict[str, Any] | None:
+    """Return the body of an authentic, well-formed datagram, else None."""
+    payload = authentic(key, data)
+    if payload is None:
+        return None
+    try:
+        return parse(payload)
+    except Malformed:
+        return None
 
 
 class Replays:

@@ -584,9 +584,9 @@ class Beater:
                   file=sys.stderr, flush=True)
             self.exit_process(1)
         elif body["t"] == "fence" and isinstance(body.get("v"), int) \
-                and body["v"] > self.fence_version:
+                and body["v"] > self.fence_version and isinstance(body.get("dead"), list):
             dead = []
-            for entry in body.get("dead") or ():
+            for entry in body["dead"]:
                 with contextlib.suppress(TypeError, ValueError):
                     addr, ports = entry
                     dead.append((str(addr), None if ports is None
