@@ -27,7 +27,6 @@ Kubernetes Events through the injected `events` callable (never blocking).
 
 from __future__ import annotations
 
-import json
 import queue
 import signal
 import threading
@@ -742,15 +741,16 @@ class Supervisor:
         st.scale_version = rv
         raw = (ev.obj.get("data") or {}).get(fleet.SCALE_KEY)
         try:
-            workers = int(json.loads(raw or "{}")["workers"])
-            if workers < 0:
-                raise ValueError("negative")
-        except (ValueError, KeyError, TypeError) as e:
-            self.log.error("scale.invalid", configmap=ev.obj["metadata"]["name"], data=raw,
-                           reason=str(e))
+            workers = fleet.scale_request(raw)
+        except ValueError as e:
+            name = ev.obj["metadata"]["name"]
+            lo, hi = fleet.limits(self.cfg.min_np, self.cfg.max_np, self.cfg.slots_per_worker)
+            shown = raw if raw is None or len(raw) <= 80 else raw[:80] + "..."
+            self.log.error("scale.invalid", configmap=name, data=shown, reason=str(e))
             self.events(EventSpec("Warning", "ScaleRefused", "Scale",
-                                  f"unreadable scale request {raw!r}: expected "
-                                  '{"workers": N} (use `elastic-supervisor scale`)'))
+                                  f"configmap {name}: {fleet.SCALE_KEY} {shown!r} refused: {e}; "
+                                  f'expected {{"workers": N}}, N an integer in [{lo}, {hi}] '
+                                  "(use `elastic-supervisor scale`): the size is kept"))
             return
         st.core = replace(st.core, scale_request=workers)
 
