@@ -371,7 +371,8 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
         print(f"elastic-supervisor: {e}", file=sys.stderr)
         return ExitCode.CONFIG
     except (kube.KubeError, ValueError) as e:
-        log.error("kube.fatal", reason=str(e))
+        log.error("state.damaged" if isinstance(e, kube.Damaged | ValueError) else "kube.fatal",
+                  reason=str(e))
         if recorder is not None:
             recorder.record(EventSpec("Warning", "KubernetesAccessDenied"
                                       if isinstance(e, kube.Forbidden) else "StateDamaged",
