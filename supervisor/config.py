@@ -534,7 +534,8 @@ VARIABLES: tuple[Var, ...] = (
         "file first; it is deleted when horovodrun's ssh clients to it are gone, or after this."),
     Var("CLEAN_POD_POLICY", "Running", "Worker pods deleted when the job ends (a terminal "
         "exit: success, a FailJob exit code, the Job's last attempt, no Job; an exit the Job "
-        "retries leaves them to the next launcher), mpi-operator's names: Running (those "
+        "retries, or a Job that cannot be read, leaves them to the next launcher), "
+        "mpi-operator's names: Running (those "
         "still Running or Pending), All, or None. Only pods the supervisor created "
         "(WORKER_TEMPLATE)."),
     Var("API_TIMEOUT_SECONDS", "30", "Client timeout of every Kubernetes API call except "

@@ -677,21 +677,38 @@ def _relay_signals(link: sidecar.Link, handle: Callable[[int], None]) -> None:
         time.sleep(sidecar.POLL_S * 2)
 
 
+JOB_READ_BUDGET_S = 10.0  # at the exit: how long a transient error reading the Job is retried
+
+
 def clean_up(cfg: Config, api: Any, store: kube.StateStore, code: int, *,
              owner: Mapping[str, str] | None, log: Any,
-             events: Callable[[EventSpec], None]) -> None:
+             events: Callable[[EventSpec], None],
+             read_budget_s: float = JOB_READ_BUDGET_S) -> None:
     """On a terminal exit, delete the worker pods SUPERVISOR_CLEAN_POD_POLICY removes, after
-    marking them in the state (supervisor.cleanup); never raises."""
+    marking them in the state (supervisor.cleanup); never raises. When the Job that says
+    whether the exit is terminal cannot be read, the workers are kept."""
     policy = cfg.clean_pod_policy
     job = None
-    if owner is not None and owner.get("kind") == "Job":
+    if code != 0 and owner is not None and owner.get("kind") == "Job":
+        # A success ends the job whatever its Job says; any other exit needs the Job's word.
+        retry = startup.ApiRetry(read_budget_s, log=log, stopping=startup.Stopping(),
+                                 phase="cleanup", budget="the exit's budget")
         try:
-            job = kube.read_job(api, cfg.namespace, owner["name"], cfg.api_timeout_s)
+            job = retry.call(f"read Job {owner['name']}", lambda: kube.read_job(
+                api, cfg.namespace, owner["name"], cfg.api_timeout_s))
         except kube.NotFound:
             pass  # gone (deleted with orphans): nobody runs another launcher
-        except kube.KubeError as e:
-            # Unknown: clean up as before; the mark keeps a later launcher's budgets whole.
-            log.warning("cleanup.job_unread", job=owner["name"], reason=str(e))
+        except (kube.KubeError, startup.StartTimedOut) as e:
+            # Unknown whether a launcher follows: deleting could end a job its Job retries.
+            log.warning("cleanup.kept", job=owner["name"], code=code, policy=policy.value,
+                        reason=str(e))
+            events(EventSpec("Warning", "WorkersKept", "Cleanup",
+                             f"exit {code}: Job {owner['name']} could not be read, so whether "
+                             f"another launcher follows is unknown ({e}); the workers are kept "
+                             f"(SUPERVISOR_CLEAN_POD_POLICY={policy.value} not applied): the "
+                             "next launcher adopts them; if none follows, delete them with "
+                             f"kubectl delete pods -l '{cleanup.worker_selector(cfg.job_name)}'"))
+            return
     why = cleanup.terminal(code, job)
     if why is None:
         log.info("cleanup.skipped", code=code, reason="the Job runs another launcher, which "
