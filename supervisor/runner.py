@@ -348,17 +348,18 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
                 recorder.record(EventSpec("Warning", "TemplateRejected", "Start", rejected))
                 return ExitCode.CONFIG
         stopping.check()
-        adopted = None
+        adopted, base_env = None, env
         if link is not None:
-            command, env = _wrapped_command(cfg, link, stopping, log=log,
-                                            events=recorder.record, running=running), {}
+            # horovodrun gets the training container's environment there, not ours.
+            command, base_env = _wrapped_command(cfg, link, stopping, log=log,
+                                                 events=recorder.record, running=running), {}
             if running is not None:
                 adopted = sidecar.RemoteChild.adopt(link, running)
-        return _supervise(cfg, command, env, api=api, log=log, metrics=metrics, channel=channel,
-                          recorder=recorder, elector=elector, leadership=leadership,
-                          stopping=stopping, store=store, workers=workers, rv=rv,
-                          identity=identity, owner=owner, stored=stored, link=link,
-                          adopted=adopted)
+        return _supervise(cfg, command, base_env, api=api, log=log, metrics=metrics,
+                          channel=channel, recorder=recorder, elector=elector,
+                          leadership=leadership, stopping=stopping, store=store,
+                          workers=workers, rv=rv, identity=identity, owner=owner,
+                          stored=stored, link=link, adopted=adopted, config_env=env)
     except startup.Stopped as e:
         log.info("start.stopped", signal=e.signum, leader=elector.is_leader())
         return 128 + e.signum
@@ -576,8 +577,11 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
                store: kube.StateStore, workers: fleet.Fleet | None, rv: str | None,
                identity: str, owner: Mapping[str, str] | None,
                stored: Mapping[str, Any] | None = None, link: sidecar.Link | None = None,
-               adopted: sidecar.RemoteChild | None = None) -> int:
-    """Run the loop as the job's leader; clean up (CLEAN_POD_POLICY) on the way out."""
+               adopted: sidecar.RemoteChild | None = None,
+               config_env: Mapping[str, str]) -> int:
+    """Run the loop as the job's leader; clean up (CLEAN_POD_POLICY) on the way out. `env`:
+    horovodrun's base environment; `config_env`: the supervisor's own, which the policy is
+    parsed from again."""
     actuator = Actuator(kube.Pods(api, cfg.namespace, cfg.api_timeout_s), store,
                         resource_version=rv, writer=identity, sink=lambda _: None,
                         may_act=elector.is_leader,
@@ -638,15 +642,17 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
     log.info("supervisor.started", version=__version__, mode=cfg.mode.value,
              namespace=cfg.namespace, selector=cfg.worker_selector, np=cfg.np,
              min_np=cfg.min_np, max_np=cfg.max_np)
-    for r in reflectors:
-        r.start()
     watcher = None
     if cfg.policy_file is not None:
+        # Before the watches: the policy the file holds now (a standby read it at its start,
+        # maybe hours ago) is the loop's first trigger, ahead of any failure it would judge.
         watcher = PolicyWatcher(
-            cfg.policy_file, parse=lambda: load_config(env).policy, sink=sup.submit,
-            clock=time.monotonic,
+            cfg.policy_file, parse=lambda: load_config(config_env).policy, sink=sup.submit,
+            clock=time.monotonic, current=cfg.policy,
             problems_of=lambda e: tuple(e.problems) if isinstance(e, ConfigError) else (
                 f"{type(e).__name__}: {e}",)).start()
+    for r in reflectors:
+        r.start()
     try:
         outcome = sup.run(command, adopted)
     except Exception as e:  # a bug: report it once, clean up, exit distinctly
