@@ -89,6 +89,7 @@ class ChildProcess(Protocol):
 
     pid: int
 
+    def poll(self) -> int | None: ...
     def wait(self, timeout: float | None = None) -> int: ...
     def signal_group(self, sig: int) -> None: ...
     def kill_tree(self, rounds: int = 3) -> int: ...
@@ -1066,7 +1067,14 @@ class Supervisor:
     def _running(self, child: ChildProcess, *, adopted: bool) -> None:
         """Supervise `child` from now on: started by `_start`, or `adopted`."""
         st, cfg = self.state, self.cfg
-        if adopted:
+        if adopted and (code := child.poll()) is not None:
+            self.log.info("horovodrun.exit_adopted", pid=child.pid, code=code)
+            self.events(EventSpec("Normal", "HorovodrunExitAdopted", "Start",
+                                  f"horovodrun (pid {child.pid}) started for an earlier "
+                                  f"supervisor of this pod exited with {code} before that "
+                                  "supervisor ended the job: its exit is the job's, training "
+                                  "is not started again"))
+        elif adopted:
             self.log.info("horovodrun.adopted", pid=child.pid)
             self.events(EventSpec("Normal", "HorovodrunAdopted", "Start",
                                   f"horovodrun (pid {child.pid}) started for an earlier "

@@ -253,7 +253,8 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str],
                   f"listen ({e}); set another port or 0 to disable", file=sys.stderr)
             return ExitCode.CONFIG
     # Sidecar mode: a horovodrun started for an earlier supervisor of this pod (it died, the
-    # kubelet started this one) goes on under this one, on the same channel.
+    # kubelet started this one) goes on under this one, on the same channel; one that exited
+    # meanwhile is adopted as exited: its code is the job's (never trained again).
     running = link.running() if link is not None else None
     port = cfg.fence_port or (_env_int(running.env, PORT_ENV) if running is not None else 0)
     try:
@@ -265,7 +266,7 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str],
         print(f"elastic-supervisor: SUPERVISOR_FENCE_PORT={cfg.fence_port}: cannot listen "
               f"(UDP: {e}); set another port or 0 for any free one", file=sys.stderr)
         return ExitCode.CONFIG
-    if running is not None:
+    if running is not None and running.code is None:
         try:
             channel.adopt(running.env.get(RUN_ENV, ""), running.env.get(KEY_ENV))
         except ValueError as e:
