@@ -387,7 +387,10 @@ def owned_option(word: str) -> str | None:
     if name in OWNED_OPTIONS:
         return name
     if name.startswith("--") and len(name) > 2:
-        return next((o for o in OWNED_OPTIONS if o.startswith(name)), None)
+        hits = [o for o in OWNED_OPTIONS if o.startswith(name)]
+        # Abbreviating two of them is ambiguous to argparse: horovodrun refuses it itself.
+        return hits[0] if hits and {OWNED_OPTIONS[o] for o in hits} == {
+            OWNED_OPTIONS[hits[0]]} else None
     short = name[:2]
     if short in OWNED_OPTIONS and not any(o.startswith(name) for o in _NOT_OWNED):
         return short
