@@ -7,8 +7,11 @@ Lease, SIGTERM of a preempted launcher pod) leaves the workers running, and the 
 adopts them, their budgets untouched. What the Job does next is read from the Job itself: a
 success, a `FailJob` rule of its podFailurePolicy that matches the exit code, its last attempt
 (backoffLimit), a Job being deleted or already finished; a run with no Job (local, a bare pod) is
-always terminal. Never by a standby or by a leader that lost its Lease (the workers may be
-another launcher's then).
+always terminal, and so is a success. Never by a standby or by a leader that lost its Lease (the
+workers may be another launcher's then). A Job that cannot be read at the exit (transient errors
+retried for a few seconds, or a permanent one) leaves it unknown whether a launcher follows: the
+workers are kept and the supervisor says so (`cleanup.kept`, Event `WorkersKept`); deleting them
+could end a job its Job retries. Only a Job that is gone (404) counts as no Job.
 
 `Running` deletes the workers still Running or Pending, so a finished job leaves no pod (and no
 GPU) running sshd, and keeps the finished ones for their logs; `All` deletes every worker pod;
@@ -57,12 +60,17 @@ def already_succeeded(stored: Mapping[str, Any] | None,
                 and stored.get(SUCCEEDED) == owner["uid"])
 
 
+def worker_selector(job: str) -> str:
+    """The label selector of every worker pod the supervisor created for `job`."""
+    return f"{LABEL_JOB}={job},{LABEL_SLOT}"
+
+
 def selectors(policy: CleanPodPolicy, job: str) -> tuple[str, str] | None:
     """Return (label selector, field selector) of the worker pods `policy` deletes, or None
     when it deletes nothing."""
     if policy is CleanPodPolicy.NONE:
         return None
-    labels = f"{LABEL_JOB}={job},{LABEL_SLOT}"
+    labels = worker_selector(job)
     if policy is CleanPodPolicy.ALL:
         return labels, ""
     return labels, ",".join(f"status.phase!={p}" for p in TERMINAL_PHASES)

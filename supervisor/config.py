@@ -347,9 +347,54 @@ def _bool(raw: str) -> bool:
 
 def _args(raw: str) -> tuple[str, ...]:
     try:
-        return tuple(shlex.split(raw))
+        words = tuple(shlex.split(raw))
     except ValueError as e:
         raise ValueError(f"shell-style words with balanced quotes ({e})") from None
+    if repeated := [(w, o) for w in words if (o := owned_option(w)) is not None]:
+        raise ValueError("no option the supervisor sets itself (horovodrun takes the last one "
+                         "given: it would override the supervisor's); " + "; ".join(
+                             f"{w!r} is {o}: set {PREFIX}{OWNED_OPTIONS[o]} instead"
+                             for w, o in repeated))
+    return words
+
+
+# horovodrun's options that the supervisor sets itself (supervisor.launch), in every spelling
+# horovodrun 0.28 takes, with the variable that sets each. HOROVODRUN_EXTRA_ARGS may not repeat
+# one: argparse keeps the last value, so it would silently override the supervisor's.
+OWNED_OPTIONS = {
+    "-np": "NP", "--num-proc": "NP",
+    "--min-np": "MIN_NP", "--min-num-proc": "MIN_NP",
+    "--max-np": "MAX_NP", "--max-num-proc": "MAX_NP",
+    "--slots-per-host": "SLOTS_PER_WORKER",
+    "--host-discovery-script": "DISCOVERY_SCRIPT",
+    "-p": "SSH_PORT", "--ssh-port": "SSH_PORT",
+    "-i": "SSH_IDENTITY_FILE", "--ssh-identity-file": "SSH_IDENTITY_FILE",
+    "--network-interface": "NETWORK_INTERFACE", "--network-interfaces": "NETWORK_INTERFACE",
+    "--gloo-timeout-seconds": "GLOO_TIMEOUT_SECONDS",
+}
+# horovodrun options of their own that begin like one of those (an exact name wins over an
+# abbreviation in argparse).
+_NOT_OWNED = ("--gloo", "-prefix-timestamp")
+
+
+def owned_option(word: str) -> str | None:
+    """The option of OWNED_OPTIONS that horovodrun's argparse reads `word` as, or None: the
+    name, `name=value`, an abbreviation of a long name (`--ssh-p`), a short one with its value
+    attached (`-p2222`)."""
+    name = word.split("=", 1)[0]
+    if not word.startswith("-") or name in _NOT_OWNED:
+        return None
+    if name in OWNED_OPTIONS:
+        return name
+    if name.startswith("--") and len(name) > 2:
+        hits = [o for o in OWNED_OPTIONS if o.startswith(name)]
+        # Abbreviating two of them is ambiguous to argparse: horovodrun refuses it itself.
+        return hits[0] if hits and {OWNED_OPTIONS[o] for o in hits} == {
+            OWNED_OPTIONS[hits[0]]} else None
+    short = name[:2]
+    if short in OWNED_OPTIONS and not any(o.startswith(name) for o in _NOT_OWNED):
+        return short
+    return None
 
 
 # ---- the variables ------------------------------------------------------------------------------
@@ -409,7 +454,10 @@ VARIABLES: tuple[Var, ...] = (
     Var("GLOO_TIMEOUT_SECONDS", None, "Gloo timeout (--gloo-timeout-seconds); Horovod's default "
         "is 30. A new worker must finish hvd.init() within it."),
     Var("HOROVODRUN_EXTRA_ARGS", "", "More horovodrun arguments, split like a shell would "
-        "(quotes) but never run through one; placed before the training command."),
+        "(quotes) but never run through one; placed before the training command. An option "
+        "the supervisor sets itself (-np, --min-np, --max-np, --slots-per-host, "
+        "--host-discovery-script, -p, -i, --network-interface, --gloo-timeout-seconds; any "
+        "spelling) is refused: set its variable instead."),
     Var("WATCH_READ_TIMEOUT_SECONDS", "90", "Client read timeout of a watch connection: a "
         "silently dead connection is noticed after this long (> 60: bookmarks come each ~60 s)."),
     Var("RESYNC_SECONDS", "1", "Period of the reconcile tick (staleness checks, reaping) even "
@@ -489,7 +537,8 @@ VARIABLES: tuple[Var, ...] = (
         "file first; it is deleted when horovodrun's ssh clients to it are gone, or after this."),
     Var("CLEAN_POD_POLICY", "Running", "Worker pods deleted when the job ends (a terminal "
         "exit: success, a FailJob exit code, the Job's last attempt, no Job; an exit the Job "
-        "retries leaves them to the next launcher), mpi-operator's names: Running (those "
+        "retries, or a Job that cannot be read, leaves them to the next launcher), "
+        "mpi-operator's names: Running (those "
         "still Running or Pending), All, or None. Only pods the supervisor created "
         "(WORKER_TEMPLATE)."),
     Var("API_TIMEOUT_SECONDS", "30", "Client timeout of every Kubernetes API call except "

@@ -14,6 +14,7 @@ Times are wall-clock epoch seconds (they outlive the process). No I/O.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -49,6 +50,25 @@ def budget_name(job: str) -> str:
 def scale_name(job: str) -> str:
     """The ConfigMap holding the desired worker count (written by `elastic-supervisor scale`)."""
     return f"{job}-supervisor-scale"
+
+
+def scale_request(raw: str | None) -> int:
+    """The worker count a scale ConfigMap's SCALE_KEY (`{"workers": N}`) asks for; raise
+    ValueError saying what it holds instead. Only a JSON integer counts: `true`, `"7"`, `2.9`
+    and `1e400` (infinity to the JSON parser) are refused, never rounded; the range is the
+    plan's to check."""
+    try:
+        doc = json.loads(raw or "")
+    except (ValueError, RecursionError):
+        raise ValueError("not JSON") from None
+    if not isinstance(doc, dict) or "workers" not in doc:
+        raise ValueError('not a JSON object with "workers"')
+    workers = doc["workers"]
+    if type(workers) is not int:  # bool is an int to isinstance
+        shown = json.dumps(workers)
+        raise ValueError(f'"workers" is {shown[:40]}{"..." if len(shown) > 40 else ""}, '
+                         "not an integer")
+    return workers
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import math
 import os
 import queue
 import random
@@ -77,6 +78,13 @@ class Gone(KubeError):
 
 
 class NotFound(KubeError):
+    retryable = False
+
+
+class Damaged(KubeError):
+    """An object we keep holds what we cannot read (hand-edited, truncated): permanent until
+    someone fixes or deletes it; never reset in its place."""
+
     retryable = False
 
 
@@ -617,6 +625,32 @@ def pod_reference(api: client.ApiClient, namespace: str, name: str,
 
 # ---- state --------------------------------------------------------------------------------------
 
+def decode_state(raw: str, where: str) -> dict[str, Any]:
+    """The JSON object `raw` (a ConfigMap value we keep, named by `where`); raise Damaged with
+    one line when it is not JSON, holds a number JSON has not (NaN, Infinity, 1e400), or is not
+    an object."""
+    def finite(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            raise ValueError(f"{text} is not a finite number")
+        return value
+
+    def constant(text: str) -> float:
+        raise ValueError(f"{text} is not a JSON number")
+
+    try:
+        state = json.loads(raw, parse_float=finite, parse_constant=constant)
+    except (ValueError, RecursionError) as e:
+        raise Damaged(f"{where} is not JSON ({e or 'nested too deep'}); fix or delete it "
+                      "deliberately") from e
+    if not isinstance(state, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", int: "a number",
+                float: "a number"}.get(type(state), "null")
+        raise Damaged(f"{where} is not a JSON object ({kind}: {raw[:40]!r}); fix or delete it "
+                      "deliberately")
+    return state
+
+
 class StateStore:
     """The supervisor's persisted state: ConfigMap `name` (key state.json), owned by the
     launcher Job so it goes with the job, written with optimistic concurrency.
@@ -651,11 +685,8 @@ class StateStore:
             raise map_error(e, f"get configmap {self.namespace}/{self.name}") from e
         self.owners = list(cm["metadata"].get("ownerReferences") or ())
         raw = (cm.get("data") or {}).get(self.KEY)
-        try:
-            state = json.loads(raw) if raw is not None else None
-        except ValueError as e:
-            raise KubeError(f"configmap {self.namespace}/{self.name}: {self.KEY} is not JSON "
-                            f"({e}); fix or delete it deliberately") from e
+        state = None if raw is None else decode_state(
+            raw, f"configmap {self.namespace}/{self.name}: {self.KEY}")
         return state, cm["metadata"]["resourceVersion"]
 
     def owned(self) -> bool:

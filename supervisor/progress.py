@@ -232,6 +232,8 @@ def from_dict(d: Mapping[str, Any] | None) -> Progress:
     that is damaged."""
     if not d:
         return Progress()
+    if not isinstance(d, Mapping):
+        raise ValueError(f"progress: expected a mapping, not {type(d).__name__}")
     try:
         history = tuple((float(t), None if w is None else int(w), int(s))
                         for t, w, s in d.get("history") or ())
@@ -248,7 +250,7 @@ def from_dict(d: Mapping[str, Any] | None) -> Progress:
             training_s=float(d.get("training_s", 0.0)), full_s=float(d.get("full_s", 0.0)),
             productive_ws=float(d.get("productive_ws", 0.0)),
             lost_ws=float(d.get("lost_ws", 0.0)), history=history)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, AttributeError, OverflowError) as e:
         raise ValueError(f"progress: {e}") from e
 
 

@@ -27,7 +27,6 @@ Kubernetes Events through the injected `events` callable (never blocking).
 
 from __future__ import annotations
 
-import json
 import queue
 import signal
 import threading
@@ -90,6 +89,7 @@ class ChildProcess(Protocol):
 
     pid: int
 
+    def poll(self) -> int | None: ...
     def wait(self, timeout: float | None = None) -> int: ...
     def signal_group(self, sig: int) -> None: ...
     def kill_tree(self, rounds: int = 3) -> int: ...
@@ -745,15 +745,16 @@ class Supervisor:
         st.scale_version = rv
         raw = (ev.obj.get("data") or {}).get(fleet.SCALE_KEY)
         try:
-            workers = int(json.loads(raw or "{}")["workers"])
-            if workers < 0:
-                raise ValueError("negative")
-        except (ValueError, KeyError, TypeError) as e:
-            self.log.error("scale.invalid", configmap=ev.obj["metadata"]["name"], data=raw,
-                           reason=str(e))
+            workers = fleet.scale_request(raw)
+        except ValueError as e:
+            name = ev.obj["metadata"]["name"]
+            lo, hi = fleet.limits(self.cfg.min_np, self.cfg.max_np, self.cfg.slots_per_worker)
+            shown = raw if raw is None or len(raw) <= 80 else raw[:80] + "..."
+            self.log.error("scale.invalid", configmap=name, data=shown, reason=str(e))
             self.events(EventSpec("Warning", "ScaleRefused", "Scale",
-                                  f"unreadable scale request {raw!r}: expected "
-                                  '{"workers": N} (use `elastic-supervisor scale`)'))
+                                  f"configmap {name}: {fleet.SCALE_KEY} {shown!r} refused: {e}; "
+                                  f'expected {{"workers": N}}, N an integer in [{lo}, {hi}] '
+                                  "(use `elastic-supervisor scale`): the size is kept"))
             return
         st.core = replace(st.core, scale_request=workers)
 
@@ -1069,7 +1070,14 @@ class Supervisor:
     def _running(self, child: ChildProcess, *, adopted: bool) -> None:
         """Supervise `child` from now on: started by `_start`, or `adopted`."""
         st, cfg = self.state, self.cfg
-        if adopted:
+        if adopted and (code := child.poll()) is not None:
+            self.log.info("horovodrun.exit_adopted", pid=child.pid, code=code)
+            self.events(EventSpec("Normal", "HorovodrunExitAdopted", "Start",
+                                  f"horovodrun (pid {child.pid}) started for an earlier "
+                                  f"supervisor of this pod exited with {code} before that "
+                                  "supervisor ended the job: its exit is the job's, training "
+                                  "is not started again"))
+        elif adopted:
             self.log.info("horovodrun.adopted", pid=child.pid)
             self.events(EventSpec("Normal", "HorovodrunAdopted", "Start",
                                   f"horovodrun (pid {child.pid}) started for an earlier "

@@ -6,6 +6,10 @@ in the directory triggers a re-read) and hands the loop a `PolicyChanged` carryi
 policy or the problems that reject it. `parse` re-runs the same configuration parsing as the
 start (env conflicts included), so a reload accepts exactly what a restart would.
 `summary` describes what changed, for the log line and the Event.
+
+A supervisor parses the policy at its start, but a standby may lead long after: `start()` first
+parses the file as it is then and posts it when it differs from the policy in force (`current`),
+or its problems when it no longer parses, before any trigger of the loop that it starts with.
 """
 
 from __future__ import annotations
@@ -41,21 +45,35 @@ def summary(old: Policy, new: Policy) -> dict[str, object]:
 
 class PolicyWatcher:
     """Calls `parse()` whenever the policy file's directory changes and its text differs from
-    the last seen; posts the outcome to `sink`. One daemon thread; `stop()` ends it."""
+    the last seen; posts the outcome to `sink`. One daemon thread; `stop()` ends it.
+    `current`: the policy in force, checked against the file by `start()`."""
 
     def __init__(self, path: Path, *, parse: Callable[[], Policy],
                  sink: Callable[[PolicyChanged], None], clock: Callable[[], float],
                  problems_of: Callable[[Exception], tuple[str, ...]],
-                 debounce_ms: int = 50) -> None:
+                 current: Policy, debounce_ms: int = 50) -> None:
         self.path, self.parse, self.sink, self.clock = path, parse, sink, clock
-        self.problems_of, self.debounce_ms = problems_of, debounce_ms
+        self.problems_of, self.current, self.debounce_ms = problems_of, current, debounce_ms
         self._last = self._read()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="policy-watcher", daemon=True)
 
     def start(self) -> PolicyWatcher:
+        """Post the file's policy now if it is not the one in force (in the caller's thread:
+        it reaches the loop first), then watch."""
+        self._post(unless=self.current)
         self._thread.start()
         return self
+
+    def _post(self, unless: Policy | None = None) -> None:
+        """Parse the file; post the policy (unless it is `unless`) or why it is rejected."""
+        try:
+            policy = self.parse()
+        except Exception as e:  # the parser's own errors, or an unreadable file
+            self.sink(PolicyChanged(self.clock(), None, self.problems_of(e)))
+            return
+        if policy != unless:
+            self.sink(PolicyChanged(self.clock(), policy))
 
     def stop(self) -> None:
         self._stop.set()
@@ -76,7 +94,4 @@ class PolicyWatcher:
             if text == self._last:
                 continue
             self._last = text
-            try:
-                self.sink(PolicyChanged(self.clock(), self.parse()))
-            except Exception as e:  # the parser's own errors, or an unreadable file
-                self.sink(PolicyChanged(self.clock(), None, self.problems_of(e)))
+            self._post()

@@ -253,7 +253,8 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str],
                   f"listen ({e}); set another port or 0 to disable", file=sys.stderr)
             return ExitCode.CONFIG
     # Sidecar mode: a horovodrun started for an earlier supervisor of this pod (it died, the
-    # kubelet started this one) goes on under this one, on the same channel.
+    # kubelet started this one) goes on under this one, on the same channel; one that exited
+    # meanwhile is adopted as exited: its code is the job's (never trained again).
     running = link.running() if link is not None else None
     port = cfg.fence_port or (_env_int(running.env, PORT_ENV) if running is not None else 0)
     try:
@@ -266,7 +267,7 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str],
         print(f"elastic-supervisor: SUPERVISOR_FENCE_PORT={cfg.fence_port}: cannot listen "
               f"(UDP: {e}); set another port or 0 for any free one", file=sys.stderr)
         return ExitCode.CONFIG
-    if running is not None:
+    if running is not None and running.code is None:
         try:
             channel.adopt(running.env.get(RUN_ENV, ""), running.env.get(KEY_ENV))
         except ValueError as e:
@@ -352,17 +353,18 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
                 recorder.record(EventSpec("Warning", "TemplateRejected", "Start", rejected))
                 return ExitCode.CONFIG
         stopping.check()
-        adopted = None
+        adopted, base_env = None, env
         if link is not None:
-            command, env = _wrapped_command(cfg, link, stopping, log=log,
-                                            events=recorder.record, running=running), {}
+            # horovodrun gets the training container's environment there, not ours.
+            command, base_env = _wrapped_command(cfg, link, stopping, log=log,
+                                                 events=recorder.record, running=running), {}
             if running is not None:
                 adopted = sidecar.RemoteChild.adopt(link, running)
-        return _supervise(cfg, command, env, api=api, log=log, metrics=metrics, channel=channel,
-                          recorder=recorder, elector=elector, leadership=leadership,
-                          stopping=stopping, store=store, workers=workers, rv=rv,
-                          identity=identity, owner=owner, stored=stored, link=link,
-                          adopted=adopted)
+        return _supervise(cfg, command, base_env, api=api, log=log, metrics=metrics,
+                          channel=channel, recorder=recorder, elector=elector,
+                          leadership=leadership, stopping=stopping, store=store,
+                          workers=workers, rv=rv, identity=identity, owner=owner,
+                          stored=stored, link=link, adopted=adopted, config_env=env)
     except startup.Stopped as e:
         log.info("start.stopped", signal=e.signum, leader=elector.is_leader())
         return 128 + e.signum
@@ -375,7 +377,8 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
         print(f"elastic-supervisor: {e}", file=sys.stderr)
         return ExitCode.CONFIG
     except (kube.KubeError, ValueError) as e:
-        log.error("kube.fatal", reason=str(e))
+        log.error("state.damaged" if isinstance(e, kube.Damaged | ValueError) else "kube.fatal",
+                  reason=str(e))
         if recorder is not None:
             recorder.record(EventSpec("Warning", "KubernetesAccessDenied"
                                       if isinstance(e, kube.Forbidden) else "StateDamaged",
@@ -579,8 +582,11 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
                store: kube.StateStore, workers: fleet.Fleet | None, rv: str | None,
                identity: str, owner: Mapping[str, str] | None,
                stored: Mapping[str, Any] | None = None, link: sidecar.Link | None = None,
-               adopted: sidecar.RemoteChild | None = None) -> int:
-    """Run the loop as the job's leader; clean up (CLEAN_POD_POLICY) on the way out."""
+               adopted: sidecar.RemoteChild | None = None,
+               config_env: Mapping[str, str]) -> int:
+    """Run the loop as the job's leader; clean up (CLEAN_POD_POLICY) on the way out. `env`:
+    horovodrun's base environment; `config_env`: the supervisor's own, which the policy is
+    parsed from again."""
     actuator = Actuator(kube.Pods(api, cfg.namespace, cfg.api_timeout_s), store,
                         resource_version=rv, writer=identity, sink=lambda _: None,
                         may_act=elector.is_leader,
@@ -641,15 +647,17 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
     log.info("supervisor.started", version=__version__, mode=cfg.mode.value,
              namespace=cfg.namespace, selector=cfg.worker_selector, np=cfg.np,
              min_np=cfg.min_np, max_np=cfg.max_np)
-    for r in reflectors:
-        r.start()
     watcher = None
     if cfg.policy_file is not None:
+        # Before the watches: the policy the file holds now (a standby read it at its start,
+        # maybe hours ago) is the loop's first trigger, ahead of any failure it would judge.
         watcher = PolicyWatcher(
-            cfg.policy_file, parse=lambda: load_config(env).policy, sink=sup.submit,
-            clock=time.monotonic,
+            cfg.policy_file, parse=lambda: load_config(config_env).policy, sink=sup.submit,
+            clock=time.monotonic, current=cfg.policy,
             problems_of=lambda e: tuple(e.problems) if isinstance(e, ConfigError) else (
                 f"{type(e).__name__}: {e}",)).start()
+    for r in reflectors:
+        r.start()
     try:
         outcome = sup.run(command, adopted)
     except Exception as e:  # a bug: report it once, clean up, exit distinctly
@@ -680,21 +688,38 @@ def _relay_signals(link: sidecar.Link, handle: Callable[[int], None]) -> None:
         time.sleep(sidecar.POLL_S * 2)
 
 
+JOB_READ_BUDGET_S = 10.0  # at the exit: how long a transient error reading the Job is retried
+
+
 def clean_up(cfg: Config, api: Any, store: kube.StateStore, code: int, *,
              owner: Mapping[str, str] | None, log: Any,
-             events: Callable[[EventSpec], None]) -> None:
+             events: Callable[[EventSpec], None],
+             read_budget_s: float = JOB_READ_BUDGET_S) -> None:
     """On a terminal exit, delete the worker pods SUPERVISOR_CLEAN_POD_POLICY removes, after
-    marking them in the state (supervisor.cleanup); never raises."""
+    marking them in the state (supervisor.cleanup); never raises. When the Job that says
+    whether the exit is terminal cannot be read, the workers are kept."""
     policy = cfg.clean_pod_policy
     job = None
-    if owner is not None and owner.get("kind") == "Job":
+    if code != 0 and owner is not None and owner.get("kind") == "Job":
+        # A success ends the job whatever its Job says; any other exit needs the Job's word.
+        retry = startup.ApiRetry(read_budget_s, log=log, stopping=startup.Stopping(),
+                                 phase="cleanup", budget="the exit's budget")
         try:
-            job = kube.read_job(api, cfg.namespace, owner["name"], cfg.api_timeout_s)
+            job = retry.call(f"read Job {owner['name']}", lambda: kube.read_job(
+                api, cfg.namespace, owner["name"], cfg.api_timeout_s))
         except kube.NotFound:
             pass  # gone (deleted with orphans): nobody runs another launcher
-        except kube.KubeError as e:
-            # Unknown: clean up as before; the mark keeps a later launcher's budgets whole.
-            log.warning("cleanup.job_unread", job=owner["name"], reason=str(e))
+        except (kube.KubeError, startup.StartTimedOut) as e:
+            # Unknown whether a launcher follows: deleting could end a job its Job retries.
+            log.warning("cleanup.kept", job=owner["name"], code=code, policy=policy.value,
+                        reason=str(e))
+            events(EventSpec("Warning", "WorkersKept", "Cleanup",
+                             f"exit {code}: Job {owner['name']} could not be read, so whether "
+                             f"another launcher follows is unknown ({e}); the workers are kept "
+                             f"(SUPERVISOR_CLEAN_POD_POLICY={policy.value} not applied): the "
+                             "next launcher adopts them; if none follows, delete them with "
+                             f"kubectl delete pods -l '{cleanup.worker_selector(cfg.job_name)}'"))
+            return
     why = cleanup.terminal(code, job)
     if why is None:
         log.info("cleanup.skipped", code=code, reason="the Job runs another launcher, which "

@@ -240,12 +240,14 @@ def launch_env(launch: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Running:
-    """A horovodrun that es-run runs for an earlier supervisor of this pod: its launch
-    generation, pid and the variables it was given."""
+    """A horovodrun that es-run ran for an earlier supervisor of this pod: its launch
+    generation, pid, the variables it was given, and the exit code es-run recorded for it
+    (None while it runs)."""
 
     gen: int
     pid: int
     env: Mapping[str, str]
+    code: int | None = None
 
     @property
     def marker(self) -> str | None:
@@ -321,14 +323,17 @@ class Link:
         return int(text) if text.strip().isdigit() else None
 
     def running(self) -> Running | None:
-        """The horovodrun an earlier supervisor of this pod had es-run start, if it still
-        runs."""
+        """The horovodrun an earlier supervisor of this pod had es-run start, if it still runs
+        or es-run recorded its exit (`Running.code`): a supervisor that died between that exit
+        and the `stop` it would have written left the job's outcome there."""
         text = self._read("launch") or ""
         gen = parse_gen(text)
         pid = self.pid(gen) if gen else None
-        if pid is None or self.exit_code(gen) is not None or not psutil.pid_exists(pid):
+        if pid is None:
             return None
-        return Running(gen, pid, launch_env(text))
+        if (code := self.exit_code(gen)) is not None:
+            return Running(gen, pid, launch_env(text), code)
+        return Running(gen, pid, launch_env(text)) if psutil.pid_exists(pid) else None
 
 
 def wait_for_command(link: Link, *, stopping: Callable[[float], bool],
@@ -345,15 +350,17 @@ def wait_for_command(link: Link, *, stopping: Callable[[float], bool],
 # ---- horovodrun in the training container ----------------------------------------------------
 
 
-def _tree(pid: int, marker: str | None) -> list[psutil.Process]:
-    """horovodrun's process (`pid`), its descendants, and the processes carrying the tree's
-    marker that were orphaned (re-parented to the pod's pause process)."""
+def _tree(pid: int | None, marker: str | None) -> list[psutil.Process]:
+    """horovodrun's process (`pid`; None once it exited: the pid may be another's now), its
+    descendants, and the processes carrying the tree's marker that were orphaned (re-parented
+    to the pod's pause process)."""
     found: dict[int, psutil.Process] = {}
     with contextlib.suppress(psutil.NoSuchProcess):
-        root = psutil.Process(pid)
-        found[pid] = root
-        for p in root.children(recursive=True):
-            found[p.pid] = p
+        if pid is not None:
+            root = psutil.Process(pid)
+            found[pid] = root
+            for p in root.children(recursive=True):
+                found[p.pid] = p
     if marker is not None:
         for p in psutil.process_iter():
             if p.pid in found:
@@ -364,7 +371,7 @@ def _tree(pid: int, marker: str | None) -> list[psutil.Process]:
     return list(found.values())
 
 
-def kill_tree(pid: int, marker: str | None, rounds: int = 3) -> int:
+def kill_tree(pid: int | None, marker: str | None, rounds: int = 3) -> int:
     """SIGKILL horovodrun `pid` and its tree; return how many processes got it."""
     def dead(procs: list[psutil.Process]) -> None:
         # Not our children: wait until they are dead (zombies, which their parents reap).
@@ -441,7 +448,9 @@ class RemoteChild:
                 p.send_signal(sig)
 
     def kill_tree(self, rounds: int = 3) -> int:
-        killed = kill_tree(self.pid, self.token, rounds)
+        # Once es-run recorded the exit, the pid is free for another process: only the marker.
+        exited = self.link.exit_code(self.gen) is not None
+        killed = kill_tree(None if exited else self.pid, self.token, rounds)
         with contextlib.suppress(TimeoutError):
             self.wait(5)
         return killed

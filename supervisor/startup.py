@@ -31,7 +31,7 @@ T = TypeVar("T")
 
 
 class StartTimedOut(Exception):
-    """The Kubernetes API did not answer a start call within the start budget."""
+    """The Kubernetes API did not answer a call within its budget (ApiRetry)."""
 
 
 class Stopped(Exception):
@@ -71,14 +71,18 @@ class Stopping:
 
 
 class ApiRetry:
-    """Runs start calls, retrying transient API errors within a budget (see the module)."""
+    """Runs start calls, retrying transient API errors within a budget (see the module).
+    `phase` names its log lines (`<phase>.api_retrying`) and `budget` the budget in its
+    error (the cleanup at the exit retries its read of the Job the same way)."""
 
     def __init__(self, budget_s: float, *, log: Any, stopping: Stopping,
                  clock: Callable[[], float] = time.monotonic,
                  rng: Callable[[], float] = random.random,
-                 initial_s: float = 0.2, max_s: float = 5.0) -> None:
+                 initial_s: float = 0.2, max_s: float = 5.0, phase: str = "start",
+                 budget: str = "START_TIMEOUT_SECONDS") -> None:
         self.budget_s, self.log, self.stopping = budget_s, log, stopping
         self.clock, self.rng, self.initial_s, self.max_s = clock, rng, initial_s, max_s
+        self.phase, self.budget = phase, budget
 
     def call(self, what: str, fn: Callable[[], T]) -> T:
         """Return fn(); retry it on retryable KubeErrors; raise StartTimedOut or Stopped."""
@@ -96,9 +100,9 @@ class ApiRetry:
                 if failing >= self.budget_s:
                     raise StartTimedOut(
                         f"the Kubernetes API did not answer ({what}) for {failing:.1f}s "
-                        f"(START_TIMEOUT_SECONDS {self.budget_s:g}): {e}") from e
+                        f"({self.budget} {self.budget_s:g}): {e}") from e
                 wait = min(delay * (0.5 + self.rng() / 2), self.budget_s - failing)
-                self.log.warning("start.api_retrying", call=what, reason=str(e),
+                self.log.warning(f"{self.phase}.api_retrying", call=what, reason=str(e),
                                  failing_s=round(failing, 2), retry_in_s=round(wait, 2))
                 self.stopping.wait(wait)
                 delay = min(self.max_s, delay * 2)

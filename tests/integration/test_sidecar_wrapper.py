@@ -204,7 +204,8 @@ def test_a_supervisor_started_again_finds_the_run_it_did_not_start(
     assert (adopted.gen, adopted.pid, adopted.token) == (child.gen, child.pid, child.token)
     assert adopted.kill_tree() >= 1
     assert adopted.wait(5) == 128 + signal.SIGKILL
-    assert sidecar.Link(shared).running() is None
+    ended = sidecar.Link(shared).running()  # its exit, for a supervisor started after it
+    assert ended is not None and (ended.gen, ended.code) == (child.gen, 128 + signal.SIGKILL)
     nxt = sidecar.RemoteChild.start(w.link, ["true"], {})
     assert (nxt.gen, nxt.wait(5)) == (child.gen + 1, 0)
 

@@ -47,12 +47,19 @@ def test_save_load_and_conflicts(api: client.ApiClient, core: client.CoreV1Api,
     assert rv == rv2 and ledger_from_dict(state).total == 3
 
 
+@pytest.mark.parametrize(("text", "said"), [
+    pytest.param("{oops", r"state\.json is not JSON", id="not JSON"),
+    pytest.param("[1, 2]", r"state\.json is not a JSON object \(an array", id="a list body"),
+    pytest.param('{"total": Infinity}', r"state\.json is not JSON \(Infinity is not a JSON "
+                 "number", id="Infinity"),
+])
 def test_a_damaged_state_is_reported_not_reset(api: client.ApiClient, core: client.CoreV1Api,
-                                                namespace: str) -> None:
+                                                namespace: str, text: str, said: str) -> None:
     core.create_namespaced_config_map(namespace, {
-        "metadata": {"name": "job1-supervisor-state"}, "data": {"state.json": "{oops"}})
-    with pytest.raises(kube.KubeError, match=r"state\.json is not JSON"):
+        "metadata": {"name": "job1-supervisor-state"}, "data": {"state.json": text}})
+    with pytest.raises(kube.Damaged, match=said) as err:
         kube.StateStore(api, namespace, "job1-supervisor-state", None).load()
+    assert not err.value.retryable
 
 
 def test_a_missing_permission_is_named(control_plane: ControlPlane, core: client.CoreV1Api,

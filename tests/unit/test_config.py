@@ -8,6 +8,7 @@ import pytest
 
 from supervisor.classify import Cause, Failure
 from supervisor.config import (
+    OWNED_OPTIONS,
     VARIABLES,
     CleanPodPolicy,
     Config,
@@ -20,6 +21,7 @@ from supervisor.config import (
     packaged_discovery_script,
     parse_config,
 )
+from supervisor.launch import horovodrun_argv
 from supervisor.policy import Action, Budgets, Ledger, decide, match
 
 BASE = {"SUPERVISOR_JOB_NAME": "job1", "SUPERVISOR_NAMESPACE": "team-a", "SUPERVISOR_NP": "4"}
@@ -549,3 +551,49 @@ def test_the_training_container_must_be_one_of_the_templates() -> None:
     assert parse_config({**env, "SUPERVISOR_WORKER_CONTAINER": "worker"},
                         read_text=read).worker_container == "worker"
     assert parse_config(env, read_text=read).worker_container is None
+
+
+@pytest.mark.parametrize(("extra", "word", "option", "var"), [
+    pytest.param("-np 8", "-np", "-np", "NP", id="-np: the start size"),
+    pytest.param("--num-proc=8", "--num-proc=8", "--num-proc", "NP",
+                 id="--num-proc=8: the long alias with its value attached"),
+    pytest.param("--verbose --min-np 1", "--min-np", "--min-np", "MIN_NP",
+                 id="--min-np after an option of horovodrun's own"),
+    pytest.param("--max-num-proc 64", "--max-num-proc", "--max-num-proc", "MAX_NP",
+                 id="--max-num-proc"),
+    pytest.param("--slots-per-host=4", "--slots-per-host=4", "--slots-per-host",
+                 "SLOTS_PER_WORKER", id="--slots-per-host=4"),
+    pytest.param("--host-discovery-script /bin/hosts", "--host-discovery-script",
+                 "--host-discovery-script", "DISCOVERY_SCRIPT", id="--host-discovery-script"),
+    pytest.param("--host-discovery /bin/hosts", "--host-discovery", "--host-discovery-script",
+                 "DISCOVERY_SCRIPT", id="an abbreviation argparse expands"),
+    pytest.param("-p2222", "-p2222", "-p", "SSH_PORT", id="-p with its value attached"),
+    pytest.param("--ssh-identity-file=/k", "--ssh-identity-file=/k", "--ssh-identity-file",
+                 "SSH_IDENTITY_FILE", id="--ssh-identity-file=/k"),
+    pytest.param("--network-interfaces eth1", "--network-interfaces", "--network-interfaces",
+                 "NETWORK_INTERFACE", id="--network-interfaces (plural)"),
+    pytest.param("--gloo-timeout-seconds 5", "--gloo-timeout-seconds",
+                 "--gloo-timeout-seconds", "GLOO_TIMEOUT_SECONDS", id="--gloo-timeout-seconds"),
+])
+def test_extra_args_that_repeat_an_option_the_supervisor_sets_are_refused(
+        extra: str, word: str, option: str, var: str) -> None:
+    assert problems({**BASE, "SUPERVISOR_HOROVODRUN_EXTRA_ARGS": extra}) == [
+        f"SUPERVISOR_HOROVODRUN_EXTRA_ARGS={extra!r}: expected no option the supervisor sets "
+        "itself (horovodrun takes the last one given: it would override the supervisor's); "
+        f"{word!r} is {option}: set SUPERVISOR_{var} instead"]
+
+
+@pytest.mark.parametrize("extra", [
+    "--verbose --reset-limit 50 --blacklist-cooldown-range 10 100",
+    "--gloo", "-prefix-timestamp", "--start-timeout 60", "--log-level DEBUG",
+])
+def test_horovodruns_other_options_pass_through(extra: str) -> None:
+    assert parse(SUPERVISOR_HOROVODRUN_EXTRA_ARGS=extra).extra_args == tuple(extra.split())
+
+
+def test_every_option_the_supervisor_passes_is_one_extra_args_may_not_repeat() -> None:
+    cfg = parse(SUPERVISOR_SSH_PORT="2222", SUPERVISOR_SSH_IDENTITY_FILE="/keys/id",
+                SUPERVISOR_NETWORK_INTERFACE="eth0", SUPERVISOR_GLOO_TIMEOUT_SECONDS="120")
+    argv = horovodrun_argv(cfg, ["python", "train.py"])
+    passed = {w for w in argv[1:-2] if w.startswith("-")}
+    assert len(passed) == 9 and passed <= set(OWNED_OPTIONS)

@@ -4,21 +4,12 @@ HookFrameworkUnfenced Event per framework and run, whatever the number of hosts 
 
 from __future__ import annotations
 
-from typing import Any
-
 from supervisor.config import parse_config
 from supervisor.hang import Verdict
 from supervisor.metrics import make_metrics
 from supervisor.model import EventSpec
 from supervisor.reconcile import Supervisor
-
-
-class Log:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str, dict[str, Any]]] = []
-
-    def __getattr__(self, level: str) -> Any:
-        return lambda event, **fields: self.lines.append((level, event, fields))
+from tests.helpers import Log
 
 
 def test_an_unfenced_framework_is_said_once_per_run_and_apart_from_other_problems() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import PREFIX, VARIABLES, reference
+from supervisor.model import ExitCode
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -96,3 +97,49 @@ def test_the_slug_follows_github() -> None:
     assert _slug("`status` and `scale`") == "status-and-scale"
     assert _slug("The launcher's node lost") == "the-launchers-node-lost"
     assert _slug("Setup (`make setup`)") == "setup-make-setup"
+
+
+MANIFESTS = ROOT / "manifests"
+
+
+def _prose(path: Path) -> str:
+    """The text of a page, or of a manifest's comments, as one line (sentences span lines)."""
+    text = path.read_text()
+    if path.suffix == ".yaml":
+        text = "\n".join(line.split("#", 1)[1] for line in text.splitlines() if "#" in line)
+    return " ".join(text.split())
+
+
+PAGES = sorted([README, *DOCS.glob("*.md"), *MANIFESTS.rglob("*.yaml")])
+# A stall past the restart limit, in the words the pages use: "... RESTART_LIMIT times (then
+# exit N)", "after ... RESTART_LIMIT restarts the job fails with exit N".
+STALL_EXIT = re.compile(r"HOROVODRUN_RESTART_LIMIT`?(?: times| restarts)[^.;]*?\bexit (\d+)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_stall_past_the_restart_limit_exits_with_the_code_the_code_uses(page: Path) -> None:
+    said = [int(n) for n in STALL_EXIT.findall(_prose(page))]
+    assert all(n == ExitCode.STALLED for n in said), (
+        f"{page.relative_to(ROOT)} says a stall past the limit exits {said}; the supervisor "
+        f"exits {int(ExitCode.STALLED)} (supervisor.model.ExitCode.STALLED)")
+
+
+# The launcher Job's legend of its podFailurePolicy codes ("2 = bad configuration, ...").
+LEGEND = [
+    ("bad configuration", ExitCode.CONFIG),
+    ("start timeout", ExitCode.START_TIMEOUT),
+    ("the API refused for good", ExitCode.KUBE_FATAL),
+    ("a FailJob rule matched", ExitCode.POLICY_FAILED),
+    ("too few workers left", ExitCode.WORKERS_LOST),
+    ("another launcher holds the leader Lease", ExitCode.LEADERSHIP_LOST),
+    ("horovodrun's driver cannot be hardened", ExitCode.HOOK_REFUSED),
+    ("training stalled again", ExitCode.STALLED),
+]
+
+
+@pytest.mark.parametrize(("meaning", "code"), LEGEND, ids=[m for m, _ in LEGEND])
+def test_the_launcher_jobs_legend_of_exit_codes_is_the_codes(meaning: str,
+                                                             code: ExitCode) -> None:
+    text = _prose(MANIFESTS / "base" / "launcher-job.yaml")
+    said = re.findall(rf"\b(\d+) (?:= |\(){re.escape(meaning)}", text)
+    assert said == [str(int(code))], f"launcher-job.yaml: {meaning!r} is exit {said}"

@@ -1,5 +1,6 @@
 """supervisor.sidecar's pure parts: what a launcher pod needs in sidecar mode (one line per
-problem, naming the fix), the worker template with the hook added, the launch file."""
+problem, naming the fix), the worker template with the hook added, the launch file; and a
+supervisor started after horovodrun exited, with the real es-run."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ from typing import Any
 import pytest
 
 from supervisor import sidecar
+from supervisor.config import packaged_discovery_script, parse_config
+from supervisor.metrics import make_metrics
+from supervisor.model import EventSpec
+from supervisor.reconcile import Supervisor
+from tests.helpers import Log, wait_for
 
 SHARED = Path("/opt/elastic-supervisor")
 MOUNT = {"name": "elastic-supervisor", "mountPath": "/opt/elastic-supervisor"}
@@ -163,3 +169,50 @@ def test_a_lease_holder_is_gone_only_when_it_was_of_this_pod_and_its_pid_is_free
     assert not sidecar.holder_gone(f"train-other/{dead.pid}", "train-x7k2p"), "another pod's"
     assert not sidecar.holder_gone("train-x7k2p/1", "train-x7k2p"), "alive"
     assert not sidecar.holder_gone("train-x7k2p", "train-x7k2p")
+
+
+def test_a_supervisor_started_after_horovodrun_exited_honours_that_exit(
+        tmp_path: Path) -> None:
+    """Issue 39, item 6: the supervisor dies after horovodrun exited, before it wrote `stop`;
+    the one the kubelet starts next takes that exit as the job's (through its loop, as if
+    horovodrun had just exited), and never has es-run start training again."""
+    shared = tmp_path / "es"
+    sidecar.install(shared, packaged_discovery_script())
+    link = sidecar.Link(shared)
+    link.announce()  # the earlier supervisor (this process: es-run sees one running)
+    wrapper = subprocess.Popen(["sh", str(sidecar.wrapper(shared)), "python", "train.py"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(link.wrapper_alive, 10, interval=0.02, what="es-run")
+        first = sidecar.RemoteChild.start(link, ["sh", "-c", "exit 5"], {})
+        assert first.wait(10) == 5  # es-run recorded it; the supervisor died here
+        running = sidecar.Link(shared).running()
+        assert running is not None and (running.gen, running.pid, running.code) == (
+            first.gen, first.pid, 5)
+
+        events: list[EventSpec] = []
+        cfg = parse_config({"SUPERVISOR_JOB_NAME": "job1", "SUPERVISOR_NAMESPACE": "team-a",
+                            "SUPERVISOR_NP": "2", "SUPERVISOR_MODE": "sidecar",
+                            "SUPERVISOR_SHARED_DIR": str(shared)})
+
+        def start_child(argv: Any, env: Any) -> Any:
+            raise AssertionError(f"horovodrun started again: {argv}")
+
+        loop = Supervisor(cfg, log=Log(), metrics=make_metrics(), events=events.append,
+                          start_child=start_child, base_env={}, act=print,  # type: ignore[arg-type]
+                          kill_ssh_clients=None, count_ssh_clients=None)  # type: ignore[arg-type]
+        outcome = loop.run(sidecar.Link(shared).command() or [],
+                           sidecar.RemoteChild.adopt(sidecar.Link(shared), running))
+        assert (outcome.code, outcome.reason) == (5, "horovodrun exited with 5")
+        adopted = [e for e in events if e.reason == "HorovodrunExitAdopted"]
+        assert len(adopted) == 1 and adopted[0].note == (
+            f"horovodrun (pid {first.pid}) started for an earlier supervisor of this pod exited "
+            "with 5 before that supervisor ended the job: its exit is the job's, training is "
+            "not started again")
+        assert link.gen() == first.gen, "es-run was given no new launch"
+        link.stop(outcome.code)  # what run_sidecar does with it: es-run exits with it
+        assert wrapper.wait(10) == 5
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
+            wrapper.wait()
