@@ -71,6 +71,6 @@ def machine() -> dict[str, object]:
             "python": platform.python_version(), "kernel": platform.release()}
 
 
-def provenance() -> dict[str, Any]:
-    """When, at which commit and on which machine a block was measured."""
-    return {"when": now(), "commit": commit(), "machine": machine()}
+def provenance(repo: Path = REPO) -> dict[str, Any]:
+    """When, at which commit (of `repo`) and on which machine a block was measured."""
+    return {"when": now(), "commit": commit(repo), "machine": machine()}
