@@ -101,3 +101,13 @@ def test_a_recorded_block_replaces_only_itself(tmp_path: Path) -> None:
     store.write({"soak": {"ok": False}, "suite": {"old": 1}}, path)
     store.record({"suite": {"make_test": {"wall_s": 1.0}}}, path)
     assert store.load(path) == {"soak": {"ok": False}, "suite": {"make_test": {"wall_s": 1.0}}}
+
+
+def test_the_suite_rows_say_what_bench_suite_recorded() -> None:
+    phases = suite.phases("===== 1 failed, 1133 passed in 1423.00s (0:23:43) =====")
+    run = {"when": "2026-11-28T14:00:00+00:00", "commit": "abc1234", "wall_s": 1423.0,
+           "exit_code": 2, **suite.totals(phases), "phases": phases}
+    rows = dict(tables.results_rows({suite.KEY: {"make_test": run}}))
+    assert rows[tables.SUITE_WHAT["make_test"]] == (
+        "23.7 min, exit 2: 1133 passed, 1 failed, 0 errors (2026-11-28, abc1234)")
+    assert rows[tables.SUITE_WHAT["ci_empty_cache"]] == tables.NOT_RECORDED
