@@ -1,7 +1,8 @@
 """`make bench`: run the benchmarks and write bench/results.json and bench/out/scale.png, then
 print a table.
 
-Keys not measured stay null (never invented); keys no benchmark writes (`suite`) are kept.
+Keys not measured stay null (never invented); the blocks other code writes (`suite`:
+bench/suite.py, `demo`: `make demo`) are kept as stored (bench/store.py).
 `--only NAME` runs one benchmark and keeps the others' stored numbers (`--only plot` only
 redraws the PNG from results.json).
 """
@@ -9,12 +10,7 @@ redraws the PNG from results.json).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import os
-import platform
 import sys
-from pathlib import Path
 
 from bench import (
     configmap_path,
@@ -29,48 +25,16 @@ from bench import (
     sidecar,
     soak,
     status,
+    store,
     versus,
 )
 
-RESULTS = Path(__file__).resolve().parent / "results.json"
 
-
-def machine() -> dict[str, object]:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cpus": os.cpu_count(), "cpu_model": model, "memory_gib": round(mem, 1),
-            "python": platform.python_version(), "kernel": platform.release()}
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("--sizes", default=",".join(map(str, discovery.SIZES)),
-                        help="worker counts for the discovery benchmark (default %(default)s)")
-    parser.add_argument("--only", choices=("discovery", "replacement", "baseline", "e2e",
-                                           "e2e_stock", "e2e_sequences", "fence", "configmap",
-                                           "disruptions", "status", "sidecar", "soak", "plot"),
-                        help="run one benchmark; keys of the others keep their stored values "
-                             "(soak and e2e_sequences run only when named: ~15 min per seed, "
-                             "~25 min)")
-    parser.add_argument("--seeds", default="1",
-                        help="seeds of the fault soak, comma-separated (default %(default)s)")
-    parser.add_argument("--baseline-workers", type=int, default=versus.Plan.workers,
-                        help="worker count of the poller comparison (default %(default)s)")
-    parser.add_argument("--baseline-changes", type=int, default=versus.Plan.per_sampled_kind,
-                        help="changes of each kind both see, in the poller comparison "
-                             "(default %(default)s)")
-    args = parser.parse_args(argv)
-    sizes = tuple(int(s) for s in args.sizes.split(","))
-    results: dict[str, object] = {
-        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": machine(),
+def blank() -> dict[str, object]:
+    """Every key `make bench` writes, null until a benchmark measures it."""
+    return {
+        "when": store.now(),
+        "machine": store.machine(),
         "discovery_latency_ms": None,
         "discovery_details": None,
         "baseline_poll_latency_ms": None,
@@ -100,9 +64,31 @@ def main(argv: list[str] | None = None) -> int:
         "sidecar": None,
         "sidecar_details": None,
     }
-    stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    # Keys no benchmark writes (`suite`: the test suite's times, measured by `make test` and
-    # `.ci/run`) are kept by every run; a benchmark's keys only by a run of another one.
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--sizes", default=",".join(map(str, discovery.SIZES)),
+                        help="worker counts for the discovery benchmark (default %(default)s)")
+    parser.add_argument("--only", choices=("discovery", "replacement", "baseline", "e2e",
+                                           "e2e_stock", "e2e_sequences", "fence", "configmap",
+                                           "disruptions", "status", "sidecar", "soak", "plot"),
+                        help="run one benchmark; keys of the others keep their stored values "
+                             "(soak and e2e_sequences run only when named: ~15 min per seed, "
+                             "~25 min)")
+    parser.add_argument("--seeds", default="1",
+                        help="seeds of the fault soak, comma-separated (default %(default)s)")
+    parser.add_argument("--baseline-workers", type=int, default=versus.Plan.workers,
+                        help="worker count of the poller comparison (default %(default)s)")
+    parser.add_argument("--baseline-changes", type=int, default=versus.Plan.per_sampled_kind,
+                        help="changes of each kind both see, in the poller comparison "
+                             "(default %(default)s)")
+    args = parser.parse_args(argv)
+    sizes = tuple(int(s) for s in args.sizes.split(","))
+    results = blank()
+    stored = store.load()
+    # The blocks other code writes (`suite`, `demo`) are kept by every run; a benchmark's keys
+    # only by a run of another one.
     results.update({k: v for k, v in stored.items() if k not in results})
     if args.only:
         results.update({k: v for k, v in stored.items() if k in results and k != "when"})
@@ -134,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only == "soak":
         results.update(soak.main(tuple(int(x) for x in args.seeds.split(","))))
     if args.only != "plot":
-        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"\nwrote {RESULTS}")
+        print(f"\nwrote {store.write(results)}")
     if results["discovery_details"]:
         print(f"wrote {plot.main(results)}\n")
     print_discovery(results)

@@ -419,10 +419,14 @@ def soak(seed: int, count: int = COUNT) -> dict[str, Any]:
     return result
 
 
+def summary(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The `soak` block: the seeds' runs (`soak_details`) summed up."""
+    return {"seeds": [r["seed"] for r in runs], "ok": all(r["ok"] for r in runs),
+            "faults": sum(len(r["faults"]) for r in runs),
+            "longest_gap_s": max(r["longest_gap_s"] for r in runs),
+            "violations": sum(len(r["violations"]) for r in runs)}
+
+
 def main(seeds: Sequence[int] = (1,)) -> dict[str, Any]:
     runs = [soak(seed) for seed in seeds]
-    return {"soak": {"seeds": list(seeds), "ok": all(r["ok"] for r in runs),
-                     "faults": sum(len(r["faults"]) for r in runs),
-                     "longest_gap_s": max(r["longest_gap_s"] for r in runs),
-                     "violations": sum(len(r["violations"]) for r in runs)},
-            "soak_details": runs}
+    return {"soak": summary(runs), "soak_details": runs}

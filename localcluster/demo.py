@@ -11,7 +11,8 @@ frozen node (kubelet, containerd and pods stopped by the freezer cgroup), scale 
 3 -> 2. At the end: a table (fault, detection, training resumed, back to full size), the
 supervisor's own timeline PNG (`elastic-supervisor timeline`: world size, step rate, incidents
 by phase, goodput; drawn from the state and Events it stored, read before the cluster stops) and
-everything stopped.
+everything stopped. What it measured (the table, goodput, restarts, exit code, wall time) goes to
+the `demo` block of bench/results.json (bench/store.py), which README's demo table is held to.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 
 from kubernetes import client, config
 
+from bench import store
 from localcluster import images
 from localcluster.job import BASE_NAMESPACE, MainJob
 from localcluster.nodes import Cluster, ClusterSettings
@@ -40,6 +42,7 @@ from supervisor import cli, kube, progress
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE, JOB = BASE_NAMESPACE, "elastic-train"
 STEPS = 3000  # manifests/overlays/local sets --steps 3000
+RESULTS_KEY = "demo"  # the block of bench/results.json a run writes
 
 
 @dataclass
@@ -151,11 +154,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m localcluster demo")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out",
                         help="where the timeline PNG and the run's logs go")
+    parser.add_argument("--no-record", action="store_true",
+                        help=f"do not write the `{RESULTS_KEY}` block of bench/results.json")
     args = parser.parse_args(argv)
+    t0, provenance = time.monotonic(), store.provenance()
     result = run_job(args.out, PLAN)
     summarize(result, args.out)
     print(f"demo: the launcher (supervisor) exited with {result.code}")
+    if not args.no_record:
+        measured = block(result, time.monotonic() - t0, provenance)
+        print(f"demo: recorded in {store.record({RESULTS_KEY: measured})} ({RESULTS_KEY})")
     return 0 if result.code == 0 else 1
+
+
+def block(result: Result, wall_s: float, provenance: dict[str, Any]) -> dict[str, Any]:
+    """The RESULTS_KEY block of bench/results.json: what this run measured, as its table
+    printed."""
+    def since(t: float | None, f: Fault) -> float | None:
+        return None if t is None else round(t - f.at, 2)
+
+    return {**provenance, "wall_s": round(wall_s, 1), "exit_code": result.code,
+            "faults": [{"fault": f.name, "detected_s": since(f.detected, f),
+                        "resumed_s": since(f.resumed, f), "full_size_s": since(f.full, f),
+                        "replacement_usable_s": since(f.usable, f)} for f in result.faults],
+            "horovodrun_restarts": [r.get("reason") for r in result.run.restarts],
+            "goodput": goodputs(result)}
 
 
 def run_job(out: Path, plan: tuple[str, ...], cluster: Cluster | None = None,

@@ -1,0 +1,107 @@
+"""`python -m bench.suite [--ci]`: time the test suite and record it in bench/results.json.
+
+Runs `make test` in this checkout as it is (its caches as they are) and records, in the `suite`
+block's `make_test`: the wall time, make's exit code, the passed/failed/error/skipped counts
+summed over the pytest runs of its phases (each phase's counts and seconds as pytest printed
+them), the date, the commit and the machine. With `--ci` it then clones HEAD into a temporary
+directory and runs `.ci/run` there (setup, then `make test`) with empty caches (ES_CACHE,
+GOCACHE and GOMODCACHE point at new empty directories, removed afterwards), recorded as
+`ci_empty_cache`. The other sub-block keeps its stored value. Not part of `make test` (it runs
+it); each run's output is kept in a log file whose path is recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import store
+
+KEY = "suite"
+# pytest's last line: "==== 3 failed, 886 passed, 2 skipped, 1 warning in 26.51s (0:00:26) ===="
+SUMMARY = re.compile(r"^=+ (?P<counts>\d+ \w+.*?) in (?P<seconds>[\d.]+)s\b.* =+$")
+COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected)\b")
+TOTALS = ("passed", "failed", "errors", "skipped")
+
+
+def phases(output: str) -> list[dict[str, Any]]:
+    """Each pytest run's counts and seconds, in order, from the summary lines of `output`."""
+    found = []
+    for line in output.splitlines():
+        m = SUMMARY.match(line.strip())
+        if m:
+            counts = {("errors" if k == "error" else k): int(n)
+                      for n, k in COUNT.findall(m["counts"])}
+            found.append({**counts, "seconds": float(m["seconds"])})
+    return found
+
+
+def totals(runs: list[dict[str, Any]]) -> dict[str, int]:
+    return {k: sum(r.get(k, 0) for r in runs) for k in TOTALS}
+
+
+def timed(command: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None
+          ) -> dict[str, Any]:
+    """Run `command`, its output shown and kept in `log`; return what was measured."""
+    started = store.provenance(cwd)
+    t0 = time.monotonic()
+    lines = []
+    with log.open("w") as f, subprocess.Popen(command, cwd=cwd, env=env, text=True,
+                                              stdout=subprocess.PIPE,
+                                              stderr=subprocess.STDOUT) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            f.write(line)
+            lines.append(line)
+    runs = phases("".join(lines))
+    return {**started, "command": " ".join(command), "wall_s": round(time.monotonic() - t0, 1),
+            "exit_code": proc.returncode, **totals(runs), "phases": runs, "log": str(log)}
+
+
+def make_test(out: Path) -> dict[str, Any]:
+    return timed(["make", "test"], store.REPO, out / "make-test.log")
+
+
+def ci_empty_cache(out: Path) -> dict[str, Any]:
+    """`.ci/run` in a clean clone of HEAD with empty caches (all removed afterwards)."""
+    scratch = Path(tempfile.mkdtemp(prefix="suite-ci-"))
+    try:
+        clone = scratch / "repo"
+        subprocess.run(["git", "clone", "--quiet", str(store.REPO), str(clone)], check=True)
+        caches = {name: scratch / name.lower() for name in ("ES_CACHE", "GOCACHE", "GOMODCACHE")}
+        for path in caches.values():
+            path.mkdir()
+        env = {**os.environ, **{name: str(path) for name, path in caches.items()}}
+        return timed([str(clone / ".ci" / "run")], clone, out / "ci-run.log", env)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.suite", description=__doc__)
+    parser.add_argument("--ci", action="store_true",
+                        help="also run .ci/run in a clean clone with empty caches (~35 min)")
+    args = parser.parse_args(argv)
+    out = Path(tempfile.mkdtemp(prefix="bench-suite-"))
+    measured = {"make_test": make_test(out)}
+    if args.ci:
+        measured["ci_empty_cache"] = ci_empty_cache(out)
+    path = store.record({KEY: {**(store.load().get(KEY) or {}), **measured}})
+    for name, run in measured.items():
+        print(f"suite {name}: {run['wall_s']} s, exit {run['exit_code']}, {run['passed']} "
+              f"passed, {run['failed']} failed, {run['errors']} errors at {run['commit']}")
+    print(f"wrote {path} ({KEY}); logs in {out}")
+    return 0 if all(run["exit_code"] == 0 for run in measured.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

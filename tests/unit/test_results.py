@@ -1,0 +1,113 @@
+"""README says what bench/results.json holds, and the file holds only what code in bench/ (and
+`make demo`) wrote: the Results table and the demo's table are the stored blocks as
+bench/tables.py renders them, a missing block reads "not recorded", and the suite timer reads
+pytest's own summary lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import soak, store, suite, tables
+from bench.__main__ import blank
+from localcluster import demo
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+BENCHMARKS = ROOT / "docs" / "benchmarks.md"
+RESULTS_HEADER = "| what | measured | target |"
+DEMO_HEADER = "| fault | detected | resumed | full size |"
+
+
+def table(text: str, header: str) -> list[list[str]]:
+    """The rows (cells stripped) of the markdown table under `header`; [] when there is none."""
+    lines = text.splitlines()
+    if header not in lines:
+        return []
+    rows = []
+    for line in lines[lines.index(header) + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def test_every_block_of_the_results_file_has_a_writer_in_bench_or_the_demo() -> None:
+    written = set(blank()) | {suite.KEY, demo.RESULTS_KEY}
+    assert set(store.load()) - written == set()
+
+
+def test_the_soak_block_sums_up_the_runs_stored_beside_it() -> None:
+    stored = store.load()
+    assert stored["soak"] == soak.summary(stored["soak_details"])
+
+
+def test_the_readme_results_table_is_the_results_file() -> None:
+    readme = [(what, measured) for what, measured, _target in table(README.read_text(),
+                                                                      RESULTS_HEADER)]
+    assert readme == tables.results_rows(store.load()), (
+        "README's Results table differs from bench/results.json: paste the rows "
+        "`python -m bench.tables` prints (the targets are README's own)")
+
+
+@pytest.mark.parametrize("page", [README, BENCHMARKS], ids=lambda p: p.name)
+def test_the_demo_table_is_the_results_files_demo_block(page: Path) -> None:
+    text, stored = page.read_text(), store.load()
+    assert tables.demo_caption(stored) in text.splitlines()
+    assert [tuple(row) for row in table(text, DEMO_HEADER)] == tables.demo_rows(stored)
+
+
+def test_a_block_the_file_lacks_renders_as_not_recorded_never_as_a_number() -> None:
+    assert {measured for _, measured in tables.results_rows({})} == {tables.NOT_RECORDED}
+    assert tables.demo_rows({}) == []
+    assert tables.NOT_RECORDED in tables.demo_caption({})
+
+
+def test_the_demo_records_its_table_as_it_printed_it() -> None:
+    at = 1_800_000_000.0
+    faults = [demo.Fault("a worker's node frozen", at, 2, detected=at + 3.04, resumed=at + 3.16,
+                         full=at + 18.66, usable=at + 13.9),
+              demo.Fault("scale 2 -> 3", at + 60, 3, detected=at + 61.4)]
+    result = demo.Result(0, demo.Run(Path("/nonexistent")), faults)
+    block = demo.block(result, 229.4, {"when": "2026-11-28T12:00:00+00:00", "commit": "abc1234"})
+    stored = {demo.RESULTS_KEY: block}
+    assert tables.demo_rows(stored) == [("a worker's node frozen", "3.0 s", "3.2 s", "18.7 s"),
+                                        ("scale 2 -> 3", "1.4 s", "-", "-")]
+    assert tables.demo_caption(stored) == (
+        "The run recorded in `bench/results.json` (`demo`: 2026-11-28, abc1234, 3 min 49 s, "
+        "exit 0):")
+
+
+def test_the_suite_timer_sums_pytests_summary_lines_of_every_phase() -> None:
+    output = "\n".join([
+        "All checks passed!",
+        "tests/unit/test_core.py ........",
+        "=================== 886 passed, 2 skipped, 3 warnings in 26.51s ===================",
+        "FAILED tests/integration/test_x.py::test_y - AssertionError",
+        "======= 1 failed, 158 passed, 1 error in 531.98s (0:08:51) =======",
+        "=========================== no tests ran in 0.12s ============================",
+    ])
+    assert suite.phases(output) == [
+        {"passed": 886, "skipped": 2, "seconds": 26.51},
+        {"failed": 1, "passed": 158, "errors": 1, "seconds": 531.98},
+    ]
+    assert suite.totals(suite.phases(output)) == {"passed": 1044, "failed": 1, "errors": 1,
+                                                  "skipped": 2}
+
+
+def test_a_recorded_block_replaces_only_itself(tmp_path: Path) -> None:
+    path = tmp_path / "results.json"
+    store.write({"soak": {"ok": False}, "suite": {"old": 1}}, path)
+    store.record({"suite": {"make_test": {"wall_s": 1.0}}}, path)
+    assert store.load(path) == {"soak": {"ok": False}, "suite": {"make_test": {"wall_s": 1.0}}}
+
+
+def test_the_suite_rows_say_what_bench_suite_recorded() -> None:
+    phases = suite.phases("===== 1 failed, 1133 passed in 1423.00s (0:23:43) =====")
+    run = {"when": "2026-11-28T14:00:00+00:00", "commit": "abc1234", "wall_s": 1423.0,
+           "exit_code": 2, **suite.totals(phases), "phases": phases}
+    rows = dict(tables.results_rows({suite.KEY: {"make_test": run}}))
+    assert rows[tables.SUITE_WHAT["make_test"]] == (
+        "23.7 min, exit 2: 1133 passed, 1 failed, 0 errors (2026-11-28, abc1234)")
+    assert rows[tables.SUITE_WHAT["ci_empty_cache"]] == tables.NOT_RECORDED
