@@ -477,6 +477,7 @@ class Beater:
         self.fence = fence  # False: an unfenced framework's process: nothing is ever cut
         self.sender = wire.new_sender_id()
         self.seq = 0
+        self._sending = threading.Lock()
         self.dead: list[DeadEntry] = []
         self.fence_version = 0
         self.severed_stall: tuple[float, int] | None = None  # (stall start, fence version)
@@ -530,10 +531,16 @@ class Beater:
     # -- sending ---------------------------------------------------------------------------------
 
     def _send(self, body: dict[str, Any]) -> None:
-        self.seq += 1
-        body.update(s=self.sender, n=self.seq, run=self.run)
-        with contextlib.suppress(OSError):
-            self.sock.sendto(wire.encode(self.key, body), self.supervisor)
+        # Numbered and sent in one step: the bye (at exit, from the main thread) and the
+        # heartbeats (this thread) would otherwise leave in another order than numbered, and
+        # the supervisor drops a number lower than one it took (both byes were lost so).
+        with self._sending:
+            if body.get("t") == "hb" and self._stop.is_set():
+                return  # said bye, or closed
+            self.seq += 1
+            body.update(s=self.sender, n=self.seq, run=self.run)
+            with contextlib.suppress(OSError):
+                self.sock.sendto(wire.encode(self.key, body), self.supervisor)
 
     def heartbeat(self) -> dict[str, Any]:
         """The next heartbeat's body (without sender and sequence number)."""
@@ -561,7 +568,9 @@ class Beater:
         return body
 
     def bye(self) -> None:
-        """Tell the supervisor this process ends on purpose (at interpreter exit)."""
+        """Tell the supervisor this process ends on purpose (at interpreter exit); no heartbeat
+        follows (one would tell the supervisor the process is back, then fall silent)."""
+        self._stop.set()
         for _ in range(2):
             self._send({"t": "bye", "pid": os.getpid(), "host": self.host,
                         "lr": self.local_rank})
