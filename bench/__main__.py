@@ -26,6 +26,7 @@ from bench import (
     soak,
     status,
     store,
+    tf_hook,
     versus,
 )
 
@@ -52,6 +53,7 @@ def blank() -> dict[str, object]:
                       "resumed_after_stuck_s": None, "longest_interval_without_a_step_s": None,
                       "steps_rerun_max": None, "horovodrun_restarts": None},
         "e2e_stock_details": None,
+        "e2e_stock_tf": None,
         "e2e_sequences": None,
         "e2e_sequences_details": None,
         "fence": None,
@@ -72,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="worker counts for the discovery benchmark (default %(default)s)")
     parser.add_argument("--only", choices=("discovery", "replacement", "baseline", "e2e",
                                            "e2e_stock", "e2e_sequences", "fence", "configmap",
-                                           "disruptions", "status", "sidecar", "soak", "plot"),
+                                           "disruptions", "status", "sidecar", "soak", "plot",
+                                           "tf_hook"),
                         help="run one benchmark; keys of the others keep their stored values "
                              "(soak and e2e_sequences run only when named: ~15 min per seed, "
                              "~25 min)")
@@ -107,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         results.update(e2e_stock.main())
     if args.only in (None, "fence"):
         results.update(fence.main())
+    if args.only in (None, "tf_hook"):
+        results.update(tf_hook.main())
     if args.only in (None, "configmap"):
         results.update(configmap_path.main())
     if args.only in (None, "disruptions"):

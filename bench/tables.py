@@ -150,6 +150,14 @@ def hook_cost(r: Results) -> tuple[str, str]:
             f"{r['fence']['hook_cpu']['percent_of_a_stock_step']} %")
 
 
+def tf_hook_cost(r: Results) -> tuple[str, str]:
+    d = r["e2e_stock_tf"]["hook_cost_per_step"]
+    runs = ", ".join(f"{x}" for x in d["percent_of_a_stock_step_runs"])
+    return ("the hook's cost per step of the stock TensorFlow script (the seeds' shape)",
+            f"{d['percent_of_a_stock_step']} % (worst of {runs}: {d['signals_us_per_step']} us "
+            f"of a {d['stock_step_ms']} ms step)")
+
+
 def soak(r: Results) -> tuple[str, str]:
     d, runs = r["soak"], r["soak_details"]
     seeds = ", ".join(map(str, d["seeds"]))
@@ -207,6 +215,8 @@ ROWS: Sequence[tuple[tuple[str, ...], str, Callable[[Results], tuple[str, str]]]
     (("disruptions",), "announced disruptions (drain, eviction, autoscaler taint, ...)",
      disruptions),
     (("fence",), "the hook's cost per step of a stock script", hook_cost),
+    (("e2e_stock_tf", "hook_cost_per_step"),
+     "the hook's cost per step of the stock TensorFlow script (the seeds' shape)", tf_hook_cost),
     (("soak",), "fault soak, random faults per seed", soak),
     (("suite", "make_test"), SUITE_WHAT["make_test"], _suite("make_test")),
     (("suite", "ci_empty_cache"), SUITE_WHAT["ci_empty_cache"], _suite("ci_empty_cache")),
