@@ -79,9 +79,10 @@ def selectors(policy: CleanPodPolicy, job: str) -> tuple[str, str] | None:
 def terminal(code: int, job: Mapping[str, Any] | None) -> str | None:
     """Why the supervisor's exit `code` ends the job for good, or None when its Job will run
     another launcher (which adopts the workers). `job` is the launcher's batch/v1 Job as read
-    now, None when there is none."""
+    now, None when there is none or when it was not read (a success ends the job whatever the
+    Job says: the exit does not read it)."""
     if job is None:
-        return "no Job runs another launcher"
+        return "success" if code == 0 else "no Job runs another launcher"
     meta, spec, status = job.get("metadata") or {}, job.get("spec") or {}, job.get("status") or {}
     if meta.get("deletionTimestamp"):
         return "the Job is being deleted"

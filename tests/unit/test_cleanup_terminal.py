@@ -38,6 +38,7 @@ def job(*, backoff: int | None = 2, failed: int = 0, policy: dict | None = FAIL_
 CASES = [
     ("no Job: a local run", 1, None, "no Job"),
     ("success", 0, job(), "success"),
+    ("success, the Job not read (an exit 0 does not read it)", 0, None, "success"),
     ("FailJob code 6", 6, job(), "FailJob"),
     ("FailJob code 9", 9, job(), "FailJob"),
     ("horovodrun's 1, retries left", 1, job(failed=1), None),
