@@ -42,7 +42,6 @@ from tests.helpers import wait_for
 
 START_S = 180  # three TensorFlow workers start (ssh, import tensorflow, trace) on 2 loaded cores
 RESUME_BOUND_S = 5.0  # the issue's target after a frozen peer
-STUCK_BOUND_S = 30.0  # after a main thread that stopped while its other threads run
 SHAPES = [pytest.param(STOCK_TF, id="tf.function step"), pytest.param(STOCK_KERAS, id="keras fit")]
 
 
@@ -138,39 +137,38 @@ def printed_by(run: HorovodRun, at: float) -> int:
     return max(steps, default=0)
 
 
-@pytest.mark.parametrize("script", SHAPES)
-def test_a_tensorflow_process_heartbeats_its_steps_saves_and_waits(
-        tmp_path: Path, fake_hosts: tuple[HostSet, list[HorovodRun]], channel: HookChannel,
-        script: Path) -> None:
-    hosts, runs = fake_hosts
-    run, listed = tf_training(tmp_path, hosts, runs, channel, script=script, n=2)
-    # Inside a tf.function the collectives wait out of Python's sight: the graph's signals say
-    # when a process waits in one (the gradients of a step), and each step completes one.
+def check_heartbeats(run: HorovodRun, channel: HookChannel, listed: list[str]) -> None:
+    """What the processes of a world at full size say: no problem, waits inside a collective
+    seen (inside a tf.function only the graph's signals can say so), and each process's last
+    heartbeat counts the steps rank 0 had printed by then (every process of a world trains the
+    same steps), a commit per step (but the one just trained: the commit follows the step) and a
+    completed collective per step."""
     wait_for(lambda: any(b.waiting == "c" for b in beats_of(channel)), 30,
              what="a heartbeat from inside a collective")
-    end = run.stop_at(ahead=10)
-    assert run.wait(120) == 0, run.tail()
+    time.sleep(1.0)  # a heartbeat of each process after that
     beats = beats_of(channel)
     assert {b.host for b in beats} == set(listed), beats
     assert all(b.problems == () for b in beats), [b.problems for b in beats]
-    # Each process's last heartbeat counts the steps rank 0 had printed by then (every process
-    # of a world trains the same steps), each commit, and a completed collective per step.
     for b in beats:
         low, high = printed_by(run, b.last_seen - 0.5), printed_by(run, b.last_seen + 0.5)
         assert b.steps is not None and low <= b.steps <= high, (b.host, b.steps, low, high)
-        assert b.commits is not None and b.commits >= b.steps, (b.host, b.commits, b.steps)
+        assert b.commits is not None and b.commits >= b.steps - 1, (b.host, b.commits, b.steps)
         assert b.done >= b.steps, (b.host, b.done, b.steps)
-    assert run.last_step()["step"] == end  # type: ignore[index]
     assert "not fenced by the hook" not in run.output()
 
 
 @pytest.mark.parametrize("script", SHAPES)
-def test_a_frozen_tensorflow_worker_is_named_hung_fenced_and_the_survivors_resume(
+def test_a_tensorflow_world_heartbeats_and_survives_a_frozen_worker(
         tmp_path: Path, fake_hosts: tuple[HostSet, list[HorovodRun]], channel: HookChannel,
         script: Path) -> None:
+    """The heartbeats of a world at full size, then a frozen worker (not rank 0): named Hung
+    (its peers waited in a collective), fenced, and the survivors resume at size 2 in the same
+    horovodrun, losing no committed step."""
     hosts, runs = fake_hosts
     run, listed = tf_training(tmp_path, hosts, runs, channel, script=script, n=3)
+    check_heartbeats(run, channel, listed)
     supervisor = Supervisor(channel, run, listed).start()
+    frozen: list[int] = []
     try:
         coordinator = run.last_step()["host"]  # type: ignore[index]
         victim = next(h for h in listed if h != coordinator)  # rank 0 keeps printing
@@ -208,13 +206,19 @@ def test_a_stuck_main_thread_of_a_tensorflow_worker_is_named_and_the_survivors_r
         at = time.time()
         hang_file.write_text(victim)
         resumed = wait_for(lambda: step_after_reset(run.records(), at, size=2),
-                           STUCK_BOUND_S + 30, interval=0.1,
+                           90, interval=0.1,
                            what=f"a step at size 2:\n{run.tail()}")
         took = resumed["time"] - at
         [(_, verdict)] = supervisor.verdicts
         assert [s.host for s in verdict.stuck] == [victim] and not verdict.hung, verdict
-        assert "stock_tf_train.py" in " ".join(verdict.stuck[0].where), verdict
-        assert took <= STUCK_BOUND_S, f"resumed {took:.2f}s after the hang\n{run.tail()}"
+        [stuck] = verdict.stuck
+        assert "stock_tf_train.py" in " ".join(stuck.where), verdict
+        # The threshold (SUPERVISOR_STUCK_SECONDS=auto: max(20 s, 4 x the job's p99 step)) is
+        # the rule's; what follows it is the product's: resumed within RESUME_BOUND_S of it (the
+        # main thread stops at the batch after the file is written).
+        assert took <= stuck.threshold_s + 1.0 + RESUME_BOUND_S, (
+            f"resumed {took:.2f}s after the hang, threshold {stuck.threshold_s:.1f}s\n"
+            f"{run.tail()}")
         hang_file.write_text("")
         end = run.stop_at(ahead=10)
         assert run.wait(120) == 0, f"horovodrun did not end well:\n{run.tail()}"
