@@ -7,7 +7,17 @@ and whether it is inside one. From the last heartbeat of each process and `now`:
   (no bye: it did not exit cleanly), its host is one the discovery file lists and that is not
   being scaled in, and training is blocked on it: another process, heartbeating, is waiting in a
   collective (or an init), and none completed a collective since the silent one's last
-  heartbeat (one heartbeat period of slack each way for what was already in flight). A frozen,
+  heartbeat (one heartbeat period of slack each way for what was already in flight), and a
+  peer has itself waited, by its own last heartbeat, at least `cover_s` (silence_s less two
+  heartbeat periods: 2 s by default). The evidence must match the cost (the worker is fenced,
+  deleted and replaced): seen in a demo, a rank whose heartbeats were late on a loaded node
+  (it printed steps for a second after its last one) was declared at 3.0 s while its only
+  waiting peer had just entered its collective ("longest 0.0s"). A frozen process's peers
+  enter their wait at most one heartbeat period (it froze before its next heartbeat) and one
+  step after its last heartbeat, and say so at most one heartbeat period later: at silence_s
+  they said cover_s or more, so a frozen worker is still declared at silence_s (later by at
+  most the step time). A silent process blocking peers that have not waited that long yet is
+  reported (`unconfirmed`), not Hung. A frozen,
   deadlocked-with-the-GIL, partitioned or vanished process looks like that; a process that still
   heartbeats (a long step, a 2-minute checkpoint write, an evaluation) never does, and neither
   does one whose peers go on completing collectives (a lost heartbeat route).
@@ -132,6 +142,10 @@ class Verdict:
     # silent processes that would be Hung but whose watcher says they run (not yet Hung):
     # (host, pid, seconds silent, scheduler state)
     busy: tuple[tuple[str, int, float, str], ...] = ()
+    # silent processes that would be Hung but whose peers have not waited cover_s yet (their
+    # wait does not cover the silence: late heartbeats, not a freeze, until it does):
+    # (host, pid, seconds silent, the longest peer wait at its last heartbeat)
+    unconfirmed: tuple[tuple[str, int, float, float], ...] = ()
     unmonitored: tuple[str, ...] = ()  # listed hosts that never sent a heartbeat
     problems: tuple[tuple[str, str], ...] = ()  # (host, the hook's problem)
     # (host, a Horovod framework its processes use that the hook does not fence yet)
@@ -148,6 +162,12 @@ def running(b: Beat, now: float, s: HangSettings) -> bool:
         return False
     return b.proc_state == "R" or (b.proc_cpu_at is not None
                                    and now - b.proc_cpu_at < s.silence_s)
+
+
+def cover_s(s: HangSettings) -> float:
+    """How long a peer must have waited, by its own last heartbeat, for a silent process that
+    blocks it to be Hung (see the module's doc): silence_s less two heartbeat periods."""
+    return max(0.0, s.silence_s - 2 * s.beat_s)
 
 
 def _blocks(b: Beat, fresh: list[Beat], waiting: list[Beat], beat_s: float) -> bool:
@@ -180,6 +200,7 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
     waiting = [b for b in fresh if b.wait_s is not None]
     hung: dict[str, Hung] = {}
     busy: list[tuple[str, int, float, str]] = []
+    unconfirmed: list[tuple[str, int, float, float]] = []
     threshold = stuck_threshold(fresh, s)
     busy_bound = max(s.silence_s, threshold)
     for b in monitored:
@@ -196,6 +217,9 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
             continue
         peers = [p for p in waiting if p.sender != b.sender]
         longest = max(peers, key=lambda p: p.wait_s or 0.0)
+        if (longest.wait_s or 0.0) < cover_s(s):
+            unconfirmed.append((b.host, b.pid, silent, longest.wait_s or 0.0))
+            continue  # its peers' own wait does not cover its silence: late heartbeats
         where = "an init" if longest.waiting == "i" else "a collective"
         ran = (f" though its process ran (state {b.proc_state}) for longer than "
                f"{busy_bound:.0f}s" if runs else "")
@@ -232,8 +256,9 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
     unfenced = {(h, f) for h, p in said if (f := unfenced_framework(p)) is not None}
     problems = {(h, p) for h, p in said if unfenced_framework(p) is None}
     return Verdict(tuple(hung[h] for h in sorted(hung)), stall, broken, unformed,
-                   stuck_ranks(fresh, watched, now, threshold), tuple(sorted(busy)), unmonitored,
-                   tuple(sorted(problems)), tuple(sorted(unfenced)))
+                   stuck_ranks(fresh, watched, now, threshold), tuple(sorted(busy)),
+                   tuple(sorted(unconfirmed)), unmonitored, tuple(sorted(problems)),
+                   tuple(sorted(unfenced)))
 
 
 def _stuck(fresh: list[Beat], world: tuple[frozenset[str], float],

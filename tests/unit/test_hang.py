@@ -305,3 +305,58 @@ def test_a_broken_rendezvous_is_not_also_stuck() -> None:
 def test_what_a_restart_throws_away(beats: list[Beat], started: float,
                                     expected: tuple[float, int]) -> None:
     assert run_progress(beats, started, NOW) == expected
+
+
+# Item 1 of issue 40, from a fresh `make demo`: rank 0 printed steps every ~40 ms until a
+# second after its last heartbeat (it was late, not frozen), and was declared Hung at 3.0 s of
+# silence while its only waiting peer said, at its last heartbeat, that it had just entered its
+# collective ("longest 0.0s"). Its peers' own wait must cover most of the silence first.
+LATE_AT = NOW - 3.0  # rank 0's last heartbeat; it ran (and its peer completed) until +0.95 s
+
+
+def late(**kw: object) -> Beat:
+    fields: dict[str, object] = {"last": LATE_AT, "progress": LATE_AT, "pid": 7, "rank": 0,
+                                 **kw}
+    return beat("10.0.0.3", **fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("peer", "silent", "hung_at"), [
+    pytest.param(beat("10.0.0.1", last=NOW - 0.4, wait=0.0, kind="c", progress=LATE_AT + 0.95),
+                 late(), None,
+                 id="the demo: silent 3.0 s, its peer waited 0.0 s: not Hung, unconfirmed"),
+    pytest.param(beat("10.0.0.1", last=NOW - 2.1, wait=0.0, kind="c", progress=LATE_AT + 0.9),
+                 late(), None,
+                 id="the peer's own heartbeat late too, at 0.0 s: not Hung"),
+    pytest.param(beat("10.0.0.1", last=NOW - 0.3, wait=1.9, kind="c", progress=LATE_AT + 0.8),
+                 late(), None,
+                 id="a peer waited 1.9 s, under cover_s (2.0 s): not yet"),
+    pytest.param(beat("10.0.0.1", last=NOW - 0.5, wait=2.0, kind="c", progress=LATE_AT + 0.5),
+                 late(), 3.0,
+                 id="frozen just before its next heartbeat: its peer waited 2.0 s at 3.0 s: Hung"),
+    pytest.param(beat("10.0.0.1", last=NOW - 0.1, wait=2.8, kind="c", progress=LATE_AT),
+                 late(), 3.0,
+                 id="frozen right after its heartbeat: its peer waited 2.8 s: Hung at 3.0 s"),
+    pytest.param(beat("10.0.0.1", last=NOW - 0.1, wait=2.1, kind="i", progress=None),
+                 late(progress=None), 3.0,
+                 id="frozen in a reset: its peer waited 2.1 s in the init: Hung at 3.0 s"),
+])
+def test_a_peer_must_have_waited_through_most_of_the_silence(
+        peer: Beat, silent: Beat, hung_at: float | None) -> None:
+    verdict = assess([peer, silent], LISTED, started_at=NOW - 30, settings=S, now=NOW)
+    if hung_at is None:
+        assert verdict.hung == ()
+        assert verdict.unconfirmed == (("10.0.0.3", 7, pytest.approx(3.0),
+                                        pytest.approx(peer.wait_s)),)
+    else:
+        (h,) = verdict.hung
+        assert (h.host, h.silent_s, verdict.unconfirmed) == (
+            "10.0.0.3", pytest.approx(hung_at), ())
+
+
+def test_an_unconfirmed_silence_becomes_Hung_when_the_peer_has_waited_long_enough() -> None:
+    """The demo's shape, had rank 0 frozen after all: its peer's wait grows with the time, and
+    the evidence comes 2 s later (the peer then says 2.0 s): Hung at 5.0 s of silence."""
+    later = NOW + 2.0
+    peer = beat("10.0.0.1", last=later - 0.4, wait=2.0, kind="c", progress=LATE_AT + 0.95)
+    verdict = assess([peer, late()], LISTED, started_at=NOW - 30, settings=S, now=later)
+    assert [(h.host, round(h.silent_s, 1)) for h in verdict.hung] == [("10.0.0.3", 5.0)]
