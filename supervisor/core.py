@@ -367,8 +367,10 @@ def _watch_hangs(p: _Pass, s: Seen, st: Settings) -> tuple[Verdict, tuple[str, .
     driver = s.driver
     world = ((driver.world, driver.world_at) if driver is not None and driver.world_seq
              else None)
+    nodes = {host: node for host, name in s.listed_hosts.items()
+             if (node := s.pods.get(name, {}).get("spec", {}).get("nodeName"))}
     verdict = hang.assess(s.beats, listed_since, started_at=s.started_at, settings=st.hang,
-                          now=now, failed_at=c.failed_at, world=world)
+                          now=now, failed_at=c.failed_at, world=world, nodes=nodes)
     exited = (driver.exited if driver is not None and not s.stopping and c.failing is None
               else {})
     d = plan.on_verdict(verdict, s.listed_hosts, s.pods, c.failed, exited,

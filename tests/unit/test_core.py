@@ -500,3 +500,27 @@ def test_the_last_member_of_the_world_leaves_only_once_another_joined() -> None:
     assert script(out) == [("say", "worker.leaving"), ("save",), ("budget", 3),
                            ("create", pod_name(JOB, 1, 2))]
     assert set(out.core.leaving) == {w0, w1} and out.core.leave_waits == frozenset()
+
+
+def test_the_workers_of_a_frozen_node_are_fenced_in_one_dead_set() -> None:
+    """Issue 40 item 3: slots 0 and 1 on node-0, which froze; slot 2 on node-2 waits. Slot 1 is
+    silent for 3.0 s, slot 0 for 2.7 s (its heartbeat came later): both failed in this pass,
+    one Fence of both hosts (one dead set, one reset of the survivors), said together."""
+    pods = {pod_name(JOB, 0, 1): worker(0), pod_name(JOB, 1, 1): worker(1, node="node-0"),
+            pod_name(JOB, 2, 1): worker(2)}
+    listed = {ip(i): pod_name(JOB, i, 1) for i in range(3)}
+    three = fleet.initial(3)
+    c = replace(STEADY, fleet=three, saved=three, listed_since={h: NOW - 100 for h in listed})
+    beats = (beat(0, last_seen=NOW - 2.7, progress_at=NOW - 3.2),
+             beat(1, last_seen=NOW - 3.0, progress_at=NOW - 3.2),
+             beat(2, wait_s=2.6, waiting="c", progress_at=NOW - 3.2))
+    p = manage(c, seen(pods, beats=beats, listed_hosts=listed, first_owner={
+        ip(i): "uid-" + pod_name(JOB, i, 1) for i in range(3)}, driver=replace(
+        WORLD, world=frozenset(listed))), S)
+    assert [t for t in script(p) if t[0] in ("say", "fence")][:4] == [
+        ("say", "worker.hung"), ("say", "worker.hung"), ("say", "workers.hung_together"),
+        ("fence", [ip(0), ip(1)])]
+    together = next(t for t in p.todo if isinstance(t, Note)
+                    and t.event == "workers.hung_together")
+    assert together.fields == {"node": "node-0", "hosts": [ip(0), ip(1)],
+                               "pods": [pod_name(JOB, 0, 1), pod_name(JOB, 1, 1)]}
