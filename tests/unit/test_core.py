@@ -37,6 +37,7 @@ from supervisor.model import ExitCode
 from supervisor.plan import Failed, Note
 from supervisor.plan import Settings as PlanSettings
 from supervisor.policy import Action, Policy, Rule
+from supervisor.quarantine import Quarantine
 from supervisor.regroup import Pending
 from supervisor.workers import LABEL_INCARNATION, LABEL_JOB, LABEL_ROLE, LABEL_SLOT, pod_name
 from tests.unit import shapes
@@ -85,8 +86,10 @@ OWNERS = {ip(0): "uid-" + pod_name(JOB, 0, 1), ip(1): "uid-" + pod_name(JOB, 1, 
 LISTED = {ip(0): pod_name(JOB, 0, 1), ip(1): pod_name(JOB, 1, 1)}
 TWO = fleet.initial(2)
 # The loop's memory once both workers of a two-worker job run and their state is saved.
+# (It has seen one worker on each node: what the quarantine knows of their room.)
 STEADY = Core(fleet=TWO, saved=TWO, synced_at=NOW - 100, scanned=True,
-              listed_since={h: NOW - 100 for h in LISTED})
+              listed_since={h: NOW - 100 for h in LISTED},
+              quarantine=Quarantine(held={"node-0": 1, "node-1": 1}))
 
 
 def beat(slot: int, *, progress_at: float | None = NOW - 1, **kw: Any) -> Beat:
