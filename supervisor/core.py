@@ -516,8 +516,10 @@ def _quarantine(p: _Pass, s: Seen, st: Settings, found: list[plan.Failed], *,
     stuck = frozenset(s.listed_hosts.get(k.host, "") for k in verdict.stuck) if verdict else (
         frozenset())
     signs = quarantine_signs(found, p.c.leaving, stuck, st.plan.job)
+    alike = {name: tuple(sorted((n.get("status", {}).get("allocatable") or {}).items()))
+             for name, n in s.nodes.items()}
     ch = quarantine.step(p.c.quarantine, signs, s.wall, st.quarantine, usable=usable,
-                         placed=placed, need=need, down=suspects)
+                         placed=placed, need=need, down=suspects, alike=alike)
     q = st.quarantine
     for node, left, needed in ch.spared:
         p.todo.append(Note("info", "node.quarantine_spared", {

@@ -20,16 +20,17 @@ Not a delete, an eviction or a preemption (someone else's decision), nor another
 leave. Each worker (pod UID) counts once.
 
 A node is never quarantined when the nodes left (Ready, schedulable, not quarantined) cannot
-hold every worker the job needs to reach its desired size: their capacity for the job's workers
-is the most of them each was seen to hold at once (`held`: the scheduler's view of free room
-for other tenants is not the supervisor's to know, so only what was seen counts; a node never
-seen holding one counts none). Spared, it is said once and counted again from zero.
+hold every worker the job needs to reach its desired size: a node's room for the job's workers
+is the most of them it, or a node of the same shape (`alike`: the same allocatable resources),
+was seen to hold at once (`held`). The free room the scheduler sees depends on other tenants'
+pods, which the supervisor does not watch, so only what was seen counts; a node of a shape
+never seen holding one counts none. Spared, it is said once and counted again from zero.
 Times are wall-clock epoch seconds. No I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -133,13 +134,25 @@ def _read(q: Quarantine, signs: Iterable[Sign], now: float, s: Settings,
                       {n: t for n, t in q.cleared.items() if now - t < s.window_s})
 
 
+def room(held: Mapping[str, int], alike: Mapping[str, Hashable],
+         nodes: Iterable[str]) -> int:
+    """How many workers of the job `nodes` can hold together: each the most that it, or a
+    node of its shape, was seen to hold at once."""
+    best: dict[Hashable, int] = {}
+    for node, n in held.items():
+        if node in alike:
+            best[alike[node]] = max(best.get(alike[node], 0), n)
+    return sum(max(held.get(n, 0), best.get(alike[n], 0) if n in alike else 0) for n in nodes)
+
+
 def step(q: Quarantine, signs: Iterable[Sign], now: float, s: Settings, *,
          usable: Iterable[str] = (), placed: Mapping[str, int] | None = None, need: int = 1,
-         down: Collection[str] = ()) -> Change:
+         down: Collection[str] = (), alike: Mapping[str, Hashable] | None = None) -> Change:
     """The quarantine after these signs at `now` (see the module's doc): a node at `failures`
     is quarantined until now + ttl if the other `usable` nodes (Ready, schedulable) not
     quarantined were seen to hold `need` workers of the job; a quarantine past its end ends.
-    `placed`: node -> the job's workers there now; `down`: nodes NotReady or Lease-stale now."""
+    `placed`: node -> the job's workers there now; `down`: nodes NotReady or Lease-stale now;
+    `alike`: node -> its shape (nodes of one shape hold as many)."""
     if s.failures <= 0:
         return Change(q) if not q.failed and not q.until else Change(Quarantine(),
                                                                      ended=tuple(q.until))
@@ -155,7 +168,7 @@ def step(q: Quarantine, signs: Iterable[Sign], now: float, s: Settings, *,
         score = len(failed.get(node, ())) + exit_score(r.exits, node, cleared.get(node))
         if score < s.failures or node in until:
             continue
-        left = sum(held.get(n, 0) for n in others - set(until) - {node})
+        left = room(held, alike or {}, others - set(until) - {node})
         if left < need:
             spared.append((node, left, need))
         else:

@@ -12,7 +12,7 @@ from supervisor.actuator import DeletePod, SaveState
 from supervisor.classify import Cause, Failure
 from supervisor.core import CreateWorker, manage, quarantine_signs
 from supervisor.plan import Failed, Leaving, Note
-from supervisor.quarantine import Kind, Quarantine, Settings, Sign, step
+from supervisor.quarantine import Kind, Quarantine, Settings, Sign, room, step
 from supervisor.workers import not_on, pod_name
 from tests.unit.test_core import JOB, NOW, PODS, STEADY, WALL, died, exited, seen, worker
 from tests.unit.test_core import settings as core_settings
@@ -107,16 +107,16 @@ def test_quarantine(events: list, expected: list) -> None:
 @pytest.mark.parametrize(("held", "until", "need", "spared"), [
     # Issue 40: 3 workers on 3 nodes, es-node-1 quarantined already, es-node-2 frozen: the
     # replacement had nowhere to go and the job trained at 2 of 3 for the hour.
-    pytest.param({"n1": 2, "n2": 2, "n3": 1}, {"n1": 100.0}, 3, (("n2", 1, 3),),
-                 id="the issue: the node left holds 1 of 3: spared"),
+    pytest.param({"n1": 2, "n2": 2, "n3": 1}, {"n1": 100.0}, 3, (("n2", 2, 3),),
+                 id="the issue: the node left holds 2 of 3: spared"),
     pytest.param({"n1": 2, "n2": 2, "n3": 1}, {}, 3, (),
                  id="the nodes left were seen holding 2 + 1: quarantined"),
     pytest.param({"n1": 1, "n2": 1, "n3": 1}, {}, 3, (("n2", 2, 3),),
                  id="one worker per node seen: another node could take *a* worker, not all"),
     pytest.param({"n2": 2, "n3": 3}, {}, 3, (),
                  id="n3 alone was seen holding all three"),
-    pytest.param({"n1": 2, "n2": 2}, {}, 3, (("n2", 2, 3),),
-                 id="a node never seen holding a worker counts none"),
+    pytest.param({"n1": 2, "n2": 2}, {}, 3, (),
+                 id="n3 never held one, but its like held two: n1 and n3 hold three"),
 ])
 def test_a_node_is_spared_while_the_nodes_left_cannot_hold_the_job(
         held: dict[str, int], until: dict[str, float], need: int,
@@ -124,10 +124,32 @@ def test_a_node_is_spared_while_the_nodes_left_cannot_hold_the_job(
     """Its slots would stay Pending instead of retrying where they can run: said once, and
     counted again from zero."""
     q = Quarantine(until=until, held=held)
-    ch = step(q, [sign(LOST, "n2"), sign(LOST, "n2", 1)], 0, S, usable=NODES, need=need)
+    kind = {n: SMALL for n in NODES}  # the issue's kind nodes are all alike
+    ch = step(q, [sign(LOST, "n2"), sign(LOST, "n2", 1)], 0, S, usable=NODES, need=need,
+              alike=kind)
     assert ch.spared == spared
     assert ("n2" in ch.q.until) == (not spared)
-    assert step(ch.q, [], 1, S, usable=NODES, need=need).spared == ()
+    assert step(ch.q, [], 1, S, usable=NODES, need=need, alike=kind).spared == ()
+
+
+SMALL = (("cpu", "4"), ("memory", "16Gi"))
+BIG = (("cpu", "16"), ("memory", "64Gi"), ("nvidia.com/gpu", "8"))
+
+
+@pytest.mark.parametrize(("held", "alike", "nodes", "expected"), [
+    pytest.param({"n1": 2, "n2": 2, "n3": 1}, {"n1": SMALL, "n2": SMALL, "n3": SMALL}, ["n3"], 2,
+                 id="the issue's three kind nodes: n3 holds as many as its like were seen to"),
+    pytest.param({"n1": 2, "n2": 2, "n3": 1}, {"n1": SMALL, "n2": SMALL, "n3": SMALL},
+                 ["n1", "n3"], 4, id="two nodes left of the same shape"),
+    pytest.param({"n1": 8, "n3": 1}, {"n1": BIG, "n3": SMALL}, ["n3"], 1,
+                 id="a big node's room says nothing of a small one"),
+    pytest.param({"n1": 2}, {"n1": SMALL, "n4": SMALL}, ["n4"], 2,
+                 id="a new node of a shape seen: as many"),
+    pytest.param({"n1": 2}, {"n1": SMALL}, ["n5"], 0, id="a node of no known shape: none"),
+])
+def test_the_room_of_the_nodes_left(held: dict[str, int], alike: dict[str, tuple],
+                                    nodes: list[str], expected: int) -> None:
+    assert room(held, alike, nodes) == expected
 
 
 def test_the_room_a_node_was_seen_with_is_remembered() -> None:
