@@ -509,8 +509,11 @@ def _quarantine(p: _Pass, s: Seen, st: Settings, found: list[plan.Failed], *,
     for pod in live:
         if node := pod.get("spec", {}).get("nodeName"):
             placed[node] = placed.get(node, 0) + 1
+    # The nodes the job's workers run (or ran) on: where the scheduler can put them (the
+    # template's selectors and affinities), which the supervisor cannot judge by itself.
     usable = [name for name, n in s.nodes.items()
-              if node_problem(n) is None and not n.get("spec", {}).get("unschedulable")]
+              if (name in placed or name in p.c.quarantine.held) and node_problem(n) is None
+              and not n.get("spec", {}).get("unschedulable")]
     fl = p.c.fleet
     need = max(len(fl.active()) if fl is not None else len(live), p.c.scale_request or 0)
     stuck = frozenset(s.listed_hosts.get(k.host, "") for k in verdict.stuck) if verdict else (

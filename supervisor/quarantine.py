@@ -19,12 +19,13 @@ at 2 of 3 for the rest of the check):
 Not a delete, an eviction or a preemption (someone else's decision), nor another graceful
 leave. Each worker (pod UID) counts once.
 
-A node is never quarantined when the nodes left (Ready, schedulable, not quarantined) cannot
-hold every worker the job needs to reach its desired size: a node's room for the job's workers
-is the most of them it, or a node of the same shape (`alike`: the same allocatable resources),
-was seen to hold at once (`held`). The free room the scheduler sees depends on other tenants'
-pods, which the supervisor does not watch, so only what was seen counts; a node of a shape
-never seen holding one counts none. Spared, it is said once and counted again from zero.
+A node is never quarantined when the nodes left (the job's workers run or ran there; Ready,
+schedulable, not quarantined) cannot hold every worker the job needs to reach its desired
+size: a node's room for the job's workers is the most of them it, or a node of the same shape
+(`alike`: the same allocatable resources), was seen to hold at once (`held`). The free room
+the scheduler sees depends on other tenants' pods, which the supervisor does not watch, so
+only what was seen counts; a node of a shape never seen holding one counts none. Spared, it
+is said once and counted again from zero.
 Times are wall-clock epoch seconds. No I/O.
 """
 
