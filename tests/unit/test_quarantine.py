@@ -14,6 +14,7 @@ from supervisor.core import CreateWorker, manage, quarantine_signs
 from supervisor.plan import Failed, Leaving, Note
 from supervisor.quarantine import Kind, Quarantine, Settings, Sign, room, step
 from supervisor.workers import not_on, pod_name
+from tests.unit import shapes
 from tests.unit.test_core import JOB, NOW, PODS, STEADY, WALL, died, exited, seen, worker
 from tests.unit.test_core import settings as core_settings
 
@@ -232,11 +233,13 @@ def test_core_keeps_new_workers_off_a_quarantined_node_and_says_so() -> None:
 
 def test_core_spares_a_node_the_job_cannot_do_without_and_says_why() -> None:
     """The same two losses, but node-1 was only seen holding one worker: the job of two could
-    not reach its size without node-0."""
+    not reach its size without node-0. node-2, Ready and alike, never held one of the job's
+    workers (the template's selectors may keep them off it): it counts none."""
     st = replace(core_settings(), quarantine=Settings(failures=2, window_s=100, ttl_s=50))
     a, b = lost(worker(0)), lost(worker(1, node="node-0"))
+    nodes = {n: shapes.node(n) for n in ("node-0", "node-1", "node-2")}
     p = manage(replace(STEADY, found=(a, b), failed=frozenset({a.failure.uid, b.failure.uid})),
-               seen(), st)
+               seen(nodes=nodes), st)
     (spared,) = [t for t in p.todo if isinstance(t, Note) and t.event.startswith("node.quar")]
     assert (spared.event, spared.fields["node"], spared.fields["can_hold"],
             spared.fields["need"]) == ("node.quarantine_spared", "node-0", 1, 2)
