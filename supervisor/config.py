@@ -523,11 +523,13 @@ VARIABLES: tuple[Var, ...] = (
     Var("NODE_BAD_CONDITIONS", ",".join(disruption.DEFAULT_BAD_CONDITIONS), "Node condition "
         "types (node-problem-detector's) that say a node goes bad when their status is True: "
         "its workers leave gracefully as for NODE_DRAIN_TAINTS. Comma-separated; none: off."),
-    Var("QUARANTINE_FAILURES", "2", "Bad-node quarantine: a node on which this many workers of "
-        "the job failed (an exit, a hang, the node's loss; not a delete, an eviction or a "
-        "graceful leave) within QUARANTINE_WINDOW_SECONDS gets no new worker of the job for "
-        "QUARANTINE_SECONDS (a required anti-affinity by node name; Events NodeQuarantined, "
-        "NodeReleased; shown by `status`). 0: off."),
+    Var("QUARANTINE_FAILURES", "2", "Bad-node quarantine: a node with this many failures of "
+        "the job's workers that point at the node within QUARANTINE_WINDOW_SECONDS (its loss; a "
+        "hang followed by the node NotReady; the same exit, not 137/143, of workers of two "
+        "slots there and of none elsewhere; a node-problem condition. Not a kill, a stuck "
+        "script, a delete, an eviction) gets no new worker of the job for QUARANTINE_SECONDS "
+        "(a required anti-affinity by node name; Events NodeQuarantined, NodeReleased; shown "
+        "by `status`), unless the nodes left cannot hold the job's desired workers. 0: off."),
     Var("QUARANTINE_WINDOW_SECONDS", "1800", "The window of QUARANTINE_FAILURES."),
     Var("QUARANTINE_SECONDS", "3600", "How long a quarantined node gets no new worker of the "
         "job; it ends by itself."),

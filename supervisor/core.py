@@ -329,7 +329,7 @@ def manage(c: Core, s: Seen, st: Settings) -> Pass:
             if regroup.member_failed(hosts, s.beats, s.driver.world if s.driver else None):
                 pending = regroup.pending(s.beats, now)  # new workers wait (regroup.py)
             p.c = replace(p.c, failed_at=failed_at, regroup=pending)
-    _quarantine(p, s, st, found)
+    _quarantine(p, s, st, found, verdict=verdict, suspects=suspects)
     if p.c.fleet is not None and p.c.failing is None:
         _announced(p, s, st)
         _plan_fleet(p, s, st, suspects)
@@ -367,8 +367,10 @@ def _watch_hangs(p: _Pass, s: Seen, st: Settings) -> tuple[Verdict, tuple[str, .
     driver = s.driver
     world = ((driver.world, driver.world_at) if driver is not None and driver.world_seq
              else None)
+    nodes = {host: node for host, name in s.listed_hosts.items()
+             if (node := s.pods.get(name, {}).get("spec", {}).get("nodeName"))}
     verdict = hang.assess(s.beats, listed_since, started_at=s.started_at, settings=st.hang,
-                          now=now, failed_at=c.failed_at, world=world)
+                          now=now, failed_at=c.failed_at, world=world, nodes=nodes)
     exited = (driver.exited if driver is not None and not s.stopping and c.failing is None
               else {})
     d = plan.on_verdict(verdict, s.listed_hosts, s.pods, c.failed, exited,
@@ -475,25 +477,63 @@ def _settle(p: _Pass, s: Seen, st: Settings, down: set[str]) -> None:
     p.c = replace(c, settling=settling)
 
 
-def _quarantine(p: _Pass, s: Seen, st: Settings, found: list[plan.Failed]) -> None:
-    """Step 7c: a node where workers of the job keep failing gets no new one for a while
+def quarantine_signs(found: list[plan.Failed], leaving: Mapping[str, plan.Leaving],
+                     stuck: frozenset[str], job: str) -> list[quarantine.Sign]:
+    """What the quarantine reads of this pass's failures and of the workers leaving for a
+    node-problem condition (quarantine.py says what counts); `stuck`: pods failed because
+    their main thread stood still (Hung too, but the script's)."""
+    kinds = {Cause.NODE_NOT_READY: quarantine.Kind.LOST, Cause.HUNG: quarantine.Kind.HUNG,
+             Cause.EXIT_CODE: quarantine.Kind.EXIT}
+    out = []
+    for x in found:
+        f = x.failure
+        kind = kinds.get(f.cause)
+        if kind is None or not f.node or f.pod in stuck:
+            continue
+        slot = fleet.slot_of(x.pod, job)
+        out.append(quarantine.Sign(kind, f.node, f.uid, None if slot is None else slot[0],
+                                   f.exit_code))
+    out += [quarantine.Sign(quarantine.Kind.CONDITION, w.node, w.uid, w.slot)
+            for w in leaving.values() if w.node and w.why == disruption.Why.BAD_NODE.value]
+    return out
+
+
+def _quarantine(p: _Pass, s: Seen, st: Settings, found: list[plan.Failed], *,
+                verdict: Verdict | None, suspects: set[str]) -> None:
+    """Step 7c: a node where the job's workers keep failing for the node's own reasons gets no
+    new worker of the job for a while, unless the nodes left cannot hold the job
     (quarantine.py); its end is said too."""
+    live = [pod for pod in s.pods.values()
+            if pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")]
+    placed: dict[str, int] = {}
+    for pod in live:
+        if node := pod.get("spec", {}).get("nodeName"):
+            placed[node] = placed.get(node, 0) + 1
     # The nodes the job's workers run (or ran) on: where the scheduler can put them (the
     # template's selectors and affinities), which the supervisor cannot judge by itself.
-    placed = {node for pod in s.pods.values() if (node := pod.get("spec", {}).get("nodeName"))}
-    usable = [name for name in placed if (n := s.nodes.get(name)) is not None
-              and node_problem(n) is None and not n.get("spec", {}).get("unschedulable")]
-    ch = quarantine.step(p.c.quarantine, [(x.failure.cause, x.failure.node) for x in found],
-                         s.wall, st.quarantine, usable)
+    usable = [name for name, n in s.nodes.items()
+              if (name in placed or name in p.c.quarantine.held) and node_problem(n) is None
+              and not n.get("spec", {}).get("unschedulable")]
+    fl = p.c.fleet
+    need = max(len(fl.active()) if fl is not None else len(live), p.c.scale_request or 0)
+    stuck = frozenset(s.listed_hosts.get(k.host, "") for k in verdict.stuck) if verdict else (
+        frozenset())
+    signs = quarantine_signs(found, p.c.leaving, stuck, st.plan.job)
+    alike = {name: tuple(sorted((n.get("status", {}).get("allocatable") or {}).items()))
+             for name, n in s.nodes.items()}
+    ch = quarantine.step(p.c.quarantine, signs, s.wall, st.quarantine, usable=usable,
+                         placed=placed, need=need, down=suspects, alike=alike)
     q = st.quarantine
-    for node in ch.spared:
+    for node, left, needed in ch.spared:
         p.todo.append(Note("info", "node.quarantine_spared", {
-            "node": node, "reason": "no other Ready, schedulable node to put workers on"}))
+            "node": node, "can_hold": left, "need": needed,
+            "reason": f"the nodes left were seen to hold {left} of the {needed} workers the job "
+                      "needs"}))
     if ch.q is p.c.quarantine:
         return
     for node, n in ch.started:
-        note = (f"node {node}: {n} workers of the job failed there within "
-                f"{q.window_s:g}s: no new worker of the job goes there for {q.ttl_s:g}s")
+        note = (f"node {node}: {n} failures of the job's workers there pointed at the node "
+                f"within {q.window_s:g}s: no new worker of the job goes there for {q.ttl_s:g}s")
         p.todo.append(Note("warning", "node.quarantined", {"node": node, "failures": n,
                                                            "for_s": q.ttl_s},
                            EventSpec("Warning", "NodeQuarantined", "Quarantine", note)))

@@ -7,10 +7,31 @@ and whether it is inside one. From the last heartbeat of each process and `now`:
   (no bye: it did not exit cleanly), its host is one the discovery file lists and that is not
   being scaled in, and training is blocked on it: another process, heartbeating, is waiting in a
   collective (or an init), and none completed a collective since the silent one's last
-  heartbeat (one heartbeat period of slack each way for what was already in flight). A frozen,
+  heartbeat (one heartbeat period of slack each way for what was already in flight), and a
+  peer has itself waited, by its own last heartbeat, at least `cover_s` (silence_s less two
+  heartbeat periods: 2 s by default). The evidence must match the cost (the worker is fenced,
+  deleted and replaced): seen in a demo, a rank whose heartbeats were late on a loaded node
+  (it printed steps for a second after its last one) was declared at 3.0 s while its only
+  waiting peer had just entered its collective ("longest 0.0s"). A frozen process's peers
+  enter their wait at most one heartbeat period (it froze before its next heartbeat) and one
+  step after its last heartbeat, and say so at most one heartbeat period later: at silence_s
+  they said cover_s or more, so a frozen worker is still declared at silence_s (later by at
+  most the step time). A silent process blocking peers that have not waited that long yet is
+  reported (`unconfirmed`), not Hung. A frozen,
   deadlocked-with-the-GIL, partitioned or vanished process looks like that; a process that still
   heartbeats (a long step, a 2-minute checkpoint write, an evaluation) never does, and neither
   does one whose peers go on completing collectives (a lost heartbeat route).
+  Processes that fell silent together are one incident, declared together so that they are
+  fenced in one dead set and the survivors reset once (issue 40: a frozen node held ranks 0
+  and 1; rank 1 was declared at 3.0 s, the survivors reset into a world that still held
+  rank 0, declared 1.3 s later, and the rendezvous broke): when a process is Hung and its pod
+  fell silent whole (its watcher's last word came with its last heartbeat, within
+  `together_s` = two heartbeat periods, or it has none), every other process on the same
+  node (`nodes`: host -> node) whose heartbeats and watcher stopped within together_s of its
+  last heartbeat, and that has been silent for at least cover_s (and two heartbeat periods),
+  is Hung with it (`Hung.along`), though its own silence is below silence_s: the heartbeats
+  of two processes frozen at once stop at most one period apart (their phases differ), the
+  second period is for the delivery. Not when a later word from its watcher shows it alive.
   A silent process whose watcher (a separate small process in its pod, hook/watch.py) still
   reports it running (state R, or CPU time growing: its GIL held by a long garbage-collector
   pass or a C extension) is given the stuck threshold before it is Hung; one the watcher
@@ -88,6 +109,7 @@ class Hung:
     pid: int
     silent_s: float
     detail: str
+    along: str | None = None  # declared with the Hung process of this host (same node)
 
 
 @dataclass(frozen=True)
@@ -132,6 +154,10 @@ class Verdict:
     # silent processes that would be Hung but whose watcher says they run (not yet Hung):
     # (host, pid, seconds silent, scheduler state)
     busy: tuple[tuple[str, int, float, str], ...] = ()
+    # silent processes that would be Hung but whose peers have not waited cover_s yet (their
+    # wait does not cover the silence: late heartbeats, not a freeze, until it does):
+    # (host, pid, seconds silent, the longest peer wait at its last heartbeat)
+    unconfirmed: tuple[tuple[str, int, float, float], ...] = ()
     unmonitored: tuple[str, ...] = ()  # listed hosts that never sent a heartbeat
     problems: tuple[tuple[str, str], ...] = ()  # (host, the hook's problem)
     # (host, a Horovod framework its processes use that the hook does not fence yet)
@@ -148,6 +174,56 @@ def running(b: Beat, now: float, s: HangSettings) -> bool:
         return False
     return b.proc_state == "R" or (b.proc_cpu_at is not None
                                    and now - b.proc_cpu_at < s.silence_s)
+
+
+def cover_s(s: HangSettings) -> float:
+    """How long a peer must have waited, by its own last heartbeat, for a silent process that
+    blocks it to be Hung (see the module's doc): silence_s less two heartbeat periods."""
+    return max(0.0, s.silence_s - 2 * s.beat_s)
+
+
+def together_s(s: HangSettings) -> float:
+    """How far apart the last words of processes frozen at once can come: two heartbeat
+    periods (their phases differ by up to one, the delivery by less than another)."""
+    return 2 * s.beat_s
+
+
+def _heard(b: Beat) -> float:
+    """When the last word of b's pod came: its last heartbeat, or its watcher's if later."""
+    return b.last_seen if b.proc_seen is None else max(b.last_seen, b.proc_seen)
+
+
+def _silent_with(b: Beat, h: Beat, now: float, s: HangSettings) -> bool:
+    """Whether b fell silent together with the Hung h (see the module's doc): h's pod fell
+    silent whole, b's heartbeats and watcher stopped within together_s of h's last heartbeat,
+    and b has been silent for at least cover_s and two heartbeat periods."""
+    window = together_s(s)
+    return (_heard(h) - h.last_seen <= window
+            and abs(b.last_seen - h.last_seen) <= window
+            and _heard(b) <= max(b.last_seen, h.last_seen) + window
+            and now - b.last_seen >= max(cover_s(s), 2 * s.beat_s))
+
+
+def _together(lead: Iterable[Beat], monitored: list[Beat], watched: Mapping[str, float], *,
+              nodes: Mapping[str, str], hung: set[str], now: float,
+              s: HangSettings) -> dict[str, Hung]:
+    """The processes Hung along with those of `lead` (found Hung on their own evidence): on
+    the same node, fallen silent with them (_silent_with); by host, none of `hung`'s."""
+    out: dict[str, Hung] = {}
+    for h in lead:
+        node = nodes.get(h.host)
+        for b in monitored:
+            if (node is None or b.host in hung or b.host in out or b.host not in watched
+                    or b.bye_at is not None or nodes.get(b.host) != node
+                    or not _silent_with(b, h, now, s)):
+                continue
+            silent = now - b.last_seen
+            out[b.host] = Hung(b.host, b.pid, silent, (
+                f"process {b.pid} (rank {b.rank}) sent no heartbeat for {silent:.1f}s, nor its "
+                f"watcher, since process {h.pid} (rank {h.rank}) on {h.host}, on the same node "
+                f"{node}, fell silent {abs(b.last_seen - h.last_seen):.1f}s apart and was found "
+                "Hung: one incident (a frozen or cut-off node), declared together"), h.host)
+    return out
 
 
 def _blocks(b: Beat, fresh: list[Beat], waiting: list[Beat], beat_s: float) -> bool:
@@ -167,9 +243,11 @@ def _fresh(b: Beat, now: float, s: HangSettings) -> bool:
 
 def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: float,
            settings: HangSettings, now: float, failed_at: Mapping[str, float] | None = None,
-           world: tuple[frozenset[str], float] | None = None) -> Verdict:
+           world: tuple[frozenset[str], float] | None = None,
+           nodes: Mapping[str, str] | None = None) -> Verdict:
     """Return what the heartbeats of one run of horovodrun say about the `watched` hosts
-    (listed in the discovery file and not being scaled in, with since when);
+    (listed in the discovery file and not being scaled in, with since when); `nodes`: host ->
+    its node (the processes of a node that fell silent together are Hung together);
     `started_at`: when that run of horovodrun started; `failed_at`: when hosts were found
     failed (in this run); `world`: the hosts of the driver's last assignment and when it came
     (None: the driver hook did not say)."""
@@ -179,7 +257,9 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
     fresh = [b for b in monitored if _fresh(b, now, s)]
     waiting = [b for b in fresh if b.wait_s is not None]
     hung: dict[str, Hung] = {}
+    lead: dict[str, Beat] = {}  # host -> the beat of the process found Hung on its own
     busy: list[tuple[str, int, float, str]] = []
+    unconfirmed: list[tuple[str, int, float, float]] = []
     threshold = stuck_threshold(fresh, s)
     busy_bound = max(s.silence_s, threshold)
     for b in monitored:
@@ -196,6 +276,9 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
             continue
         peers = [p for p in waiting if p.sender != b.sender]
         longest = max(peers, key=lambda p: p.wait_s or 0.0)
+        if (longest.wait_s or 0.0) < cover_s(s):
+            unconfirmed.append((b.host, b.pid, silent, longest.wait_s or 0.0))
+            continue  # its peers' own wait does not cover its silence: late heartbeats
         where = "an init" if longest.waiting == "i" else "a collective"
         ran = (f" though its process ran (state {b.proc_state}) for longer than "
                f"{busy_bound:.0f}s" if runs else "")
@@ -203,6 +286,9 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
             f"process {b.pid} (rank {b.rank}) sent no heartbeat for {silent:.1f}s{ran} while "
             f"{len(peers)} peer process(es) waited in {where} (longest {longest.wait_s:.1f}s at "
             f"its last heartbeat) and none completed one since"))
+        lead[b.host] = b
+    hung.update(_together(lead.values(), monitored, watched, nodes=nodes or {}, hung=set(hung),
+                          now=now, s=s))
     last_progress = max((b.first_seen if b.progress_at is None else b.progress_at
                          for b in monitored), default=started_at)
     stall = None
@@ -232,7 +318,9 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
     unfenced = {(h, f) for h, p in said if (f := unfenced_framework(p)) is not None}
     problems = {(h, p) for h, p in said if unfenced_framework(p) is None}
     return Verdict(tuple(hung[h] for h in sorted(hung)), stall, broken, unformed,
-                   stuck_ranks(fresh, watched, now, threshold), tuple(sorted(busy)), unmonitored,
+                   stuck_ranks(fresh, watched, now, threshold),
+                   tuple(sorted(x for x in busy if x[0] not in hung)),
+                   tuple(sorted(x for x in unconfirmed if x[0] not in hung)), unmonitored,
                    tuple(sorted(problems)), tuple(sorted(unfenced)))
 
 

@@ -660,6 +660,7 @@ def on_verdict(verdict: hang.Verdict, listed: Mapping[str, str], pods: Mapping[s
     failures: list[tuple[Failure, Obj]] = []
     notes: list[Note] = []
     seen = set(failed)
+    declared: dict[str, tuple[str, str | None]] = {}
 
     def claim(host: str, at: float | None = None) -> tuple[str, Obj, str | None] | None:
         """The listed pod of `host` (name, pod, node), unless it failed already or its
@@ -681,6 +682,9 @@ def on_verdict(verdict: hang.Verdict, listed: Mapping[str, str], pods: Mapping[s
         failures.append((Failure(Cause.HUNG, name, pod["metadata"].get("uid", ""), node,
                                  detail=found.detail), pod))
         notes.append(_hang_note(found, name, node))
+        if isinstance(found, hang.Hung):
+            declared[found.host] = (name, node)
+    notes += _together_notes(verdict.hung, declared)
     for host, (code, at) in exited.items():
         if (c := claim(host, at)) is None:
             continue
@@ -696,12 +700,33 @@ def on_verdict(verdict: hang.Verdict, listed: Mapping[str, str], pods: Mapping[s
     return Detected(tuple(failures), tuple(notes), _restart(verdict, stall_timeout_s))
 
 
+def _together_notes(hung: tuple[hang.Hung, ...],
+                    declared: Mapping[str, tuple[str, str | None]]) -> list[Note]:
+    """One `workers.hung_together` per group of silent workers declared together (one dead
+    set, one reset: hang.py); `declared`: host -> (pod, node) of the Hung workers failed now."""
+    groups: dict[str, list[str]] = {}
+    for h in hung:
+        if h.along is not None and h.host in declared and h.along in declared:
+            groups.setdefault(h.along, [h.along]).append(h.host)
+    out = []
+    for hosts in groups.values():
+        pods = sorted(declared[x][0] for x in hosts)
+        node = declared[hosts[0]][1]
+        out.append(Note("warning", "workers.hung_together", {
+            "node": node, "pods": pods, "hosts": sorted(hosts)}, EventSpec(
+            "Warning", "WorkersHungTogether", "Detect",
+            f"{len(pods)} workers on node {node} ({', '.join(pods)}) fell silent together: "
+            "declared Hung together, fenced in one dead set (one reset of the survivors)")))
+    return out
+
+
 def _hang_note(found: hang.Hung | hang.Stuck, name: str, node: str | None) -> Note:
     """The log line and Event of a worker found Hung (silent) or Stuck (its main thread)."""
     if isinstance(found, hang.Hung):
         return Note("warning", "worker.hung", {
             "pod": name, "host": found.host, "pid": found.pid,
-            "silent_s": round(found.silent_s, 2), "detail": found.detail}, EventSpec(
+            "silent_s": round(found.silent_s, 2), "detail": found.detail,
+            **({"along": found.along} if found.along else {})}, EventSpec(
             "Warning", "WorkerHung", "Detect", f"worker {name} ({found.host}): {found.detail}"))
     return Note("warning", "worker.stuck", {
         "pod": name, "host": found.host, "node": node, "pid": found.pid, "rank": found.rank,

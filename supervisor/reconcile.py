@@ -656,14 +656,9 @@ class Supervisor:
                 "processes (a worker image without the package at the launcher's path, python "
                 "-I or -S, PYTHONPATH replaced), so hang detection and the fence are off for "
                 f"them{unbound_note(self.channel)}"))
-        busy = {f"busy:{host}:{pid}": (host, pid, silent, state)
-                for host, pid, silent, state in verdict.busy}
-        h.reported -= {k for k in h.reported if k.startswith("busy:") and k not in busy}
-        for key, (host, pid, silent, state) in busy.items():
-            if key not in h.reported:
-                h.reported.add(key)
-                self.log.info("worker.silent_but_running", host=host, pid=pid,
-                              silent_s=round(silent, 1), state=state)
+        self._once_per_silence("busy", "worker.silent_but_running", "state", verdict.busy)
+        self._once_per_silence("unconfirmed", "worker.silent_unconfirmed", "peer_waited_s",
+                               verdict.unconfirmed)
         for host, problem in verdict.problems:
             key = f"problem:{problem}"
             if key not in h.reported:
@@ -693,6 +688,19 @@ class Supervisor:
                 f"horovodrun's driver has not loaded the hook after {running_s:.0f}s (python -I "
                 "or -S, PYTHONPATH replaced, or SUPERVISOR_HOROVODRUN is not horovodrun): a "
                 "frozen or partitioned worker can hang it for good"))
+
+    def _once_per_silence(self, kind: str, event: str, what: str,
+                          found: Sequence[tuple[str, int, float, object]]) -> None:
+        """Log `event` once per silence of each (host, pid, seconds silent, `what`) found: a
+        silent process not (yet) Hung, and why."""
+        h = self.state.hangs
+        keys = {f"{kind}:{host}:{pid}": (host, pid, silent, x) for host, pid, silent, x in found}
+        h.reported -= {k for k in h.reported if k.startswith(f"{kind}:") and k not in keys}
+        for key, (host, pid, silent, x) in keys.items():
+            if key not in h.reported:
+                h.reported.add(key)
+                self.log.info(event, host=host, pid=pid, silent_s=round(silent, 1),
+                              **{what: round(x, 1) if isinstance(x, float) else x})
 
     def _restart_horovodrun(self, r: core.RestartHorovodrun, now: float) -> None:
         """Training cannot go on in this run of horovodrun (core.manage decided; past the

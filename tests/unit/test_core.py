@@ -37,6 +37,7 @@ from supervisor.model import ExitCode
 from supervisor.plan import Failed, Note
 from supervisor.plan import Settings as PlanSettings
 from supervisor.policy import Action, Policy, Rule
+from supervisor.quarantine import Quarantine
 from supervisor.regroup import Pending
 from supervisor.workers import LABEL_INCARNATION, LABEL_JOB, LABEL_ROLE, LABEL_SLOT, pod_name
 from tests.unit import shapes
@@ -85,8 +86,10 @@ OWNERS = {ip(0): "uid-" + pod_name(JOB, 0, 1), ip(1): "uid-" + pod_name(JOB, 1, 
 LISTED = {ip(0): pod_name(JOB, 0, 1), ip(1): pod_name(JOB, 1, 1)}
 TWO = fleet.initial(2)
 # The loop's memory once both workers of a two-worker job run and their state is saved.
+# (It has seen one worker on each node: what the quarantine knows of their room.)
 STEADY = Core(fleet=TWO, saved=TWO, synced_at=NOW - 100, scanned=True,
-              listed_since={h: NOW - 100 for h in LISTED})
+              listed_since={h: NOW - 100 for h in LISTED},
+              quarantine=Quarantine(held={"node-0": 1, "node-1": 1}))
 
 
 def beat(slot: int, *, progress_at: float | None = NOW - 1, **kw: Any) -> Beat:
@@ -500,3 +503,27 @@ def test_the_last_member_of_the_world_leaves_only_once_another_joined() -> None:
     assert script(out) == [("say", "worker.leaving"), ("save",), ("budget", 3),
                            ("create", pod_name(JOB, 1, 2))]
     assert set(out.core.leaving) == {w0, w1} and out.core.leave_waits == frozenset()
+
+
+def test_the_workers_of_a_frozen_node_are_fenced_in_one_dead_set() -> None:
+    """Issue 40 item 3: slots 0 and 1 on node-0, which froze; slot 2 on node-2 waits. Slot 1 is
+    silent for 3.0 s, slot 0 for 2.7 s (its heartbeat came later): both failed in this pass,
+    one Fence of both hosts (one dead set, one reset of the survivors), said together."""
+    pods = {pod_name(JOB, 0, 1): worker(0), pod_name(JOB, 1, 1): worker(1, node="node-0"),
+            pod_name(JOB, 2, 1): worker(2)}
+    listed = {ip(i): pod_name(JOB, i, 1) for i in range(3)}
+    three = fleet.initial(3)
+    c = replace(STEADY, fleet=three, saved=three, listed_since={h: NOW - 100 for h in listed})
+    beats = (beat(0, last_seen=NOW - 2.7, progress_at=NOW - 3.2),
+             beat(1, last_seen=NOW - 3.0, progress_at=NOW - 3.2),
+             beat(2, wait_s=2.6, waiting="c", progress_at=NOW - 3.2))
+    p = manage(c, seen(pods, beats=beats, listed_hosts=listed, first_owner={
+        ip(i): "uid-" + pod_name(JOB, i, 1) for i in range(3)}, driver=replace(
+        WORLD, world=frozenset(listed))), S)
+    assert [t for t in script(p) if t[0] in ("say", "fence")][:4] == [
+        ("say", "worker.hung"), ("say", "worker.hung"), ("say", "workers.hung_together"),
+        ("fence", [ip(0), ip(1)])]
+    together = next(t for t in p.todo if isinstance(t, Note)
+                    and t.event == "workers.hung_together")
+    assert together.fields == {"node": "node-0", "hosts": [ip(0), ip(1)],
+                               "pods": [pod_name(JOB, 0, 1), pod_name(JOB, 1, 1)]}

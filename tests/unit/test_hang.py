@@ -305,3 +305,127 @@ def test_a_broken_rendezvous_is_not_also_stuck() -> None:
 def test_what_a_restart_throws_away(beats: list[Beat], started: float,
                                     expected: tuple[float, int]) -> None:
     assert run_progress(beats, started, NOW) == expected
+
+
+# Item 1 of issue 40, from a fresh `make demo`: rank 0 printed steps every ~40 ms until a
+# second after its last heartbeat (it was late, not frozen), and was declared Hung at 3.0 s of
+# silence while its only waiting peer said, at its last heartbeat, that it had just entered its
+# collective ("longest 0.0s"). Its peers' own wait must cover most of the silence first.
+LATE_AT = NOW - 3.0  # rank 0's last heartbeat; it ran (and its peer completed) until +0.95 s
+
+
+def late(**kw: object) -> Beat:
+    fields: dict[str, object] = {"last": LATE_AT, "progress": LATE_AT, "pid": 7, "rank": 0,
+                                 **kw}
+    return beat("10.0.0.3", **fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("peer", "silent", "hung_at"), [
+    pytest.param(beat("10.0.0.1", last=NOW - 0.4, wait=0.0, kind="c", progress=LATE_AT + 0.95),
+                 late(), None,
+                 id="the demo: silent 3.0 s, its peer waited 0.0 s: not Hung, unconfirmed"),
+    pytest.param(beat("10.0.0.1", last=NOW - 2.1, wait=0.0, kind="c", progress=LATE_AT + 0.9),
+                 late(), None,
+                 id="the peer's own heartbeat late too, at 0.0 s: not Hung"),
+    pytest.param(beat("10.0.0.1", last=NOW - 0.3, wait=1.9, kind="c", progress=LATE_AT + 0.8),
+                 late(), None,
+                 id="a peer waited 1.9 s, under cover_s (2.0 s): not yet"),
+    pytest.param(beat("10.0.0.1", last=NOW - 0.5, wait=2.0, kind="c", progress=LATE_AT + 0.5),
+                 late(), 3.0,
+                 id="frozen just before its next heartbeat: its peer waited 2.0 s at 3.0 s: Hung"),
+    pytest.param(beat("10.0.0.1", last=NOW - 0.1, wait=2.8, kind="c", progress=LATE_AT),
+                 late(), 3.0,
+                 id="frozen right after its heartbeat: its peer waited 2.8 s: Hung at 3.0 s"),
+    pytest.param(beat("10.0.0.1", last=NOW - 0.1, wait=2.1, kind="i", progress=None),
+                 late(progress=None), 3.0,
+                 id="frozen in a reset: its peer waited 2.1 s in the init: Hung at 3.0 s"),
+])
+def test_a_peer_must_have_waited_through_most_of_the_silence(
+        peer: Beat, silent: Beat, hung_at: float | None) -> None:
+    verdict = assess([peer, silent], LISTED, started_at=NOW - 30, settings=S, now=NOW)
+    if hung_at is None:
+        assert verdict.hung == ()
+        assert verdict.unconfirmed == (("10.0.0.3", 7, pytest.approx(3.0),
+                                        pytest.approx(peer.wait_s)),)
+    else:
+        (h,) = verdict.hung
+        assert (h.host, h.silent_s, verdict.unconfirmed) == (
+            "10.0.0.3", pytest.approx(hung_at), ())
+
+
+def test_an_unconfirmed_silence_becomes_Hung_when_the_peer_has_waited_long_enough() -> None:
+    """The demo's shape, had rank 0 frozen after all: its peer's wait grows with the time, and
+    the evidence comes 2 s later (the peer then says 2.0 s): Hung at 5.0 s of silence."""
+    later = NOW + 2.0
+    peer = beat("10.0.0.1", last=later - 0.4, wait=2.0, kind="c", progress=LATE_AT + 0.95)
+    verdict = assess([peer, late()], LISTED, started_at=NOW - 30, settings=S, now=later)
+    assert [(h.host, round(h.silent_s, 1)) for h in verdict.hung] == [("10.0.0.3", 5.0)]
+
+
+# Item 3 of issue 40, on real nodes: es-node-1 froze while it held rank 0 (10.0.0.1) and rank 1
+# (10.0.0.2); rank 2 (10.0.0.3, es-node-2) waited. Rank 1 was declared at 3.0 s; rank 0, whose
+# last heartbeat came 0.3 s later and whose watcher had last said "R" 2.8 s before, got
+# worker.silent_but_running and was declared 1.3 s later, after the survivors' reset: the
+# rendezvous broke. Both fell silent together: one incident, one verdict.
+ON = {"10.0.0.1": "es-node-1", "10.0.0.2": "es-node-1", "10.0.0.3": "es-node-2"}
+FREEZE = NOW - 3.0  # rank 1's last heartbeat
+
+
+def on_frozen_node(host: str, last: float, *, watcher: float | None, state: str = "R",
+                   pid: int = 7, rank: int = 1) -> Beat:
+    """A process of the frozen node: its last heartbeat at `last`, its watcher's at
+    `watcher` (None: no watcher), saying `state`."""
+    return replace(beat(host, last=last, progress=last - 0.1, pid=pid, rank=rank),
+                   proc_state=None if watcher is None else state, proc_seen=watcher,
+                   proc_cpu=900, proc_cpu_at=watcher)
+
+
+RANK1 = on_frozen_node("10.0.0.2", FREEZE, watcher=FREEZE - 0.1)
+RANK0 = on_frozen_node("10.0.0.1", FREEZE + 0.3, watcher=FREEZE + 0.2, pid=6, rank=0)
+RANK2 = waiting("10.0.0.3", 2.6, pid=8, rank=2)
+
+
+@pytest.mark.parametrize(("beats", "nodes", "expected"), [
+    pytest.param([RANK0, RANK1, RANK2], ON, [("10.0.0.1", None), ("10.0.0.2", None)],
+                 id="the frozen node: rank 0 (silent 2.7 s, its watcher's last word R) is "
+                    "Hung with rank 1, in one verdict"),
+    pytest.param([RANK0, RANK1, RANK2], None, [("10.0.0.2", None)],
+                 id="nodes unknown: each on its own evidence"),
+    pytest.param([RANK0, RANK1, RANK2], {**ON, "10.0.0.1": "es-node-3"}, [("10.0.0.2", None)],
+                 id="silent at the same time on another node: not the same incident"),
+    pytest.param([replace(RANK0, last_seen=NOW - 0.2), RANK1, RANK2], ON, [("10.0.0.2", None)],
+                 id="its neighbour heartbeats: not silent, not taken"),
+    pytest.param([replace(RANK0, proc_seen=NOW - 0.2), RANK1, RANK2], ON, [("10.0.0.2", None)],
+                 id="its neighbour's watcher still speaks (a GC pass, not a frozen node)"),
+    pytest.param([RANK0, replace(RANK1, proc_state="T", proc_seen=NOW - 0.2), RANK2], ON,
+                 [("10.0.0.2", None)],
+                 id="the Hung one's watcher still speaks (SIGSTOP of one process): alone"),
+    pytest.param([replace(RANK0, last_seen=FREEZE + 1.5, proc_seen=FREEZE + 1.5), RANK1,
+                  RANK2], ON, [("10.0.0.2", None)],
+                 id="fell silent 1.5 s later: not together"),
+    pytest.param([on_frozen_node("10.0.0.1", FREEZE + 0.4, watcher=None, pid=6, rank=0),
+                  on_frozen_node("10.0.0.2", FREEZE, watcher=None), RANK2], ON,
+                 [("10.0.0.1", None), ("10.0.0.2", None)],
+                 id="no watchers (an older hook): the heartbeats alone, 0.4 s apart"),
+])
+def test_the_processes_of_a_node_that_fell_silent_together_are_hung_together(
+        beats: list[Beat], nodes: dict[str, str] | None,
+        expected: list[tuple[str, None]]) -> None:
+    verdict = assess(beats, LISTED, started_at=NOW - 30, settings=S, now=NOW, nodes=nodes)
+    assert [(h.host, None) for h in verdict.hung] == expected
+    lead = [h for h in verdict.hung if h.along is None]
+    assert [h.host for h in lead] == ["10.0.0.2"], "rank 1 is found on its own evidence"
+    along = [h for h in verdict.hung if h.along is not None]
+    assert all(h.along == "10.0.0.2" and "on the same node es-node-1" in h.detail
+               for h in along), along
+    assert "10.0.0.1" not in {b[0] for b in verdict.busy} or not along
+
+
+def test_without_the_group_rank_0_would_be_declared_only_later() -> None:
+    """Today's order, the cause of the broken rendezvous: alone, rank 0 is busy (its
+    watcher's R is younger than silence_s) and is declared only once that R is stale."""
+    alone = assess([RANK0, RANK1, RANK2], LISTED, started_at=NOW - 30, settings=S, now=NOW)
+    assert [b[0] for b in alone.busy] == [] and [h.host for h in alone.hung] == ["10.0.0.2"]
+    later = assess([RANK0, RANK1, replace(RANK2, wait_s=3.9)], LISTED, started_at=NOW - 30,
+                   settings=S, now=NOW + 1.3)
+    assert [h.host for h in later.hung] == ["10.0.0.1", "10.0.0.2"]

@@ -36,3 +36,24 @@ def test_an_unfenced_framework_is_said_once_per_run_and_apart_from_other_problem
     loop.state.hangs.reported.clear()  # a new run of horovodrun says it again
     loop._hang_warnings(verdict, driver=object(), running_s=5.0)
     assert [e.reason for e in events[2:]] == ["HookProblem", "HookFrameworkUnfenced"]
+
+
+def test_a_silent_process_not_yet_hung_is_said_once_per_silence_with_why() -> None:
+    cfg = parse_config({"SUPERVISOR_JOB_NAME": "j", "SUPERVISOR_NAMESPACE": "n",
+                        "SUPERVISOR_NP": "2"})
+    log = Log()
+    loop = Supervisor(cfg, log=log, metrics=make_metrics(), events=print,
+                      start_child=None, base_env={}, act=print,  # type: ignore[arg-type]
+                      kill_ssh_clients=None, count_ssh_clients=None)  # type: ignore[arg-type]
+    early = Verdict(busy=(("10.0.0.1", 7, 3.44, "R"),),
+                    unconfirmed=(("10.0.0.2", 8, 3.01, 0.04),))
+    for _ in range(3):  # three ticks of the same silences
+        loop._hang_warnings(early, driver=object(), running_s=5.0)
+    assert [x for x in log.lines if x[1].startswith("worker.silent")] == [
+        ("info", "worker.silent_but_running",
+         {"host": "10.0.0.1", "pid": 7, "silent_s": 3.4, "state": "R"}),
+        ("info", "worker.silent_unconfirmed",
+         {"host": "10.0.0.2", "pid": 8, "silent_s": 3.0, "peer_waited_s": 0.0})]
+    loop._hang_warnings(Verdict(), driver=object(), running_s=5.0)  # they spoke again
+    loop._hang_warnings(early, driver=object(), running_s=5.0)
+    assert len([x for x in log.lines if x[1].startswith("worker.silent")]) == 4
