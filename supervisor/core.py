@@ -17,6 +17,9 @@ the job to fail. In order, as the steps depend on each other:
    `horovodrun_restart_limit` times; past it the job fails (STALLED);
 3. nodes down together past the disruption threshold are held back (classify.held_nodes);
 4. the first pass, and every pass while a node is suspect, classifies every worker pod;
+4b. a worker bound to a node that has not started within the bound (starts.py) fails as
+   NotStarted when its node is at fault or its status does not say (at most starts.LIMIT
+   pods of a slot in a row), and is only said when its template is;
 5. the failed hosts that Horovod knew as this very pod are fenced and horovodrun's ssh
    clients to them killed, before anything else is done for them;
 6. plan.on_failures decides on the failures (policy, budgets, deletes, FailJob);
@@ -39,12 +42,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from supervisor import admission, discovery, disruption, fleet, hang, plan, quarantine, regroup
+from supervisor import (
+    admission,
+    discovery,
+    disruption,
+    fleet,
+    hang,
+    plan,
+    quarantine,
+    regroup,
+    starts,
+)
 from supervisor.actuator import DeletePod, SaveState
 from supervisor.channel import Beat, Driver
 from supervisor.classify import (
     Cause,
     ClassifySettings,
+    Failure,
     NodeState,
     PodMemory,
     classify,
@@ -100,6 +114,8 @@ class Settings:
     stall_timeout_s: float
     disruption: disruption.Settings = field(default_factory=disruption.Settings)
     quarantine: quarantine.Settings = field(default_factory=quarantine.Settings)
+    # seconds a bound worker may stay not started (starts.py); None: never acted on
+    start_timeout_s: float | None = None
 
     @classmethod
     def of(cls, cfg: Config) -> Settings:
@@ -109,7 +125,8 @@ class Settings:
                    cfg.stall_timeout_s,
                    disruption.Settings(cfg.node_drain_taints, cfg.node_bad_conditions),
                    quarantine.Settings(cfg.quarantine_failures, cfg.quarantine_window_s,
-                                       cfg.quarantine_s))
+                                       cfg.quarantine_s),
+                   cfg.worker_start_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -148,6 +165,11 @@ class Core:
     # announced again to Horovod; the hold-back of the pending regroup was said
     reannounced: Mapping[str, tuple[int, float]] = field(default_factory=dict)
     held_said: bool = False
+    # pods that never start (starts.py): UID -> seen bound and not started since (monotonic);
+    # slot -> its pods replaced in a row for it; UID -> what was said of it (once)
+    unstarted_since: Mapping[str, float] = field(default_factory=dict)
+    unstarted: Mapping[int, int] = field(default_factory=dict)
+    start_said: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -303,6 +325,7 @@ def manage(c: Core, s: Seen, st: Settings) -> Pass:
                 failed.add(uid)
                 found.append(plan.Failed(f, pod, now))
         p.c = replace(p.c, failed=frozenset(failed), scanned=True)
+    found += _starts(p, s, st)
     p.c = replace(p.c, found=())
     # Only a host Horovod knew as this very pod: an IP the CNI handed to another pod before or
     # since is not this failure's to fence.
@@ -475,6 +498,92 @@ def _settle(p: _Pass, s: Seen, st: Settings, down: set[str]) -> None:
     p.c = replace(c, settling=settling)
 
 
+def _starts(p: _Pass, s: Seen, st: Settings) -> list[plan.Failed]:
+    """Step 4b: the worker pods bound to a node that have not started for the bound
+    (starts.py). The node's fault, or one the pod's status does not say: a NotStarted failure
+    of its slot's current pod (the policy replaces it, off that node, no budget used), at most
+    starts.LIMIT pods of a slot in a row, then said once and left. The template's (it would
+    fail the same anywhere), or a pod the supervisor does not own: said once, never replaced."""
+    c, job, bound = p.c, st.plan.job, st.start_timeout_s
+    since: dict[str, float] = {}
+    said: dict[str, str] = {}
+    row = dict(c.unstarted)
+    failed = set(c.failed)
+    found: list[plan.Failed] = []
+    fl = c.fleet
+    for name, pod in sorted(s.pods.items()):
+        uid = pod["metadata"].get("uid", "")
+        at = fleet.slot_of(pod, job) if fl is not None else None
+        slot = fl.slots.get(at[0]) if fl is not None and at is not None else None
+        current = (at is not None and slot is not None and slot.dropped is None
+                   and slot.retiring_at is None and at[1] == slot.incarnation)
+        if current and at is not None and pod.get("status", {}).get("phase") == "Running":
+            row.pop(at[0], None)  # the slot's pods do start: the row is over
+        x = starts.stuck(pod) if bound is not None and uid not in failed else None
+        if x is None:
+            continue
+        since[uid] = c.unstarted_since.get(uid, s.now)
+        waited = s.now - since[uid]
+        if bound is None or waited < bound or (fl is not None and not current):
+            continue  # (an older incarnation's pod is deleted as superseded: plan.py)
+        node = pod.get("spec", {}).get("nodeName")
+        if fl is None or x.fault is starts.Fault.TEMPLATE:
+            said[uid] = c.start_said.get(uid, "")
+            if said[uid] != x.reason:
+                said[uid] = x.reason
+                p.todo.append(_not_starting(name, node, x, waited, owned=fl is not None))
+            continue
+        assert at is not None
+        n = row.get(at[0], 0)
+        if n >= starts.LIMIT:
+            if c.start_said.get(uid) != "limit":
+                p.todo.append(_never_starts(name, at[0], node, x, waited))
+            said[uid] = "limit"
+            continue
+        row[at[0]] = n + 1
+        failed.add(uid)
+        del since[uid]
+        whose = (f"the node's fault ({x.rule})" if x.fault is starts.Fault.NODE else
+                 "its status does not say whose fault (the kubelet's Events on the pod do: "
+                 "FailedMount, FailedCreatePodSandBox)")
+        detail = (f"not started {waited:.0f}s after it was seen bound to node {node} "
+                  f"({x.said()}); {whose}; pod {n + 1} of {starts.LIMIT} of this slot in a row "
+                  "that never started")
+        found.append(plan.Failed(Failure(Cause.NOT_STARTED, name, uid, node, detail=detail,
+                                         node_fault=x.fault is starts.Fault.NODE), pod, s.now))
+    p.c = replace(c, unstarted_since=since, unstarted=row, failed=frozenset(failed),
+                  start_said=said)
+    return found
+
+
+def _not_starting(name: str, node: str | None, x: starts.Stuck, waited: float, *,
+                  owned: bool) -> Note:
+    """A worker that has not started, and is not replaced: said once per kubelet reason."""
+    why = ("the pod's template is at fault (it would fail the same on any node): not "
+           "replaced; the kubelet keeps trying, and the pod starts once what it names is "
+           "there (fix the image, the Secret or the ConfigMap)" if owned else
+           "the supervisor does not create workers (SUPERVISOR_WORKER_TEMPLATE is not set): "
+           "not replaced")
+    note = f"worker {name} on node {node} has not started after {waited:.0f}s: {x.said()}; {why}"
+    return Note("warning", "worker.not_starting", {
+        "pod": name, "node": node, "container": x.container, "reason": x.reason,
+        "message": x.message, "fault": x.fault.value, "rule": x.rule,
+        "waited_s": round(waited, 1)}, EventSpec("Warning", "WorkerNotStarting", "Report", note))
+
+
+def _never_starts(name: str, slot: int, node: str | None, x: starts.Stuck,
+                  waited: float) -> Note:
+    """The slot's pods never started starts.LIMIT times in a row: this one is left."""
+    note = (f"worker {name} (slot {slot}) on node {node} has not started after {waited:.0f}s: "
+            f"{x.said()}; {starts.LIMIT} pods of this slot in a row never started on other "
+            "nodes already, so it is not the node: left as it is, not replaced (look at the "
+            "pod's Events: kubectl describe pod)")
+    return Note("warning", "worker.never_starts", {
+        "pod": name, "slot": slot, "node": node, "container": x.container,
+        "reason": x.reason, "message": x.message, "waited_s": round(waited, 1),
+        "in_a_row": starts.LIMIT}, EventSpec("Warning", "WorkerNeverStarts", "Keep", note))
+
+
 def _quarantine(p: _Pass, s: Seen, st: Settings, found: list[plan.Failed]) -> None:
     """Step 7c: a node where workers of the job keep failing gets no new one for a while
     (quarantine.py); its end is said too."""
@@ -483,7 +592,7 @@ def _quarantine(p: _Pass, s: Seen, st: Settings, found: list[plan.Failed]) -> No
     placed = {node for pod in s.pods.values() if (node := pod.get("spec", {}).get("nodeName"))}
     usable = [name for name in placed if (n := s.nodes.get(name)) is not None
               and node_problem(n) is None and not n.get("spec", {}).get("unschedulable")]
-    ch = quarantine.step(p.c.quarantine, [(x.failure.cause, x.failure.node) for x in found],
+    ch = quarantine.step(p.c.quarantine, [quarantine.evidence(x.failure) for x in found],
                          s.wall, st.quarantine, usable)
     q = st.quarantine
     for node in ch.spared:

@@ -3,8 +3,9 @@
 workers.not_on), then is released by itself.
 
 What counts: the failures that say something about the node, a training container's exit
-(ExitCode), a hung process (Hung, which a stuck one is too) and the node's own loss
-(NodeNotReady). Not a delete, an eviction or a preemption (someone else's decision), nor a
+(ExitCode), a hung process (Hung, which a stuck one is too), the node's own loss
+(NodeNotReady) and a pod that never started for a reason of the node's (NotStarted with
+`node_fault`: starts.py). Not a delete, an eviction or a preemption (someone else's decision), nor a
 graceful leave (announced: disruption.py). A node is not quarantined while no other node
 could take a worker (one the job's workers run or ran on, Ready, schedulable, not quarantined):
 that would leave its slots Pending instead of retrying where they can run. Times are
@@ -16,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from supervisor.classify import Cause
+from supervisor.classify import Cause, Failure
 
-COUNTED = frozenset({Cause.EXIT_CODE, Cause.HUNG, Cause.NODE_NOT_READY})
+COUNTED = frozenset({Cause.EXIT_CODE, Cause.HUNG, Cause.NODE_NOT_READY, Cause.NOT_STARTED})
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,14 @@ class Change:
     started: tuple[tuple[str, int], ...] = ()  # (node, failures in the window) newly in
     ended: tuple[str, ...] = ()  # nodes whose quarantine is over
     spared: tuple[str, ...] = ()  # at the threshold, but no other node could take a worker
+
+
+def evidence(f: Failure) -> tuple[Cause, str | None]:
+    """What `step` counts of a failure: (cause, node); no node when it says nothing of its
+    node (a pod that never started for a reason that is not its node's)."""
+    if f.cause is Cause.NOT_STARTED and not f.node_fault:
+        return f.cause, None
+    return f.cause, f.node
 
 
 def step(q: Quarantine, failures: Iterable[tuple[Cause, str | None]], now: float,
