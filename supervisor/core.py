@@ -27,6 +27,8 @@ the job to fail. In order, as the steps depend on each other:
 7b. a worker announced to go (disruption.notice: evicted, deleted with a grace, its node
    cordoned, tainted or going bad) leaves gracefully: its slot moves to a new incarnation at
    once (no budget used), the old pod is out of the file and deleted once horovodrun let it go;
+   a cordon alone evicts nothing, so there the replacement is placed first (the slot's next
+   incarnation, ahead) and the worker leaves once it runs: with nowhere to go it trains on;
 8. plan.plan reconciles the fleet (scale, scale-in, reused addresses, expectations, creates,
    MIN_NP); its state is saved before the creates, so a restart never forgets a budget used;
    the workers' PodDisruptionBudget is kept at the desired count less one (KeepBudget).
@@ -70,7 +72,7 @@ from supervisor.discovery import Rendered
 from supervisor.fleet import Fleet
 from supervisor.hang import HangSettings, Verdict
 from supervisor.model import EventSpec, ExitCode
-from supervisor.observe import EventType, Obj, node_problem
+from supervisor.observe import EventType, Obj, node_problem, pod_problem
 from supervisor.plan import Note
 from supervisor.policy import Policy
 from supervisor.workers import pod_name
@@ -150,6 +152,10 @@ class Core:
     leaving: Mapping[str, plan.Leaving] = field(default_factory=dict)  # announced to go
     budget: int | None = None  # the PodDisruptionBudget's minAvailable last asked for
     leave_waits: frozenset[str] = frozenset()  # announced, waiting for another to join
+    # workers on a cordoned node -> their replacement placed ahead (_move_ahead); workers
+    # whose replacement failed before it ran: they stay while the cordon lasts
+    moving: Mapping[str, str] = field(default_factory=dict)
+    staying: frozenset[str] = frozenset()
     quarantine: quarantine.Quarantine = field(default_factory=quarantine.Quarantine)
     saved_quarantine: Mapping[str, float] = field(default_factory=dict)  # as last saved
     failing: tuple[int, str] | None = None  # the run ends with this code and reason
@@ -354,7 +360,7 @@ def manage(c: Core, s: Seen, st: Settings) -> Pass:
             p.c = replace(p.c, failed_at=failed_at, regroup=pending)
     _quarantine(p, s, st, found)
     if p.c.fleet is not None and p.c.failing is None:
-        _announced(p, s, st)
+        _announced(p, s, st, suspects)
         _plan_fleet(p, s, st, suspects)
     elif p.c.scale_request is not None:
         why = "the supervisor does not own the workers (SUPERVISOR_WORKER_TEMPLATE is not set)"
@@ -613,11 +619,15 @@ def _quarantine(p: _Pass, s: Seen, st: Settings, found: list[plan.Failed]) -> No
     p.c = replace(p.c, quarantine=ch.q)
 
 
-def _announced(p: _Pass, s: Seen, st: Settings) -> None:
-    """Step 7b: the workers announced to go leave gracefully (see disruption.py)."""
+def _announced(p: _Pass, s: Seen, st: Settings, suspects: set[str]) -> None:
+    """Step 7b: the workers announced to go leave gracefully (see disruption.py); one whose
+    node is only cordoned once its replacement runs (_move_ahead)."""
     fl = p.c.fleet
     if fl is None or not st.classify.graceful_leave:
         return
+    moving: dict[str, str] = {}
+    staying: set[str] = set()
+    kept_off = _kept_off(p.c, s, st, suspects)
     leaving, failed = dict(p.c.leaving), set(p.c.failed)
     mode = st.plan.host_mode
     # Horovod needs a member of the last world to stay (it broadcasts the state from one):
@@ -637,8 +647,14 @@ def _announced(p: _Pass, s: Seen, st: Settings) -> None:
         node = pod.get("spec", {}).get("nodeName") or None
         n = disruption.notice(pod, s.nodes.get(node or ""), training_container(pod, st.classify),
                               st.disruption)
+        ahead = pod_name(st.plan.job, i, slot.incarnation + 1)
         if n is None:
+            _cancel_move(p, s, name, ahead)
             continue
+        move = _Move(i, slot.incarnation + 1, name, node, ahead, n.detail)
+        if n.why is disruption.Why.CORDONED and not _move_ahead(
+                p, s, move, kept_off=kept_off, moving=moving, staying=staying):
+            continue  # it trains on until its replacement runs
         host = discovery.host_of(pod, mode)
         if host in world and not world - gone - {host}:
             waits.add(name)  # the last member of the world: once another joined
@@ -653,27 +669,109 @@ def _announced(p: _Pass, s: Seen, st: Settings) -> None:
         failed.add(uid)
         leaving[name] = plan.Leaving(i, uid, node, s.wall, n.why.value)
         new = pod_name(st.plan.job, i, slot.incarnation + 1)
+        by = (f"its replacement {new} runs already" if n.why is disruption.Why.CORDONED
+              else f"replaced by {new} now")
         note = (f"worker {name} on {node} is announced to go ({n.why.value}: {n.detail}): out "
-                f"of the discovery file, Horovod lets it go at its next commit; replaced by "
-                f"{new} now")
+                f"of the discovery file, Horovod lets it go at its next commit; {by}")
         p.todo.append(Note("info", "worker.leaving", {
             "pod": name, "node": node, "why": n.why.value, "detail": n.detail,
             "replacement": new}, EventSpec("Normal", "WorkerLeaving", "Leave", note)))
     if fl is not p.c.fleet:
-        p.c = replace(p.c, fleet=fl, leaving=leaving, failed=frozenset(failed))
+        p.c = replace(p.c, fleet=fl, leaving=leaving, failed=p.c.failed | failed)
     if waits != p.c.leave_waits:
         p.c = replace(p.c, leave_waits=frozenset(waits))
+    if moving != p.c.moving or staying != p.c.staying:
+        p.c = replace(p.c, moving=moving, staying=frozenset(staying))
+
+
+@dataclass(frozen=True)
+class _Move:
+    """A worker on a cordoned node (slot, pod, node) and its replacement placed ahead (the
+    slot's next incarnation)."""
+
+    slot: int
+    incarnation: int  # the replacement's
+    pod: str
+    node: str | None
+    ahead: str
+    detail: str
+
+
+def _move_ahead(p: _Pass, s: Seen, m: _Move, *, kept_off: set[str], moving: dict[str, str],
+                staying: set[str]) -> bool:
+    """A cordon alone evicts nothing: the worker leaves once its replacement, the slot's next
+    incarnation placed ahead of the move (kept off the nodes that are going), runs; with
+    nowhere to go that replacement stays Pending, the job keeps its size, and it moves when
+    a node is there. A replacement that fails before it runs is deleted and the worker
+    stays while the cordon lasts (no loop). Return whether the worker leaves now."""
+    c = p.c
+    q = s.pods.get(m.ahead)
+    uid = q["metadata"].get("uid", "") if q is not None else ""
+    if q is not None and uid not in c.failed and pod_problem(q, s.nodes) is None:
+        return True
+    if m.pod in c.staying or (q is not None and (
+            uid in c.failed or q.get("status", {}).get("phase") in ("Succeeded", "Failed"))):
+        staying.add(m.pod)
+        if q is not None and not q["metadata"].get("deletionTimestamp") and uid not in c.failed:
+            p.c = replace(p.c, failed=p.c.failed | {uid})
+            p.todo.append(DeletePod(m.ahead, uid, None))
+        if m.pod not in c.staying:
+            note = (f"worker {m.pod} on {m.node} ({m.detail}): its replacement {m.ahead} "
+                    "failed before it ran: deleted; the worker trains on where it is while "
+                    "the cordon lasts (a cordon evicts nothing)")
+            p.todo.append(Note("warning", "worker.stays", {
+                "pod": m.pod, "node": m.node, "replacement": m.ahead}, EventSpec(
+                "Warning", "WorkerStays", "Keep", note)))
+        return False
+    moving[m.pod] = m.ahead
+    if m.pod not in c.moving:
+        note = (f"worker {m.pod} on {m.node} is announced to go ({m.detail}): a cordon evicts "
+                f"nothing, so {m.ahead} is placed first and the worker leaves once it runs; "
+                "until then it trains on (with nowhere to go, the job keeps its size)")
+        p.todo.append(Note("info", "worker.moving", {
+            "pod": m.pod, "node": m.node, "replacement": m.ahead}, EventSpec(
+            "Normal", "WorkerMoving", "Move", note)))
+    if (q is None and m.ahead not in c.expected
+            and m.ahead not in admission.waiting(c.blocked, s.now)):
+        x = fleet.Create(m.slot, m.incarnation, m.ahead, m.node)
+        p.todo.append(CreateWorker(x, tuple(sorted(kept_off)), _suspect_nodes(c, s.now)))
+        p.c = replace(p.c, expected={**p.c.expected, m.ahead: s.now})
+    return False
+
+
+def _cancel_move(p: _Pass, s: Seen, name: str, ahead: str) -> None:
+    """The cordon is over before the move: the replacement placed ahead goes (ours)."""
+    q = s.pods.get(ahead)
+    if q is None or q["metadata"].get("deletionTimestamp") or (
+            uid := q["metadata"].get("uid", "")) in p.c.failed:
+        return
+    p.c = replace(p.c, failed=p.c.failed | {uid})
+    p.todo.append(DeletePod(ahead, uid, None))
+    note = (f"worker {name} is no longer announced to go (its node's cordon is over): "
+            f"{ahead}, placed ahead of its move, deleted")
+    p.todo.append(Note("info", "worker.move_cancelled", {"pod": name, "replacement": ahead},
+                       EventSpec("Normal", "WorkerMoveCancelled", "Move", note)))
+
+
+def _kept_off(c: Core, s: Seen, st: Settings, suspects: set[str]) -> set[str]:
+    """Nodes down or silent, quarantined, or announced to go: a new worker is kept off them
+    (and one kept off them is not created again while they are)."""
+    kept_off = suspects | set(c.quarantine.until)
+    if st.classify.graceful_leave:
+        kept_off |= disruption.going_nodes(s.nodes.values(), st.disruption)
+    return kept_off
+
+
+def _suspect_nodes(c: Core, now: float) -> tuple[str, ...]:
+    """Nodes where a worker hung lately: a new worker prefers others."""
+    return tuple(sorted(n for n, t in c.hung_nodes.items() if now - t < HUNG_NODE_AVOID_S))
 
 
 def _plan_fleet(p: _Pass, s: Seen, st: Settings, suspects: set[str]) -> None:
     """Step 8: the fleet's reconcile (plan.plan); the state saved before the creates."""
     c = p.c
     assert c.fleet is not None
-    # Nodes down or silent, quarantined, or announced to go: a new worker is kept off them
-    # (and one kept off them is not created again while they are).
-    kept_off = suspects | set(c.quarantine.until)
-    if st.classify.graceful_leave:
-        kept_off |= disruption.going_nodes(s.nodes.values(), st.disruption)
+    kept_off = _kept_off(c, s, st, suspects)
     out = plan.plan(plan.Picture(
         fleet=c.fleet, pods=s.pods, published=s.published or "", listed=s.listed,
         reuse_checked=c.reuse_checked, reused=c.reused, scale_request=c.scale_request,
@@ -695,8 +793,7 @@ def _plan_fleet(p: _Pass, s: Seen, st: Settings, suspects: set[str]) -> None:
         p.todo.append(KeepBudget(want))
         p.c = replace(p.c, budget=want)
     lost = tuple(sorted(kept_off))
-    suspect = tuple(sorted(n for n, t in p.c.hung_nodes.items()
-                           if s.now - t < HUNG_NODE_AVOID_S))
+    suspect = _suspect_nodes(p.c, s.now)
     # A hung pod still there after the hold: its node is kept off, required (fleet.wanted).
     p.todo += [CreateWorker(x, tuple(sorted({*lost, x.avoid_node})) if x.away and x.avoid_node
                             else lost, suspect) for x in out.creates]

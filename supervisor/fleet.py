@@ -190,7 +190,9 @@ def on_failure(fleet: Fleet, failure: Failure, found: tuple[int, int] | None, po
         return fleet, replace(d, ledger=fleet.ledger)
     i, inc = found
     slot = fleet.slots.get(i)
-    if (slot is None or inc < slot.incarnation or slot.dropped is not None
+    # (a later incarnation than the slot's is a replacement placed ahead of a move that has
+    # not happened: core deletes it, the slot's own pod trains on)
+    if (slot is None or inc != slot.incarnation or slot.dropped is not None
             or slot.retiring_at is not None):
         return fleet, None
     d = decide(policy, failure, str(i), fleet.ledger, now)
