@@ -234,6 +234,7 @@ class CreateWorker:
     create: fleet.Create
     lost_nodes: tuple[str, ...]  # nodes down or silent: the replacement avoids them
     suspect_nodes: tuple[str, ...]  # nodes where a worker hung lately: preferred against
+    ahead_of: str | None = None  # placed ahead of this worker's move (_move_ahead)
 
 
 @dataclass(frozen=True)
@@ -734,7 +735,8 @@ def _move_ahead(p: _Pass, s: Seen, m: _Move, *, kept_off: set[str], moving: dict
     if (q is None and m.ahead not in c.expected
             and m.ahead not in admission.waiting(c.blocked, s.now)):
         x = fleet.Create(m.slot, m.incarnation, m.ahead, m.node)
-        p.todo.append(CreateWorker(x, tuple(sorted(kept_off)), _suspect_nodes(c, s.now)))
+        p.todo.append(CreateWorker(x, tuple(sorted(kept_off)), _suspect_nodes(c, s.now),
+                                   ahead_of=m.pod))
         p.c = replace(p.c, expected={**p.c.expected, m.ahead: s.now})
     return False
 

@@ -569,7 +569,7 @@ class Supervisor:
                 cfg.worker_template, job=cfg.job_name,  # type: ignore[arg-type]
                 slot=x.slot, incarnation=x.incarnation, owner=self.owner,
                 avoid_node=x.avoid_node, lost_nodes=list(todo.lost_nodes),
-                suspect_nodes=list(todo.suspect_nodes),
+                suspect_nodes=list(todo.suspect_nodes), ahead_of=todo.ahead_of,
                 hold_in=cfg.worker_container or cfg.worker_template[  # type: ignore[index]
                     "spec"]["containers"][0]["name"])))
         elif isinstance(todo, core.KeepBudget):

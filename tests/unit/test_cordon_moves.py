@@ -70,6 +70,7 @@ def test_a_cordon_places_the_replacement_first_and_the_worker_trains_on() -> Non
     assert isinstance(create, CreateWorker)
     assert (create.create.slot, create.create.incarnation) == (0, 2)
     assert create.lost_nodes == ("node-0",) and create.create.avoid_node == "node-0"
+    assert create.ahead_of == W0, "a restarted supervisor must not move the slot up to it"
     c = p.core
     assert c.fleet == KEPT.fleet, "the slot keeps its pod: nothing moved yet"
     assert c.leaving == {} and "uid-" + W0 not in c.failed, "still listed, still training"
