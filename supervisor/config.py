@@ -544,8 +544,9 @@ VARIABLES: tuple[Var, ...] = (
         "the kubelet's reason and message in a Warning Event: replaced off its node, no "
         "restart budget used, when the node is at fault or the pod's status does not say "
         "(Event WorkerRestarting, cause NotStarted; at most 3 pods of a slot in a row, then "
-        "WorkerNeverStarts); only reported when the template is (an image pull, a missing "
-        "Secret or key: WorkerNotStarting, since it would fail the same on any node). 600 is "
+        "WorkerNeverStarts); only reported, after 60 s already, when the template is (an image "
+        "pull, a missing Secret or key: WorkerNotStarting, since it would fail the same on any "
+        "node). 600 is "
         "above the cold pull of a large CUDA training image (10-20 GB at 50-100 MB/s: 2-7 "
         "min), which shows as ContainerCreating too. At least 30; off: never."),
     Var("SCALE_IN_TIMEOUT_SECONDS", "60", "A worker removed by `scale` leaves the discovery "

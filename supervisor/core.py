@@ -531,14 +531,16 @@ def _starts(p: _Pass, s: Seen, st: Settings) -> list[plan.Failed]:
             continue
         since[uid] = c.unstarted_since.get(uid, s.now)
         waited = s.now - since[uid]
-        if bound is None or waited < bound or (fl is not None and not current):
+        if bound is None or (fl is not None and not current):
             continue  # (an older incarnation's pod is deleted as superseded: plan.py)
         node = pod.get("spec", {}).get("nodeName")
         if fl is None or x.fault is starts.Fault.TEMPLATE:
             said[uid] = c.start_said.get(uid, "")
-            if said[uid] != x.reason:
+            if said[uid] != x.reason and waited >= min(bound, starts.SAY_AFTER_S):
                 said[uid] = x.reason
                 p.todo.append(_not_starting(name, node, x, waited, owned=fl is not None))
+            continue
+        if waited < bound:
             continue
         assert at is not None
         n = row.get(at[0], 0)

@@ -11,9 +11,10 @@ container is a start under way, and a container that ran and ended is an exit (c
 that matches (the Event cites it): the NODE's (replaced, off that node, counted towards its
 quarantine), the TEMPLATE's (it would fail the same on any node: said loudly, never replaced
 in a loop; the kubelet keeps trying and the pod starts once the image or the Secret is
-there), or UNKNOWN (the pod's status does not say: the kubelet's Events do; replaced off the
-node, at most LIMIT pods of a slot in a row). How long a pod may stay so (the bound) is the
-caller's (SUPERVISOR_WORKER_START_TIMEOUT_SECONDS). No I/O, no clock.
+there; said after SAY_AFTER_S already), or UNKNOWN (the pod's status does not say: the
+kubelet's Events do; replaced off the node, at most LIMIT pods of a slot in a row). How long a
+pod may stay so before it is replaced (the bound) is the caller's
+(SUPERVISOR_WORKER_START_TIMEOUT_SECONDS). No I/O, no clock.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ from supervisor.observe import Obj
 # next one is left as it is (said once): every node failing the same way is the template's.
 LIMIT = 3
 MESSAGE_MAX = 400  # characters of the kubelet's message kept (the Event's note is <= 1 kB)
+# A fault of the template is said (never acted on) after this long, or the bound if shorter:
+# the kubelet's image pull back-off (10 s, doubling) has tried three times by then, so it is no
+# registry blip, and it is said before a job that never gets its workers ends at
+# SUPERVISOR_START_TIMEOUT_SECONDS.
+SAY_AFTER_S = 60.0
 
 
 class Fault(StrEnum):

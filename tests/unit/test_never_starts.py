@@ -112,6 +112,15 @@ def test_the_templates_fault_is_said_once_and_never_replaced(variant: str) -> No
     assert later.core.fleet == STEADY.fleet
 
 
+def test_the_templates_fault_is_said_after_a_minute_not_after_the_bound() -> None:
+    """Nothing to wait for (no action): said once the kubelet's back-off tried three times,
+    before a job that never gets its workers ends at SUPERVISOR_START_TIMEOUT_SECONDS."""
+    assert script(after("image_pull_backoff", starts.SAY_AFTER_S - 1)) == []
+    assert script(after("image_pull_backoff", starts.SAY_AFTER_S)) == [
+        ("say", "worker.not_starting")]
+    assert script(after("container_creating", starts.SAY_AFTER_S)) == [], "acted on: the bound"
+
+
 def test_a_template_fault_with_a_new_reason_is_said_again() -> None:
     p = after("err_image_pull_denied", BOUND)
     again = manage(p.core, seen(pods("image_pull_backoff"), now=NOW + 10), S)
