@@ -512,26 +512,28 @@ def _starts(p: _Pass, s: Seen, st: Settings) -> list[plan.Failed]:
     starts.LIMIT pods of a slot in a row, then said once and left. The template's (it would
     fail the same anywhere), or a pod the supervisor does not own: said once, never replaced."""
     c, job, bound = p.c, st.plan.job, st.start_timeout_s
+    if bound is None:
+        return []
     since: dict[str, float] = {}
     said: dict[str, str] = {}
     row = dict(c.unstarted)
     failed = set(c.failed)
     found: list[plan.Failed] = []
     fl = c.fleet
-    for name, pod in sorted(s.pods.items()):
-        uid = pod["metadata"].get("uid", "")
-        at = fleet.slot_of(pod, job) if fl is not None else None
-        slot = fl.slots.get(at[0]) if fl is not None and at is not None else None
-        current = (at is not None and slot is not None and slot.dropped is None
-                   and slot.retiring_at is None and at[1] == slot.incarnation)
-        if current and at is not None and pod.get("status", {}).get("phase") == "Running":
-            row.pop(at[0], None)  # the slot's pods do start: the row is over
-        x = starts.stuck(pod) if bound is not None and uid not in failed else None
-        if x is None:
+    unstarted = []  # one cheap look at every pod; the few not started are judged in order
+    for name, pod in s.pods.items():
+        if pod.get("status", {}).get("phase") == "Running":
+            if row and (at := _current(fl, pod, job)) is not None:
+                row.pop(at[0], None)  # the slot's pods do start: the row is over
             continue
+        if (x := starts.stuck(pod)) is not None and pod["metadata"].get("uid") not in failed:
+            unstarted.append((name, pod, x))
+    for name, pod, x in sorted(unstarted, key=lambda u: u[0]):
+        uid = pod["metadata"].get("uid", "")
         since[uid] = c.unstarted_since.get(uid, s.now)
         waited = s.now - since[uid]
-        if bound is None or (fl is not None and not current):
+        at = _current(fl, pod, job)
+        if fl is not None and at is None:
             continue  # (an older incarnation's pod is deleted as superseded: plan.py)
         node = pod.get("spec", {}).get("nodeName")
         if fl is None or x.fault is starts.Fault.TEMPLATE:
@@ -560,9 +562,20 @@ def _starts(p: _Pass, s: Seen, st: Settings) -> list[plan.Failed]:
                   "that never started")
         found.append(plan.Failed(Failure(Cause.NOT_STARTED, name, uid, node, detail=detail,
                                          node_fault=x.fault is starts.Fault.NODE), pod, s.now))
-    p.c = replace(c, unstarted_since=since, unstarted=row, failed=frozenset(failed),
-                  start_said=said)
+    if (since, row, said) != (c.unstarted_since, c.unstarted, c.start_said) or found:
+        p.c = replace(c, unstarted_since=since, unstarted=row, failed=frozenset(failed),
+                      start_said=said)
     return found
+
+
+def _current(fl: Fleet | None, pod: Obj, job: str) -> tuple[int, int] | None:
+    """(slot, incarnation) of `pod` if it is the current pod of an active slot."""
+    at = fleet.slot_of(pod, job) if fl is not None else None
+    slot = fl.slots.get(at[0]) if fl is not None and at is not None else None
+    if (at is None or slot is None or slot.dropped is not None or slot.retiring_at is not None
+            or at[1] != slot.incarnation):
+        return None
+    return at
 
 
 def _not_starting(name: str, node: str | None, x: starts.Stuck, waited: float, *,
