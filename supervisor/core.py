@@ -75,7 +75,7 @@ from supervisor.model import EventSpec, ExitCode
 from supervisor.observe import EventType, Obj, node_problem, pod_problem
 from supervisor.plan import Note
 from supervisor.policy import Policy
-from supervisor.workers import pod_name
+from supervisor.workers import ANNOTATION_AHEAD_OF, pod_name
 
 HUNG_NODE_AVOID_S = 300.0  # replacements prefer other nodes this long after a hang on one
 
@@ -533,9 +533,16 @@ def _starts(p: _Pass, s: Seen, st: Settings) -> list[plan.Failed]:
         since[uid] = c.unstarted_since.get(uid, s.now)
         waited = s.now - since[uid]
         at = _current(fl, pod, job)
-        if fl is not None and at is None:
-            continue  # (an older incarnation's pod is deleted as superseded: plan.py)
         node = pod.get("spec", {}).get("nodeName")
+        if fl is not None and at is None:
+            # An older incarnation's pod is deleted as superseded (plan.py); one placed ahead
+            # of a cordoned worker's move is given up at the bound (_move_ahead deletes it).
+            ahead_of = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_AHEAD_OF)
+            if c.moving.get(ahead_of or "") == name and waited >= bound:
+                failed.add(uid)
+                del since[uid]
+                p.todo.append(_not_starting(name, node, x, waited, ahead_of=ahead_of))
+            continue
         if fl is None or x.fault is starts.Fault.TEMPLATE:
             said[uid] = c.start_said.get(uid, "")
             if said[uid] != x.reason and waited >= min(bound, starts.SAY_AFTER_S):
@@ -579,9 +586,11 @@ def _current(fl: Fleet | None, pod: Obj, job: str) -> tuple[int, int] | None:
 
 
 def _not_starting(name: str, node: str | None, x: starts.Stuck, waited: float, *,
-                  owned: bool) -> Note:
+                  owned: bool = True, ahead_of: str | None = None) -> Note:
     """A worker that has not started, and is not replaced: said once per kubelet reason."""
-    why = ("the pod's template is at fault (it would fail the same on any node): not "
+    why = (f"placed ahead of the move of {ahead_of} (its node cordoned): given up, "
+           f"{ahead_of} trains on where it is" if ahead_of is not None else
+           "the pod's template is at fault (it would fail the same on any node): not "
            "replaced; the kubelet keeps trying, and the pod starts once what it names is "
            "there (fix the image, the Secret or the ConfigMap)" if owned else
            "the supervisor does not create workers (SUPERVISOR_WORKER_TEMPLATE is not set): "
@@ -728,16 +737,18 @@ def _move_ahead(p: _Pass, s: Seen, m: _Move, *, kept_off: set[str], moving: dict
     if m.pod in c.staying or (q is not None and (
             uid in c.failed or q.get("status", {}).get("phase") in ("Succeeded", "Failed"))):
         staying.add(m.pod)
-        if q is not None and not q["metadata"].get("deletionTimestamp") and uid not in c.failed:
+        if m.pod in c.staying:
+            return False
+        # Once, as it happens: a failed (or never started: _starts) replacement goes.
+        if q is not None and not q["metadata"].get("deletionTimestamp"):
             p.c = replace(p.c, failed=p.c.failed | {uid})
             p.todo.append(DeletePod(m.ahead, uid, None))
-        if m.pod not in c.staying:
-            note = (f"worker {m.pod} on {m.node} ({m.detail}): its replacement {m.ahead} "
-                    "failed before it ran: deleted; the worker trains on where it is while "
-                    "the cordon lasts (a cordon evicts nothing)")
-            p.todo.append(Note("warning", "worker.stays", {
-                "pod": m.pod, "node": m.node, "replacement": m.ahead}, EventSpec(
-                "Warning", "WorkerStays", "Keep", note)))
+        note = (f"worker {m.pod} on {m.node} ({m.detail}): its replacement {m.ahead} "
+                "failed or never started: deleted; the worker trains on where it is while the "
+                "cordon lasts (a cordon evicts nothing)")
+        p.todo.append(Note("warning", "worker.stays", {
+            "pod": m.pod, "node": m.node, "replacement": m.ahead}, EventSpec(
+            "Warning", "WorkerStays", "Keep", note)))
         return False
     moving[m.pod] = m.ahead
     if m.pod not in c.moving:

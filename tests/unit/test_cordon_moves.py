@@ -139,3 +139,23 @@ def test_the_worker_failing_while_it_moves_hands_its_slot_to_the_replacement() -
                seen({**PODS, W0: w0, W0B: unschedulable()}, nodes=CORDONED), LEAVING)
     assert p.core.fleet is not None and p.core.fleet.slots[0].incarnation == 2
     assert ("create", W0B) not in script(p), "it is there already"
+
+
+def test_a_replacement_placed_ahead_that_never_starts_is_given_up_at_the_bound() -> None:
+    """Said with the kubelet's reason, deleted, and the worker stays (no loop)."""
+    st = replace(LEAVING, start_timeout_s=600.0)
+    c = replace(manage(KEPT, seen(PODS, nodes=CORDONED), st).core, expected={})
+    stuck = shapes.not_started("container_creating", W0B, node="node-2")
+    stuck["metadata"].update(labels=worker(0, 2)["metadata"]["labels"],
+                             annotations={"elastic-supervisor/ahead-of": W0})
+    pods = {**PODS, W0B: stuck}
+    c = manage(c, seen(pods, nodes=CORDONED, now=NOW), st).core
+    assert script(manage(c, seen(pods, nodes=CORDONED, now=NOW + 599), st)) == []
+    p = manage(c, seen(pods, nodes=CORDONED, now=NOW + 600), st)
+    assert script(p) == [("say", "worker.not_starting"), ("delete", W0B, None),
+                         ("say", "worker.stays")]
+    note = p.todo[0]
+    assert isinstance(note, Note) and note.k8s is not None
+    assert "ContainerCreating" in note.k8s.note and f"ahead of the move of {W0}" in note.k8s.note
+    assert p.core.staying == {W0} and p.core.fleet == KEPT.fleet
+    assert script(manage(p.core, seen(PODS, nodes=CORDONED, now=NOW + 700), st)) == []
