@@ -892,6 +892,15 @@ class Supervisor:
                     fl, slots={**fl.slots, i: replace(s, dropped=why)}))
                 self.events(EventSpec("Warning", "WorkerCreateFailed", "Create", why))
                 return
+        # A replacement placed ahead of a cordoned worker's move: the worker stays instead
+        # (not created again each pass while the cordon lasts).
+        for worker, ahead in st.core.moving.items():
+            if ahead == name and worker not in st.core.staying:
+                st.core = replace(st.core, staying=st.core.staying | {worker})
+                self.events(EventSpec("Warning", "WorkerStays", "Keep",
+                                      f"{why}; worker {worker} trains on where it is while "
+                                      "its node's cordon lasts"))
+                return
 
     def _policy_changed(self, change: PolicyChanged) -> None:
         file = str(self.cfg.policy_file)

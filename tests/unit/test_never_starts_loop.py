@@ -6,13 +6,14 @@ that quotes the kubelet. Before the bound: nothing (issue 39, item 7)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from supervisor import fleet
 from supervisor.actuator import CreatePod, DeletePod, SaveState
 from supervisor.config import parse_config
 from supervisor.metrics import make_metrics
-from supervisor.model import EventSpec, SourceState, WatchEvent
+from supervisor.model import ActionDone, EventSpec, SourceState, WatchEvent
 from supervisor.observe import EventType, Kind, slim
 from supervisor.reconcile import Supervisor
 from supervisor.workers import LABEL_INCARNATION, LABEL_JOB, LABEL_ROLE, LABEL_SLOT
@@ -92,3 +93,16 @@ def test_a_worker_stuck_after_a_kube_apiserver_restart_is_replaced_after_the_bou
     assert len(restarting) == 1 and "no relationship found between node" in restarting[0].note
     assert "NotStarted" in restarting[0].note and "not counted" in restarting[0].note
     assert sup.state.core.fleet is not None and sup.state.core.fleet.ledger.total == 0
+
+
+def test_a_replacement_placed_ahead_that_cannot_be_created_keeps_the_worker() -> None:
+    """A create refused for good (not by admission, which backs off) is not asked for again
+    each pass: the cordoned worker stays, and the slot is not dropped."""
+    clock, ops, events = Clock(), [], []
+    sup = loop(clock, ops, events)
+    sup.state.core = replace(sup.state.core, moving={"job1-w0-1": "job1-w0-2"})
+    sup._action_done(ActionDone("create", "job1-w0-2", clock.now, error="the pod is invalid"),
+                     clock.now)
+    assert sup.state.core.staying == {"job1-w0-1"}
+    assert sup.state.core.fleet == fleet.initial(2), "no slot dropped"
+    assert [e.reason for e in events] == ["WorkerStays"]
