@@ -44,6 +44,8 @@ class Cause(StrEnum):
     EVICTED = "Evicted"
     PREEMPTED = "Preempted"
     HUNG = "Hung"  # its training process stopped heartbeating while its peers waited (hang.py)
+    # bound to a node, it never started within SUPERVISOR_WORKER_START_TIMEOUT_SECONDS (starts.py)
+    NOT_STARTED = "NotStarted"
 
 
 # Causes outside the script's control, free of the restart budgets and of backoff unless
@@ -52,6 +54,9 @@ class Cause(StrEnum):
 # off (a partition); a script that deadlocks keeps heartbeating, and is a stall instead.
 DISRUPTIONS = frozenset({Cause.NODE_NOT_READY, Cause.POD_FORCE_DELETED, Cause.EVICTED,
                          Cause.PREEMPTED, Cause.HUNG})
+# Causes that never use a restart budget nor wait for backoff, whatever disruptionsFree says:
+# the script never ran (a pod that never started is replaced after a bound of its own).
+NEVER_COUNTED = frozenset({Cause.NOT_STARTED})
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
@@ -64,6 +69,7 @@ class Failure:
     exit_code: int | None = None
     container: str | None = None
     detail: str = ""
+    node_fault: bool = False  # NotStarted: the kubelet's reason is its node's (starts.py)
 
 
 _NO_RESTARTS: Mapping[str, int] = {}  # shared by the pods whose containers never restarted

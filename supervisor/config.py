@@ -126,6 +126,9 @@ class Config:
     node_lease_s: float | None = None  # None: node Leases are not watched
     node_disruption_threshold: float | None = 0.55  # None: no disruption brake
     scale_out_timeout_s: float = 600.0
+    # A bound worker pod that has not started after this long is acted on (starts.py);
+    # None: never.
+    worker_start_timeout_s: float | None = 600.0
     scale_in_timeout_s: float = 60.0
     clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
     api_timeout_s: float = 30.0  # client timeout of every API call but watches
@@ -299,12 +302,13 @@ def _fraction_or_off(raw: str) -> float | None:
     return number
 
 
-def _seconds_or_auto(lo: float) -> Callable[[str], float | None]:
+def _seconds_or(word: str, lo: float) -> Callable[[str], float | None]:
+    """Seconds >= `lo`, or `word` (auto, off) for None."""
     number = _at_least(lo, "")
-    accepted = f"auto, or a number of seconds >= {lo:g}"
+    accepted = f"{word}, or a number of seconds >= {lo:g}"
 
     def parse(raw: str) -> float | None:
-        if raw.strip().lower() == "auto":
+        if raw.strip().lower() == word:
             return None
         try:
             return number(raw)
@@ -489,8 +493,9 @@ VARIABLES: tuple[Var, ...] = (
         "128-255`; every other code drops it. Default: 128-255 restart, others drop."),
     Var("FAIL_EXIT_CODES", None, "Exit codes that fail the whole job (exit 5), checked first."),
     Var("RESTART_EVENTS", None, "Causes that replace the worker, from NodeNotReady, "
-        "PodForceDeleted, PodDeleted, Evicted, Preempted, Hung; the others drop it. Default: "
-        "all."),
+        "PodForceDeleted, PodDeleted, Evicted, Preempted, Hung, NotStarted; the others drop "
+        "it, except NotStarted (a pod that never started: replaced unless a rule says "
+        "otherwise). Default: all."),
     Var("RESTART_LIMIT", "100", "Replacements allowed for the whole job."),
     Var("SLOT_RESTART_LIMIT", None, "Replacements allowed per worker slot. Default: no limit."),
     Var("BACKOFF_INITIAL_SECONDS", "1", "Wait before a slot's second replacement; doubles "
@@ -535,6 +540,17 @@ VARIABLES: tuple[Var, ...] = (
         "job; it ends by itself."),
     Var("SCALE_OUT_TIMEOUT_SECONDS", "600", "A worker added by `scale` that is not Running "
         "within this long is deleted again (rollback, Warning Event)."),
+    Var("WORKER_START_TIMEOUT_SECONDS", "600", "A worker pod bound to a node that has not "
+        "started after this long (Pending, no container running: ContainerCreating, a volume "
+        "that does not mount, an image that does not pull, a missing Secret) is acted on, with "
+        "the kubelet's reason and message in a Warning Event: replaced off its node, no "
+        "restart budget used, when the node is at fault or the pod's status does not say "
+        "(Event WorkerRestarting, cause NotStarted; at most 3 pods of a slot in a row, then "
+        "WorkerNeverStarts); only reported, after 60 s already, when the template is (an image "
+        "pull, a missing Secret or key: WorkerNotStarting, since it would fail the same on any "
+        "node). 600 is "
+        "above the cold pull of a large CUDA training image (10-20 GB at 50-100 MB/s: 2-7 "
+        "min), which shows as ContainerCreating too. At least 30; off: never."),
     Var("SCALE_IN_TIMEOUT_SECONDS", "60", "A worker removed by `scale` leaves the discovery "
         "file first; it is deleted when horovodrun's ssh clients to it are gone, or after this."),
     Var("CLEAN_POD_POLICY", "Running", "Worker pods deleted when the job ends (a terminal "
@@ -738,6 +754,7 @@ def parse_config(
     q_ttl = get("QUARANTINE_SECONDS", _seconds(0))
     scale_out = get("SCALE_OUT_TIMEOUT_SECONDS", _seconds(0))
     scale_in = get("SCALE_IN_TIMEOUT_SECONDS", _seconds(0, allow_zero=True))
+    start_bound = get("WORKER_START_TIMEOUT_SECONDS", _seconds_or("off", 30))
     clean = get("CLEAN_POD_POLICY", _enum(CleanPodPolicy, fold=False))
     api_timeout = get("API_TIMEOUT_SECONDS", _seconds_in(1, 300))
     leader_lease = get("LEADER_LEASE_SECONDS", _seconds_in(2, 3600))
@@ -746,7 +763,7 @@ def parse_config(
     worker_hook = get("WORKER_HOOK", _bool)
     heartbeat_timeout = get("HEARTBEAT_TIMEOUT_SECONDS", _at_least(1.5, "three heartbeats"))
     stall_timeout = get("STALL_TIMEOUT_SECONDS", _at_least(10, "a few steps"))
-    stuck = get("STUCK_SECONDS", _seconds_or_auto(5))
+    stuck = get("STUCK_SECONDS", _seconds_or("auto", 5))
     restart_limit = get("HOROVODRUN_RESTART_LIMIT", _int_in(0))
     template_file = get("WORKER_TEMPLATE", _abs_path)
     template = None
@@ -782,6 +799,7 @@ def parse_config(
         worker_template=template, worker_template_file=template_file, node_grace_s=node_grace,
         node_lease_s=node_lease, node_disruption_threshold=brake,
         scale_out_timeout_s=scale_out, scale_in_timeout_s=scale_in,
+        worker_start_timeout_s=start_bound,
         clean_pod_policy=clean, api_timeout_s=api_timeout, leader_lease_s=leader_lease,
         worker_hook=worker_hook, heartbeat_timeout_s=heartbeat_timeout,
         stall_timeout_s=stall_timeout, stuck_s=stuck, horovodrun_restart_limit=restart_limit,
@@ -941,6 +959,8 @@ def effective_values(cfg: Config) -> list[tuple[str, str, str]]:
         "QUARANTINE_SECONDS": cfg.quarantine_s,
         "SCALE_OUT_TIMEOUT_SECONDS": cfg.scale_out_timeout_s,
         "SCALE_IN_TIMEOUT_SECONDS": cfg.scale_in_timeout_s,
+        "WORKER_START_TIMEOUT_SECONDS": ("off" if cfg.worker_start_timeout_s is None
+                                         else cfg.worker_start_timeout_s),
         "CLEAN_POD_POLICY": cfg.clean_pod_policy.value,
         "API_TIMEOUT_SECONDS": cfg.api_timeout_s,
         "LEADER_LEASE_SECONDS": cfg.leader_lease_s,

@@ -17,6 +17,9 @@ the job to fail. In order, as the steps depend on each other:
    `horovodrun_restart_limit` times; past it the job fails (STALLED);
 3. nodes down together past the disruption threshold are held back (classify.held_nodes);
 4. the first pass, and every pass while a node is suspect, classifies every worker pod;
+4b. a worker bound to a node that has not started within the bound (starts.py) fails as
+   NotStarted when its node is at fault or its status does not say (at most starts.LIMIT
+   pods of a slot in a row), and is only said when its template is;
 5. the failed hosts that Horovod knew as this very pod are fenced and horovodrun's ssh
    clients to them killed, before anything else is done for them;
 6. plan.on_failures decides on the failures (policy, budgets, deletes, FailJob);
@@ -24,6 +27,8 @@ the job to fail. In order, as the steps depend on each other:
 7b. a worker announced to go (disruption.notice: evicted, deleted with a grace, its node
    cordoned, tainted or going bad) leaves gracefully: its slot moves to a new incarnation at
    once (no budget used), the old pod is out of the file and deleted once horovodrun let it go;
+   a cordon alone evicts nothing, so there the replacement is placed first (the slot's next
+   incarnation, ahead) and the worker leaves once it runs: with nowhere to go it trains on;
 8. plan.plan reconciles the fleet (scale, scale-in, reused addresses, expectations, creates,
    MIN_NP); its state is saved before the creates, so a restart never forgets a budget used;
    the workers' PodDisruptionBudget is kept at the desired count less one (KeepBudget).
@@ -39,12 +44,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from supervisor import admission, discovery, disruption, fleet, hang, plan, quarantine, regroup
+from supervisor import (
+    admission,
+    discovery,
+    disruption,
+    fleet,
+    hang,
+    plan,
+    quarantine,
+    regroup,
+    starts,
+)
 from supervisor.actuator import DeletePod, SaveState
 from supervisor.channel import Beat, Driver
 from supervisor.classify import (
     Cause,
     ClassifySettings,
+    Failure,
     NodeState,
     PodMemory,
     classify,
@@ -56,10 +72,10 @@ from supervisor.discovery import Rendered
 from supervisor.fleet import Fleet
 from supervisor.hang import HangSettings, Verdict
 from supervisor.model import EventSpec, ExitCode
-from supervisor.observe import EventType, Obj, node_problem
+from supervisor.observe import EventType, Obj, node_problem, pod_problem
 from supervisor.plan import Note
 from supervisor.policy import Policy
-from supervisor.workers import pod_name
+from supervisor.workers import ANNOTATION_AHEAD_OF, pod_name
 
 HUNG_NODE_AVOID_S = 300.0  # replacements prefer other nodes this long after a hang on one
 
@@ -100,6 +116,8 @@ class Settings:
     stall_timeout_s: float
     disruption: disruption.Settings = field(default_factory=disruption.Settings)
     quarantine: quarantine.Settings = field(default_factory=quarantine.Settings)
+    # seconds a bound worker may stay not started (starts.py); None: never acted on
+    start_timeout_s: float | None = None
 
     @classmethod
     def of(cls, cfg: Config) -> Settings:
@@ -109,7 +127,8 @@ class Settings:
                    cfg.stall_timeout_s,
                    disruption.Settings(cfg.node_drain_taints, cfg.node_bad_conditions),
                    quarantine.Settings(cfg.quarantine_failures, cfg.quarantine_window_s,
-                                       cfg.quarantine_s))
+                                       cfg.quarantine_s),
+                   cfg.worker_start_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -133,6 +152,10 @@ class Core:
     leaving: Mapping[str, plan.Leaving] = field(default_factory=dict)  # announced to go
     budget: int | None = None  # the PodDisruptionBudget's minAvailable last asked for
     leave_waits: frozenset[str] = frozenset()  # announced, waiting for another to join
+    # workers on a cordoned node -> their replacement placed ahead (_move_ahead); workers
+    # whose replacement failed before it ran: they stay while the cordon lasts
+    moving: Mapping[str, str] = field(default_factory=dict)
+    staying: frozenset[str] = frozenset()
     quarantine: quarantine.Quarantine = field(default_factory=quarantine.Quarantine)
     saved_quarantine: Mapping[str, float] = field(default_factory=dict)  # as last saved
     failing: tuple[int, str] | None = None  # the run ends with this code and reason
@@ -148,6 +171,11 @@ class Core:
     # announced again to Horovod; the hold-back of the pending regroup was said
     reannounced: Mapping[str, tuple[int, float]] = field(default_factory=dict)
     held_said: bool = False
+    # pods that never start (starts.py): UID -> seen bound and not started since (monotonic);
+    # slot -> its pods replaced in a row for it; UID -> what was said of it (once)
+    unstarted_since: Mapping[str, float] = field(default_factory=dict)
+    unstarted: Mapping[int, int] = field(default_factory=dict)
+    start_said: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -206,6 +234,7 @@ class CreateWorker:
     create: fleet.Create
     lost_nodes: tuple[str, ...]  # nodes down or silent: the replacement avoids them
     suspect_nodes: tuple[str, ...]  # nodes where a worker hung lately: preferred against
+    ahead_of: str | None = None  # placed ahead of this worker's move (_move_ahead)
 
 
 @dataclass(frozen=True)
@@ -303,6 +332,7 @@ def manage(c: Core, s: Seen, st: Settings) -> Pass:
                 failed.add(uid)
                 found.append(plan.Failed(f, pod, now))
         p.c = replace(p.c, failed=frozenset(failed), scanned=True)
+    found += _starts(p, s, st)
     p.c = replace(p.c, found=())
     # Only a host Horovod knew as this very pod: an IP the CNI handed to another pod before or
     # since is not this failure's to fence.
@@ -331,7 +361,7 @@ def manage(c: Core, s: Seen, st: Settings) -> Pass:
             p.c = replace(p.c, failed_at=failed_at, regroup=pending)
     _quarantine(p, s, st, found, verdict=verdict, suspects=suspects)
     if p.c.fleet is not None and p.c.failing is None:
-        _announced(p, s, st)
+        _announced(p, s, st, suspects)
         _plan_fleet(p, s, st, suspects)
     elif p.c.scale_request is not None:
         why = "the supervisor does not own the workers (SUPERVISOR_WORKER_TEMPLATE is not set)"
@@ -487,7 +517,8 @@ def quarantine_signs(found: list[plan.Failed], leaving: Mapping[str, plan.Leavin
     out = []
     for x in found:
         f = x.failure
-        kind = kinds.get(f.cause)
+        kind = (quarantine.Kind.NOT_STARTED if f.cause is Cause.NOT_STARTED and f.node_fault
+                else kinds.get(f.cause))
         if kind is None or not f.node or f.pod in stuck:
             continue
         slot = fleet.slot_of(x.pod, job)
@@ -496,6 +527,116 @@ def quarantine_signs(found: list[plan.Failed], leaving: Mapping[str, plan.Leavin
     out += [quarantine.Sign(quarantine.Kind.CONDITION, w.node, w.uid, w.slot)
             for w in leaving.values() if w.node and w.why == disruption.Why.BAD_NODE.value]
     return out
+
+
+def _starts(p: _Pass, s: Seen, st: Settings) -> list[plan.Failed]:
+    """Step 4b: the worker pods bound to a node that have not started for the bound
+    (starts.py). The node's fault, or one the pod's status does not say: a NotStarted failure
+    of its slot's current pod (the policy replaces it, off that node, no budget used), at most
+    starts.LIMIT pods of a slot in a row, then said once and left. The template's (it would
+    fail the same anywhere), or a pod the supervisor does not own: said once, never replaced."""
+    c, job, bound = p.c, st.plan.job, st.start_timeout_s
+    if bound is None:
+        return []
+    since: dict[str, float] = {}
+    said: dict[str, str] = {}
+    row = dict(c.unstarted)
+    failed = set(c.failed)
+    found: list[plan.Failed] = []
+    fl = c.fleet
+    unstarted = []  # one cheap look at every pod; the few not started are judged in order
+    for name, pod in s.pods.items():
+        if pod.get("status", {}).get("phase") == "Running":
+            if row and (at := _current(fl, pod, job)) is not None:
+                row.pop(at[0], None)  # the slot's pods do start: the row is over
+            continue
+        if (x := starts.stuck(pod)) is not None and pod["metadata"].get("uid") not in failed:
+            unstarted.append((name, pod, x))
+    for name, pod, x in sorted(unstarted, key=lambda u: u[0]):
+        uid = pod["metadata"].get("uid", "")
+        since[uid] = c.unstarted_since.get(uid, s.now)
+        waited = s.now - since[uid]
+        at = _current(fl, pod, job)
+        node = pod.get("spec", {}).get("nodeName")
+        if fl is not None and at is None:
+            # An older incarnation's pod is deleted as superseded (plan.py); one placed ahead
+            # of a cordoned worker's move is given up at the bound (_move_ahead deletes it).
+            ahead_of = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_AHEAD_OF)
+            if c.moving.get(ahead_of or "") == name and waited >= bound:
+                failed.add(uid)
+                del since[uid]
+                p.todo.append(_not_starting(name, node, x, waited, ahead_of=ahead_of))
+            continue
+        if fl is None or x.fault is starts.Fault.TEMPLATE:
+            said[uid] = c.start_said.get(uid, "")
+            if said[uid] != x.reason and waited >= min(bound, starts.SAY_AFTER_S):
+                said[uid] = x.reason
+                p.todo.append(_not_starting(name, node, x, waited, owned=fl is not None))
+            continue
+        if waited < bound:
+            continue
+        assert at is not None
+        n = row.get(at[0], 0)
+        if n >= starts.LIMIT:
+            if c.start_said.get(uid) != "limit":
+                p.todo.append(_never_starts(name, at[0], node, x, waited))
+            said[uid] = "limit"
+            continue
+        row[at[0]] = n + 1
+        failed.add(uid)
+        del since[uid]
+        whose = (f"the node's fault ({x.rule})" if x.fault is starts.Fault.NODE else
+                 "its status does not say whose fault (the kubelet's Events on the pod do: "
+                 "FailedMount, FailedCreatePodSandBox)")
+        detail = (f"not started {waited:.0f}s after it was seen bound to node {node} "
+                  f"({x.said()}); {whose}; pod {n + 1} of {starts.LIMIT} of this slot in a row "
+                  "that never started")
+        found.append(plan.Failed(Failure(Cause.NOT_STARTED, name, uid, node, detail=detail,
+                                         node_fault=x.fault is starts.Fault.NODE), pod, s.now))
+    if (since, row, said) != (c.unstarted_since, c.unstarted, c.start_said) or found:
+        p.c = replace(c, unstarted_since=since, unstarted=row, failed=frozenset(failed),
+                      start_said=said)
+    return found
+
+
+def _current(fl: Fleet | None, pod: Obj, job: str) -> tuple[int, int] | None:
+    """(slot, incarnation) of `pod` if it is the current pod of an active slot."""
+    at = fleet.slot_of(pod, job) if fl is not None else None
+    slot = fl.slots.get(at[0]) if fl is not None and at is not None else None
+    if (at is None or slot is None or slot.dropped is not None or slot.retiring_at is not None
+            or at[1] != slot.incarnation):
+        return None
+    return at
+
+
+def _not_starting(name: str, node: str | None, x: starts.Stuck, waited: float, *,
+                  owned: bool = True, ahead_of: str | None = None) -> Note:
+    """A worker that has not started, and is not replaced: said once per kubelet reason."""
+    why = (f"placed ahead of the move of {ahead_of} (its node cordoned): given up, "
+           f"{ahead_of} trains on where it is" if ahead_of is not None else
+           "the pod's template is at fault (it would fail the same on any node): not "
+           "replaced; the kubelet keeps trying, and the pod starts once what it names is "
+           "there (fix the image, the Secret or the ConfigMap)" if owned else
+           "the supervisor does not create workers (SUPERVISOR_WORKER_TEMPLATE is not set): "
+           "not replaced")
+    note = f"worker {name} on node {node} has not started after {waited:.0f}s: {x.said()}; {why}"
+    return Note("warning", "worker.not_starting", {
+        "pod": name, "node": node, "container": x.container, "reason": x.reason,
+        "message": x.message, "fault": x.fault.value, "rule": x.rule,
+        "waited_s": round(waited, 1)}, EventSpec("Warning", "WorkerNotStarting", "Report", note))
+
+
+def _never_starts(name: str, slot: int, node: str | None, x: starts.Stuck,
+                  waited: float) -> Note:
+    """The slot's pods never started starts.LIMIT times in a row: this one is left."""
+    note = (f"worker {name} (slot {slot}) on node {node} has not started after {waited:.0f}s: "
+            f"{x.said()}; {starts.LIMIT} pods of this slot in a row never started on other "
+            "nodes already, so it is not the node: left as it is, not replaced (look at the "
+            "pod's Events: kubectl describe pod)")
+    return Note("warning", "worker.never_starts", {
+        "pod": name, "slot": slot, "node": node, "container": x.container,
+        "reason": x.reason, "message": x.message, "waited_s": round(waited, 1),
+        "in_a_row": starts.LIMIT}, EventSpec("Warning", "WorkerNeverStarts", "Keep", note))
 
 
 def _quarantine(p: _Pass, s: Seen, st: Settings, found: list[plan.Failed], *,
@@ -544,11 +685,15 @@ def _quarantine(p: _Pass, s: Seen, st: Settings, found: list[plan.Failed], *,
     p.c = replace(p.c, quarantine=ch.q)
 
 
-def _announced(p: _Pass, s: Seen, st: Settings) -> None:
-    """Step 7b: the workers announced to go leave gracefully (see disruption.py)."""
+def _announced(p: _Pass, s: Seen, st: Settings, suspects: set[str]) -> None:
+    """Step 7b: the workers announced to go leave gracefully (see disruption.py); one whose
+    node is only cordoned once its replacement runs (_move_ahead)."""
     fl = p.c.fleet
     if fl is None or not st.classify.graceful_leave:
         return
+    moving: dict[str, str] = {}
+    staying: set[str] = set()
+    kept_off = _kept_off(p.c, s, st, suspects)
     leaving, failed = dict(p.c.leaving), set(p.c.failed)
     mode = st.plan.host_mode
     # Horovod needs a member of the last world to stay (it broadcasts the state from one):
@@ -568,8 +713,14 @@ def _announced(p: _Pass, s: Seen, st: Settings) -> None:
         node = pod.get("spec", {}).get("nodeName") or None
         n = disruption.notice(pod, s.nodes.get(node or ""), training_container(pod, st.classify),
                               st.disruption)
+        ahead = pod_name(st.plan.job, i, slot.incarnation + 1)
         if n is None:
+            _cancel_move(p, s, name, ahead)
             continue
+        move = _Move(i, slot.incarnation + 1, name, node, ahead, n.detail)
+        if n.why is disruption.Why.CORDONED and not _move_ahead(
+                p, s, move, kept_off=kept_off, moving=moving, staying=staying):
+            continue  # it trains on until its replacement runs
         host = discovery.host_of(pod, mode)
         if host in world and not world - gone - {host}:
             waits.add(name)  # the last member of the world: once another joined
@@ -584,27 +735,112 @@ def _announced(p: _Pass, s: Seen, st: Settings) -> None:
         failed.add(uid)
         leaving[name] = plan.Leaving(i, uid, node, s.wall, n.why.value)
         new = pod_name(st.plan.job, i, slot.incarnation + 1)
+        by = (f"its replacement {new} runs already" if n.why is disruption.Why.CORDONED
+              else f"replaced by {new} now")
         note = (f"worker {name} on {node} is announced to go ({n.why.value}: {n.detail}): out "
-                f"of the discovery file, Horovod lets it go at its next commit; replaced by "
-                f"{new} now")
+                f"of the discovery file, Horovod lets it go at its next commit; {by}")
         p.todo.append(Note("info", "worker.leaving", {
             "pod": name, "node": node, "why": n.why.value, "detail": n.detail,
             "replacement": new}, EventSpec("Normal", "WorkerLeaving", "Leave", note)))
     if fl is not p.c.fleet:
-        p.c = replace(p.c, fleet=fl, leaving=leaving, failed=frozenset(failed))
+        p.c = replace(p.c, fleet=fl, leaving=leaving, failed=p.c.failed | failed)
     if waits != p.c.leave_waits:
         p.c = replace(p.c, leave_waits=frozenset(waits))
+    if moving != p.c.moving or staying != p.c.staying:
+        p.c = replace(p.c, moving=moving, staying=frozenset(staying))
+
+
+@dataclass(frozen=True)
+class _Move:
+    """A worker on a cordoned node (slot, pod, node) and its replacement placed ahead (the
+    slot's next incarnation)."""
+
+    slot: int
+    incarnation: int  # the replacement's
+    pod: str
+    node: str | None
+    ahead: str
+    detail: str
+
+
+def _move_ahead(p: _Pass, s: Seen, m: _Move, *, kept_off: set[str], moving: dict[str, str],
+                staying: set[str]) -> bool:
+    """A cordon alone evicts nothing: the worker leaves once its replacement, the slot's next
+    incarnation placed ahead of the move (kept off the nodes that are going), runs; with
+    nowhere to go that replacement stays Pending, the job keeps its size, and it moves when
+    a node is there. A replacement that fails before it runs is deleted and the worker
+    stays while the cordon lasts (no loop). Return whether the worker leaves now."""
+    c = p.c
+    q = s.pods.get(m.ahead)
+    uid = q["metadata"].get("uid", "") if q is not None else ""
+    if q is not None and uid not in c.failed and pod_problem(q, s.nodes) is None:
+        return True
+    if m.pod in c.staying or (q is not None and (
+            uid in c.failed or q.get("status", {}).get("phase") in ("Succeeded", "Failed"))):
+        staying.add(m.pod)
+        if m.pod in c.staying:
+            return False
+        # Once, as it happens: a failed (or never started: _starts) replacement goes.
+        if q is not None and not q["metadata"].get("deletionTimestamp"):
+            p.c = replace(p.c, failed=p.c.failed | {uid})
+            p.todo.append(DeletePod(m.ahead, uid, None))
+        note = (f"worker {m.pod} on {m.node} ({m.detail}): its replacement {m.ahead} "
+                "failed or never started: deleted; the worker trains on where it is while the "
+                "cordon lasts (a cordon evicts nothing)")
+        p.todo.append(Note("warning", "worker.stays", {
+            "pod": m.pod, "node": m.node, "replacement": m.ahead}, EventSpec(
+            "Warning", "WorkerStays", "Keep", note)))
+        return False
+    moving[m.pod] = m.ahead
+    if m.pod not in c.moving:
+        note = (f"worker {m.pod} on {m.node} is announced to go ({m.detail}): a cordon evicts "
+                f"nothing, so {m.ahead} is placed first and the worker leaves once it runs; "
+                "until then it trains on (with nowhere to go, the job keeps its size)")
+        p.todo.append(Note("info", "worker.moving", {
+            "pod": m.pod, "node": m.node, "replacement": m.ahead}, EventSpec(
+            "Normal", "WorkerMoving", "Move", note)))
+    if (q is None and m.ahead not in c.expected
+            and m.ahead not in admission.waiting(c.blocked, s.now)):
+        x = fleet.Create(m.slot, m.incarnation, m.ahead, m.node)
+        p.todo.append(CreateWorker(x, tuple(sorted(kept_off)), _suspect_nodes(c, s.now),
+                                   ahead_of=m.pod))
+        p.c = replace(p.c, expected={**p.c.expected, m.ahead: s.now})
+    return False
+
+
+def _cancel_move(p: _Pass, s: Seen, name: str, ahead: str) -> None:
+    """The cordon is over before the move: the replacement placed ahead goes (ours)."""
+    q = s.pods.get(ahead)
+    if q is None or q["metadata"].get("deletionTimestamp") or (
+            uid := q["metadata"].get("uid", "")) in p.c.failed:
+        return
+    p.c = replace(p.c, failed=p.c.failed | {uid})
+    p.todo.append(DeletePod(ahead, uid, None))
+    note = (f"worker {name} is no longer announced to go (its node's cordon is over): "
+            f"{ahead}, placed ahead of its move, deleted")
+    p.todo.append(Note("info", "worker.move_cancelled", {"pod": name, "replacement": ahead},
+                       EventSpec("Normal", "WorkerMoveCancelled", "Move", note)))
+
+
+def _kept_off(c: Core, s: Seen, st: Settings, suspects: set[str]) -> set[str]:
+    """Nodes down or silent, quarantined, or announced to go: a new worker is kept off them
+    (and one kept off them is not created again while they are)."""
+    kept_off = suspects | set(c.quarantine.until)
+    if st.classify.graceful_leave:
+        kept_off |= disruption.going_nodes(s.nodes.values(), st.disruption)
+    return kept_off
+
+
+def _suspect_nodes(c: Core, now: float) -> tuple[str, ...]:
+    """Nodes where a worker hung lately: a new worker prefers others."""
+    return tuple(sorted(n for n, t in c.hung_nodes.items() if now - t < HUNG_NODE_AVOID_S))
 
 
 def _plan_fleet(p: _Pass, s: Seen, st: Settings, suspects: set[str]) -> None:
     """Step 8: the fleet's reconcile (plan.plan); the state saved before the creates."""
     c = p.c
     assert c.fleet is not None
-    # Nodes down or silent, quarantined, or announced to go: a new worker is kept off them
-    # (and one kept off them is not created again while they are).
-    kept_off = suspects | set(c.quarantine.until)
-    if st.classify.graceful_leave:
-        kept_off |= disruption.going_nodes(s.nodes.values(), st.disruption)
+    kept_off = _kept_off(c, s, st, suspects)
     out = plan.plan(plan.Picture(
         fleet=c.fleet, pods=s.pods, published=s.published or "", listed=s.listed,
         reuse_checked=c.reuse_checked, reused=c.reused, scale_request=c.scale_request,
@@ -626,8 +862,7 @@ def _plan_fleet(p: _Pass, s: Seen, st: Settings, suspects: set[str]) -> None:
         p.todo.append(KeepBudget(want))
         p.c = replace(p.c, budget=want)
     lost = tuple(sorted(kept_off))
-    suspect = tuple(sorted(n for n, t in p.c.hung_nodes.items()
-                           if s.now - t < HUNG_NODE_AVOID_S))
+    suspect = _suspect_nodes(p.c, s.now)
     # A hung pod still there after the hold: its node is kept off, required (fleet.wanted).
     p.todo += [CreateWorker(x, tuple(sorted({*lost, x.avoid_node})) if x.away and x.avoid_node
                             else lost, suspect) for x in out.creates]

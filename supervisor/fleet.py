@@ -31,7 +31,13 @@ from supervisor.policy import (
     ledger_from_dict,
     ledger_to_dict,
 )
-from supervisor.workers import LABEL_INCARNATION, LABEL_JOB, LABEL_SLOT, pod_name
+from supervisor.workers import (
+    ANNOTATION_AHEAD_OF,
+    LABEL_INCARNATION,
+    LABEL_JOB,
+    LABEL_SLOT,
+    pod_name,
+)
 
 FLEET_VERSION = 1
 SCALE_KEY = "scale.json"  # key of the scale request ConfigMap: {"workers": N}
@@ -125,9 +131,14 @@ def slot_of(pod: Obj, job: str) -> tuple[int, int] | None:
 
 def adopt(fleet: Fleet, pods: Iterable[Obj], job: str) -> Fleet:
     """Return the fleet after seeing existing pods: a slot whose pod shows a newer incarnation
-    than stored (state written by a supervisor that crashed before saving) moves up to it; a
-    slot the state does not know comes back only from a pod that is not being deleted."""
+    than stored (state written by a supervisor that crashed before saving) moves up to it,
+    unless that pod was placed ahead of a move of the slot's pod, which is still there
+    (ANNOTATION_AHEAD_OF: the move has not happened); a slot the state does not know comes
+    back only from a pod that is not being deleted."""
     slots = dict(fleet.slots)
+    pods = list(pods)
+    present = {p["metadata"]["name"] for p in pods
+               if not p.get("metadata", {}).get("deletionTimestamp")}
     for pod in pods:
         found = slot_of(pod, job)
         if found is None:
@@ -136,6 +147,10 @@ def adopt(fleet: Fleet, pods: Iterable[Obj], job: str) -> Fleet:
         current = slots.get(i)
         if current is None and pod.get("metadata", {}).get("deletionTimestamp"):
             continue  # a slot removed by a scale-in whose pod is still going: not revived
+        ahead_of = (pod.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_AHEAD_OF)
+        if (current is not None and ahead_of in present
+                and ahead_of == pod_name(job, i, current.incarnation)):
+            continue
         if current is None or inc > current.incarnation:
             slots[i] = Slot(incarnation=inc, dropped=current.dropped if current else None)
     return replace(fleet, slots=slots) if slots != fleet.slots else fleet
@@ -190,7 +205,9 @@ def on_failure(fleet: Fleet, failure: Failure, found: tuple[int, int] | None, po
         return fleet, replace(d, ledger=fleet.ledger)
     i, inc = found
     slot = fleet.slots.get(i)
-    if (slot is None or inc < slot.incarnation or slot.dropped is not None
+    # (a later incarnation than the slot's is a replacement placed ahead of a move that has
+    # not happened: core deletes it, the slot's own pod trains on)
+    if (slot is None or inc != slot.incarnation or slot.dropped is not None
             or slot.retiring_at is not None):
         return fleet, None
     d = decide(policy, failure, str(i), fleet.ledger, now)

@@ -119,10 +119,10 @@ class ClusterView:
 # often half a pod; a node's status.images can be tens of kB. Of the conditions only Ready,
 # DisruptionTarget and PodScheduled are read (type, status, reason), and of a node's also any
 # that holds (status True: a node-problem-detector condition, disruption.py); of a container
-# status its name, restart count and states (a terminated state: exit code, reason, signal); of
-# the spec's
+# status its name, restart count and states (a terminated state: exit code, reason, signal; a
+# waiting one: reason and message, for a pod that never starts); of the spec's
 # affinity only the required node affinity (the nodes a replacement was kept off, shared: most
-# workers have the template's). Timestamps, messages and image names are dropped.
+# workers have the template's). Timestamps, other messages and image names are dropped.
 _POD_KEEP = {
     "metadata": ("name", "namespace", "uid", "resourceVersion", "labels", "annotations",
                  "deletionTimestamp", "deletionGracePeriodSeconds", "ownerReferences"),
@@ -144,6 +144,8 @@ _DROP_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
 _CONDITION_TYPES = frozenset({"Ready", "DisruptionTarget", "PodScheduled"})
 _CONDITION_KEEP = ("type", "status", "reason")
 _TERMINATED_KEEP = ("exitCode", "reason", "signal")
+_WAITING_KEEP = ("reason", "message")
+_WAITING_MESSAGE_MAX = 400
 _SHARED_VALUES = {("metadata", "namespace"), ("spec", "nodeName"), ("spec", "restartPolicy"),
                   ("spec", "subdomain"), ("status", "phase"), ("status", "reason")}
 
@@ -198,6 +200,10 @@ def _state(state: Any) -> dict[str, Any]:
     for key, detail in (state or {}).items():
         if key == "terminated" and isinstance(detail, Mapping):
             out["terminated"] = {f: _one(detail[f]) for f in _TERMINATED_KEEP if f in detail}
+        elif key == "waiting" and isinstance(detail, Mapping):
+            # Why it has not started (starts.py): the reason, and the message cut short.
+            out["waiting"] = {f: _one(str(detail[f])[:_WAITING_MESSAGE_MAX])
+                              for f in _WAITING_KEEP if detail.get(f)}
         else:
             out[sys.intern(key)] = {}
     return out

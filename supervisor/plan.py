@@ -502,6 +502,10 @@ class _Deciding:
             # Its training process died but the container lives on (the driver saw it): an
             # idle pod Horovod will never use again. A graceful delete: its kubelet is fine.
             self.deletes.append(DeletePod(fl.pod, fl.uid, None))
+        elif (found is not None and fl.cause is Cause.NOT_STARTED
+              and not pod["metadata"].get("deletionTimestamp")):
+            # Nothing of it runs; its kubelet tears down what it set up (a graceful delete).
+            self.deletes.append(DeletePod(fl.pod, fl.uid, None))
         why = ("SUPERVISOR_WORKER_TEMPLATE is not set: the supervisor does not create workers"
                if self.fleet is None else "not created by this supervisor (no slot label)")
         new, d = fleet.on_failure(self.fleet or Fleet(), fl, found, self.policy, wall,
@@ -537,8 +541,9 @@ class _Deciding:
         else:
             reason, outcome = "WorkerDropped", "dropping it (Ignore)"
         slot = f" (slot {found[0]})" if found else ""
-        free = (" (a disruption: not counted)" if d.action is Action.RESTART and not d.counted
-                else "")
+        free = ("" if d.action is not Action.RESTART or d.counted else
+                " (never started: not counted)" if fl.cause is Cause.NOT_STARTED else
+                " (a disruption: not counted)")
         note = (f"worker {fl.pod}{slot} on node {fl.node or '-'}: {cause}: {fl.detail}; "
                 f"rule {d.rule!r}: {d.action.value}; {outcome}; restarts used {used}/{limit}"
                 f"{free}")

@@ -7,11 +7,12 @@ causes (exceptionalEvent "nodeNotReady,PodForceDeleted", ...) and has an action:
 (stop horovodrun, exit with the documented code). CCE's restartPolicy values ExitCode /
 OnNodeFail / OnNodeFailWithExitCode mean Restart; our `action` field says it directly.
 With no rules configured: Restart on NodeNotReady, PodForceDeleted, Evicted, Preempted,
-PodDeleted and Hung, and on exit codes 128-255; Ignore other exit codes.
+PodDeleted, Hung and NotStarted, and on exit codes 128-255; Ignore other exit codes.
 
 Budgets (the `Ledger`, a frozen value the caller persists): a job-wide restart limit, an
 optional per-slot limit, an optional sliding-window rate limit, and exponential backoff between
-replacements of the same slot. Disruptions can be made free of the budget. Time is passed in
+replacements of the same slot. Disruptions can be made free of the budget; a pod that never
+started (NotStarted) is always free: the script never ran. Time is passed in
 (wall-clock seconds, since the ledger is persisted).
 """
 
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from supervisor.classify import DISRUPTIONS, Cause, Failure
+from supervisor.classify import DISRUPTIONS, NEVER_COUNTED, Cause, Failure
 
 
 class Action(StrEnum):
@@ -106,6 +107,7 @@ DEFAULT_RULES: tuple[Rule, ...] = (
          Action.RESTART,
          causes=frozenset({Cause.NODE_NOT_READY, Cause.POD_FORCE_DELETED, Cause.EVICTED,
                            Cause.PREEMPTED, Cause.POD_DELETED, Cause.HUNG})),
+    Rule("default: never started", Action.RESTART, causes=frozenset({Cause.NOT_STARTED})),
     Rule("default: exit codes 128-255 (killed by a signal)", Action.RESTART,
          exit_codes=((128, 255),)),
     Rule("default: other exit codes", Action.IGNORE, exit_codes=((0, 127),)),
@@ -174,7 +176,8 @@ def decide(policy: Policy, f: Failure, slot: str, ledger: Ledger, now: float) ->
     if rule.action is not Action.RESTART:
         return Decision(rule.action, rule.name, ledger=ledger)
     b = policy.budgets
-    counted = not (b.disruptions_free and f.cause in DISRUPTIONS)
+    counted = f.cause not in NEVER_COUNTED and not (b.disruptions_free
+                                                    and f.cause in DISRUPTIONS)
     recent = tuple(t for t in ledger.recent if now - t < b.rate_window_s)
     used_slot = ledger.per_slot.get(slot, 0)
     refused = None
@@ -212,7 +215,9 @@ def env_rules(restart_codes: tuple[tuple[int, int], ...] | None,
     """Rules for the simple env-var form; each set variable replaces its part of the defaults.
 
     FAIL_EXIT_CODES come first. RESTART_EXIT_CODES: those codes Restart, every other code is
-    Ignored. RESTART_EVENTS: those causes Restart, every other cause is Ignored.
+    Ignored. RESTART_EVENTS: those causes Restart, every other cause is Ignored but
+    NotStarted, which keeps its default unless listed (the variable predates it, and a pod that
+    never started says nothing of the script).
     """
     rules: list[Rule] = []
     if fail_codes:
@@ -225,7 +230,8 @@ def env_rules(restart_codes: tuple[tuple[int, int], ...] | None,
     if restart_events is not None:
         rules.append(Rule("SUPERVISOR_RESTART_EVENTS", Action.RESTART, causes=restart_events))
         rules.append(Rule("SUPERVISOR_RESTART_EVENTS: other events", Action.IGNORE,
-                          causes=frozenset(EVENTS.values()) - restart_events))
+                          causes=frozenset(EVENTS.values()) - restart_events
+                          - NEVER_COUNTED))
     return tuple(rules)
 
 

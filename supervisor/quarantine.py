@@ -15,7 +15,8 @@ at 2 of 3 for the rest of the check):
   window and none with C on another node (a crash that follows the script from node to node
   is the script's). 137 and 143 (SIGKILL, SIGTERM: an operator's kill, the OOM killer, the
   kubelet) never count by themselves;
-- a worker announced to go for a node-problem-detector condition (disruption.Why.BAD_NODE).
+- a worker announced to go for a node-problem-detector condition (disruption.Why.BAD_NODE);
+- a pod that never started for a reason of its node's (NotStarted with `node_fault`: starts.py).
 Not a delete, an eviction or a preemption (someone else's decision), nor another graceful
 leave. Each worker (pod UID) counts once.
 
@@ -44,6 +45,7 @@ class Kind(StrEnum):
     HUNG = "Hung"  # a silent process: counts once its node is seen down
     EXIT = "ExitCode"  # counts with another slot's same exit there, and none elsewhere
     CONDITION = "NodeCondition"  # a worker leaving for a node-problem condition: counts
+    NOT_STARTED = "NotStarted"  # a pod that never started for its node's reason (starts.py)
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ def _read(q: Quarantine, signs: Iterable[Sign], now: float, s: Settings,
         if x.uid in seen:
             continue
         seen[x.uid] = now
-        if x.kind in (Kind.LOST, Kind.CONDITION):
+        if x.kind in (Kind.LOST, Kind.CONDITION, Kind.NOT_STARTED):
             failed.setdefault(x.node, []).append(now)
         elif x.kind is Kind.HUNG:
             hangs.setdefault(x.node, []).append(now)

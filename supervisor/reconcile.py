@@ -569,7 +569,7 @@ class Supervisor:
                 cfg.worker_template, job=cfg.job_name,  # type: ignore[arg-type]
                 slot=x.slot, incarnation=x.incarnation, owner=self.owner,
                 avoid_node=x.avoid_node, lost_nodes=list(todo.lost_nodes),
-                suspect_nodes=list(todo.suspect_nodes),
+                suspect_nodes=list(todo.suspect_nodes), ahead_of=todo.ahead_of,
                 hold_in=cfg.worker_container or cfg.worker_template[  # type: ignore[index]
                     "spec"]["containers"][0]["name"])))
         elif isinstance(todo, core.KeepBudget):
@@ -899,6 +899,15 @@ class Supervisor:
                 st.core = replace(st.core, fleet=replace(
                     fl, slots={**fl.slots, i: replace(s, dropped=why)}))
                 self.events(EventSpec("Warning", "WorkerCreateFailed", "Create", why))
+                return
+        # A replacement placed ahead of a cordoned worker's move: the worker stays instead
+        # (not created again each pass while the cordon lasts).
+        for worker, ahead in st.core.moving.items():
+            if ahead == name and worker not in st.core.staying:
+                st.core = replace(st.core, staying=st.core.staying | {worker})
+                self.events(EventSpec("Warning", "WorkerStays", "Keep",
+                                      f"{why}; worker {worker} trains on where it is while "
+                                      "its node's cordon lasts"))
                 return
 
     def _policy_changed(self, change: PolicyChanged) -> None:

@@ -21,6 +21,10 @@ LABEL_JOB = "elastic-supervisor/job"
 LABEL_ROLE = "elastic-supervisor/role"
 LABEL_SLOT = "elastic-supervisor/slot"
 LABEL_INCARNATION = "elastic-supervisor/incarnation"
+# On a replacement placed ahead of a cordoned worker's move (core._move_ahead): that worker's
+# pod name. Its slot is not at this pod's incarnation yet; a restarted supervisor must not move
+# the slot up to it (fleet.adopt) while that worker is still there.
+ANNOTATION_AHEAD_OF = "elastic-supervisor/ahead-of"
 HOSTNAME_KEY = "kubernetes.io/hostname"  # the label earlier versions kept workers off by (read)
 NODE_NAME_FIELD = "metadata.name"  # a node selector's field: the node's name, not a label
 # The worker image's entrypoint holds SIGTERM this many seconds while training processes run in
@@ -122,6 +126,7 @@ def worker_pod(
     lost_nodes: Sequence[str] = (),
     suspect_nodes: Sequence[str] = (),
     hold_in: str | None = None,
+    ahead_of: str | None = None,
 ) -> dict[str, Any]:
     """Return a new worker pod for `slot` from a validated template.
 
@@ -133,7 +138,8 @@ def worker_pod(
     `suspect_nodes` nodes where a worker hung recently (preferred away too: a silent node is
     still Ready in the API for 40-50 s, and a pod bound there would never start);
     `hold_in` the training container, which gets LEAVE_HOLD_ENV (leave_hold_s) unless the
-    template sets it.
+    template sets it; `ahead_of` the pod of a worker whose move it is placed ahead of
+    (ANNOTATION_AHEAD_OF).
     """
     meta = copy.deepcopy(dict(template["metadata"]))
     spec = copy.deepcopy(dict(template["spec"]))
@@ -145,6 +151,8 @@ def worker_pod(
                       LABEL_SLOT: str(slot), LABEL_INCARNATION: str(incarnation)}
     if owner is not None:
         meta["ownerReferences"] = [owner_reference(owner)]
+    if ahead_of is not None:
+        meta["annotations"] = {**(meta.get("annotations") or {}), ANNOTATION_AHEAD_OF: ahead_of}
     avoid = {*([avoid_node] if avoid_node else []), *suspect_nodes}
     if avoid:
         affinity = spec.setdefault("affinity", {})

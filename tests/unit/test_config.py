@@ -92,6 +92,7 @@ def test_every_variable_set_explicitly() -> None:
         "SUPERVISOR_NODE_GRACE_SECONDS": "0", "SUPERVISOR_NODE_LEASE_SECONDS": "5",
         "SUPERVISOR_NODE_DISRUPTION_THRESHOLD": "off",
         "SUPERVISOR_SCALE_OUT_TIMEOUT_SECONDS": "120", "SUPERVISOR_SCALE_IN_TIMEOUT_SECONDS": "0",
+        "SUPERVISOR_WORKER_START_TIMEOUT_SECONDS": "off",
         "SUPERVISOR_CLEAN_POD_POLICY": "All", "SUPERVISOR_API_TIMEOUT_SECONDS": "10",
         "SUPERVISOR_LEADER_LEASE_SECONDS": "30",
         "SUPERVISOR_WORKER_HOOK": "false", "SUPERVISOR_HEARTBEAT_TIMEOUT_SECONDS": "2.5",
@@ -114,6 +115,7 @@ def test_every_variable_set_explicitly() -> None:
     assert cfg.worker_template is not None and cfg.node_grace_s == 0.0
     assert cfg.node_disruption_threshold is None
     assert (cfg.node_lease_s, cfg.scale_out_timeout_s, cfg.scale_in_timeout_s) == (5, 120, 0)
+    assert cfg.worker_start_timeout_s is None
     assert (cfg.clean_pod_policy, cfg.api_timeout_s, cfg.leader_lease_s) == (
         CleanPodPolicy.ALL, 10, 30)
     assert (cfg.worker_hook, cfg.heartbeat_timeout_s, cfg.stall_timeout_s,
@@ -221,8 +223,8 @@ BAD = [
     ("SUPERVISOR_FAIL_EXIT_CODES", "1;2", "SUPERVISOR_FAIL_EXIT_CODES='1;2': expected exit codes"
      " like '137,143,128-255' ('1;2' is not N or N-M)"),
     ("SUPERVISOR_RESTART_EVENTS", "NodeLost", "SUPERVISOR_RESTART_EVENTS='NodeLost': expected "
-     "comma-separated events ('NodeLost' is not one of Evicted|Hung|NodeNotReady|PodDeleted|"
-     "PodForceDeleted|Preempted)"),
+     "comma-separated events ('NodeLost' is not one of Evicted|Hung|NodeNotReady|NotStarted|"
+     "PodDeleted|PodForceDeleted|Preempted)"),
     ("SUPERVISOR_RESTART_LIMIT", "-1", "SUPERVISOR_RESTART_LIMIT='-1': expected an integer >= 0"),
     ("SUPERVISOR_SLOT_RESTART_LIMIT", "many", "SUPERVISOR_SLOT_RESTART_LIMIT='many': expected "
      "an integer >= 0"),
@@ -259,6 +261,8 @@ BAD = [
      "number of seconds >= 5"),
     ("SUPERVISOR_STUCK_SECONDS", "never", "SUPERVISOR_STUCK_SECONDS='never': expected auto, "
      "or a number of seconds >= 5"),
+    ("SUPERVISOR_WORKER_START_TIMEOUT_SECONDS", "10", "SUPERVISOR_WORKER_START_TIMEOUT_SECONDS="
+     "'10': expected off, or a number of seconds >= 30"),
     ("SUPERVISOR_HOROVODRUN_RESTART_LIMIT", "-1", "SUPERVISOR_HOROVODRUN_RESTART_LIMIT='-1': "
      "expected an integer >= 0"),
     ("SUPERVISOR_QUARANTINE_FAILURES", "-1", "SUPERVISOR_QUARANTINE_FAILURES='-1': expected an "

@@ -402,6 +402,14 @@ def cordon(name: str) -> dict[str, Any]:
     return n
 
 
+def drained(name: str) -> dict[str, Any]:
+    """A node the cluster autoscaler is taking away (its taint): its workers leave at once."""
+    n = shapes.node(name)
+    n["spec"]["taints"] = [{"key": "ToBeDeletedByClusterAutoscaler", "value": "1700000000",
+                            "effect": "NoSchedule"}]
+    return n
+
+
 def evicted(p: dict[str, Any]) -> dict[str, Any]:
     """`p` as the Eviction API leaves it: DisruptionTarget, deleted with its grace (30 s)."""
     p = copy.deepcopy(p)
@@ -413,8 +421,8 @@ def evicted(p: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("pods", "nodes", "why", "away"), [
-    pytest.param(PODS, {**NODES, "node-0": cordon("node-0")}, "NodeCordoned", ("node-0",),
-                 id="its node cordoned"),
+    pytest.param(PODS, {**NODES, "node-0": drained("node-0")}, "NodeTainted", ("node-0",),
+                 id="its node taken away by the autoscaler"),
     pytest.param({**PODS, pod_name(JOB, 0, 1): evicted(W0)}, NODES, "Evicted", (),
                  id="evicted"),
 ])
@@ -441,19 +449,19 @@ def test_an_announced_worker_leaves_gracefully_and_is_replaced_at_once(
     # The same picture again: nothing new (level-triggered).
     assert script(manage(c, seen(pods, nodes=nodes), LEAVING)) == []
     # Without the graceful leave (the supervisor does not own the workers' entrypoint): a
-    # cordon is nothing, and an eviction is a failure found on its watch event (classify).
+    # taint is nothing, and an eviction is a failure found on its watch event (classify).
     assert script(manage(STEADY, seen(pods, nodes=nodes), S)) == []
 
 
 @pytest.mark.parametrize(("pods", "deleted"), [
-    pytest.param(PODS, True, id="its node cordoned: the supervisor deletes it"),
+    pytest.param(PODS, True, id="its node tainted to go: the supervisor deletes it"),
     pytest.param({**PODS, pod_name(JOB, 0, 1): evicted(W0)}, False,
                  id="evicted: being deleted already, its entrypoint ends by itself"),
 ])
 def test_a_leaving_worker_goes_once_horovodrun_let_it_go(pods: dict[str, Any],
                                                           deleted: bool) -> None:
     w0 = pod_name(JOB, 0, 1)
-    nodes = {**NODES, "node-0": cordon("node-0")}
+    nodes = {**NODES, "node-0": drained("node-0")}
     first = manage(KEPT, seen(pods, nodes=nodes), LEAVING).core
     out_of_file = f"{ip(1)}:1\n"
     # Still listed, or its ssh clients not counted yet, or still running: it stays.
@@ -477,7 +485,7 @@ def test_a_leaving_worker_goes_once_horovodrun_let_it_go(pods: dict[str, Any],
 
 
 def test_a_leaving_pod_that_is_gone_is_forgotten() -> None:
-    nodes = {**NODES, "node-0": cordon("node-0")}
+    nodes = {**NODES, "node-0": drained("node-0")}
     first = manage(KEPT, seen(PODS, nodes=nodes), LEAVING).core
     gone = {pod_name(JOB, 1, 1): W1}
     p = manage(first, seen(gone, nodes=nodes), LEAVING)
@@ -486,9 +494,10 @@ def test_a_leaving_pod_that_is_gone_is_forgotten() -> None:
 
 
 def test_the_last_member_of_the_world_leaves_only_once_another_joined() -> None:
-    """Both workers announced at once (their nodes cordoned): Horovod broadcasts the state from
-    a member of the last world, so one stays until a replacement is in the driver's world."""
-    nodes = {"node-0": cordon("node-0"), "node-1": cordon("node-1")}
+    """Both workers announced at once (their nodes taken away): Horovod broadcasts the state
+    from a member of the last world, so one stays until a replacement is in the driver's
+    world."""
+    nodes = {"node-0": drained("node-0"), "node-1": drained("node-1")}
     w0, w1 = pod_name(JOB, 0, 1), pod_name(JOB, 1, 1)
     p = manage(KEPT, seen(PODS, nodes=nodes), LEAVING)
     assert script(p) == [("say", "worker.leaving"), ("say", "worker.leave_waits"), ("save",),

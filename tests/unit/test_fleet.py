@@ -172,6 +172,23 @@ def test_renew_replaces_a_slots_pod_without_using_budget() -> None:
     assert fleet.renew(f, 7, 1, now=60.0) is f
 
 
+def test_adoption_keeps_a_slot_below_a_replacement_placed_ahead_of_a_move() -> None:
+    """A cordoned worker's replacement placed ahead (core._move_ahead) is no crash-before-save:
+    while that worker is there, its slot stays; once it is gone or going, the slot moves up."""
+    def named(inc: int, **meta: object) -> dict:
+        p = pod(0, inc)
+        p["metadata"].update(name=pod_name(JOB, 0, inc), **meta)
+        return p
+
+    f = fleet.initial(1)
+    worker = named(1)
+    ahead = named(2, annotations={"elastic-supervisor/ahead-of": pod_name(JOB, 0, 1)})
+    assert fleet.adopt(f, [worker, ahead], JOB) is f
+    assert fleet.adopt(f, [ahead], JOB).slots[0] == Slot(incarnation=2)
+    going = named(1, deletionTimestamp="2026-11-28T14:00:00Z")
+    assert fleet.adopt(f, [going, ahead], JOB).slots[0] == Slot(incarnation=2)
+
+
 def test_adoption_never_revives_a_slot_removed_by_a_scale_in_whose_pod_is_going() -> None:
     f = fleet.initial(2)
     going = {"metadata": {"name": "job1-w2-1", "deletionTimestamp": "2026-11-23T10:00:00Z",

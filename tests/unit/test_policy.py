@@ -16,6 +16,7 @@ from supervisor.policy import (
     Policy,
     PolicyError,
     decide,
+    env_rules,
     ledger_from_dict,
     ledger_to_dict,
     match,
@@ -107,7 +108,7 @@ BAD = [
     ({"faultTolerantPolicy": [{"exitCodes": "1", "action": "Ignore"},
                               {"exceptionalEvent": "diskFull", "action": "Restart"}]},
      "faultTolerantPolicy[1].exceptionalEvent: 'diskFull' is not one of Evicted|Hung|"
-     "NodeNotReady|PodDeleted|PodForceDeleted|Preempted"),
+     "NodeNotReady|NotStarted|PodDeleted|PodForceDeleted|Preempted"),
     ({"faultTolerantPolicy": [{"exitCodes": "1"}]},
      "faultTolerantPolicy[0]: expected action (Restart|Ignore|FailJob) or restartPolicy"),
     ({"faultTolerantPolicy": [{"exitCodes": "1", "action": "Retry"}]},
@@ -255,6 +256,27 @@ def test_disruptions_are_free_by_default_and_have_no_backoff() -> None:
     counted = Policy(budgets=Budgets(restart_limit=1, disruptions_free=False))
     assert run(counted, [(0, "s0", failure(Cause.HUNG)), (1, "s1", failure(Cause.EVICTED))])[
         1] == (Action.IGNORE, 0.0, "restart limit 1 reached")
+
+
+def test_a_pod_that_never_started_is_replaced_free_even_where_disruptions_count() -> None:
+    """The script never ran: no budget, no backoff, whatever disruptionsFree says."""
+    counted = Policy(budgets=Budgets(restart_limit=1, disruptions_free=False,
+                                     backoff_initial_s=5))
+    got = run(counted, [(0, "s0", failure()), (1, "s0", failure(Cause.NOT_STARTED)),
+                        (2, "s0", failure(Cause.NOT_STARTED))])
+    assert got[1:] == [(Action.RESTART, 0.0, None)] * 2
+    assert match((), failure(Cause.NOT_STARTED)).name == "default: never started"
+
+
+def test_restart_events_that_predate_not_started_keep_its_default() -> None:
+    """SUPERVISOR_RESTART_EVENTS=NodeNotReady drops the other listed causes, not a pod that
+    never started (the script never ran); listing it, or a file rule, decides otherwise."""
+    rules = env_rules(None, None, frozenset({Cause.NODE_NOT_READY}))
+    assert match(rules, failure(Cause.EVICTED)).action is Action.IGNORE
+    assert match(rules, failure(Cause.NOT_STARTED)).name == "default: never started"
+    doc = {"faultTolerantPolicy": [{"exceptionalEvent": "notStarted", "action": "FailJob"}]}
+    assert match(policy_from_document(doc).rules,
+                 failure(Cause.NOT_STARTED)).action is Action.FAIL_JOB
 
 
 SHIPPED = Path(__file__).parents[2] / "manifests" / "base" / "files" / "policy.yaml"

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from supervisor.workers import (
+    ANNOTATION_AHEAD_OF,
     LABEL_INCARNATION,
     LABEL_SLOT,
     TemplateError,
@@ -202,3 +203,11 @@ def test_the_training_container_gets_the_leave_hold(grace: int | None, env: list
     assert "env" not in helper
     assert "env" not in worker_pod(validate_template(TEMPLATE, SELECTOR), job="bert", slot=0,
                                    incarnation=1, owner=None)["spec"]["containers"][0]
+
+
+def test_a_replacement_placed_ahead_of_a_move_names_the_worker_it_replaces() -> None:
+    t = validate_template(TEMPLATE, SELECTOR)
+    pod = worker_pod(t, job="bert", slot=0, incarnation=2, owner=None, ahead_of="bert-w0-1")
+    assert pod["metadata"]["annotations"] == {ANNOTATION_AHEAD_OF: "bert-w0-1"}
+    assert "annotations" not in worker_pod(t, job="bert", slot=0, incarnation=2,
+                                           owner=None)["metadata"]

@@ -3,6 +3,10 @@
 pod_running_ready / node_ready: a worker pod with the status a kubelet writes and its Ready
 node; node_unreachable: the same node after the node-lifecycle controller saw its Lease expire;
 pod_deleting_graceful: the pod right after a graceful delete (deletionTimestamp, grace 30).
+pod_container_creating: a worker bound to its node that has not started (Pending,
+ContainerCreating); pod_waiting_reasons: the kubelet's container statuses of pods that never
+start (image pulls, missing Secrets, the node authorizer after a kube-apiserver restart),
+written from the kubelet's own texts, not captured: the local control plane has no kubelet.
 h200_stuck_work*.jsonl.gz: the hook's datagrams from CUDA processes on an H200, one rank stuck
 in a GPU kernel at a time (scripts/gpu_stuck_record.py; tests/unit/test_stuck_gpu.py).
 """
@@ -51,3 +55,16 @@ def node(name: str = "node-a", shape: str = "node_ready") -> dict[str, Any]:
     n = load(shape)
     n["metadata"]["name"] = name
     return n
+
+
+def not_started(variant: str, name: str = "job1-w0-1", node: str = "node-a") -> dict[str, Any]:
+    """A bound, Pending worker pod (pod_container_creating) with the kubelet's container
+    statuses of `variant` (a key of pod_waiting_reasons)."""
+    p = load("pod_container_creating")
+    p["metadata"]["name"] = name
+    p["metadata"]["uid"] = f"uid-{name}"
+    p["spec"]["nodeName"] = node
+    statuses = load("pod_waiting_reasons")[variant]
+    p["status"].pop("containerStatuses", None)
+    p["status"].update(copy.deepcopy(statuses))
+    return p
