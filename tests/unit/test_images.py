@@ -22,9 +22,11 @@ import hashlib
 import io
 import json
 import re
+import socket
 import subprocess
 import sys
 import tarfile
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -803,3 +805,30 @@ def test_dockerd_leaves_the_hosts_network_alone() -> None:
 ], ids=["official", "docker hub user", "localhost", "a registry"])
 def test_the_reference_containerd_stores(name: str, ref: str) -> None:
     assert images.containerd_ref(name) == ref
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_wheelhouse_server_serves_the_tensorflow_wheelhouse_under_its_mount(
+        tmp_path: Path) -> None:
+    # Both wheelhouses hold a Horovod wheel of the same file name: each build must see its own.
+    wheel = "horovod-0.28.1-cp311-cp311-linux_x86_64.whl"
+    torch, tf = tmp_path / "torch", tmp_path / "tf"
+    for directory in (torch, tf):
+        directory.mkdir()
+        (directory / wheel).write_text(directory.name)
+    (tf / "tensorflow_cpu-2.15.1-cp311-cp311-manylinux_2_17_x86_64.whl").write_text("")
+    port = free_port()
+    assert images.wheelhouse_url(port, images.TF_WHEELHOUSE_PATH) == f"http://127.0.0.1:{port}/tf/"
+    with images.WheelhouseServer(torch, port, {images.TF_WHEELHOUSE_PATH: tf}) as server:
+        def get(path: str) -> str:
+            with urllib.request.urlopen(f"{images.wheelhouse_url(port)}{path}", timeout=10) as r:
+                return r.read().decode()
+        assert get(wheel) == "torch"
+        assert get(f"tf/{wheel}") == "tf"
+        assert "tensorflow_cpu" in get("tf/") and "tensorflow_cpu" not in get("")
+    assert server.served == [f"/{wheel}", f"/tf/{wheel}", "/tf/", "/"]
