@@ -44,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="node-monitor grace period in seconds (default 20; the kubelets renew "
                          "their Leases every 10 s)")
     up.add_argument("--images", action="store_true",
-                    help="also give every node the launcher, worker, trainer and sidecar "
-                         "images (built and stored once, cached: localcluster/nodestore.py)")
+                    help="also give every node the launcher, worker, trainer, sidecar and "
+                         "TensorFlow trainer images (built and stored once, cached: "
+                         "localcluster/nodestore.py)")
     up.add_argument("--keep", action="store_true", help="keep the work directory on exit")
     sub.add_parser("demo", help="run the main job with scripted faults (make demo)")
     sub.add_parser("images", help="build the images and the nodes' image store (cached), print "

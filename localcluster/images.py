@@ -2,10 +2,10 @@
 that `ctr -n k8s.io images import` loads into a node's containerd.
 
 `build(Settings())` returns image name -> tarball path for the launcher, the worker, the
-native-sidecar mode's sidecar and trainer, and the pause image (`python -m localcluster images`,
-`make images`). Everything is cached under `$ES_CACHE` (~/.cache/elastic-supervisor) and keyed
-by its inputs, so a warm machine returns at once, even from a clean clone, without starting
-anything:
+native-sidecar mode's sidecar and trainer, the TensorFlow trainer, and the pause image
+(`python -m localcluster images`, `make images`). Everything is cached under `$ES_CACHE`
+(~/.cache/elastic-supervisor) and keyed by its inputs, so a warm machine returns at once, even
+from a clean clone, without starting anything:
 - base/: Debian bookworm made with `debootstrap --variant=minbase` through apt's configured
   Debian source (python3, python3-venv, ca-certificates), a rootfs tarball keyed by its recipe;
   `docker import`ed as elastic-supervisor-base:bookworm, the Dockerfiles' PYTHON_IMAGE.
@@ -13,15 +13,18 @@ anything:
   numpy, Horovod's and the supervisor's dependencies) downloaded once with pip, plus the Horovod
   wheel `make setup` built (never compiled again). Builds get it from a loopback HTTP server
   (pip's PIP_FIND_LINKS, PIP_NO_INDEX=1): pip in a build never reaches PyPI.
+- wheelhouse-tf/: the same for the TensorFlow trainer (tensorflow-cpu, its dependencies, and the
+  Horovod wheel built against it by scripts/build-tf-env.sh): a directory of its own, since both
+  Horovod wheels have one file name; served under /tf/ by the same server.
 - docker/: the data root of a dockerd that runs only while images are built, on its own socket
   and exec root, with no bridge, no iptables rules, no ip_forward change (`DockerDaemon`).
-- images/: one `docker save` archive of the launcher, worker, trainer and sidecar (their shared
-  layers once) named by their tags and image IDs, the pause image (a static C program,
-  `pause.c`, written as a docker-save archive with tarfile), and an index from the inputs' key
-  to them. A build checks what the images are made of before it saves them: the launcher and
-  the trainer start with the training stage's layers, the worker with the trainer's; the
-  trainer holds nothing of the supervisor, the sidecar no training stack (`docker run` of a
-  probe in each).
+- images/: one `docker save` archive of the launcher, worker, trainer, sidecar and TensorFlow
+  trainer (their shared layers once) named by their tags and image IDs, the pause image (a
+  static C program, `pause.c`, written as a docker-save archive with tarfile), and an index
+  from the inputs' key to them. A build checks what the images are made of before it saves
+  them: the launcher and the trainer start with the training stage's layers, the worker with
+  the trainer's, the TensorFlow trainer with the base image's; neither trainer holds anything
+  of the supervisor, the sidecar no training stack (`docker run` of a probe in each).
 
 Never touches a node: importing the tarballs is the local cluster's job.
 """
@@ -61,7 +64,7 @@ BASE_IMAGE = "elastic-supervisor-base:bookworm"
 HOROVOD_VERSION = "0.28.1"
 # Bump when the way an artefact is made changes in a way its inputs do not show.
 BASE_RECIPE_VERSION = 1
-IMAGES_RECIPE_VERSION = 2
+IMAGES_RECIPE_VERSION = 3  # 3: the archive holds the TensorFlow trainer
 RECIPE_LABEL = "org.elastic-supervisor.recipe"
 # File names of this module's artefacts in $ES_CACHE/images (shared with other image makers):
 # only files with these prefixes are ever removed.
@@ -76,6 +79,12 @@ PATH_ENV = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LAUNCHER_DOCKERFILE = "launcher_image/Dockerfile"
 WORKER_DOCKERFILE = "worker_image/Dockerfile"
 SIDECAR_DOCKERFILE = "sidecar_image/Dockerfile"
+TRAINER_TF_DOCKERFILE = "trainer_tf_image/Dockerfile"
+# The TensorFlow pin lives in the script that makes the hook tests' TensorFlow environment (and
+# the Horovod wheel built against it): the image installs the very same version.
+TF_ENV_SCRIPT = "scripts/build-tf-env.sh"
+# Where the server mounts the TensorFlow wheelhouse, below the wheelhouse's own URL.
+TF_WHEELHOUSE_PATH = "tf"
 
 Log = Callable[[str], None]
 
@@ -130,6 +139,8 @@ class Names:
     trainer: str  # the worker Dockerfile's `trainer` stage: nothing of the supervisor
     training: str  # the launcher Dockerfile's `training` stage, the trainer's FROM
     pause: str
+    # trainer_tf_image/Dockerfile: TensorFlow + Horovod on the base image, nothing of ours
+    trainer_tf: str
     base: str = BASE_IMAGE
 
 
@@ -148,7 +159,8 @@ def image_names(version: str) -> Names:
                  sidecar=f"elastic-supervisor-sidecar:{version}",
                  trainer=f"elastic-supervisor-trainer:{version}",
                  training=f"elastic-supervisor-training:{version}",
-                 pause=f"localhost/elastic-supervisor-pause:{PAUSE_VERSION}")
+                 pause=f"localhost/elastic-supervisor-pause:{PAUSE_VERSION}",
+                 trainer_tf=f"elastic-supervisor-trainer-tf:{version}")
 
 
 def containerd_ref(name: str) -> str:
@@ -230,10 +242,10 @@ def tree_digest(root: Path, files: Iterable[str]) -> str:
     return h.hexdigest()
 
 
-def wheelhouse_url(port: int) -> str:
-    """Return the find-links URL builds get the wheelhouse from (the build runs on the host's
-    network, so loopback is the host's)."""
-    return f"http://127.0.0.1:{port}/"
+def wheelhouse_url(port: int, mount: str = "") -> str:
+    """Return the find-links URL builds get the wheelhouse from, or the one the server mounts
+    at `mount` (the build runs on the host's network, so loopback is the host's)."""
+    return f"http://127.0.0.1:{port}/{mount}{'/' if mount else ''}"
 
 
 def build_args(*, base_image: str, torch_version: str, wheelhouse: str | None,
@@ -246,6 +258,16 @@ def build_args(*, base_image: str, torch_version: str, wheelhouse: str | None,
         args |= {"PIP_FIND_LINKS": wheelhouse, "PIP_NO_INDEX": "1"}
     if training_image is not None:
         args["TRAINING_IMAGE"] = training_image
+    return args
+
+
+def tf_build_args(*, base_image: str, tf_version: str, wheelhouse: str | None) -> dict[str, str]:
+    """Return the --build-arg values of the TensorFlow trainer: the local base image, the
+    TensorFlow pin and its wheelhouse (pip's PIP_FIND_LINKS with PIP_NO_INDEX, or PyPI when
+    None, where the build compiles Horovod)."""
+    args = {"PYTHON_IMAGE": base_image, "TF_VERSION": tf_version}
+    if wheelhouse is not None:
+        args |= {"PIP_FIND_LINKS": wheelhouse, "PIP_NO_INDEX": "1"}
     return args
 
 
@@ -276,19 +298,22 @@ class BuildStep:
                                  target=self.target)
 
 
-def build_steps(names: Names, args: dict[str, str]) -> list[BuildStep]:
-    """Return the builds, in order, given the launcher's build args (build_args): the training
-    stage, the launcher on it; the trainer and then the worker from the worker Dockerfile on the
-    training image (the worker's build takes its `trainer` stage from the cache: it starts with
-    the trainer's layers); the sidecar on the base image alone (no torch version, no training
-    image: it has neither)."""
+def build_steps(names: Names, args: dict[str, str],
+                tf_args: dict[str, str]) -> list[BuildStep]:
+    """Return the builds, in order, given the launcher's build args (build_args) and the
+    TensorFlow trainer's (tf_build_args): the training stage, the launcher on it; the trainer
+    and then the worker from the worker Dockerfile on the training image (the worker's build
+    takes its `trainer` stage from the cache: it starts with the trainer's layers); the sidecar
+    on the base image alone (no torch version, no training image: it has neither); last the
+    TensorFlow trainer, on the base image alone."""
     on_training = {"TRAINING_IMAGE": names.training}
     sidecar = {k: v for k, v in args.items() if k not in ("TORCH_VERSION", "TORCH_INDEX_URL")}
     return [BuildStep(names.training, LAUNCHER_DOCKERFILE, "training", args),
             BuildStep(names.launcher, LAUNCHER_DOCKERFILE, None, args),
             BuildStep(names.trainer, WORKER_DOCKERFILE, "trainer", on_training),
             BuildStep(names.worker, WORKER_DOCKERFILE, None, on_training),
-            BuildStep(names.sidecar, SIDECAR_DOCKERFILE, None, sidecar)]
+            BuildStep(names.sidecar, SIDECAR_DOCKERFILE, None, sidecar),
+            BuildStep(names.trainer_tf, TRAINER_TF_DOCKERFILE, None, tf_args)]
 
 
 def layer_problems(names: Names, layers: dict[str, list[str]]) -> list[str]:
@@ -298,7 +323,7 @@ def layer_problems(names: Names, layers: dict[str, list[str]]) -> list[str]:
     holds any layer of the training stack."""
     found = []
     for image, under in ((names.launcher, names.training), (names.trainer, names.training),
-                         (names.worker, names.trainer)):
+                         (names.worker, names.trainer), (names.trainer_tf, names.base)):
         shared = layers[under]
         if layers[image][: len(shared)] != shared:
             found.append(f"{image} does not start with the layers of {under}: a node would "
@@ -321,14 +346,16 @@ class Forbidden:
 
 
 def forbidden(names: Names) -> dict[str, Forbidden]:
-    """Return, by image, what it must not hold: the trainer nothing of the supervisor (the
+    """Return, by image, what it must not hold: either trainer nothing of the supervisor (the
     native-sidecar mode's promise: a training image without elastic-supervisor, its hook
     included), the sidecar no training stack and no ssh (ssh-keygen and sshd stand for OpenSSH's
     packages: a file named `ssh` is also apt's ssh method in any Debian image)."""
+    ours = Forbidden(modules=("supervisor", "elastic_supervisor_hook"),
+                     distributions=("elastic-supervisor",),
+                     files=("elastic_supervisor_hook", "elastic-supervisor"))
     return {
-        names.trainer: Forbidden(modules=("supervisor", "elastic_supervisor_hook"),
-                                 distributions=("elastic-supervisor",),
-                                 files=("elastic_supervisor_hook", "elastic-supervisor")),
+        names.trainer: ours,
+        names.trainer_tf: ours,
         names.sidecar: Forbidden(modules=("torch", "horovod"),
                                  distributions=("torch", "horovod"),
                                  files=("horovodrun", "ssh-keygen", "sshd")),
@@ -377,6 +404,21 @@ def torch_pin(pyproject_text: str) -> str:
     if m is None:
         raise ImagesError("pyproject.toml: no \"torch==VERSION\" pin in the train extra")
     return m[1]
+
+
+def tf_pin(script_text: str) -> str:
+    """Return the TensorFlow version scripts/build-tf-env.sh installs (its TF_VERSION default)."""
+    m = re.search(r"^TF_VERSION=\$\{TF_VERSION:-([^}]+)\}$", script_text, re.M)
+    if m is None:
+        raise ImagesError(f"{TF_ENV_SCRIPT}: no TF_VERSION=${{TF_VERSION:-VERSION}} line")
+    return m[1]
+
+
+def tf_wheelhouse_requirements(tf_version: str) -> list[str]:
+    """Return what the TensorFlow wheelhouse must hold, as pip requirements: what
+    trainer_tf_image/build-venv.sh installs from it (Horovod apart: its wheel is added as a
+    file). No build requirements: nothing is compiled from a wheelhouse."""
+    return [f"tensorflow-cpu=={tf_version}", "cloudpickle", "packaging", "psutil", "pyyaml"]
 
 
 def project_dependencies(pyproject_text: str) -> list[str]:
@@ -707,17 +749,47 @@ def horovod_wheel(settings: Settings, log: Log) -> Path:
     return wheel
 
 
+def horovod_tf_wheel(settings: Settings, tf_version: str, log: Log) -> Path:
+    """Return the Horovod wheel built against tensorflow-cpu `tf_version` (scripts/build-tf-env.sh
+    builds it with the TensorFlow environment of the hook's tests, $ES_CACHE/tf-venv). When
+    warm, found where scripts/build-horovod.sh caches it, without importing TensorFlow; else
+    that environment is made (or checked: it is kept when ready) and the script asked."""
+    pytag = _run([str(settings.python), "-c",
+                  "import sys; print('cp%d%d' % sys.version_info[:2])"],
+                 what="python tag").stdout.strip()
+    cached = settings.cache / "wheels" / f"horovod-{HOROVOD_VERSION}-tf{tf_version}-{pytag}"
+    found = sorted(cached.glob("horovod-*.whl"))
+    if found:
+        log(f"horovod wheel (TensorFlow {tf_version}): {found[0]}")
+        return found[0]
+    env = {**os.environ, "ES_CACHE": str(settings.cache), "TF_VERSION": tf_version}
+    venv = settings.cache / "tf-venv"
+    log(f"the TensorFlow environment and its Horovod wheel: {TF_ENV_SCRIPT} {venv} "
+        "(~4 min cold)")
+    _run([str(settings.root / TF_ENV_SCRIPT), str(venv)], what=TF_ENV_SCRIPT, timeout=3600,
+         env=env)
+    done = _run([str(settings.root / "scripts" / "build-horovod.sh"), str(venv / "bin" / "python"),
+                 "tensorflow"], what="scripts/build-horovod.sh (tensorflow)", timeout=3600,
+                env=env)
+    wheel = Path(done.stdout.strip().splitlines()[-1])
+    if not wheel.is_file():
+        raise ImagesError(f"scripts/build-horovod.sh printed {wheel}, which is not a file")
+    log(f"horovod wheel (TensorFlow {tf_version}): {wheel}")
+    return wheel
+
+
 def build_wheelhouse(settings: Settings, requirements: list[str], horovod: Path,
-                     log: Log) -> Path:
-    """Return the wheelhouse directory for these requirements and Horovod wheel, downloading
-    what it lacks with pip (binary wheels for this Python; a previous wheelhouse's files are
-    hard-linked in first, so a changed requirement downloads only what changed)."""
+                     log: Log, *, directory: str = "wheelhouse") -> Path:
+    """Return the wheelhouse for these requirements and Horovod wheel, a directory under
+    $ES_CACHE/`directory`, downloading what it lacks with pip (binary wheels for this Python; a
+    previous wheelhouse's files there are hard-linked in first, so a changed requirement
+    downloads only what changed). Older wheelhouses under `directory` are removed."""
     tag = _run([str(settings.python), "-c",
                 "import sys, sysconfig; print(f'cp{sys.version_info[0]}{sys.version_info[1]}-'"
                 " + sysconfig.get_platform())"], what="python tag").stdout.strip()
     key = digest(requirements, horovod.name, hashlib.sha256(horovod.read_bytes()).hexdigest(),
                  tag)[:16]
-    parent = settings.cache / "wheelhouse"
+    parent = settings.cache / directory
     dest = parent / key
     if (dest / ".complete").exists():
         log(f"wheelhouse cached: {dest}")
@@ -732,8 +804,8 @@ def build_wheelhouse(settings: Settings, requirements: list[str], horovod: Path,
                     os.link(wheel, partial / wheel.name)
     (partial / "requirements.txt").write_text("\n".join(requirements) + "\n")
     shutil.copy2(horovod, partial / horovod.name)
-    log(f"pip download into the wheelhouse ({len(requirements)} requirements + Horovod; "
-        "torch and its CUDA libraries are ~3 GB the first time)")
+    log(f"pip download into {directory} ({len(requirements)} requirements + Horovod; "
+        "torch and its CUDA libraries are ~3 GB the first time, TensorFlow ~0.4 GB)")
     env = {k: v for k, v in os.environ.items() if k != "PIP_FIND_LINKS"}
     _run([str(settings.python), "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
           "--only-binary=:all:", "-d", str(partial), "--find-links", str(partial),
@@ -758,12 +830,29 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         self.served.append(self.path)
 
 
+class _MountingHandler(_QuietHandler):
+    mounts: dict[str, Path]
+
+    def translate_path(self, path: str) -> str:
+        # /<mount>/rest is rest in that mount's directory; anything else is the main directory's.
+        head, sep, rest = path.lstrip("/").partition("/")
+        if not sep or head not in self.mounts:
+            return super().translate_path(path)
+        main, self.directory = self.directory, str(self.mounts[head])
+        try:
+            return super().translate_path(f"/{rest}")
+        finally:
+            self.directory = main
+
+
 class WheelhouseServer:
     """The wheelhouse on http://127.0.0.1:port/ (a directory listing pip reads as find-links),
-    for the duration of a `with` block. `served` lists the paths requested."""
+    and each of `mounts` (name -> directory) on http://127.0.0.1:port/name/, for the duration of
+    a `with` block. `served` lists the paths requested."""
 
-    def __init__(self, directory: Path, port: int) -> None:
+    def __init__(self, directory: Path, port: int, mounts: dict[str, Path] | None = None) -> None:
         self.directory, self.port = directory, port
+        self.mounts = dict(mounts or {})
         self.served: list[str] = []
         self._server: http.server.ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -773,7 +862,8 @@ class WheelhouseServer:
         return wheelhouse_url(self.port)
 
     def __enter__(self) -> WheelhouseServer:
-        handler = type("Handler", (_QuietHandler,), {"served": self.served})
+        handler = type("Handler", (_MountingHandler,), {"served": self.served,
+                                                         "mounts": self.mounts})
         try:
             self._server = http.server.ThreadingHTTPServer(
                 ("127.0.0.1", self.port),
@@ -978,14 +1068,16 @@ class Inputs:
     names: Names
     base_key: str
     wheelhouse: str  # the wheelhouse directory's name: a digest of its requirements
+    tf_wheelhouse: str  # the TensorFlow wheelhouse's (its TensorFlow pin and Horovod wheel)
     context: str  # tree_digest of the build context
-    args: tuple[tuple[str, str], ...]
+    args: tuple[tuple[str, str], ...]  # every build's args, as (tag, name=value)
 
     @property
     def key(self) -> str:
         return digest(IMAGES_RECIPE_VERSION, self.names.launcher, self.names.worker,
                       self.names.sidecar, self.names.trainer, self.names.training,
-                      self.base_key, self.wheelhouse, self.context, self.args)[:16]
+                      self.names.trainer_tf, self.base_key, self.wheelhouse,
+                      self.tf_wheelhouse, self.context, self.args)[:16]
 
 
 @dataclass(frozen=True)
@@ -1022,29 +1114,39 @@ def _cached(settings: Settings, inputs: Inputs) -> Built | None:
 
 
 def build_images(settings: Settings, log: Log = _stderr) -> Built:
-    """Build (or take from the cache) the launcher, worker, trainer and sidecar images, check
-    what they are made of, and return their one archive."""
+    """Build (or take from the cache) the launcher, worker, trainer, sidecar and TensorFlow
+    trainer images, check what they are made of, and return their one archive."""
     pyproject = (settings.root / "pyproject.toml").read_text()
     names = image_names(project_version(pyproject))
     recipe = base_recipe(settings)
     wheelhouse = build_wheelhouse(settings, wheelhouse_requirements(pyproject),
                                   horovod_wheel(settings, log), log)
+    tf_version = tf_pin((settings.root / TF_ENV_SCRIPT).read_text())
+    tf_wheelhouse = build_wheelhouse(settings, tf_wheelhouse_requirements(tf_version),
+                                     horovod_tf_wheel(settings, tf_version, log), log,
+                                     directory="wheelhouse-tf")
     patterns = dockerignore_patterns((settings.root / ".dockerignore").read_text())
     files = sorted({*context_files(settings.root, patterns), ".dockerignore",
-                    LAUNCHER_DOCKERFILE, WORKER_DOCKERFILE, SIDECAR_DOCKERFILE})
+                    LAUNCHER_DOCKERFILE, WORKER_DOCKERFILE, SIDECAR_DOCKERFILE,
+                    TRAINER_TF_DOCKERFILE})
     args = build_args(base_image=BASE_IMAGE, torch_version=torch_pin(pyproject),
                       wheelhouse=wheelhouse_url(settings.wheelhouse_port))
-    inputs = Inputs(names, recipe.key, wheelhouse.name, tree_digest(settings.root, files),
-                    tuple(sorted(args.items())))
+    tf_args = tf_build_args(base_image=BASE_IMAGE, tf_version=tf_version,
+                            wheelhouse=wheelhouse_url(settings.wheelhouse_port,
+                                                      TF_WHEELHOUSE_PATH))
+    steps = build_steps(names, args, tf_args)
+    inputs = Inputs(names, recipe.key, wheelhouse.name, tf_wheelhouse.name,
+                    tree_digest(settings.root, files),
+                    tuple((s.tag, f"{k}={v}") for s in steps for k, v in sorted(s.args.items())))
     if (hit := _cached(settings, inputs)) is not None:
         log(f"images cached: {hit.tarballs[names.launcher]}")
         return hit
     rootfs = build_base_rootfs(settings, recipe, log)
     images_dir = settings.cache / "images"
     with DockerDaemon(settings, log) as docker, \
-            WheelhouseServer(wheelhouse, settings.wheelhouse_port) as server:
+            WheelhouseServer(wheelhouse, settings.wheelhouse_port,
+                             {TF_WHEELHOUSE_PATH: tf_wheelhouse}) as server:
         ensure_base_image(docker, rootfs, recipe, log)
-        steps = build_steps(names, args)
         for step in steps:
             t0 = time.monotonic()
             log(f"docker build {step.tag}")
@@ -1094,8 +1196,9 @@ def pause(settings: Settings | None = None, log: Log = _stderr) -> tuple[str, Pa
 
 def build(settings: Settings | None = None, log: Log = _stderr) -> dict[str, Path]:
     """Build every image the local cluster runs, or take it from the cache; return image name ->
-    tarball path for `ctr -n k8s.io images import`. The launcher, worker, trainer and sidecar
-    share one archive (their common layers once): import each distinct path once per node."""
+    tarball path for `ctr -n k8s.io images import`. The launcher, worker, trainer, sidecar and
+    TensorFlow trainer share one archive (their common layers once): import each distinct path
+    once per node."""
     settings = settings or Settings()
     t0 = time.monotonic()
     with build_lock(settings, log):

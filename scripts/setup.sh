@@ -8,8 +8,9 @@
 #   4b. the TensorFlow environment of the hook's TensorFlow tests ($ES_CACHE/tf-venv: tensorflow-cpu
 #   and Horovod built against it, scripts/build-tf-env.sh; ~4 min cold, a second warm);
 #   5. the pinned Kubernetes binaries + etcd, and kwok, built with Go (cached);  6. the images
-#   real nodes run (launcher, worker, sidecar, trainer, pause: localcluster/images.py, cached;
-#   ~4 min cold, seconds warm);  7. Debian bullseye's and trixie's python3 (3.9, 3.13) for the hook's tests
+#   real nodes run (launcher, worker, sidecar, trainer, pause, and the TensorFlow trainer from
+#   4b's TensorFlow and Horovod wheel: localcluster/images.py, cached; ~6 min cold, seconds
+#   warm);  7. Debian bullseye's and trixie's python3 (3.9, 3.13) for the hook's tests
 #   (localcluster/pythons.py: two debootstrap minbase trees, ~240 MiB, 1.5-2 min cold, 0.1 s warm).
 # Heavy artefacts live in $ES_CACHE (default ~/.cache/elastic-supervisor), so a warm machine
 # finishes in about a minute and a fresh clone reuses them.
@@ -122,6 +123,6 @@ step "horovod (CPU, Gloo + PyTorch)" horovod
 step "tensorflow (CPU) + horovod (Gloo + TensorFlow): $ES_CACHE/tf-venv" \
   env UV="$UV" scripts/build-tf-env.sh "$ES_CACHE/tf-venv"
 step "kubernetes control plane binaries and kwok" localcluster/build-binaries.sh
-step "images (launcher, worker, sidecar, trainer, pause)" "$VENV/bin/python" -m localcluster images
+step "images (launcher, worker, sidecar, trainer, trainer-tf, pause)" "$VENV/bin/python" -m localcluster images
 step "the hook's Debian interpreters (bullseye 3.9, trixie 3.13)" "$VENV/bin/python" -m localcluster.pythons
 echo "setup done in $(since "$t_all")"

@@ -1,11 +1,12 @@
-"""The three Dockerfiles and the build context, read as text (Docker is not needed).
+"""The four Dockerfiles and the build context, read as text (Docker is not needed).
 
 What hadolint (tests/integration/test_images.py) cannot know about this repository: base images
 pinned once build ARGs are resolved, every COPY source present and not dropped by .dockerignore,
 ENTRYPOINT/CMD in exec form, a non-root USER in the final stage, the launcher's and the sidecar's
 entrypoints, the same training stack in the launcher and worker images as in pyproject.toml, a
-trainer stage without the supervisor and a sidecar without the training stack, and a build
-context that keeps .git, .venv and the job's ssh keys out. Each check is also fed a doctored
+trainer stage without the supervisor and a sidecar without the training stack, a TensorFlow
+trainer with the TensorFlow environment's pin, the torch trainer's sshd and nothing of ours, and
+a build context that keeps .git, .venv and the job's ssh keys out. Each check is also fed a doctored
 Dockerfile, so it can fail.
 Then the pure parts of localcluster/images.py, which builds them: the pause image's docker-save
 archive, build args, the builds and the docker build command line, the checks of the built
@@ -21,9 +22,11 @@ import hashlib
 import io
 import json
 import re
+import socket
 import subprocess
 import sys
 import tarfile
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +38,8 @@ from localcluster.images import dockerignore_excludes, dockerignore_patterns
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = {"launcher": ROOT / "launcher_image" / "Dockerfile",
                "worker": ROOT / "worker_image" / "Dockerfile",
-               "sidecar": ROOT / "sidecar_image" / "Dockerfile"}
+               "sidecar": ROOT / "sidecar_image" / "Dockerfile",
+               "trainer-tf": ROOT / "trainer_tf_image" / "Dockerfile"}
 # COPY sources another branch is adding: allowed to be missing until they land (then checked).
 PENDING = {"worker_image/train.py"}
 # Must never reach the build context (the Docker daemon, and every layer's cache).
@@ -173,6 +177,11 @@ DOCTORED = [
     ("no USER in the sidecar", "sidecar", "USER 1000:1000\n", "", "no USER"),
     ("an unpinned sidecar base", "sidecar", "ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm",
      "ARG PYTHON_IMAGE=python:latest", "FROM python:latest: pin"),
+    ("USER root in the TensorFlow trainer", "trainer-tf", "USER 1000:1000", "USER 0:0",
+     "USER 0:0: run as"),
+    ("a COPY source the TensorFlow trainer lacks", "trainer-tf",
+     "trainer_tf_image/build-venv.sh /opt", "trainer_tf_image/venv.sh /opt",
+     "trainer_tf_image/venv.sh: not in the repository"),
 ]
 
 
@@ -281,6 +290,47 @@ def test_the_trainer_holds_nothing_of_the_supervisor_and_the_worker_adds_it() ->
     assert [p.split(": ", 1)[1] for p in found] == ["COPY supervisor /src/supervisor"]
 
 
+def test_the_tensorflow_trainer_is_the_torch_trainers_sshd_on_tensorflow_and_nothing_of_ours(
+) -> None:
+    text = DOCKERFILES["trainer-tf"].read_text()
+    # The launcher's base image, and the TensorFlow the hook's TensorFlow tests run (the Horovod
+    # wheel in the wheelhouse is built against that one).
+    assert build_arg(text, "PYTHON_IMAGE") == build_arg(DOCKERFILES["launcher"].read_text(),
+                                                       "PYTHON_IMAGE")
+    assert build_arg(text, "TF_VERSION") == images.tf_pin(
+        (ROOT / images.TF_ENV_SCRIPT).read_text()) == "2.15.1"
+    stage = _stage_of(text, "${PYTHON_IMAGE}")
+    assert _of_the_supervisor(stage) == []
+    runs = [ins.args for ins in stage if ins.keyword == "RUN"]
+    assert runs[:2] == ["/opt/training/build-venv.sh tensorflow /opt/venv",
+                        "/opt/training/build-venv.sh horovod /opt/venv"]
+    copied = [w for ins in stage if ins.keyword == "COPY" for w in ins.args.split()[:-1]]
+    assert copied == ["scripts/build-horovod.sh", "trainer_tf_image/build-venv.sh",
+                      "worker_image/sshd_config", "worker_image/entrypoint.sh"]
+    # The torch trainer's user, sshd and entrypoint, instruction for instruction.
+    torch = _stage_of(DOCKERFILES["worker"].read_text(), TRAINER)
+    assert runs[2] == next(ins.args for ins in torch if ins.keyword == "RUN")
+    tail = [(ins.keyword, ins.args) for ins in stage if ins.keyword in (
+        "USER", "WORKDIR", "EXPOSE", "ENTRYPOINT")]
+    assert tail == [(ins.keyword, ins.args) for ins in torch if ins.keyword in (
+        "USER", "WORKDIR", "EXPOSE", "ENTRYPOINT")]
+    assert [ins.args for ins in stage if ins.keyword == "ENV"] == [
+        "PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1"]
+
+
+def test_the_tensorflow_wheelhouse_holds_what_its_image_installs() -> None:
+    script = (ROOT / "trainer_tf_image" / "build-venv.sh").read_text()
+    wanted = images.tf_wheelhouse_requirements("2.15.1")
+    assert wanted[0] == "tensorflow-cpu==2.15.1"
+    assert '"tensorflow-cpu==$tf_version"' in script
+    runtime = re.search(r'^  "\$\{pip\[@\]\}" (cloudpickle .*)$', script, re.M)
+    assert runtime is not None and runtime[1].split() == wanted[1:]
+    # Nothing is compiled from the wheelhouse: Horovod comes as a wheel only.
+    assert '--only-binary horovod "horovod==$horovod_version"' in script
+    with pytest.raises(images.ImagesError, match="no TF_VERSION"):
+        images.tf_pin("TF_VERSION=2.15.1\n")
+
+
 SIDECAR_STAGE = "${PYTHON_IMAGE}"
 
 
@@ -326,7 +376,7 @@ def test_the_supervisor_code_comes_after_its_dependencies() -> None:
                                   "scripts/build-horovod.sh", "scripts/build-training-venv.sh",
                                   "launcher_image/ssh_config", "worker_image/entrypoint.sh",
                                   "worker_image/sshd_config", "worker_image/train.py",
-                                  "sidecar_image/Dockerfile"])
+                                  "sidecar_image/Dockerfile", "trainer_tf_image/build-venv.sh"])
 def test_the_build_context_keeps(path: str, ignore: list[str]) -> None:
     assert not dockerignore_excludes(ignore, path)
 
@@ -423,9 +473,11 @@ def test_every_build_declares_its_args_and_names_a_stage_that_exists() -> None:
     names = images.image_names("0.1.0")
     args = images.build_args(base_image=images.BASE_IMAGE, torch_version="2.13.0",
                              wheelhouse=images.wheelhouse_url(1))
-    steps = images.build_steps(names, args)
+    tf_args = images.tf_build_args(base_image=images.BASE_IMAGE, tf_version="2.15.1",
+                                   wheelhouse=images.wheelhouse_url(1, "tf"))
+    steps = images.build_steps(names, args, tf_args)
     assert [s.tag for s in steps] == [names.training, names.launcher, names.trainer,
-                                      names.worker, names.sidecar]
+                                      names.worker, names.sidecar, names.trainer_tf]
     for step in steps:
         text = (ROOT / step.dockerfile).read_text()
         assert set(step.args) <= _declared_args(text), step.tag
@@ -437,6 +489,13 @@ def test_every_build_declares_its_args_and_names_a_stage_that_exists() -> None:
     assert by_tag[names.sidecar].args == {"PYTHON_IMAGE": images.BASE_IMAGE,
                                           "PIP_FIND_LINKS": "http://127.0.0.1:1/",
                                           "PIP_NO_INDEX": "1"}
+    # The TensorFlow trainer: the base image, its own pin and wheelhouse, no torch.
+    assert by_tag[names.trainer_tf].args == {"PYTHON_IMAGE": images.BASE_IMAGE,
+                                             "TF_VERSION": "2.15.1",
+                                             "PIP_FIND_LINKS": "http://127.0.0.1:1/tf/",
+                                             "PIP_NO_INDEX": "1"}
+    assert images.tf_build_args(base_image="b:1", tf_version="2.15.1", wheelhouse=None) == {
+        "PYTHON_IMAGE": "b:1", "TF_VERSION": "2.15.1"}
     assert by_tag[names.trainer].argv() == [
         "build", "--network", "host", "--force-rm", "-f", "worker_image/Dockerfile", "-t",
         names.trainer, "--target", "trainer", "--build-arg",
@@ -454,6 +513,8 @@ GOOD_LAYERS = {
     NAMES.trainer: TRAINER_LAYERS,
     NAMES.worker: [*TRAINER_LAYERS, "sha256:code"],
     NAMES.sidecar: [*BASE_LAYERS, "sha256:user", "sha256:deps", "sha256:code"],
+    NAMES.trainer_tf: [*BASE_LAYERS, "sha256:scripts-tf", "sha256:tensorflow",
+                       "sha256:horovod-tf", "sha256:sshd-tf"],
 }
 
 
@@ -473,6 +534,9 @@ GOOD_LAYERS = {
     pytest.param(NAMES.sidecar, [*TRAINING_LAYERS, "sha256:code"],
                  [f"{NAMES.sidecar} holds layers of {NAMES.training}: the sidecar must not "
                   "carry the training stack"], id="a sidecar on the training stage"),
+    pytest.param(NAMES.trainer_tf, ["sha256:other-base", "sha256:tensorflow"],
+                 [f"{NAMES.trainer_tf} does not start with the layers of {NAMES.base}: a node "
+                  "would store them twice"], id="a TensorFlow trainer on another base"),
 ])
 def test_the_layers_of_the_built_images(image: str | None, layers: list[str] | None,
                                         expected: list[str]) -> None:
@@ -482,9 +546,10 @@ def test_the_layers_of_the_built_images(image: str | None, layers: list[str] | N
     assert images.layer_problems(NAMES, built) == expected
 
 
-def test_what_the_trainer_and_the_sidecar_must_not_hold() -> None:
+def test_what_the_trainers_and_the_sidecar_must_not_hold() -> None:
     rules = images.forbidden(NAMES)
-    assert set(rules) == {NAMES.trainer, NAMES.sidecar}
+    assert set(rules) == {NAMES.trainer, NAMES.trainer_tf, NAMES.sidecar}
+    assert rules[NAMES.trainer_tf] == rules[NAMES.trainer]  # nothing of ours in either
     assert {"supervisor", "elastic_supervisor_hook"} <= set(rules[NAMES.trainer].modules)
     assert "elastic-supervisor" in rules[NAMES.trainer].distributions
     assert "elastic_supervisor_hook" in rules[NAMES.trainer].files
@@ -559,6 +624,7 @@ def test_the_project_version_and_torch_pin() -> None:
     assert names.worker == f"elastic-supervisor-worker:{version}"
     assert names.sidecar == f"elastic-supervisor-sidecar:{version}"
     assert names.trainer == f"elastic-supervisor-trainer:{version}"
+    assert names.trainer_tf == f"elastic-supervisor-trainer-tf:{version}"
     assert names.pause == PAUSE_NAME
     assert images.torch_pin(pyproject) == "2.13.0"
 
@@ -596,14 +662,16 @@ def test_the_tree_digest_sees_content_mode_and_names(tmp_path: Path) -> None:
     assert images.tree_digest(tmp_path, ["a/x.sh", "c.txt"]) != three
 
 
-INPUTS = images.Inputs(images.image_names("0.1.0"), "base", "wheels", "context",
-                       (("PYTHON_IMAGE", "b:1"),))
+INPUTS = images.Inputs(images.image_names("0.1.0"), "base", "wheels", "tf-wheels", "context",
+                       (("t:1", "PYTHON_IMAGE=b:1"),))
 
 
 @pytest.mark.parametrize("change", [
     {"names": images.image_names("0.2.0")}, {"base_key": "base2"}, {"wheelhouse": "wheels2"},
-    {"context": "context2"}, {"args": (("PYTHON_IMAGE", "b:2"),)},
-], ids=["version", "base recipe", "wheelhouse", "build context", "build args"])
+    {"tf_wheelhouse": "tf-wheels2"}, {"context": "context2"},
+    {"args": (("t:1", "PYTHON_IMAGE=b:2"),)},
+], ids=["version", "base recipe", "wheelhouse", "TensorFlow wheelhouse", "build context",
+        "build args"])
 def test_the_archive_key_changes_with_each_input(change: dict[str, object]) -> None:
     assert dataclasses.replace(INPUTS, **change).key != INPUTS.key  # type: ignore[arg-type]
     assert dataclasses.replace(INPUTS).key == INPUTS.key
@@ -737,3 +805,30 @@ def test_dockerd_leaves_the_hosts_network_alone() -> None:
 ], ids=["official", "docker hub user", "localhost", "a registry"])
 def test_the_reference_containerd_stores(name: str, ref: str) -> None:
     assert images.containerd_ref(name) == ref
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_wheelhouse_server_serves_the_tensorflow_wheelhouse_under_its_mount(
+        tmp_path: Path) -> None:
+    # Both wheelhouses hold a Horovod wheel of the same file name: each build must see its own.
+    wheel = "horovod-0.28.1-cp311-cp311-linux_x86_64.whl"
+    torch, tf = tmp_path / "torch", tmp_path / "tf"
+    for directory in (torch, tf):
+        directory.mkdir()
+        (directory / wheel).write_text(directory.name)
+    (tf / "tensorflow_cpu-2.15.1-cp311-cp311-manylinux_2_17_x86_64.whl").write_text("")
+    port = free_port()
+    assert images.wheelhouse_url(port, images.TF_WHEELHOUSE_PATH) == f"http://127.0.0.1:{port}/tf/"
+    with images.WheelhouseServer(torch, port, {images.TF_WHEELHOUSE_PATH: tf}) as server:
+        def get(path: str) -> str:
+            with urllib.request.urlopen(f"{images.wheelhouse_url(port)}{path}", timeout=10) as r:
+                return r.read().decode()
+        assert get(wheel) == "torch"
+        assert get(f"tf/{wheel}") == "tf"
+        assert "tensorflow_cpu" in get("tf/") and "tensorflow_cpu" not in get("")
+    assert server.served == [f"/{wheel}", f"/tf/{wheel}", "/tf/", "/"]
