@@ -416,8 +416,8 @@ def tf_pin(script_text: str) -> str:
 
 def tf_wheelhouse_requirements(tf_version: str) -> list[str]:
     """Return what the TensorFlow wheelhouse must hold, as pip requirements: what
-    trainer_tf_image/build-venv.sh installs from it (Horovod apart: its wheel is added as a
-    file). No build requirements: nothing is compiled from a wheelhouse."""
+    scripts/build-training-venv.sh installs the TensorFlow trainer from (Horovod apart: its
+    wheel is added as a file). No build requirements: nothing is compiled from a wheelhouse."""
     return [f"tensorflow-cpu=={tf_version}", "cloudpickle", "packaging", "psutil", "pyyaml"]
 
 

@@ -180,8 +180,8 @@ DOCTORED = [
     ("USER root in the TensorFlow trainer", "trainer-tf", "USER 1000:1000", "USER 0:0",
      "USER 0:0: run as"),
     ("a COPY source the TensorFlow trainer lacks", "trainer-tf",
-     "trainer_tf_image/build-venv.sh /opt", "trainer_tf_image/venv.sh /opt",
-     "trainer_tf_image/venv.sh: not in the repository"),
+     "scripts/build-training-venv.sh /opt", "scripts/venv.sh /opt",
+     "scripts/venv.sh: not in the repository"),
 ]
 
 
@@ -302,10 +302,10 @@ def test_the_tensorflow_trainer_is_the_torch_trainers_sshd_on_tensorflow_and_not
     stage = _stage_of(text, "${PYTHON_IMAGE}")
     assert _of_the_supervisor(stage) == []
     runs = [ins.args for ins in stage if ins.keyword == "RUN"]
-    assert runs[:2] == ["/opt/training/build-venv.sh tensorflow /opt/venv",
-                        "/opt/training/build-venv.sh horovod /opt/venv"]
+    assert runs[:2] == ["/opt/training/build-training-venv.sh tensorflow /opt/venv",
+                        "/opt/training/build-training-venv.sh horovod /opt/venv tensorflow"]
     copied = [w for ins in stage if ins.keyword == "COPY" for w in ins.args.split()[:-1]]
-    assert copied == ["scripts/build-horovod.sh", "trainer_tf_image/build-venv.sh",
+    assert copied == ["scripts/build-horovod.sh", "scripts/build-training-venv.sh",
                       "worker_image/sshd_config", "worker_image/entrypoint.sh"]
     # The torch trainer's user, sshd and entrypoint, instruction for instruction.
     torch = _stage_of(DOCKERFILES["worker"].read_text(), TRAINER)
@@ -319,11 +319,11 @@ def test_the_tensorflow_trainer_is_the_torch_trainers_sshd_on_tensorflow_and_not
 
 
 def test_the_tensorflow_wheelhouse_holds_what_its_image_installs() -> None:
-    script = (ROOT / "trainer_tf_image" / "build-venv.sh").read_text()
+    script = (ROOT / "scripts" / "build-training-venv.sh").read_text()
     wanted = images.tf_wheelhouse_requirements("2.15.1")
     assert wanted[0] == "tensorflow-cpu==2.15.1"
-    assert '"tensorflow-cpu==$tf_version"' in script
-    runtime = re.search(r'^  "\$\{pip\[@\]\}" (cloudpickle .*)$', script, re.M)
+    assert '"tensorflow-cpu==${TF_VERSION:?' in script
+    runtime = re.search(r'^    "\$\{pip\[@\]\}" (cloudpickle .*)$', script, re.M)
     assert runtime is not None and runtime[1].split() == wanted[1:]
     # Nothing is compiled from the wheelhouse: Horovod comes as a wheel only.
     assert '--only-binary horovod "horovod==$horovod_version"' in script
@@ -376,7 +376,7 @@ def test_the_supervisor_code_comes_after_its_dependencies() -> None:
                                   "scripts/build-horovod.sh", "scripts/build-training-venv.sh",
                                   "launcher_image/ssh_config", "worker_image/entrypoint.sh",
                                   "worker_image/sshd_config", "worker_image/train.py",
-                                  "sidecar_image/Dockerfile", "trainer_tf_image/build-venv.sh"])
+                                  "sidecar_image/Dockerfile", "trainer_tf_image/Dockerfile"])
 def test_the_build_context_keeps(path: str, ignore: list[str]) -> None:
     assert not dockerignore_excludes(ignore, path)
 
