@@ -16,6 +16,7 @@ naming the fix.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import signal
@@ -29,13 +30,13 @@ from kubernetes import client
 
 from localcluster.job import SIDECAR_OVERLAY, log_time
 from localcluster.nodes import Cluster
+from supervisor.config import Config
 from tests.e2e.jobs import (
     Job,
     check_steps,
     check_training,
     main_job,
     tour_budgets,
-    with_policy,
 )
 from tests.e2e.test_stock_lane import (
     decisions,
@@ -191,9 +192,14 @@ class TestSidecarStockTour:
 @pytest.fixture(scope="class")
 def sidecar_main(cluster: Cluster, cluster_api: client.ApiClient, main_images: dict[str, Path],
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    # The shipped defaults, all of them: the restart budgets, the quarantine (the other jobs
+    # switch it off: main_job), the hang thresholds. A healthy job must not lose a worker or a
+    # node to them (checked at its end).
     out = tmp_path_factory.mktemp("sidecar-main")
+    default = {f.name: f.default for f in dataclasses.fields(Config)}
+    shipped = {"SUPERVISOR_QUARANTINE_FAILURES": str(default["quarantine_failures"])}
     with main_job(cluster, cluster_api, out, steps=1_000_000, checkpoint=out / "checkpoint",
-                  transform=with_policy(tour_budgets), overlay=SIDECAR_OVERLAY) as job:
+                  overlay=SIDECAR_OVERLAY, env=shipped) as job:
         job.wait_training(past=10, size=2, timeout=420)
         yield job
 
@@ -220,6 +226,10 @@ class TestSidecarMainJob:
         check_training(job.records(), target, final_size=2)
         exited = job.logs("supervisor.exited")
         assert [e["code"] for e in exited] == [0], exited
+        # Under the shipped defaults no healthy worker was declared Hung or stuck, and no node
+        # was quarantined for the one kill (an exit 137 is an operator's, not the node's).
+        assert [e["event"] for e in job.logs() if e.get("event") in (
+            "worker.hung", "worker.stuck", "node.quarantined")] == []
 
 
 def without(change: str) -> Any:
