@@ -14,6 +14,9 @@ world again without the lost host: they resume at size 2 in the same horovodrun,
 last commit, long before the Gloo timeout. A fresh host listed then joins them at once (the gate
 opens when a new worker really arrives), and training ends at size 3 through the stop file.
 
+The killed case runs again with the seeds' TensorFlow script (tests/e2e/stock_tf_train.py, in
+the TensorFlow environment): a fault in the middle of a TensorFlow regroup, no checkpoint.
+
 The first reset is quick too: each survivor leaving the failed world cuts that world's
 connections (the hook's `fence.left_world`). Without that, one survivor's Horovod thread waited
 in the next step's negotiation for the other, which waited to receive from it in the failed
@@ -25,11 +28,19 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from supervisor.proc import kill_ssh_clients
-from tests.e2e.fakehosts import Channel, HorovodRun, HostSet, training_at_size_3
+from tests.e2e.fakehosts import (
+    STOCK_TF,
+    TF_PYTHON,
+    Channel,
+    HorovodRun,
+    HostSet,
+    training_at_size_3,
+)
 from tests.e2e.jobs import check_steps, step_after_reset
 from tests.faults import freeze, kill
 from tests.helpers import wait_for
@@ -46,12 +57,13 @@ SCALE_OUT_BOUND_S = 60  # from listing a fresh host to a step at size 3 (2 loade
 
 
 def training(tmp_path: Path, hosts: HostSet, runs: list[HorovodRun], channel: Channel | None,
-             gloo_timeout_s: int, *, env: dict[str, str] | None = None,
+             gloo_timeout_s: int, *, env: dict[str, str] | None = None, **kw: Any,
              ) -> tuple[HorovodRun, list[str]]:
-    """Three workers at full size past batch 10, a fourth host listed as a spare."""
+    """Three workers at full size past batch 10, a fourth host listed as a spare; `kw` goes to
+    HorovodRun (another framework's stock script)."""
     listed = hosts.start(4)
     run = training_at_size_3(tmp_path, hosts, runs, listed, batches=BATCHES, channel=channel,
-                             gloo_timeout_s=gloo_timeout_s, env=env)
+                             gloo_timeout_s=gloo_timeout_s, env=env, **kw)
     return run, listed
 
 
@@ -92,19 +104,27 @@ def replacement_lost_while_it_joins(run: HorovodRun, hosts: HostSet, listed: lis
     return survivors, spare, lost_at, joining
 
 
-@pytest.mark.parametrize("frozen", [
-    pytest.param(False, id="killed: its exit triggers the re-plan"),
-    pytest.param(True, id="frozen: the join timeout triggers the re-plan"),
+TORCH: dict[str, Any] = {}
+# The seeds' TensorFlow shape (a tf.function step, a commit every batch): its survivors leave the
+# failed world through horovod.common.elastic.run_fn, not through a Python collective.
+TENSORFLOW = {"python": TF_PYTHON, "script": STOCK_TF}
+
+
+@pytest.mark.parametrize(("frozen", "framework"), [
+    pytest.param(False, TORCH, id="killed: its exit triggers the re-plan"),
+    pytest.param(True, TORCH, id="frozen: the join timeout triggers the re-plan"),
+    pytest.param(False, TENSORFLOW, id="killed, TensorFlow's stock script"),
 ])
 def test_a_replacement_lost_while_it_joins_is_dropped_and_training_resumes_in_place(
-        tmp_path: Path, fake_hosts: tuple[HostSet, list[HorovodRun]], frozen: bool) -> None:
+        tmp_path: Path, fake_hosts: tuple[HostSet, list[HorovodRun]], frozen: bool,
+        framework: dict[str, Any]) -> None:
     hosts, runs = fake_hosts
     channel = Channel()
     with contextlib.ExitStack() as stack:
         stack.callback(channel.close)
         run, listed = training(
             tmp_path, hosts, runs, channel, GLOO_TIMEOUT_S,
-            env={"ELASTIC_SUPERVISOR_HOOK_JOIN_TIMEOUT_S": str(JOIN_TIMEOUT_S)})
+            env={"ELASTIC_SUPERVISOR_HOOK_JOIN_TIMEOUT_S": str(JOIN_TIMEOUT_S)}, **framework)
         assert channel.of("driver") and channel.of("driver")[0]["ok"], "the driver is armed"
         assert run.proc is not None
         pid = run.proc.pid
