@@ -671,12 +671,12 @@ class Cluster:
 
 def recover() -> list[str]:
     """Clean up after a cluster whose owner died (the lock must be held): kill every process of
-    its nodes, put the host back from its record, remove its work directory. Return what was
-    done (empty: nothing to do)."""
+    its nodes, put the host back from its record, remove its work directory; then free the image
+    stores of work directories no record names. Return what was done (empty: nothing to do)."""
     try:
         record = json.loads(RECORD.read_text())
     except (OSError, ValueError):
-        return []
+        return prune_orphans()
     done = []
     roots = tuple(record.get("cgroups") or ())
     for _ in range(10):
@@ -701,6 +701,22 @@ def recover() -> list[str]:
         shutil.rmtree(workdir, ignore_errors=True)
         done.append(f"removed {workdir}")
     RECORD.unlink(missing_ok=True)
+    return done + prune_orphans()
+
+
+def prune_orphans(tmp: Path | None = None) -> list[str]:
+    """Free the containerd roots (gigabytes each) of work directories that no live cluster owns
+    (the lock must be held): a machine restarted under a cluster loses the record in /run, not
+    the directory in /tmp. Their logs stay for the post-mortem, as `Cluster.stop` keeps them."""
+    done = []
+    for workdir in sorted(Path(tmp or tempfile.gettempdir()).glob("es-nodes-*")):
+        roots = [r for r in workdir.glob("*/containerd/root") if r.is_dir()]
+        if not roots:
+            continue
+        unmount_below(workdir)
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
+        done.append(f"freed the image stores of {workdir} (no live cluster owns it)")
     return done
 
 

@@ -9,7 +9,9 @@ silently.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ from kubernetes import client, config
 
 from localcluster import images
 from localcluster.controlplane import ControlPlane, Settings
-from localcluster.nodes import Cluster, ClusterSettings
+from localcluster.nodes import Cluster, ClusterError, ClusterSettings, recover_stale
 from tests.cluster import ClusterPods
 from tests.helpers import CLUSTER_NODE_GRACE_S, NODE_GRACE_S, wait_for
 
@@ -46,6 +48,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if not any(item.get_closest_marker(k) for item in session.items
                for k in ("integration", "e2e")):
         return
+    # A cluster whose owner died (a machine restarted under a test run) left gigabytes in /tmp
+    # that are not this run's to lose; a live cluster (another run, a demo) is left alone.
+    with contextlib.suppress(ClusterError):
+        if done := recover_stale():
+            print("localcluster: " + "; ".join(done), file=sys.stderr)
     tmp = tempfile.gettempdir()
     free = shutil.disk_usage(tmp).free / 2**30
     if free < TMP_FREE_GIB:
