@@ -21,6 +21,7 @@ from bench import (
     e2e_stock,
     fence,
     plot,
+    podstart,
     replacement,
     sidecar,
     soak,
@@ -65,6 +66,8 @@ def blank() -> dict[str, object]:
         "status": None,
         "sidecar": None,
         "sidecar_details": None,
+        "podstart": None,
+        "podstart_details": None,
     }
 
 
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("discovery", "replacement", "baseline", "e2e",
                                            "e2e_stock", "e2e_sequences", "fence", "configmap",
                                            "disruptions", "status", "sidecar", "soak", "plot",
-                                           "tf_hook"),
+                                           "tf_hook", "podstart"),
                         help="run one benchmark; keys of the others keep their stored values "
                              "(soak and e2e_sequences run only when named: ~15 min per seed, "
                              "~25 min)")
@@ -120,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         results.update(status.main())
     if args.only in (None, "sidecar"):
         results.update(sidecar.main())
+    if args.only in (None, "podstart"):
+        results.update(podstart.main())
     if args.only == "e2e_sequences":
         results.update(e2e_sequences.main())
     if args.only == "soak":

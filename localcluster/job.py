@@ -175,7 +175,7 @@ def _cri_lines(data: bytes) -> tuple[bytes, bytes]:
     return bytes(out), pending
 
 
-def _namespace_pid(pid: int) -> int | None:
+def namespace_pid(pid: int) -> int | None:
     """The process's pid inside its own PID namespace (NSpid's last field)."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -529,7 +529,7 @@ class MainJob:
         not the sandbox's pause): the container ends with 128+sig; with restartPolicy Never the
         pod fails."""
         pids = self.processes(pod, lambda argv: bool(argv) and argv[0] != "/pause")
-        main = [pid for pid in pids if _namespace_pid(pid) == 1]
+        main = [pid for pid in pids if namespace_pid(pid) == 1]
         if not main:
             raise JobError(f"{pod}: no container main process found among {pids}")
         for pid in main:
