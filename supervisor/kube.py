@@ -623,6 +623,19 @@ def pod_reference(api: client.ApiClient, namespace: str, name: str,
     return launcher_refs(api, namespace, name, timeout_s)[0]
 
 
+def create_config_map(api: client.ApiClient, namespace: str, body: Mapping[str, Any],
+                      timeout_s: float = 30.0) -> dict[str, Any]:
+    """Create ConfigMap `body` (its name may be a generateName); return it as created."""
+    meta = body["metadata"]
+    what = f"create configmap {namespace}/{meta.get('name') or meta.get('generateName', '')}"
+    try:
+        resp = client.CoreV1Api(api).create_namespaced_config_map(
+            namespace, body, _preload_content=False, _request_timeout=request_timeout(timeout_s))
+        return dict(json.loads(resp.data))
+    except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+        raise map_error(e, what) from e
+
+
 # ---- state --------------------------------------------------------------------------------------
 
 def decode_state(raw: str, where: str) -> dict[str, Any]:

@@ -326,12 +326,14 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
     try:
         regarding, owner, pod = _references(cfg, api, retry)
         if link is not None:
-            cfg = _as_sidecar(cfg, pod, log=log)
+            _as_sidecar(cfg, pod, log=log)
         recorder = kube.EventRecorder(api, cfg.namespace, regarding=regarding,
                                       instance=instance, on_error=event_failed,
                                       timeout_s=cfg.api_timeout_s)
         _lead(cfg, elector, retry, stopping, log=log, events=recorder.record)
         elector.start()
+        if link is not None:
+            cfg = _with_hook(cfg, api, owner, retry, log=log)
         store = kube.StateStore(api, cfg.namespace, fleet.state_name(cfg.job_name), owner,
                                 timeout_s=cfg.api_timeout_s)
         workers, rv, stored = None, None, None
@@ -400,9 +402,8 @@ class PodUnfit(Exception):
     """Sidecar mode: the launcher pod lacks what the mode needs (exit 2, one line each)."""
 
 
-def _as_sidecar(cfg: Config, pod: Mapping[str, Any] | None, *, log: Any) -> Config:
-    """Check the launcher pod for sidecar mode; return the configuration whose worker template
-    carries the hook (supervisor.sidecar.with_hook). Raise PodUnfit."""
+def _as_sidecar(cfg: Config, pod: Mapping[str, Any] | None, *, log: Any) -> sidecar.Sidecar:
+    """Check the launcher pod for sidecar mode; return what was found. Raise PodUnfit."""
     if pod is None:
         raise PodUnfit("SUPERVISOR_MODE=sidecar: SUPERVISOR_POD_NAME is not set; expected the "
                        "launcher pod's own name (downward API metadata.name)")
@@ -411,9 +412,23 @@ def _as_sidecar(cfg: Config, pod: Mapping[str, Any] | None, *, log: Any) -> Conf
         raise PodUnfit("\nelastic-supervisor: ".join(problems))
     log.info("sidecar.found", container=found.container, image=found.image,
              training_container=found.wrapped, volume=found.volume)
+    return found
+
+
+def _with_hook(cfg: Config, api: Any, owner: Mapping[str, str] | None,
+               retry: startup.ApiRetry, *, log: Any) -> Config:
+    """Sidecar mode, once leader: put this supervisor's own hook in a ConfigMap of its own and
+    return the configuration whose worker template mounts it (supervisor.sidecar.with_hook)."""
     if cfg.worker_template is None:
         return cfg
-    return replace(cfg, worker_template=sidecar.with_hook(cfg.worker_template, found,
+    files = {path: src.read_text() for path, src in sidecar.hook_sources().items()}
+    body = sidecar.hook_configmap(cfg.job_name, files, owner)
+    made = retry.call("create the hook's ConfigMap", lambda: kube.create_config_map(
+        api, cfg.namespace, body, cfg.api_timeout_s))
+    name = made["metadata"]["name"]
+    log.info("sidecar.hook_configmap", configmap=name, files=len(files),
+             sha256=body["metadata"]["annotations"][sidecar.HOOK_DIGEST])
+    return replace(cfg, worker_template=sidecar.with_hook(cfg.worker_template, name, files,
                                                           cfg.shared_dir))
 
 

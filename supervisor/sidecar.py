@@ -5,9 +5,13 @@ The two containers share a process namespace (spec.shareProcessNamespace) and an
 the same path (SUPERVISOR_SHARED_DIR). `elastic-supervisor install DIR` puts there what the
 training container runs and loads: the POSIX-sh wrapper `bin/es-run` (supervisor/data/es-run,
 which documents the files of `run/` both sides write), the discovery script and the hook.
+The workers get the hook alone, from a ConfigMap the supervisor makes of its own copy
+(`hook_configmap`: a generated name, immutable, owned by the job) and mounts at
+SHARED_DIR/hook: no init container to run before sshd, and the hook is the supervisor's own.
 
-PURE: what a launcher pod must have (`pod_problems`), the worker template with the hook added
-(`with_hook`), the launch file es-run sources (`launch_script`).
+PURE: what a launcher pod must have (`pod_problems`), the hook's ConfigMap and the worker
+template with it added (`hook_configmap`, `with_hook`), the launch file es-run sources
+(`launch_script`).
 ADAPTER: `install`, `Link` (the files of `run/`) and `RemoteChild`, horovodrun as the loop sees
 it (reconcile.ChildProcess) when it is not our child: it is started, signalled and killed
 through the shared process namespace, and its exit comes from es-run.
@@ -16,13 +20,14 @@ through the shared process namespace, and its exit comes from es-run.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shlex
 import shutil
 import signal
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +37,10 @@ import psutil
 from supervisor import discovery
 from supervisor.hook import HOOK_DIR
 from supervisor.proc import TREE_MARKER, alive, kill_rounds
+from supervisor.workers import LABEL_JOB, owner_reference
 
-VOLUME = "elastic-supervisor"  # the emptyDir the supervisor adds to the workers it creates
-HOOK_INIT = "elastic-supervisor-hook"  # the init container that fills it there
+HOOK_VOLUME = "elastic-supervisor-hook"  # the ConfigMap volume the supervisor adds to workers
+HOOK_DIGEST = "elastic-supervisor/hook-sha256"  # annotation: the digest of the hook's files
 MODE_ENV = "SUPERVISOR_MODE"
 WRAPPER = "bin/es-run"
 RUN = "run"
@@ -57,6 +63,14 @@ def discovery_script(shared: Path) -> Path:
 # ---- install ---------------------------------------------------------------------------------
 
 
+def hook_sources() -> dict[str, Path]:
+    """The hook's files, by their path under the hook directory: sitecustomize.py and the
+    modules of the elastic_supervisor_hook package."""
+    package = HOOK_DIR / "elastic_supervisor_hook"
+    return {"sitecustomize.py": HOOK_DIR / "sitecustomize.py",
+            **{f"{package.name}/{src.name}": src for src in sorted(package.glob("*.py"))}}
+
+
 def install(dest: Path, discovery_source: Path) -> list[Path]:
     """Copy the wrapper, the discovery script and the hook into `dest` (each file replaced
     atomically: a container may be reading the old one); return what was written. OSError when
@@ -64,11 +78,8 @@ def install(dest: Path, discovery_source: Path) -> list[Path]:
     files: list[tuple[Path, Path, int]] = [
         (WRAPPER_SOURCE, wrapper(dest), 0o755),
         (discovery_source, discovery_script(dest), 0o755),
-        (HOOK_DIR / "sitecustomize.py", hook_dir(dest) / "sitecustomize.py", 0o644),
     ]
-    package = HOOK_DIR / "elastic_supervisor_hook"
-    files += [(src, hook_dir(dest) / package.name / src.name, 0o644)
-              for src in sorted(package.glob("*.py"))]
+    files += [(src, hook_dir(dest) / rel, 0o644) for rel, src in hook_sources().items()]
     for src, target, mode in files:
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.partial")
@@ -157,26 +168,45 @@ def pod_problems(pod: Mapping[str, Any], shared: Path) -> tuple[list[str], Sidec
                        wrapped=str(wrapped[0].get("name")))
 
 
-def with_hook(template: Mapping[str, Any], sidecar: Sidecar, shared: Path) -> dict[str, Any]:
-    """Return the worker template with the hook added: an emptyDir at `shared` in every
-    container, filled by an init container of the supervisor's own image, and PYTHONPATH
-    naming it (horovodrun also forwards the launcher's PYTHONPATH to the processes it starts)."""
+def _hook_key(path: str) -> str:
+    """A ConfigMap key for the hook file at `path` (keys hold no "/")."""
+    return path.replace("/", ".")
+
+
+def hook_configmap(job: str, files: Mapping[str, str],
+                   owner: Mapping[str, str] | None) -> dict[str, Any]:
+    """The ConfigMap that carries the hook's `files` (path -> text) to the workers: a name the
+    API server generates (nobody can have made it before us), immutable (nobody changes it
+    under a running worker), owned by `owner` (the launcher Job: it goes with the job), its
+    files' digest in an annotation."""
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(f"{path}\0{len(files[path])}\0{files[path]}".encode())
+    meta: dict[str, Any] = {
+        "generateName": f"{job}-supervisor-hook-",
+        "labels": {LABEL_JOB: job, "app.kubernetes.io/managed-by": "elastic-supervisor"},
+        "annotations": {HOOK_DIGEST: digest.hexdigest()}}
+    if owner is not None:
+        meta["ownerReferences"] = [owner_reference(owner)]
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "immutable": True,
+            "data": {_hook_key(path): text for path, text in sorted(files.items())}}
+
+
+def with_hook(template: Mapping[str, Any], configmap: str, paths: Iterable[str],
+              shared: Path) -> dict[str, Any]:
+    """Return the worker template with the hook added: ConfigMap `configmap` (hook_configmap's
+    with the files at `paths`) mounted read-only at SHARED_DIR/hook in every container, and
+    PYTHONPATH naming it (horovodrun also forwards the launcher's PYTHONPATH to the processes
+    it starts)."""
     out = _copy(template)
     spec = out["spec"]
-    if any(v.get("name") == VOLUME for v in spec.get("volumes") or ()):
+    if any(v.get("name") == HOOK_VOLUME for v in spec.get("volumes") or ()):
         return out  # a template that already has it (rendered before)
-    spec.setdefault("volumes", []).append({"name": VOLUME, "emptyDir": {}})
-    mount = {"name": VOLUME, "mountPath": str(shared)}
-    install = {"name": HOOK_INIT, "image": sidecar.image, "args": ["install", str(shared)],
-               "volumeMounts": [dict(mount)],
-               "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
-                             "limits": {"memory": "128Mi"}},
-               "securityContext": {"allowPrivilegeEscalation": False,
-                                   "capabilities": {"drop": ["ALL"]}}}
-    if sidecar.pull_policy:
-        install["imagePullPolicy"] = sidecar.pull_policy
-    spec["initContainers"] = [install, *(spec.get("initContainers") or [])]
+    items = [{"key": _hook_key(path), "path": path} for path in sorted(paths)]
+    spec.setdefault("volumes", []).append({"name": HOOK_VOLUME, "configMap": {
+        "name": configmap, "items": items, "defaultMode": 0o444}})
     path = str(hook_dir(shared))
+    mount = {"name": HOOK_VOLUME, "mountPath": path, "readOnly": True}
     for c in spec["containers"]:
         c.setdefault("volumeMounts", []).append(dict(mount))
         env = c.setdefault("env", [])

@@ -3,7 +3,8 @@ image (elastic-supervisor-sidecar) as a native sidecar of the launcher pod, and 
 container and every worker run the trainer image, which holds the training stack and nothing of
 elastic-supervisor (localcluster.images checks that at build time). The training container runs
 the user's command under /opt/elastic-supervisor/bin/es-run; the workers get the hook from the
-init container the supervisor adds to them.
+ConfigMap the supervisor makes of its own copy (no init container: they start as fast as baked
+workers).
 
 `TestSidecarStockTour`: the stock script (imports nothing of ours) through the faults of the
 stock lane that need the hook and the process tree: a SIGKILLed worker, a frozen training
@@ -69,8 +70,7 @@ def the_training_image_has_nothing_of_ours(job: Job) -> None:
     assert images["elastic-supervisor"].startswith("elastic-supervisor-sidecar:"), images
     for name, pod in job.live_workers().items():
         got = images_of(pod)
-        assert got == {"elastic-supervisor-hook": images["elastic-supervisor"],
-                       "worker": images["launcher"]}, (name, got)
+        assert got == {"worker": images["launcher"]}, (name, got)  # no init container of ours
     horovodrun = job.processes(launcher["metadata"]["name"],
                                lambda argv: any(a.endswith("horovodrun") for a in argv[:2]))
     assert horovodrun, "horovodrun runs in the launcher pod"
@@ -79,6 +79,58 @@ def the_training_image_has_nothing_of_ours(job: Job) -> None:
     assert env["PYTHONPATH"].split(":")[0] == f"{SHARED}/hook", env.get("PYTHONPATH")
     parent = int(Path(f"/proc/{horovodrun[0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
     assert WRAPPER in Path(f"/proc/{parent}/cmdline").read_text(), "es-run started it"
+
+
+def root_of(pid: int) -> Path:
+    """The container's filesystem that process `pid` (a host pid) sees."""
+    return Path(f"/proc/{pid}/root")
+
+
+def files_under(root: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*.py"))
+            if "__pycache__" not in f.parts}
+
+
+def supervisor_pid(job: Job) -> int:
+    launcher = job.launcher()
+    assert launcher is not None
+    pids = job.processes(launcher["metadata"]["name"],
+                         lambda argv: any("elastic-supervisor" in a for a in argv[:2])
+                         and "run" in argv)
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+def the_workers_hook_is_the_supervisors_own_from_its_configmap(job: Job) -> None:
+    """Every worker mounts, read-only at SHARED/hook, the ConfigMap the supervisor made of its
+    own hook (a generated name, immutable, owned by the Job): the files a worker sees are, byte
+    for byte, those of the supervisor package in the sidecar container, and its training
+    process runs with that directory first on its PYTHONPATH."""
+    made = job.logs("sidecar.hook_configmap")
+    assert made, "the supervisor made the hook's ConfigMap"
+    name = made[-1]["configmap"]
+    cm = job.core.read_namespaced_config_map(name, job.namespace)
+    assert name.startswith("elastic-train-supervisor-hook-") and cm.immutable is True
+    assert [(o.kind, o.name) for o in cm.metadata.owner_references] == [("Job", "elastic-train")]
+    site = next(root_of(supervisor_pid(job)).glob("opt/venv/lib/python3*/site-packages"))
+    own = files_under(site / "supervisor" / "hook")
+    own.pop("__init__.py")  # supervisor.hook's own (HOOK_DIR), not loaded by the workers
+    for pod_name, pod in job.live_workers().items():
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        assert volumes["elastic-supervisor-hook"]["configMap"]["name"] == name, pod_name
+        training = [pid for pid in job.processes(pod_name, lambda argv: any(
+            a.endswith("stock_train.py") or a.endswith("train.py") for a in argv))]
+        assert training, f"{pod_name}: no training process"
+        env = dict(e.split("=", 1) for e in Path(f"/proc/{training[0]}/environ").read_text()
+                   .split("\0") if "=" in e)
+        assert env["PYTHONPATH"].split(":")[0] == f"{SHARED}/hook", env.get("PYTHONPATH")
+        hook = root_of(training[0]) / SHARED.lstrip("/") / "hook"
+        # the kubelet's layout: each item a link into ..data, the dot entries its own
+        listed = {p.name for p in hook.iterdir() if not p.name.startswith("..")}
+        listed |= {f"elastic_supervisor_hook/{p.name}"
+                   for p in (hook / "elastic_supervisor_hook").iterdir()}
+        assert listed - {"elastic_supervisor_hook"} == set(own), (pod_name, sorted(listed))
+        assert {k: (hook / k).read_bytes() for k in own} == own, pod_name
 
 
 @pytest.fixture(scope="class")
@@ -100,6 +152,12 @@ class TestSidecarStockTour:
         assert "HangDetectionOff" not in job.reasons()
         assert job.logs("sidecar.found"), "the supervisor checked its pod"
 
+    def test_the_workers_load_the_supervisors_own_hook_from_its_configmap(
+            self, sidecar_tour: tuple[Job, PodFaults]) -> None:
+        job, _ = sidecar_tour
+        job.settled(2)
+        the_workers_hook_is_the_supervisors_own_from_its_configmap(job)
+
     def test_a_killed_supervisor_is_started_again_and_adopts_the_running_horovodrun(
             self, sidecar_tour: tuple[Job, PodFaults]) -> None:
         """The kubelet starts the native sidecar again in the same pod; the new supervisor
@@ -108,14 +166,9 @@ class TestSidecarStockTour:
         prove the adopted run is watched (hang detection, the fence)."""
         job, _ = sidecar_tour
         job.settled(2)
-        launcher = job.launcher()
-        assert launcher is not None
-        pids = job.processes(launcher["metadata"]["name"],
-                             lambda argv: any("elastic-supervisor" in a for a in argv[:2])
-                             and "run" in argv)
-        assert len(pids) == 1, pids
+        pid = supervisor_pid(job)
         t0 = time.time()
-        os.kill(pids[0], signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
         adopted = job.wait("the horovodrun adopted",
                            lambda: [r for r in job.logs("horovodrun.adopted")
                                     if log_time(r) > t0], 120)

@@ -5,8 +5,10 @@ supervisor started after horovodrun exited, with the real es-run."""
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -114,25 +116,86 @@ WORKER = {
 }
 
 
-def test_workers_get_the_hook_from_an_init_container_of_the_supervisors_image() -> None:
-    _, found = sidecar.pod_problems(launcher_pod(), SHARED)
-    assert found is not None
+HOOK_MOUNT = {"name": "elastic-supervisor-hook", "mountPath": "/opt/elastic-supervisor/hook",
+              "readOnly": True}
+JOB_OWNER = {"apiVersion": "batch/v1", "kind": "Job", "name": "elastic-train", "uid": "j1"}
+
+
+def hook_files() -> dict[str, str]:
+    return {path: src.read_text() for path, src in sidecar.hook_sources().items()}
+
+
+def test_the_hooks_configmap_holds_the_supervisors_own_hook_under_a_name_nobody_chose() -> None:
+    files = hook_files()
+    cm = sidecar.hook_configmap("elastic-train", files, JOB_OWNER)
+    meta = cm["metadata"]
+    assert "name" not in meta and meta["generateName"] == "elastic-train-supervisor-hook-"
+    assert cm["immutable"] is True
+    assert meta["ownerReferences"] == [{**JOB_OWNER, "blockOwnerDeletion": True}]
+    assert meta["labels"]["elastic-supervisor/job"] == "elastic-train"
+    assert sorted(files) == ["elastic_supervisor_hook/__init__.py",
+                             "elastic_supervisor_hook/driver.py",
+                             "elastic_supervisor_hook/tfwait.py",
+                             "elastic_supervisor_hook/watch.py",
+                             "elastic_supervisor_hook/wire.py",
+                             "elastic_supervisor_hook/worker.py", "sitecustomize.py"]
+    assert {k: len(v) for k, v in cm["data"].items()} == {
+        path.replace("/", "."): len(text) for path, text in files.items()}
+    # The API server refuses a ConfigMap over 1 MiB: the hook stays well under it.
+    assert len(json.dumps(cm).encode()) < 512 * 1024
+    changed = sidecar.hook_configmap("elastic-train", {**files, "sitecustomize.py": "#"}, None)
+    assert (changed["metadata"]["annotations"][sidecar.HOOK_DIGEST]
+            != meta["annotations"][sidecar.HOOK_DIGEST])
+    assert "ownerReferences" not in changed["metadata"]
+
+
+def test_workers_get_the_hook_from_the_configmap_without_an_init_container() -> None:
+    files = hook_files()
     before = copy.deepcopy(WORKER)
-    out = sidecar.with_hook(WORKER, found, SHARED)
+    out = sidecar.with_hook(WORKER, "elastic-train-supervisor-hook-x1", files, SHARED)
     assert before == WORKER  # not changed in place
     spec = out["spec"]
-    assert [c["name"] for c in spec["initContainers"]] == ["elastic-supervisor-hook", "theirs"]
-    init = spec["initContainers"][0]
-    assert (init["image"], init["args"], init["imagePullPolicy"], init["volumeMounts"]) == (
-        "es-sidecar:0.1.0", ["install", "/opt/elastic-supervisor"], "IfNotPresent", [MOUNT])
-    assert {"name": "elastic-supervisor", "emptyDir": {}} in spec["volumes"]
+    assert spec["initContainers"] == WORKER["spec"]["initContainers"]  # theirs only
+    volume = next(v for v in spec["volumes"] if v["name"] == "elastic-supervisor-hook")
+    assert volume["configMap"]["name"] == "elastic-train-supervisor-hook-x1"
+    assert volume["configMap"]["defaultMode"] == 0o444
+    assert {i["path"]: i["key"] for i in volume["configMap"]["items"]} == {
+        path: path.replace("/", ".") for path in files}
     for c in spec["containers"]:
-        assert MOUNT in c["volumeMounts"]
+        assert HOOK_MOUNT in c["volumeMounts"]
     assert [e for e in spec["containers"][0]["env"] if e["name"] == "PYTHONPATH"] == [
         {"name": "PYTHONPATH", "value": "/opt/elastic-supervisor/hook"}]
     assert [e for e in spec["containers"][1]["env"] if e["name"] == "PYTHONPATH"] == [
         {"name": "PYTHONPATH", "value": "/opt/elastic-supervisor/hook:/app"}]
-    assert sidecar.with_hook(out, found, SHARED) == out  # once only
+    assert sidecar.with_hook(out, "other", files, SHARED) == out  # once only
+
+
+def test_the_configmaps_files_are_the_hook_install_writes_and_a_python_loads_it(
+        tmp_path: Path) -> None:
+    """Lay the ConfigMap out as the kubelet does (each item's key at its path) and compare it
+    with what `install` copies for the launcher; a Python with that directory first on its
+    PYTHONPATH runs the hook's sitecustomize and imports the package from there."""
+    files = hook_files()
+    cm = sidecar.hook_configmap("elastic-train", files, None)
+    volume = sidecar.with_hook(WORKER, "x", files, SHARED)["spec"]["volumes"][-1]
+    mounted = tmp_path / "mounted"
+    for item in volume["configMap"]["items"]:
+        (mounted / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+        (mounted / item["path"]).write_text(cm["data"][item["key"]])
+    installed = tmp_path / "installed"
+    sidecar.install(installed, packaged_discovery_script())
+
+    def tree(root: Path) -> dict[str, str]:
+        return {str(f.relative_to(root)): f.read_text() for f in root.rglob("*") if f.is_file()}
+
+    assert tree(mounted) == tree(installed / "hook")
+    got = subprocess.run(
+        [sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+         "import site, sitecustomize, elastic_supervisor_hook as h; "
+         "print(sitecustomize.__file__, h.__file__)", str(mounted)],
+        capture_output=True, text=True, check=True)
+    assert got.stdout.split() == [str(mounted / "sitecustomize.py"),
+                                  str(mounted / "elastic_supervisor_hook" / "__init__.py")]
 
 
 def test_the_launch_file_is_posix_sh_that_keeps_every_word(tmp_path: Path) -> None:
