@@ -2,9 +2,9 @@
 image (elastic-supervisor-sidecar) as a native sidecar of the launcher pod, and the training
 container and every worker run the trainer image, which holds the training stack and nothing of
 elastic-supervisor (localcluster.images checks that at build time). The training container runs
-the user's command under /opt/elastic-supervisor/bin/es-run; the workers get the hook from the
-ConfigMap the supervisor makes of its own copy (no init container: they start as fast as baked
-workers).
+the user's command under /opt/elastic-supervisor/bin/es-run and holds no ServiceAccount token
+(the supervisor's container alone mounts one); the workers get the hook from the ConfigMap the
+supervisor makes of its own copy (no init container: they start as fast as baked workers).
 
 `TestSidecarStockTour`: the stock script (imports nothing of ours) through the faults of the
 stock lane that need the hook and the process tree: a SIGKILLed worker, a frozen training
@@ -133,6 +133,25 @@ def the_workers_hook_is_the_supervisors_own_from_its_configmap(job: Job) -> None
         assert {k: (hook / k).read_bytes() for k in own} == own, pod_name
 
 
+def only_the_supervisor_holds_the_token(job: Job) -> None:
+    """The launcher pod mounts no ServiceAccount token but the supervisor's own projected one:
+    the training container (es-run, horovodrun, the user's code) finds no token file."""
+    launcher = job.launcher()
+    assert launcher is not None
+    spec = launcher["spec"]
+    assert spec.get("automountServiceAccountToken") is False
+    token = "var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert (root_of(supervisor_pid(job)) / token).is_file()
+    wrapper = job.processes(launcher["metadata"]["name"],
+                            lambda argv: any(a == WRAPPER for a in argv[:2]))
+    horovodrun = job.processes(launcher["metadata"]["name"],
+                               lambda argv: any(a.endswith("horovodrun") for a in argv[:2]))
+    assert wrapper and horovodrun
+    for pid in [*wrapper, *horovodrun]:
+        assert not (root_of(pid) / token).exists(), f"pid {pid} of the training container"
+        assert not (root_of(pid) / "var/run/secrets/kubernetes.io").exists()
+
+
 @pytest.fixture(scope="class")
 def sidecar_tour(cluster: Cluster, cluster_api: client.ApiClient,
                  main_images: dict[str, Path],
@@ -157,6 +176,14 @@ class TestSidecarStockTour:
         job, _ = sidecar_tour
         job.settled(2)
         the_workers_hook_is_the_supervisors_own_from_its_configmap(job)
+
+    def test_the_training_container_has_no_token_and_the_supervisor_has_its_own(
+            self, sidecar_tour: tuple[Job, PodFaults]) -> None:
+        """Issue 39, item 9: the supervisor works (it created the workers and the hook's
+        ConfigMap, and the faults after this one are handled) with the only token."""
+        job, _ = sidecar_tour
+        job.settled(2)
+        only_the_supervisor_holds_the_token(job)
 
     def test_a_killed_supervisor_is_started_again_and_adopts_the_running_horovodrun(
             self, sidecar_tour: tuple[Job, PodFaults]) -> None:

@@ -5,10 +5,12 @@ The launcher pod: shareProcessNamespace, the emptyDir `elastic-supervisor`, the 
 `elastic-supervisor-install` (a regular one: it runs to completion first) then the native
 sidecar `elastic-supervisor` (restartPolicy Always, `run`, the base's supervisor container with
 SUPERVISOR_MODE=sidecar and every SUPERVISOR_* of the base but the discovery file, its mounts
-plus the shared directory), and the container `launcher` running the local overlay's training
-command through es-run in an image without the supervisor; the worker template is the base's
-with that image. Every other object is the local overlay's, unchanged. `problems` is also fed
-doctored builds, so each check can fail, and a base whose env order changed stops the build.
+plus the shared directory and the ServiceAccount's token, which no other container of the pod
+gets: automountServiceAccountToken false, issue 39 item 9), and the container `launcher` running
+the local overlay's training command through es-run in an image without the supervisor; the
+worker template is the base's with that image. Every other object is the local overlay's,
+unchanged. `problems` is also fed doctored builds, so each check can fail, and a base whose env
+order changed stops the build.
 The manifests are copied to a temporary directory with placeholder ssh files (the Secret's
 contents are not looked at), so the repository is never written.
 """
@@ -33,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
 NAMES = image_names(project_version((ROOT / "pyproject.toml").read_text()))
 OURS = {NAMES.launcher, NAMES.worker, NAMES.sidecar}  # the images holding the supervisor
 SHARED = "/opt/elastic-supervisor"
+TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where the client looks (in-cluster)
+TOKEN_MOUNT = {"name": "elastic-supervisor-token", "mountPath": TOKEN_DIR, "readOnly": True}
 SSH_FILES = ("id_ed25519", "id_ed25519.pub", "hook.key", "host_ed25519", "known_hosts")
 Doc = dict[str, Any]
 
@@ -129,8 +133,21 @@ def problems(sidecar: list[Doc], local: list[Doc]) -> list[str]:
                          if expected_env[k] != env_of(sidecar_c)[k])
         found.append(f"elastic-supervisor's env: missing {missing}, extra {extra}, "
                      f"changed {changed}")
-    if sidecar_c.get("volumeMounts") != [*base["volumeMounts"], mount]:
-        found.append("elastic-supervisor's mounts are not the base's plus the shared directory")
+    if sidecar_c.get("volumeMounts") != [*base["volumeMounts"], mount, TOKEN_MOUNT]:
+        found.append("elastic-supervisor's mounts are not the base's plus the shared directory "
+                     f"and the ServiceAccount token at {TOKEN_DIR}")
+    # The token in the supervisor's container alone (issue 39, item 9).
+    if spec.get("automountServiceAccountToken") is not False:
+        found.append("the launcher pod mounts the ServiceAccount token in every container "
+                     "(automountServiceAccountToken is not false)")
+    sources = (volumes.get("elastic-supervisor-token", {}).get("projected") or {}).get(
+        "sources", [])
+    if not any(src.get("serviceAccountToken", {}).get("path") == "token" for src in sources):
+        found.append("no projected ServiceAccount token volume elastic-supervisor-token")
+    for c in [install, *spec["containers"]]:
+        if any(m["name"] == "elastic-supervisor-token" or m["mountPath"] == TOKEN_DIR
+               for m in c.get("volumeMounts", [])):
+            found.append(f"container {c['name']} mounts the supervisor's token")
     for key in ("ports", "resources", "securityContext", "imagePullPolicy"):
         if sidecar_c.get(key) != base.get(key):
             found.append(f"elastic-supervisor's {key} differ from the base container's")
@@ -186,7 +203,8 @@ def test_everything_else_is_the_local_overlays(built: dict[str, list[Doc]]) -> N
     assert {k: v for k, v in sidecar["spec"].items() if k != "template"} == \
         {k: v for k, v in local["spec"].items() if k != "template"}
     assert sidecar["spec"]["template"]["metadata"] == local["spec"]["template"]["metadata"]
-    changed = {"shareProcessNamespace", "initContainers", "containers", "volumes"}
+    changed = {"shareProcessNamespace", "initContainers", "containers", "volumes",
+               "automountServiceAccountToken"}
     assert {k: v for k, v in pod_spec(built["sidecar"]).items() if k not in changed} == \
         {k: v for k, v in pod_spec(built["local"]).items() if k not in changed}
 
@@ -232,7 +250,9 @@ def _pop(key: str) -> Callable[[Doc], None]:
 DOCTORED: list[tuple[str, Callable[[list[Doc]], Doc], Callable[[Doc], None], str]] = [
     ("no shared process namespace", _spec, _pop("shareProcessNamespace"),
      "does not share its process namespace"),
-    ("no shared volume", _spec, lambda s: s["volumes"].pop(), "no emptyDir volume"),
+    ("no shared volume", _spec,
+     lambda s: s.update(volumes=[v for v in s["volumes"] if v["name"] != "elastic-supervisor"]),
+     "no emptyDir volume"),
     ("the install after the sidecar", _spec, _swap_inits, "expected elastic-supervisor-install"),
     ("a sidecar that is a plain init container", _init("elastic-supervisor"),
      _pop("restartPolicy"), "not a native sidecar"),
@@ -251,7 +271,7 @@ DOCTORED: list[tuple[str, Callable[[list[Doc]], Doc], Callable[[Doc], None], str
                                 "value": "/etc/edl/hostfile"}),
      "extra ['SUPERVISOR_DISCOVERY_FILE']"),
     ("a sidecar without the shared directory", _init("elastic-supervisor"),
-     lambda c: c["volumeMounts"].pop(), "base's plus the shared directory"),
+     lambda c: c["volumeMounts"].pop(-2), "base's plus the shared directory"),
     ("a sidecar without its metrics port", _init("elastic-supervisor"),
      lambda c: c["ports"].pop(0), "ports differ"),
     ("the launcher on the launcher image", _launcher, _set("image", NAMES.launcher),
@@ -267,6 +287,16 @@ DOCTORED: list[tuple[str, Callable[[list[Doc]], Doc], Callable[[Doc], None], str
      "securityContext differs"),
     ("the supervisor's env on the launcher", _launcher,
      _set("env", [{"name": "SUPERVISOR_MODE", "value": "sidecar"}]), "has env"),
+    ("the token in every container", _spec, _pop("automountServiceAccountToken"),
+     "automountServiceAccountToken is not false"),
+    ("the token not projected", _spec,
+     lambda s: s["volumes"].__setitem__(-1, {"name": "elastic-supervisor-token",
+                                             "emptyDir": {}}),
+     "no projected ServiceAccount token"),
+    ("the token in the training container", _launcher,
+     lambda c: c["volumeMounts"].append(dict(TOKEN_MOUNT)), "launcher mounts the supervisor's"),
+    ("a sidecar without the token", _init("elastic-supervisor"),
+     lambda c: c["volumeMounts"].pop(), "and the ServiceAccount token"),
     ("the worker template on the worker image", _template_container,
      _set("image", NAMES.worker), "which holds the supervisor"),
     ("the worker template changed otherwise", _template_container,
