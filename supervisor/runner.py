@@ -422,14 +422,16 @@ def _with_hook(cfg: Config, api: Any, owner: Mapping[str, str] | None,
     if cfg.worker_template is None:
         return cfg
     files = {path: src.read_text() for path, src in sidecar.hook_sources().items()}
-    body = sidecar.hook_configmap(cfg.job_name, files, owner)
+    bytecode = sidecar.hook_bytecode(files)
+    body = sidecar.hook_configmap(cfg.job_name, files, owner, bytecode)
     made = retry.call("create the hook's ConfigMap", lambda: kube.create_config_map(
         api, cfg.namespace, body, cfg.api_timeout_s))
     name = made["metadata"]["name"]
     log.info("sidecar.hook_configmap", configmap=name, files=len(files),
-             sha256=body["metadata"]["annotations"][sidecar.HOOK_DIGEST])
-    return replace(cfg, worker_template=sidecar.with_hook(cfg.worker_template, name, files,
-                                                          cfg.shared_dir))
+             sha256=body["metadata"]["annotations"][sidecar.HOOK_DIGEST],
+             bytecode=sys.implementation.cache_tag)
+    return replace(cfg, worker_template=sidecar.with_hook(
+        cfg.worker_template, name, [*files, *bytecode], cfg.shared_dir))
 
 
 def _wrapped_command(cfg: Config, link: sidecar.Link, stopping: startup.Stopping, *,

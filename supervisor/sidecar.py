@@ -19,8 +19,11 @@ through the shared process namespace, and its exit comes from es-run.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
+import importlib.util
+import marshal
 import os
 import shlex
 import shutil
@@ -173,12 +176,30 @@ def _hook_key(path: str) -> str:
     return path.replace("/", ".")
 
 
+def hook_bytecode(files: Mapping[str, str]) -> dict[str, bytes]:
+    """The hook's modules compiled for this interpreter, by the path a Python of the same
+    version looks for them (__pycache__/NAME.TAG.pyc): hash-checked pycs (PEP 552), valid
+    wherever they sit beside their very source, whatever its mtime. The workers' ConfigMap
+    volume is read-only, so without them every process of a worker compiles the hook again
+    (0.1-0.4 s here); a Python of another version ignores them and compiles."""
+    out = {}
+    for path, text in files.items():
+        source = text.encode()
+        code = compile(source, path, "exec", dont_inherit=True)
+        flags = (0b11).to_bytes(4, "little")  # hash-based, checked against the source
+        out[importlib.util.cache_from_source(path)] = (
+            importlib.util.MAGIC_NUMBER + flags + importlib.util.source_hash(source)
+            + marshal.dumps(code))
+    return out
+
+
 def hook_configmap(job: str, files: Mapping[str, str],
-                   owner: Mapping[str, str] | None) -> dict[str, Any]:
-    """The ConfigMap that carries the hook's `files` (path -> text) to the workers: a name the
-    API server generates (nobody can have made it before us), immutable (nobody changes it
-    under a running worker), owned by `owner` (the launcher Job: it goes with the job), its
-    files' digest in an annotation."""
+                   owner: Mapping[str, str] | None,
+                   bytecode: Mapping[str, bytes] | None = None) -> dict[str, Any]:
+    """The ConfigMap that carries the hook's `files` (path -> text) and their `bytecode`
+    (hook_bytecode) to the workers: a name the API server generates (nobody can have made it
+    before us), immutable (nobody changes it under a running worker), owned by `owner` (the
+    launcher Job: it goes with the job), its files' digest in an annotation."""
     digest = hashlib.sha256()
     for path in sorted(files):
         digest.update(f"{path}\0{len(files[path])}\0{files[path]}".encode())
@@ -188,8 +209,12 @@ def hook_configmap(job: str, files: Mapping[str, str],
         "annotations": {HOOK_DIGEST: digest.hexdigest()}}
     if owner is not None:
         meta["ownerReferences"] = [owner_reference(owner)]
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "immutable": True,
+    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "immutable": True,
             "data": {_hook_key(path): text for path, text in sorted(files.items())}}
+    if bytecode:
+        body["binaryData"] = {_hook_key(path): base64.b64encode(pyc).decode()
+                              for path, pyc in sorted(bytecode.items())}
+    return body
 
 
 def with_hook(template: Mapping[str, Any], configmap: str, paths: Iterable[str],

@@ -129,8 +129,12 @@ def the_workers_hook_is_the_supervisors_own_from_its_configmap(job: Job) -> None
         listed = {p.name for p in hook.iterdir() if not p.name.startswith("..")}
         listed |= {f"elastic_supervisor_hook/{p.name}"
                    for p in (hook / "elastic_supervisor_hook").iterdir()}
-        assert listed - {"elastic_supervisor_hook"} == set(own), (pod_name, sorted(listed))
+        # and the bytecode the supervisor compiled (__pycache__, its Python's tag)
+        assert listed - {"elastic_supervisor_hook", "__pycache__",
+                         "elastic_supervisor_hook/__pycache__"} == set(own), (pod_name, listed)
         assert {k: (hook / k).read_bytes() for k in own} == own, pod_name
+        assert len(list((hook / "elastic_supervisor_hook" / "__pycache__").glob("*.pyc"))) \
+            == len(own) - 1, pod_name
 
 
 def only_the_supervisor_holds_the_token(job: Job) -> None:

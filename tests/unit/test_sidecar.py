@@ -4,7 +4,9 @@ supervisor started after horovodrun exited, with the real es-run."""
 
 from __future__ import annotations
 
+import base64
 import copy
+import importlib.util
 import json
 import os
 import subprocess
@@ -143,6 +145,12 @@ def test_the_hooks_configmap_holds_the_supervisors_own_hook_under_a_name_nobody_
         path.replace("/", "."): len(text) for path, text in files.items()}
     # The API server refuses a ConfigMap over 1 MiB: the hook stays well under it.
     assert len(json.dumps(cm).encode()) < 512 * 1024
+    assert "binaryData" not in cm  # no bytecode given
+    compiled = sidecar.hook_configmap("elastic-train", files, None, sidecar.hook_bytecode(files))
+    assert compiled["data"] == cm["data"] and sorted(compiled["binaryData"]) == sorted(
+        f"{Path(p).parent}.__pycache__.{Path(p).stem}.{sys.implementation.cache_tag}.pyc"
+        .removeprefix("..") for p in files)
+    assert len(json.dumps(compiled).encode()) < 512 * 1024
     changed = sidecar.hook_configmap("elastic-train", {**files, "sitecustomize.py": "#"}, None)
     assert (changed["metadata"]["annotations"][sidecar.HOOK_DIGEST]
             != meta["annotations"][sidecar.HOOK_DIGEST])
@@ -170,32 +178,57 @@ def test_workers_get_the_hook_from_the_configmap_without_an_init_container() -> 
     assert sidecar.with_hook(out, "other", files, SHARED) == out  # once only
 
 
-def test_the_configmaps_files_are_the_hook_install_writes_and_a_python_loads_it(
+def test_the_configmaps_files_are_the_hook_install_writes_and_a_python_loads_them_compiled(
         tmp_path: Path) -> None:
-    """Lay the ConfigMap out as the kubelet does (each item's key at its path) and compare it
-    with what `install` copies for the launcher; a Python with that directory first on its
-    PYTHONPATH runs the hook's sitecustomize and imports the package from there."""
+    """Lay the ConfigMap out as the kubelet does (each item's key at its path, read-only) and
+    compare its sources with what `install` copies for the launcher; a Python of the
+    supervisor's version with that directory first on its path runs the hook's sitecustomize
+    and imports the package from there, from the ConfigMap's bytecode (nothing compiled)."""
     files = hook_files()
-    cm = sidecar.hook_configmap("elastic-train", files, None)
-    volume = sidecar.with_hook(WORKER, "x", files, SHARED)["spec"]["volumes"][-1]
+    bytecode = sidecar.hook_bytecode(files)
+    assert sorted(bytecode) == sorted(
+        str(Path(p).parent / "__pycache__" / f"{Path(p).stem}.{sys.implementation.cache_tag}.pyc")
+        .removeprefix("./") for p in files)
+    cm = sidecar.hook_configmap("elastic-train", files, None, bytecode)
+    volume = sidecar.with_hook(WORKER, "x", [*files, *bytecode], SHARED)["spec"]["volumes"][-1]
     mounted = tmp_path / "mounted"
     for item in volume["configMap"]["items"]:
         (mounted / item["path"]).parent.mkdir(parents=True, exist_ok=True)
-        (mounted / item["path"]).write_text(cm["data"][item["key"]])
+        if item["key"] in cm["data"]:
+            (mounted / item["path"]).write_text(cm["data"][item["key"]])
+        else:
+            (mounted / item["path"]).write_bytes(base64.b64decode(cm["binaryData"][item["key"]]))
+    for f in mounted.rglob("*"):
+        f.chmod(0o555 if f.is_dir() else 0o444)  # defaultMode 0444, a read-only volume
     installed = tmp_path / "installed"
     sidecar.install(installed, packaged_discovery_script())
 
-    def tree(root: Path) -> dict[str, str]:
-        return {str(f.relative_to(root)): f.read_text() for f in root.rglob("*") if f.is_file()}
+    def sources(root: Path) -> dict[str, str]:
+        return {str(f.relative_to(root)): f.read_text() for f in root.rglob("*.py")}
 
-    assert tree(mounted) == tree(installed / "hook")
+    assert sources(mounted) == sources(installed / "hook")
     got = subprocess.run(
-        [sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+        [sys.executable, "-I", "-v", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
          "import site, sitecustomize, elastic_supervisor_hook as h; "
-         "print(sitecustomize.__file__, h.__file__)", str(mounted)],
-        capture_output=True, text=True, check=True)
+         "import elastic_supervisor_hook.worker; print(sitecustomize.__file__, h.__file__)",
+         str(mounted)],
+        capture_output=True, text=True, check=True, env={"PYTHONDONTWRITEBYTECODE": "1"})
     assert got.stdout.split() == [str(mounted / "sitecustomize.py"),
                                   str(mounted / "elastic_supervisor_hook" / "__init__.py")]
+    loaded = {line.split("'")[1] for line in got.stderr.splitlines()
+              if line.startswith("# code object from ")}
+    for path in ("sitecustomize.py", "elastic_supervisor_hook/__init__.py",
+                 "elastic_supervisor_hook/worker.py"):
+        assert str(mounted / importlib.util.cache_from_source(path)) in loaded, (path, loaded)
+    # A source that is not the one compiled: the pyc is refused (checked hash), the source runs.
+    (mounted / "elastic_supervisor_hook").chmod(0o755)
+    (mounted / "elastic_supervisor_hook" / "watch.py").chmod(0o644)
+    (mounted / "elastic_supervisor_hook" / "watch.py").write_text("CHANGED = 1\n")
+    got = subprocess.run(
+        [sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+         "import elastic_supervisor_hook.watch as w; print(w.CHANGED)", str(mounted)],
+        capture_output=True, text=True, check=True, env={"PYTHONDONTWRITEBYTECODE": "1"})
+    assert got.stdout.strip() == "1"
 
 
 def test_the_launch_file_is_posix_sh_that_keeps_every_word(tmp_path: Path) -> None:
