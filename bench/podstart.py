@@ -305,6 +305,7 @@ def main(runs: int = RUNS, rounds: int = ROUNDS, before: Path | None = None) -> 
     the joins) and `podstart_details` (every sample, and `before`: the blocks an earlier run
     of this benchmark wrote with --out, e.g. at the commit before a change)."""
     jobs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    measured = store.provenance()  # the code that runs: the tree as it is now
     with on_real_nodes("podstart") as (cluster, api, tmp):
         for i in range(runs):
             for mode, overlay in MODES.items():
@@ -315,7 +316,7 @@ def main(runs: int = RUNS, rounds: int = ROUNDS, before: Path | None = None) -> 
                 (tmp / "jobs.json").write_text(json.dumps(jobs, indent=1))
     per_mode = {m: mode_summary(jobs[m]) for m in MODES}
     print(f"podstart: {json.dumps(brief(per_mode))}", flush=True)
-    details: dict[str, Any] = {"provenance": store.provenance(), "workers": WORKERS,
+    details: dict[str, Any] = {"provenance": measured, "workers": WORKERS,
                                "runs": runs, "rounds": rounds, "by_mode": per_mode,
                                "jobs": jobs}
     if before is not None:
