@@ -45,7 +45,7 @@ from tests.faults import PodFaults
 MODES = {"baked": OVERLAY, "sidecar": SIDECAR_OVERLAY}
 WORKERS = 3
 ROUNDS = 3  # two workers SIGKILLed at once, per job
-RUNS = 1  # jobs per mode
+RUNS = 2  # jobs per mode
 SSH_PORT = 2222
 # In the `podstart` block: a worker pod's start (its sandbox -> sshd listening), a replacement's
 # (the fault -> sshd, -> Ready) and the replacements' joins after two kills at once.

@@ -129,6 +129,20 @@ def sidecar(r: Results) -> tuple[str, str]:
             f"{_s(baked[0]['max'])} / {_s(baked[1]['max'])} s max)")
 
 
+PODSTART_WHAT = ("sidecar mode: a replacement worker's sshd after the fault, and full size after "
+                 "two kills at once")
+
+
+def podstart(r: Results) -> tuple[str, str]:
+    side, baked = r["podstart"]["sidecar"], r["podstart"]["baked"]
+
+    def cell(d: Mapping[str, Any]) -> str:
+        return (f"{_s(d['fault_to_sshd_s']['median'])} s and {_s(d['joined_last_s']['median'])} s "
+                f"median, {_s(d['fault_to_sshd_s']['max'])} s and "
+                f"{_s(d['joined_last_s']['max'])} s max")
+    return PODSTART_WHAT, f"{cell(side)} (baked in, same runs: {cell(baked)})"
+
+
 def sequences(r: Results) -> tuple[str, str]:
     d = r["e2e_sequences"]
     worst = max(v["max"] for v in d["resumed_s_by_fault"].values())
@@ -211,6 +225,7 @@ ROWS: Sequence[tuple[tuple[str, ...], str, Callable[[Results], tuple[str, str]]]
     (("e2e_stock_details",), "horovodrun restarts over the stock-script faults", stock_restarts),
     (("sidecar",),
      "sidecar mode (your image as it is): resumed after a SIGKILL / a frozen process", sidecar),
+    (("podstart",), PODSTART_WHAT, podstart),
     (("e2e_sequences",), "faults in the middle of recoveries", sequences),
     (("disruptions",), "announced disruptions (drain, eviction, autoscaler taint, ...)",
      disruptions),
