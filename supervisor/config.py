@@ -430,7 +430,7 @@ VARIABLES: tuple[Var, ...] = (
         "the training container runs `SHARED_DIR/bin/es-run CMD` (docs/configuration.md)."),
     Var("SHARED_DIR", str(SHARED_DIR), "Sidecar mode: the emptyDir the supervisor's and the "
         "training container mount at this path (the wrapper, the hook, the discovery file); "
-        "the workers get it too."),
+        "the workers get the hook at SHARED_DIR/hook, from a ConfigMap the supervisor makes."),
     Var("DISCOVERY_FILE", None, "Host list written atomically by the supervisor (one "
         "`host:slots` per line); put it in an emptyDir. Default: /etc/edl/hostfile; in sidecar "
         "mode SHARED_DIR/hosts."),
