@@ -267,6 +267,11 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str],
         print(f"elastic-supervisor: SUPERVISOR_FENCE_PORT={cfg.fence_port}: cannot listen "
               f"(UDP: {e}); set another port or 0 for any free one", file=sys.stderr)
         return ExitCode.CONFIG
+    if running is not None and running.code is None and not sidecar.owned(running.pid,
+                                                                          running.marker):
+        log.warning("sidecar.pid_not_ours", pid=running.pid, why="the run directory names a "
+                    "process that is not a horovodrun es-run started: not adopted, not killed")
+        running = None
     if running is not None and running.code is None:
         try:
             channel.adopt(running.env.get(RUN_ENV, ""), running.env.get(KEY_ENV))
@@ -422,7 +427,10 @@ def _wrapped_command(cfg: Config, link: sidecar.Link, stopping: startup.Stopping
                      running: sidecar.Running | None) -> list[str]:
     """The training command es-run was given. A horovodrun an earlier supervisor of this pod
     left running that is not `running` (adopted) is killed first: nobody would supervise it."""
-    if (left := link.running()) is not None and (running is None or left.pid != running.pid):
+    left = link.running()
+    if left is not None and left.code is None and not sidecar.owned(left.pid, left.marker):
+        left = None  # said at the adoption (sidecar.pid_not_ours): never killed
+    if left is not None and (running is None or left.pid != running.pid):
         killed = sidecar.kill_tree(left.pid, left.marker)
         log.warning("sidecar.leftover_killed", pid=left.pid, processes=killed)
         events(EventSpec("Warning", "HorovodrunLeftoverKilled", "Start",
