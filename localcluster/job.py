@@ -213,6 +213,10 @@ class MainJob:
         self._parsed = 0
         self._horovod: list[Record] = []
         self._supervisor: list[Record] = []
+        # What the test itself made silent or stuck (pods and nodes), from when: the only
+        # places a Hung or stuck verdict, or a quarantine, may land (tests/e2e/jobs.py
+        # false_verdicts). Written by the faults that silence (not by kills: an exit is no hang).
+        self.silenced: dict[str, float] = {}
 
     # -- deploy ---------------------------------------------------------------------------------
 
@@ -502,6 +506,17 @@ class MainJob:
 
     # -- faults -------------------------------------------------------------------------------
 
+    def silence(self, *names: str) -> None:
+        """Record that the test is about to make these pods or nodes silent or stuck."""
+        now = time.time()
+        for name in names:
+            self.silenced.setdefault(name, now)
+
+    def silence_node(self, node: Node) -> None:
+        """Record a whole node about to go silent: the node and the job's pods on it."""
+        self.silence(node.name, *(name for name, pod in self.workers().items()
+                                  if pod["spec"].get("nodeName") == node.name))
+
     def node_of(self, pod: str) -> Node:
         obj = self.workers().get(pod) or self.pods(f"job-name={JOB}").get(pod)
         if obj is None:
@@ -556,5 +571,6 @@ class MainJob:
     @contextlib.contextmanager
     def partitioned(self, pod: str) -> Iterator[str]:
         ip = self.workers()[pod]["status"]["podIP"]
+        self.silence(pod)
         with self.cluster.partition(ip):
             yield ip

@@ -137,6 +137,7 @@ class TestMainTour:
         alone_on_its_node(job, pod)
         node = job.cluster.node(pod["spec"]["nodeName"])
         t0 = time.time()
+        job.silence_node(node)
         node.stop_kubelet()
         try:
             back_within(job, t0, 2, BACK_AFTER_NODE_LOSS_S)
@@ -370,6 +371,7 @@ class TestMainTour:
         node = job.cluster.node(pod["spec"]["nodeName"])
         severed_before = len(severed(job))
         t0 = time.time()
+        job.silence_node(node)
         node.freeze()
         try:
             # The frozen node still says Ready: a replacement bound there is replaced again

@@ -40,6 +40,7 @@ from supervisor.hook.elastic_supervisor_hook import wire
 from tests.e2e.jobs import (
     CHECKPOINT_MOUNT,
     HANG_FILE,
+    SHIPPED_QUARANTINE,
     STOCK,
     STOCK_DIR,
     Job,
@@ -119,8 +120,11 @@ def tour(cluster: Cluster, cluster_api: client.ApiClient, main_images: dict[str,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Job, PodFaults]]:
     # main_job's leader lease (10 s: fast takeovers) is shorter than the kube-apiserver outage
     # of the tour: the leader pauses through it and training goes on.
+    # The shipped quarantine: the tour's faults hit each worker node at most once with node
+    # evidence (a silent node), so no node may be quarantined (main_job: false_verdicts).
     with stock_job(cluster, cluster_api, tmp_path_factory.mktemp("stock-tour"), script=SLOW,
-                   policy=tour_budgets, SUPERVISOR_STUCK_SECONDS=str(STUCK_S)) as jf:
+                   policy=tour_budgets, SUPERVISOR_STUCK_SECONDS=str(STUCK_S),
+                   **SHIPPED_QUARANTINE) as jf:
         yield jf
 
 
