@@ -18,8 +18,10 @@ state) before any standby could see the Lease expire, but training goes on: an o
 reason to throw away the progress of a job that does not need the API to train. It keeps
 trying; when a renewal succeeds again (the Lease still ours) it resumes. Only when it reads the
 Lease held by someone else has it *lost*: `on_lost` is called once, and the caller stops
-horovodrun at once. The price, documented: a leader cut off from the API while a standby is not
-drives its horovodrun until it can read the Lease again. A leader that exits releases the Lease
+horovodrun at once. A leader cut off from the API while a standby is not drives its horovodrun
+until it can read the Lease again, but not on the standby's workers: `transitions` is the
+leader's term, which its training processes claim their workers with (hook owner.py: the newer
+term's kill the older's, and the older's respawns exit). A leader that exits releases the Lease
 (empty holder), and a standby takes over at once.
 
 `step` is the pure decision; `LeaderElector` does the I/O through an injected `LeaseApi`
