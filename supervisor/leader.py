@@ -144,6 +144,12 @@ class LeaderElector:
         return (self._lost is None and self._paused_at is None and self._renewed_at is not None
                 and self.clock() - self._renewed_at < self.renew_deadline_s)
 
+    def term(self) -> str:
+        """This leader's term, as its training processes claim their workers with it (hook
+        owner.py): the Lease's uid (the job) and its transitions when it was taken."""
+        uid = ((self._lease or {}).get("metadata") or {}).get("uid") or "none"
+        return f"{uid}.{self.transitions}"
+
     # -- one attempt ---------------------------------------------------------------------------
 
     def attempt(self, timeout_s: float | None = None) -> bool:

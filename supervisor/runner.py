@@ -608,7 +608,7 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
                      # The leader's term: its horovodruns' training processes claim their
                      # workers with it, and those of a supervisor that lost the job to this
                      # one die (hook owner.py): never two horovodruns' training on a worker.
-                     base_env={**env, OWNER_ENV: str(elector.transitions)},
+                     base_env={**env, OWNER_ENV: elector.term()},
                      act=actuator.submit,
                      kill_ssh_clients=proc.kill_ssh_clients,
                      count_ssh_clients=lambda pid, host: len(proc.ssh_clients_for(pid, host)),

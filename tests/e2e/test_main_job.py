@@ -491,12 +491,12 @@ class TestMainTour:
         # run, and nothing of an older term trains on any worker (hook owner.py).
         lease = client.CoordinationV1Api(job.api).read_namespaced_lease(
             lease_name(JOB), job.namespace)
-        term = lease.spec.lease_transitions
-        assert term >= 1, "the second launcher took the Lease over"
+        term = f"{lease.metadata.uid}.{lease.spec.lease_transitions}"
+        assert lease.spec.lease_transitions >= 1, "the second launcher took the Lease over"
         for pod in workers:
             trainers = job.processes(pod, lambda argv: any(a.endswith("train.py") for a in argv))
             assert trainers and {process_env(pid).get(OWNER_ENV) for pid in trainers} == {
-                str(term)}, (pod, [process_env(pid).get(OWNER_ENV) for pid in trainers])
+                term}, (pod, [process_env(pid).get(OWNER_ENV) for pid in trainers])
         assert job.state()["ledger"]["total"] == used, "the budget used before is kept"
         again = resumed()
         assert len(again) == 1 and killed_at - again[0]["step"] <= COMMIT_EVERY, again

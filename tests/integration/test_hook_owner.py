@@ -1,10 +1,11 @@
 """Never two horovodruns' training on one worker (issue 39 item 3): training processes in fresh
 interpreters with the hook, as horovodrun starts them on one worker, for supervisors of
-different terms (the leader Lease's leaseTransitions, ELASTIC_SUPERVISOR_HOOK_OWNER).
+different terms (the leader Lease's uid and leaseTransitions, ELASTIC_SUPERVISOR_HOOK_OWNER).
 
 The process of a newer term kills those of older terms before the user's script runs; one of
-an older term (the old horovodrun's respawn) exits 75 before it runs; processes with another
-owner file (another worker on this machine) or without a term are never touched.
+an older term (the old horovodrun's respawn) exits 75 before it runs; processes of another job,
+with another owner file (another worker on this machine) or without a term are never
+touched.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from supervisor.hook import HOOK_DIR
 from supervisor.hook.elastic_supervisor_hook import owner, wire
 
 KEY = wire.new_key()
+JOB = "3f1c2a9e-5b7d-4e21-9a0c-6d8e7f1b2c3d"  # a Lease's uid
 # A training process as horovodrun starts it; its script reports, then trains "forever" with a
 # child of its own (as a DataLoader's worker would be).
 # (Once the child says it is up, its hook has claimed the worker too.)
@@ -42,7 +44,7 @@ def training(term: str | None, owner_file: Path, host: str = "127.0.0.5") -> sub
                 "HOROVOD_LOCAL_RANK": "0", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
                 owner.OWNER_FILE_ENV: str(owner_file)})
     if term is not None:
-        env[owner.OWNER_ENV] = term
+        env[owner.OWNER_ENV] = term if "." in term else f"{JOB}.{term}"
     return subprocess.Popen([sys.executable, "-c", SCRIPT], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -76,7 +78,8 @@ def test_a_newer_terms_process_kills_the_older_runs_and_an_older_ones_exits(
         procs.append(old)
         old_child = started(old)
         assert worker.read_text() == "1\n"
-        bystanders = [training("1", elsewhere), training(None, worker)]
+        bystanders = [training("1", elsewhere), training(None, worker),
+                      training("other-job.1", worker)]
         procs += bystanders
         for b in bystanders:
             started(b)
@@ -91,7 +94,7 @@ def test_a_newer_terms_process_kills_the_older_runs_and_an_older_ones_exits(
         claimed = json.loads(new.stderr.readline())
         assert claimed["event"] == "hook.claimed" and claimed["term"] == 2
         assert old.pid in claimed["killed"] and old_child in claimed["killed"]
-        assert all(b.poll() is None for b in bystanders), "another worker's, or no term"
+        assert all(b.poll() is None for b in bystanders), "another worker's or job's, no term"
 
         respawn = training("1", worker)  # the old horovodrun starts its worker again
         _, err = respawn.communicate(timeout=30)
@@ -114,12 +117,12 @@ def test_a_newer_terms_process_kills_the_older_runs_and_an_older_ones_exits(
 
 def test_a_term_that_is_not_a_number_claims_nothing(tmp_path: Path) -> None:
     worker = tmp_path / "owner"
-    p = training("two", worker)
+    p = training(f"{JOB}.two", worker)
     try:
         started(p)
         assert not worker.exists()
         assert p.stderr is not None
-        assert "ELASTIC_SUPERVISOR_HOOK_OWNER='two': expected the leader's term" in (
+        assert f"ELASTIC_SUPERVISOR_HOOK_OWNER='{JOB}.two': expected <the job's Lease uid>." in (
             p.stderr.readline())
     finally:
         p.kill()

@@ -6,16 +6,18 @@ the API sees the leader's Lease expire, takes it over and starts a horovodrun of
 runs' training processes would then share every worker (and write the same checkpoints).
 
 Each leader's term is the Lease's `leaseTransitions` when it took the Lease (it counts up with
-every takeover); the supervisor hands it to every training process of its horovodruns
-(OWNER_ENV). A training process claims its worker as it starts, before the user's script runs:
-under a lock on the worker's owner file (OWNER_FILE_ENV, else one in $TMPDIR or /tmp),
+every takeover), scoped by the Lease's uid (one job: a later job of the same name, or another
+job's processes on a shared machine, are not compared with it); the supervisor hands
+"<uid>.<term>" to every training process of its horovodruns (OWNER_ENV). A training process
+claims its worker as it starts, before the user's script runs: under a lock on the job's owner
+file on the worker (OWNER_FILE_ENV, else `elastic-supervisor-owner-<uid>` in $TMPDIR or /tmp),
 
 - a term below the file's: this process belongs to a supervisor that lost the job. It says so
   (`hook.superseded` on stderr) and exits SUPERSEDED at once, so the old horovodrun's respawns
   die before they train;
 - otherwise the file gets this term, and every process of the worker (of this user, with the
-  same owner file) that carries a lower term in its environment (the old run's training
-  processes and their children) is killed before this one goes on.
+  same job and owner file) that carries a lower term in its environment (the old run's
+  training processes and their children) is killed before this one goes on.
 
 Processes without a term (no Lease: a local run) claim nothing and are never killed here.
 """
@@ -30,23 +32,31 @@ import signal
 import sys
 import time
 
-OWNER_ENV = "ELASTIC_SUPERVISOR_HOOK_OWNER"  # the leader's term: the Lease's leaseTransitions
+OWNER_ENV = "ELASTIC_SUPERVISOR_HOOK_OWNER"  # "<the Lease's uid>.<its leaseTransitions>"
 OWNER_FILE_ENV = "ELASTIC_SUPERVISOR_HOOK_OWNER_FILE"
-OWNER_FILE = "elastic-supervisor-owner"  # in $TMPDIR or /tmp, unless OWNER_FILE_ENV
+OWNER_FILE = "elastic-supervisor-owner"  # -<uid>, in $TMPDIR or /tmp, unless OWNER_FILE_ENV
 SUPERSEDED = 75  # the exit code of a training process whose supervisor lost the job
 
 
-def term_of(value: str | None) -> int | None:
-    """A term (a non-negative integer) from its text; None for none or a malformed one."""
-    if value is None or not value.strip().isdigit():
+def owner_of(value: str | None) -> tuple[str, int] | None:
+    """(the job's Lease uid, the term) from OWNER_ENV's text; None for none or a malformed
+    one."""
+    scope, _, term = (value or "").strip().rpartition(".")
+    if not term.isdigit() or not scope or len(scope) > 64 or not all(
+            c.isalnum() or c == "-" for c in scope):
         return None
-    return int(value.strip())
+    return scope, int(term)
 
 
-def owner_file(env: dict) -> str:
-    """The worker's owner file as a process with environment `env` finds it (so that the
-    processes that share one are known by their environments)."""
-    return env.get(OWNER_FILE_ENV) or os.path.join(env.get("TMPDIR") or "/tmp", OWNER_FILE)
+def owner_file(env: dict, scope: str) -> str:
+    """The job's owner file on this worker as a process with environment `env` finds it (so
+    that the processes that share one are known by their environments)."""
+    return env.get(OWNER_FILE_ENV) or os.path.join(env.get("TMPDIR") or "/tmp",
+                                                   f"{OWNER_FILE}-{scope}")
+
+
+def term_of(text: str) -> int | None:
+    return int(text.strip()) if text.strip().isdigit() else None
 
 
 def _environ(pid: str) -> dict:
@@ -55,9 +65,9 @@ def _environ(pid: str) -> dict:
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
 
 
-def _terms(path: str) -> list[tuple[int, int]]:
-    """(pid, term) of this user's other processes that carry a term and share owner file
-    `path` (those whose environment can be read)."""
+def _terms(scope: str, path: str) -> list[tuple[int, int]]:
+    """(pid, term) of this user's other processes of job `scope` that carry a term and share
+    owner file `path` (those whose environment can be read)."""
     found = []
     me, uid = os.getpid(), os.getuid()
     for name in os.listdir("/proc"):
@@ -69,15 +79,15 @@ def _terms(path: str) -> list[tuple[int, int]]:
             env = _environ(name)
         except OSError:
             continue
-        term = term_of(env.get(OWNER_ENV))
-        if term is not None and owner_file(env) == path:
-            found.append((int(name), term))
+        theirs = owner_of(env.get(OWNER_ENV))
+        if theirs is not None and theirs[0] == scope and owner_file(env, scope) == path:
+            found.append((int(name), theirs[1]))
     return found
 
 
-def claim(mine: int, path: str) -> tuple[int | None, list[int]]:
-    """Claim the worker for term `mine`: (the file's higher term, []) when superseded, else
-    (None, the pids of lower terms killed)."""
+def claim(scope: str, mine: int, path: str) -> tuple[int | None, list[int]]:
+    """Claim the worker for term `mine` of job `scope`: (the file's higher term, []) when
+    superseded, else (None, the pids of lower terms killed)."""
     with open(path, "a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         f.seek(0)
@@ -90,7 +100,7 @@ def claim(mine: int, path: str) -> tuple[int | None, list[int]]:
             f.write(f"{mine}\n")
             f.flush()
         killed = []
-        for pid, term in _terms(path):
+        for pid, term in _terms(scope, path):
             if term < mine:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
@@ -101,16 +111,17 @@ def claim(mine: int, path: str) -> tuple[int | None, list[int]]:
 def claim_or_exit(env: dict) -> int | None:
     """What a training process does first: claim its worker for its term, or exit SUPERSEDED.
     Returns the term (None: no term, nothing claimed)."""
-    mine = term_of(env.get(OWNER_ENV))
-    if mine is None:
+    owner = owner_of(env.get(OWNER_ENV))
+    if owner is None:
         if env.get(OWNER_ENV) is not None:
-            print(f"elastic-supervisor hook: {OWNER_ENV}={env[OWNER_ENV]!r}: expected the "
-                  "leader's term (a whole number); this worker is not claimed",
-                  file=sys.stderr, flush=True)
+            print(f"elastic-supervisor hook: {OWNER_ENV}={env[OWNER_ENV]!r}: expected "
+                  "<the job's Lease uid>.<the leader's term, a whole number>; this worker is "
+                  "not claimed", file=sys.stderr, flush=True)
         return None
-    path = owner_file(env)
+    scope, mine = owner
+    path = owner_file(env, scope)
     try:
-        held, killed = claim(mine, path)
+        held, killed = claim(scope, mine, path)
     except OSError as e:
         # The file cannot be used (a read-only filesystem): said, and training goes on
         # unguarded rather than not at all.
