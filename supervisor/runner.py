@@ -47,6 +47,7 @@ from supervisor.config import (
     parse_config,
 )
 from supervisor.hook.elastic_supervisor_hook import KEY_ENV, PORT_ENV, RUN_ENV
+from supervisor.hook.elastic_supervisor_hook.owner import OWNER_ENV
 from supervisor.launch import horovodrun_argv
 from supervisor.leader import LeaderElector, lease_name
 from supervisor.logs import make_logger
@@ -604,7 +605,11 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
     sup = Supervisor(cfg, log=log, metrics=metrics, events=recorder.record,
                      start_child=(proc.Child.start if link is None else functools.partial(
                          sidecar.RemoteChild.start, link)),
-                     base_env=env, act=actuator.submit,
+                     # The leader's term: its horovodruns' training processes claim their
+                     # workers with it, and those of a supervisor that lost the job to this
+                     # one die (hook owner.py): never two horovodruns' training on a worker.
+                     base_env={**env, OWNER_ENV: elector.term()},
+                     act=actuator.submit,
                      kill_ssh_clients=proc.kill_ssh_clients,
                      count_ssh_clients=lambda pid, host: len(proc.ssh_clients_for(pid, host)),
                      channel=channel,

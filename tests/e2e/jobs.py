@@ -79,6 +79,12 @@ def stock_script(docs: list[dict[str, Any]]) -> None:
             doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)
 
 
+def process_env(pid: int) -> dict[str, str]:
+    """The environment of host process `pid` (a container's process seen from the node)."""
+    return dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_bytes()
+                .decode(errors="replace").split("\0") if "=" in item)
+
+
 def shared_write(path: Path, text: str) -> None:
     """Replace `path` (on the volume every worker mounts) atomically, readable by them."""
     tmp = path.with_suffix(".tmp")

@@ -52,6 +52,7 @@ from tests.e2e.jobs import (
     main_job,
     no_restart_since,
     one_live_pod_per_slot,
+    process_env,
     step_after_reset,
     steps_of,
     stock_script,
@@ -532,8 +533,7 @@ class TestStockTour:
         live = job.live_workers()
         a, b = sorted(live)
         pid = job.processes(a, lambda argv: any(x.endswith(STOCK.name) for x in argv))[0]
-        env = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_bytes()
-                   .decode(errors="replace").split("\0") if "=" in item)
+        env = process_env(pid)
         key = wire.read_key(str(REPO / "manifests" / "base" / "ssh" / "hook.key"), "hook.key")
         b_ip, run = live[b]["status"]["podIP"], env["ELASTIC_SUPERVISOR_HOOK_RUN"]
         forged = [wire.encode(key, {"t": "driver", "s": "forged-driver", "n": 1, "run": run,
