@@ -150,6 +150,14 @@ class LeaderElector:
         uid = ((self._lease or {}).get("metadata") or {}).get("uid") or "none"
         return f"{uid}.{self.transitions}"
 
+    def window(self) -> float:
+        """Seconds left to write before the renew deadline (0 when not leading): a write's
+        timeout ends there (kube.write_timeout), so none lands after a standby may take over."""
+        if not self.is_leader():
+            return 0.0
+        assert self._renewed_at is not None
+        return max(0.0, self._renewed_at + self.renew_deadline_s - self.clock())
+
     # -- one attempt ---------------------------------------------------------------------------
 
     def attempt(self, timeout_s: float | None = None) -> bool:

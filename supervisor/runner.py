@@ -339,7 +339,7 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
         _lead(cfg, elector, retry, stopping, log=log, events=recorder.record)
         elector.start()
         store = kube.StateStore(api, cfg.namespace, fleet.state_name(cfg.job_name), owner,
-                                timeout_s=cfg.api_timeout_s)
+                                timeout_s=cfg.api_timeout_s, window=elector.window)
         workers, rv, stored = None, None, None
         if cfg.worker_template is not None:
             workers, rv, stored = retry.call("read the state", lambda: load_fleet(cfg, store))
@@ -596,10 +596,13 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
     """Run the loop as the job's leader; clean up (CLEAN_POD_POLICY) on the way out. `env`:
     horovodrun's base environment; `config_env`: the supervisor's own, which the policy is
     parsed from again."""
-    actuator = Actuator(kube.Pods(api, cfg.namespace, cfg.api_timeout_s), store,
+    # Each write's timeout ends at the leader's renew deadline (elector.window): none lands
+    # after a standby may have taken the job over (the StateStore's too: _run).
+    actuator = Actuator(kube.Pods(api, cfg.namespace, cfg.api_timeout_s, elector.window), store,
                         resource_version=rv, writer=identity, sink=lambda _: None,
                         may_act=elector.is_leader,
-                        budgets=kube.Budgets(api, cfg.namespace, cfg.api_timeout_s))
+                        budgets=kube.Budgets(api, cfg.namespace, cfg.api_timeout_s,
+                                             elector.window))
     proc.become_subreaper()
     leases = NodeLeases() if cfg.node_lease_s is not None else None
     sup = Supervisor(cfg, log=log, metrics=metrics, events=recorder.record,
