@@ -362,8 +362,8 @@ def main_job(cluster: Cluster, api: client.ApiClient, out: Path, *, steps: int,
         job.apply()
         yield job
         # Every job on real nodes, whatever its faults: no capacity destroyed without cause.
-        wrong = false_verdicts(job)
-        record_verdicts(job, wrong)
+        record_verdicts(job)
+        wrong = job.false_verdicts()
         assert wrong == [], f"verdicts on workers or nodes the test never silenced: {wrong}"
     finally:
         job.delete()
@@ -373,34 +373,14 @@ def main_job(cluster: Cluster, api: client.ApiClient, out: Path, *, steps: int,
 SHIPPED_QUARANTINE = {"SUPERVISOR_QUARANTINE_FAILURES": str(
     next(f.default for f in dataclasses.fields(Config) if f.name == "quarantine_failures"))}
 
-VERDICTS = ("worker.hung", "worker.stuck", "node.quarantined")
 # Where each job's verdicts are appended (one JSON line per job) when set: bench.suite sums them.
 VERDICTS_FILE = "ES_VERDICTS_FILE"
 
 
-def false_verdicts(job: Job) -> list[Record]:
-    """The Hung and stuck verdicts and the quarantines that name a pod or a node the test did
-    not make silent or stuck before (MainJob.silenced): each one destroyed a healthy worker's
-    or node's capacity."""
-    wrong = []
-    for e in job.logs():
-        if e.get("event") not in VERDICTS:
-            continue
-        name = e.get("node") if e["event"] == "node.quarantined" else e.get("pod")
-        since = job.silenced.get(str(name))
-        if since is None or since > log_time(e):
-            wrong.append(e)
-    return wrong
-
-
-def record_verdicts(job: Job, wrong: list[Record]) -> None:
+def record_verdicts(job: Job) -> None:
     if not (path := os.environ.get(VERDICTS_FILE)):
         return
-    counts = {v: len(job.logs(v)) for v in VERDICTS}
-    line = {"namespace": job.namespace, "verdicts": counts, "silenced": sorted(job.silenced),
-            "false_hung": sum(1 for e in wrong if e["event"] != "node.quarantined"),
-            "false_quarantine": sum(1 for e in wrong if e["event"] == "node.quarantined"),
-            "false": [{k: e.get(k) for k in ("event", "pod", "node", "detail")} for e in wrong]}
+    line = {"namespace": job.namespace, "silenced": sorted(job.silenced), **job.verdicts()}
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
 

@@ -1,16 +1,15 @@
-"""The real-node jobs' count of verdicts that destroyed healthy capacity (tests/e2e/jobs.py):
+"""The real-node jobs' count of verdicts that destroyed healthy capacity (localcluster/job.py):
 a Hung or stuck verdict, or a quarantine, is false unless the test silenced that pod or node
 before it. Records as the supervisor logs them (supervisor/plan.py, supervisor/core.py)."""
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from tests.e2e.jobs import false_verdicts
+from localcluster.job import false_verdicts
 
 T0 = 1_790_000_000.0  # any wall time
 
@@ -18,15 +17,6 @@ T0 = 1_790_000_000.0  # any wall time
 def at(seconds: float) -> str:
     return dt.datetime.fromtimestamp(T0 + seconds, dt.UTC).isoformat().replace(
         "+00:00", "Z")
-
-
-@dataclass
-class Logged:
-    records: list[dict[str, Any]]
-    silenced: dict[str, float] = field(default_factory=dict)
-
-    def logs(self, event: str | None = None) -> list[dict[str, Any]]:
-        return [r for r in self.records if event is None or r["event"] == event]
 
 
 HUNG = {"event": "worker.hung", "pod": "job-w1-0", "host": "10.244.1.5", "pid": 41,
@@ -48,5 +38,4 @@ QUARANTINED = {"event": "node.quarantined", "node": "es-node-1", "failures": 2, 
 def test_a_verdict_is_false_unless_its_pod_or_node_was_silenced_before(
         silenced: dict[str, float], false: list[dict[str, Any]]) -> None:
     other = {"event": "worker.failed", "pod": "job-w1-0", "timestamp": at(12)}
-    job = Logged([HUNG, other, STUCK, QUARANTINED], silenced)
-    assert false_verdicts(job) == false  # type: ignore[arg-type]
+    assert false_verdicts([HUNG, other, STUCK, QUARANTINED], silenced) == false
