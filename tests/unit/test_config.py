@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+from functools import reduce
 from pathlib import Path
 
 import pytest
@@ -359,6 +361,30 @@ def test_every_variable_is_covered_by_the_bad_value_table() -> None:
     tested = {b[0] for b in BAD} | {"SUPERVISOR_WORKERS", "SUPERVISOR_MIN_WORKERS",
                                     "SUPERVISOR_MAX_WORKERS"}
     assert tested == {f"SUPERVISOR_{v.name}" for v in VARIABLES}
+
+
+# Config fields that no variable fills alone: put together after the table's loop.
+DERIVED = {
+    "policy": "POLICY_FILE's rules and budgets, then the rules and budget variables' (dotted)",
+    "worker_template": "WORKER_TEMPLATE's file, read and checked against WORKER_SELECTOR",
+    "sources": "where each value came from, for explain",
+}
+# Variables that fill no field of their own (an Arena form, folded into NP and its kin).
+FOLDED = {"WORKERS", "MIN_WORKERS", "MAX_WORKERS"}
+
+
+def test_every_config_field_is_filled_by_one_variable_unless_derived() -> None:
+    direct = [v.field for v in VARIABLES if v.field and "." not in v.field]
+    assert len(direct) == len(set(direct)), "a field filled by two variables"
+    assert not set(direct) & DERIVED.keys()
+    assert set(direct) | DERIVED.keys() == {f.name for f in fields(Config)}
+    assert {v.name for v in VARIABLES if v.field is None} == FOLDED
+    cfg = parse()
+    for v in VARIABLES:
+        if v.field and "." in v.field:
+            root, *inner = v.field.split(".")
+            assert root in DERIVED, v.name
+            reduce(getattr, inner, getattr(cfg, root))  # AttributeError: no such field
 
 
 def test_sidecar_mode_puts_discovery_in_the_shared_dir() -> None:
