@@ -415,6 +415,15 @@ def test_all_problems_are_reported_at_once() -> None:
     ]
 
 
+def test_problems_come_in_the_order_of_the_variables_table() -> None:
+    found = problems({"SUPERVISOR_JOB_NAME": "j", "SUPERVISOR_NAMESPACE": "n",
+                      "SUPERVISOR_STALL_TIMEOUT_SECONDS": "5", "SUPERVISOR_STUCK_SECONDS": "4",
+                      "SUPERVISOR_WORKER_CONTAINER": "a b", "SUPERVISOR_MAX_WORKERS": "x"})
+    assert [p.split("=")[0].split(":")[0] for p in found] == [
+        "SUPERVISOR_NP", "SUPERVISOR_MAX_WORKERS", "SUPERVISOR_WORKER_CONTAINER",
+        "SUPERVISOR_STUCK_SECONDS", "SUPERVISOR_STALL_TIMEOUT_SECONDS"]
+
+
 @pytest.mark.parametrize(("env", "message"), [
     pytest.param({"SUPERVISOR_NP": "4", "SUPERVISOR_WORKERS": "4"},
                  "SUPERVISOR_NP and SUPERVISOR_WORKERS: give one of them, not both",
