@@ -844,6 +844,7 @@ def test_a_drain_cannot_evict_the_launcher(
 
 ADMISSION_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 TEMPLATE_CM = "elastic-supervisor-worker-template"
+POD_SECURITY = "pod-security.kubernetes.io/"
 WORKER_IMAGE = "elastic-supervisor-worker:0.1.0"  # base/files/worker-template.yaml's
 Pod = dict[str, Any]
 
@@ -865,6 +866,14 @@ def worker_from(docs: list[dict[str, Any]], slot: int = 0,
     return worker_pod(template, job="elastic-train", slot=slot, incarnation=1, owner=owner)
 
 
+def without_pod_security(docs: list[dict[str, Any]]) -> None:
+    """Drop the namespace's Pod Security labels, so that the admission policies are seen on
+    their own (PodSecurity runs first and refuses a privileged pod, a hostPort... itself)."""
+    meta = one(docs, "Namespace")["metadata"]
+    meta["labels"] = {k: v for k, v in (meta.get("labels") or {}).items()
+                      if not k.startswith(POD_SECURITY)}
+
+
 def policy_message(e: client.ApiException) -> str | None:
     """The message of an admission policy's refusal, None for any other error."""
     body = str(e.body)
@@ -874,7 +883,7 @@ def policy_message(e: client.ApiException) -> str | None:
 @dataclass
 class Guarded:
     """A job's namespace with the manifests' RBAC, admission policies and worker template
-    applied for real; `api` holds a token of the
+    applied for real, without its Pod Security labels; `api` holds a token of the
     supervisor's ServiceAccount."""
 
     applied: Applied
@@ -911,9 +920,14 @@ def guard(cp: ControlPlane, api_client: client.ApiClient, manifests: Path, tmp: 
           target: str = "base",
           doctor: Callable[[list[dict[str, Any]]], None] | None = None) -> Guarded:
     """Apply `target`'s RBAC, admission policies and worker template (changed by `doctor`)
-    in a fresh namespace; return once the policies are enforced
+    in a fresh namespace without Pod Security labels; return once the policies are enforced
     and the template, their parameter, is seen (the supervisor's worker passes)."""
-    applied = apply_rbac(cp, client.CoreV1Api(api_client), manifests, tmp, doctor,
+    def doctor_all(docs: list[dict[str, Any]]) -> None:
+        without_pod_security(docs)
+        if doctor is not None:
+            doctor(docs)
+
+    applied = apply_rbac(cp, client.CoreV1Api(api_client), manifests, tmp, doctor_all,
                          target=target)
     objects = [d for d in applied.docs if d["kind"] in ADMISSION_KINDS]
     assert objects, f"no {' or '.join(ADMISSION_KINDS)} in {target}"
@@ -1189,3 +1203,37 @@ def test_what_the_supervisor_does_to_its_workers_is_admitted(
     left = client.CoreV1Api(api_client).list_namespaced_pod(
         g.ns, label_selector=cleanup.worker_selector("elastic-train")).items
     assert [p.metadata.name for p in left if not p.metadata.deletion_timestamp] == []
+
+
+def create_dry_run(cp: ControlPlane, ns: str, pod: Pod) -> subprocess.CompletedProcess[str]:
+    """An administrator's server-side dry-run create of `pod` (kubectl prints Pod Security's
+    warnings)."""
+    return kubectl("create", "--dry-run=server", "-n", ns, "-f", "-", check=False,
+                   kubeconfig=cp.kubeconfig, stdin=json.dumps(pod))
+
+
+def test_the_jobs_namespace_enforces_pod_security_baseline_and_its_pods_meet_restricted(
+        control_plane: ControlPlane, built: dict[str, list[dict[str, Any]]],
+        job_namespace: str) -> None:
+    labels = one(built["base"], "Namespace")["metadata"].get("labels") or {}
+    assert {k: v for k, v in labels.items() if k.startswith(POD_SECURITY)} == {
+        f"{POD_SECURITY}enforce": "baseline", f"{POD_SECURITY}warn": "restricted",
+        f"{POD_SECURITY}audit": "restricted"}
+    # Anybody's pod, not only the supervisor's.
+    privileged = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "privileged"},
+                  "spec": {"containers": [{"name": "c", "image": WORKER_IMAGE,
+                                           "securityContext": {"privileged": True}}]}}
+    refused = wait_for(lambda: "violates PodSecurity" in (
+        r := create_dry_run(control_plane, job_namespace, privileged)).stderr and r, 30,
+        what="Pod Security enforced in the job's namespace")
+    assert refused.returncode != 0
+    assert 'violates PodSecurity "baseline:latest": privileged' in refused.stderr
+    for target in TARGETS:
+        job_pod = one(built[target], "Job")["spec"]["template"]
+        launcher_pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": "elastic-train-x7k2p", "labels": job_pod["metadata"]["labels"]},
+            "spec": job_pod["spec"]}
+        for pod in (launcher_pod, worker_from(built[target])):
+            done = create_dry_run(control_plane, job_namespace, pod)
+            assert done.returncode == 0, (target, done.stderr)
+            assert "PodSecurity" not in done.stderr, (target, done.stderr)
