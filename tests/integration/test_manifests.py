@@ -654,18 +654,24 @@ def replacement_run(cp: ControlPlane, api: client.ApiClient, manifests: Path, tm
     return sup, job
 
 
+def replace_one(sup: SupervisorProcess, job: Job) -> None:
+    """Start `sup`, wait for its 2 workers to run, end worker 0 with exit 137 and wait for the
+    supervisor to create its replacement."""
+    sup.start()
+    wait_for(lambda: len(job.live()) == 2 and all(
+        job.pods()[n].get("status", {}).get("phase") == "Running" for n in job.live()),
+        30, what="2 running workers")
+    job.terminate("elastic-train-w0-1", 137)
+    sup.wait_log("worker.created", timeout=20, pod="elastic-train-w0-2")
+
+
 def test_the_manifests_rbac_is_enough_for_a_replacement(
         control_plane: ControlPlane, api_client: client.ApiClient, manifests: Path,
         tmp_path: Path) -> None:
     sup, job = replacement_run(control_plane, api_client, manifests, tmp_path)
     kubelet = AutoKubelet(job)
     try:
-        sup.start()
-        wait_for(lambda: len(job.live()) == 2 and all(
-            job.pods()[n].get("status", {}).get("phase") == "Running" for n in job.live()),
-            30, what="2 running workers")
-        job.terminate("elastic-train-w0-1", 137)
-        sup.wait_log("worker.created", timeout=20, pod="elastic-train-w0-2")
+        replace_one(sup, job)
         assert "forbidden" not in sup.output().lower()
     finally:
         sup.close()
@@ -919,9 +925,9 @@ class Guarded:
 def guard(cp: ControlPlane, api_client: client.ApiClient, manifests: Path, tmp: Path, *,
           target: str = "base",
           doctor: Callable[[list[dict[str, Any]]], None] | None = None) -> Guarded:
-    """Apply `target`'s RBAC, admission policies and worker template (changed by `doctor`)
-    in a fresh namespace without Pod Security labels; return once the policies are enforced
-    and the template, their parameter, is seen (the supervisor's worker passes)."""
+    """Apply `target`'s RBAC and admission policies (changed by `doctor`) in a fresh namespace
+    without Pod Security labels, with a pod of somebody else's ("stranger"); return once both
+    policies are enforced."""
     def doctor_all(docs: list[dict[str, Any]]) -> None:
         without_pod_security(docs)
         if doctor is not None:
@@ -931,17 +937,25 @@ def guard(cp: ControlPlane, api_client: client.ApiClient, manifests: Path, tmp: 
                          target=target)
     objects = [d for d in applied.docs if d["kind"] in ADMISSION_KINDS]
     assert objects, f"no {' or '.join(ADMISSION_KINDS)} in {target}"
-    listing = json.dumps({"apiVersion": "v1", "kind": "List",
-                          "items": [*objects, one(applied.docs, "ConfigMap", TEMPLATE_CM)]})
+    listing = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
     kubectl("apply", "-f", "-", kubeconfig=cp.kubeconfig, stdin=listing)
     guarded = Guarded(applied, config.new_client_from_config(config_file=str(applied.kubeconfig)),
                       listing)
-    stranger = {"metadata": {"name": "stranger", "labels": {"app": "stranger"}},
+    stranger = {"metadata": {"name": "stranger"},
                 "spec": {"containers": [{"name": "c", "image": WORKER_IMAGE}]}}
-    # A policy takes a moment to be compiled and bound, its parameter to be seen.
-    wait_for(lambda: guarded.refusal(stranger), 30, what="the admission policy enforced")
-    wait_for(lambda: guarded.refusal(worker_from(applied.docs)) is None, 30,
-             what="the worker template (the policy's parameter) seen by the policy")
+    client.CoreV1Api(api_client).create_namespaced_pod(applied.ns, stranger)
+
+    def delete_refused() -> bool:
+        try:
+            guarded.sup.delete_namespaced_pod("stranger", applied.ns, dry_run="All")
+        except client.ApiException as e:
+            return policy_message(e) is not None
+        return False
+
+    # A policy takes a moment to be compiled and bound.
+    wait_for(lambda: guarded.refusal(dict(stranger, metadata={"name": "not-a-worker"})), 30,
+             what="the creates' policy enforced")
+    wait_for(delete_refused, 30, what="the changes' policy enforced")
     return guarded
 
 
@@ -949,8 +963,8 @@ def guard(cp: ControlPlane, api_client: client.ApiClient, manifests: Path, tmp: 
 def guarded(control_plane: ControlPlane, api_client: client.ApiClient, manifests: Path,
             job_namespace: str,  # the PriorityClasses the workers name
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guarded]:
-    """The base's admission, and in it a worker the supervisor created (slot 0), the
-    launcher's pod and a pod of somebody else's, both created by an administrator."""
+    """The base's admission, and in it a worker the supervisor created (slot 0) and the
+    launcher's pod, created by an administrator, beside guard()'s stranger."""
     g = guard(control_plane, api_client, manifests, tmp_path_factory.mktemp("guarded"))
     core = client.CoreV1Api(api_client)
     try:
@@ -959,9 +973,6 @@ def guarded(control_plane: ControlPlane, api_client: client.ApiClient, manifests
         core.create_namespaced_pod(g.ns, {"metadata": {"name": "elastic-train-x7k2p",
                                                        "labels": job_pod["metadata"]["labels"]},
                                           "spec": job_pod["spec"]})
-        core.create_namespaced_pod(g.ns, {"metadata": {"name": "stranger"},
-                                          "spec": {"containers": [{"name": "c",
-                                                                   "image": WORKER_IMAGE}]}})
         yield g
     finally:
         g.close(control_plane)
@@ -1036,12 +1047,12 @@ CREATES_REFUSED: list[tuple[str, Callable[[Pod], None], str]] = [
     ("an Unconfined seccomp profile for a container",
      _set(*C0, "securityContext", "seccompProfile", value={"type": "Unconfined"}), UNCONFINED),
     ("an image the template does not name", _set(*C0, "image", value="miner:1"),
-     f"a worker runs only the images its template names ({WORKER_IMAGE}); not miner:1 "
+     f"a worker runs only its template's images ({WORKER_IMAGE}); not miner:1 "
      "(container worker)"),
     ("an init container of another image",
      _append("spec", "initContainers", value={"name": "elastic-supervisor-hook",
                                               "image": "miner:1"}),
-     f"a worker runs only the images its template names ({WORKER_IMAGE}); not miner:1 "
+     f"a worker runs only its template's images ({WORKER_IMAGE}); not miner:1 "
      "(container elastic-supervisor-hook)"),
     ("a hostPort", _set(*C0, "ports", "0", "hostPort", value=2222), "a worker binds no hostPort"),
     ("another Secret as a volume",
@@ -1073,24 +1084,81 @@ def test_the_supervisor_creates_only_the_jobs_workers_as_the_template_makes_them
     core.create_namespaced_pod(guarded.ns, pod, dry_run="All")
 
 
-def test_a_worker_runs_as_root_only_when_its_template_does(
+def policy_variable(docs: list[dict[str, Any]], name: str) -> dict[str, str]:
+    """The creates' policy's variable `name` ({name, expression}; the expressions of those
+    written from the template are literals YAML reads: a list of strings, a bool)."""
+    (policy,) = [d for d in find(docs, "ValidatingAdmissionPolicy")
+                 if (d["metadata"].get("labels") or {}).get("elastic-supervisor/admission")
+                 == "creates"]
+    variables: list[dict[str, str]] = policy["spec"]["variables"]
+    (variable,) = [v for v in variables if v["name"] == name]
+    return variable  # itself: set_policy_variable changes it
+
+
+def set_policy_variable(docs: list[dict[str, Any]], name: str, value: Any) -> None:
+    policy_variable(docs, name)["expression"] = json.dumps(value)
+
+
+def template_images(template: dict[str, Any]) -> list[str]:
+    spec = template["spec"]
+    return [c["image"] for c in [*spec.get("initContainers", ()), *spec["containers"]]]
+
+
+def runs_as_root(template: dict[str, Any]) -> bool:
+    spec = template["spec"]
+    return any((s.get("securityContext") or {}).get("runAsUser") == 0
+               for s in [spec, *spec.get("initContainers", ()), *spec["containers"]])
+
+
+def policy_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """Where the creates' policy does not know the worker template of `docs`, one line each."""
+    template = template_of(docs)
+    known = {v: yaml.safe_load(policy_variable(docs, v)["expression"])
+             for v in ("workerImages", "templateRunsAsRoot")}
+    problems = []
+    if sorted(set(template_images(template))) != sorted(known["workerImages"]):
+        problems.append(f"workerImages {known['workerImages']}: the template runs "
+                        f"{sorted(set(template_images(template)))}")
+    if runs_as_root(template) is not known["templateRunsAsRoot"]:
+        problems.append(f"templateRunsAsRoot {known['templateRunsAsRoot']}: the template "
+                        f"{'sets' if runs_as_root(template) else 'does not set'} runAsUser: 0")
+    return problems
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_admission_policy_knows_the_worker_template(
+        built: dict[str, list[dict[str, Any]]], target: str) -> None:
+    assert policy_problems(built[target]) == []
+
+
+def test_a_template_the_policy_does_not_know_is_caught(
+        built: dict[str, list[dict[str, Any]]]) -> None:
+    docs = copy.deepcopy(built["base"])
+    template = template_of(docs)
+    template["spec"]["containers"][0]["image"] = "mine:2"
+    template["spec"]["securityContext"]["runAsUser"] = 0
+    one(docs, "ConfigMap", TEMPLATE_CM)["data"]["worker-template.yaml"] = yaml.safe_dump(template)
+    assert policy_problems(docs) == [
+        f"workerImages ['{WORKER_IMAGE}']: the template runs ['mine:2']",
+        "templateRunsAsRoot False: the template sets runAsUser: 0"]
+
+
+def test_a_worker_runs_as_root_only_when_the_policy_says_its_template_does(
         make_guarded: Callable[..., Guarded], guarded: Guarded) -> None:
     def root_template(docs: list[dict[str, Any]]) -> None:
-        # Written back as tests/e2e write templates: no comments, keys sorted.
         template = template_of(docs)
         del template["spec"]["securityContext"]["runAsNonRoot"]
         template["spec"]["securityContext"]["runAsUser"] = 0
         one(docs, "ConfigMap", TEMPLATE_CM)["data"]["worker-template.yaml"] = yaml.safe_dump(
             template)
+        set_policy_variable(docs, "templateRunsAsRoot", True)
 
     root = make_guarded(doctor=root_template)
+    assert policy_problems(root.applied.docs) == []
     pod = worker_from(root.applied.docs, slot=1)
     assert pod["spec"]["securityContext"]["runAsUser"] == 0
     assert root.refusal(pod) is None
     assert ROOT_ONLY in str(guarded.refusal(pod))
-    # The rewritten template's image is still read: another is still refused.
-    _set(*C0, "image", value="miner:1")(pod)
-    assert f"its template names ({WORKER_IMAGE}); not miner:1" in str(root.refusal(pod))
 
 
 def test_the_sidecar_overlay_admits_the_hook_the_supervisor_adds_and_nothing_more(
@@ -1106,7 +1174,7 @@ def test_the_sidecar_overlay_admits_the_hook_the_supervisor_adds_and_nothing_mor
     assert (hook["name"], hook["image"]) == ("elastic-supervisor-hook",
                                              "elastic-supervisor-sidecar:0.1.0")
     assert sidecar.refusal(pod) is None  # guard() waited for it: here for the reader
-    allowed = ("its template names (elastic-supervisor-trainer:0.1.0) and "
+    allowed = ("its template's images (elastic-supervisor-trainer:0.1.0) and "
                "elastic-supervisor-sidecar:0.1.0 in its init container "
                "elastic-supervisor-hook; not ")
     hook["image"] = "elastic-supervisor-launcher:0.1.0"
@@ -1203,6 +1271,40 @@ def test_what_the_supervisor_does_to_its_workers_is_admitted(
     left = client.CoreV1Api(api_client).list_namespaced_pod(
         g.ns, label_selector=cleanup.worker_selector("elastic-train")).items
     assert [p.metadata.name for p in left if not p.metadata.deletion_timestamp] == []
+
+
+def test_a_supervisor_under_the_admission_policies_replaces_a_worker_and_cleans_up(
+        make_guarded: Callable[..., Guarded], control_plane: ControlPlane,
+        api_client: client.ApiClient, tmp_path: Path) -> None:
+    """The whole supervisor, with the manifests' token and policies: it creates its workers,
+    replaces a failed one and deletes them at its exit, and none of it is refused. Its
+    template is the test harness's (pods only this job's stand-in kubelet runs, image
+    worker:local), which the policy is told, as the manifests tell it theirs."""
+    g = make_guarded(doctor=lambda docs: set_policy_variable(docs, "workerImages",
+                                                              ["worker:local"]))
+    job = Job(api_client, g.ns, name="elastic-train")
+    job.node("n1")
+    path = job.template(tmp_path / "worker.json")
+    template = json.loads(path.read_text())
+    template["spec"]["serviceAccountName"] = "elastic-supervisor-worker"
+    path.write_text(json.dumps(template))
+    assert g.refusal(worker_pod(template, job="elastic-train", slot=9, incarnation=1,
+                                owner=None)) is None
+    sup = SupervisorProcess(control_plane, g.ns, tmp_path, KUBECONFIG=str(g.applied.kubeconfig),
+                            SUPERVISOR_JOB_NAME="elastic-train",
+                            SUPERVISOR_WORKER_TEMPLATE=str(path))
+    kubelet = AutoKubelet(job)
+    try:
+        replace_one(sup, job)
+        sup.close()  # SIGTERM: the exit deletes the workers still running
+        done = sup.wait_log("cleanup.done", timeout=5)
+        assert done["deleted"] == ["elastic-train-w0-2", "elastic-train-w1-1"], done
+        assert "ValidatingAdmissionPolicy" not in sup.output()
+        assert "forbidden" not in sup.output().lower()
+    finally:
+        sup.close()
+        kubelet.close()
+        job.close()
 
 
 def create_dry_run(cp: ControlPlane, ns: str, pod: Pod) -> subprocess.CompletedProcess[str]:
