@@ -56,7 +56,7 @@ from supervisor import (
     starts,
 )
 from supervisor.actuator import DeletePod, SaveState
-from supervisor.channel import Beat, Driver
+from supervisor.channel import Beat, Driver, heartbeating
 from supervisor.classify import (
     Cause,
     ClassifySettings,
@@ -478,7 +478,7 @@ def settling_nodes(down: set[str], pods: Mapping[str, Obj], beats: tuple[Beat, .
     training process that heartbeats now, within OUTAGE_SETTLE_S of the API's return."""
     if api_back_at is None or now - api_back_at > OUTAGE_SETTLE_S or not down:
         return frozenset()
-    talking = {b.host for b in beats if b.bye_at is None and now - b.last_seen < silence_s}
+    talking = {b.host for b in beats if heartbeating(b, now, silence_s)}
     on: dict[str, list[str | None]] = {}
     for pod in pods.values():
         node = pod.get("spec", {}).get("nodeName")

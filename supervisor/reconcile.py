@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from supervisor import admission, core, discovery, fleet, hang, incidents, plan, progress, reload
 from supervisor.actuator import CreatePod, KeepBudget, Op, SaveState
-from supervisor.channel import HookChannel, Snapshot, unbound_note
+from supervisor.channel import HookChannel, Snapshot, heartbeating, unbound_note
 from supervisor.classify import (
     ClassifySettings,
     NodeState,
@@ -500,8 +500,8 @@ class Supervisor:
         wanted |= {name for _, name in created}
         pods = {n: incidents.pod_seen(st.view.pods[n], cfg.host_mode, cfg.job_name) for n in wanted
                 if n in st.view.pods}
-        joined = frozenset(b.host for b in beats if b.rank is not None and b.bye_at is None
-                           and now - b.last_seen <= progress.FRESH_S)
+        joined = frozenset(b.host for b in beats if b.rank is not None
+                           and heartbeating(b, now, progress.FRESH_S, inclusive=True))
         fenced = frozenset(h for t in p.todo if isinstance(t, core.Fence) for h in t.hosts)
         st.book, reached = incidents.advance(book, incidents.Tick(
             wall, opened, fenced, created, pods, joined, after))
@@ -612,7 +612,7 @@ class Supervisor:
         h = self.state.hangs
         started = h.run_started_at if h.run_started_at is not None else now
         fresh = sum(1 for b in snap.beats.values()
-                    if b.bye_at is None and now - b.last_seen < self.hang_settings.silence_s)
+                    if heartbeating(b, now, self.hang_settings.silence_s))
         self.metrics.heartbeating_processes.set(fresh)
         assert self.channel is not None
         c = self.channel.counters
@@ -1029,8 +1029,7 @@ class Supervisor:
             return frozenset()
         channel, silence = self.channel, self.hang_settings.silence_s
         return discovery.talking_on_down_nodes(st.view, self.cfg.host_mode, lambda: [
-            b.host for b in channel.snapshot().beats.values()
-            if b.bye_at is None and now - b.last_seen < silence])
+            b.host for b in channel.snapshot().beats.values() if heartbeating(b, now, silence)])
 
     def _listing(self, listed: Rendered, now: float) -> Rendered:
         """The hosts to publish (plan.listing, pure): gather its inputs, keep its outputs."""
