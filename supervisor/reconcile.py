@@ -68,11 +68,11 @@ from supervisor.model import (
     Trigger,
     WatchEvent,
 )
+from supervisor.nodeleases import NodeLeases
 from supervisor.observe import (
     ClusterView,
     EventType,
     Kind,
-    NodeLeases,
     Obj,
     SourceHealth,
 )
