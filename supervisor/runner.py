@@ -60,7 +60,8 @@ from supervisor.model import (
     LeadershipResumed,
     SourceState,
 )
-from supervisor.observe import Kind, NodeLeases, slim
+from supervisor.nodeleases import NodeLeases
+from supervisor.observe import Kind, slim
 from supervisor.policy import DEFAULT_RULES
 from supervisor.reconcile import Supervisor
 from supervisor.reload import PolicyWatcher
