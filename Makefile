@@ -45,7 +45,7 @@ E2E_LOOPBACK := tests/e2e/test_driver_hardening.py tests/e2e/test_join_gate.py \
 # 3.13 among them, the images in a scratch containerd): in `make test` they run in the loopback lane, which evens the lanes.
 NO_CONTROL_PLANE := tests/integration/test_hook_loading.py tests/integration/test_images.py \
 	tests/integration/test_sever_gloo.py tests/integration/test_hook_pythons.py \
-	tests/integration/test_sidecar_wrapper.py
+	tests/integration/test_sidecar_wrapper.py tests/integration/test_hook_owner.py
 
 # The whole suite in phases, cheapest first, each its own pytest run that stops early: a broken
 # unit test is reported in seconds, not after the end-to-end tours. The integration tests (a

@@ -151,6 +151,7 @@ class Sequences:
         node = job.cluster.node(target)
         self.kill(killed)
         t1 = time.time()
+        job.silence_node(node)
         node.freeze()
         try:
             time.sleep(FREEZE_S)

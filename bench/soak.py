@@ -309,9 +309,11 @@ def drive(job: MainJob, steps: list[Step], watch: Watch, stop_file: Path) -> dic
         elif fault == "evict":
             job.evict(pod)
         elif fault == "freeze":
+            job.silence_node(node)
             node.freeze()
             undo.append(node.thaw)
         elif fault == "kubelet":
+            job.silence_node(node)
             node.stop_kubelet()
             undo.append(node.start_kubelet)
         elif fault == "partition":

@@ -8,11 +8,16 @@ directory and runs `.ci/run` there (setup, then `make test`) with empty caches (
 GOCACHE and GOMODCACHE point at new empty directories, removed afterwards), recorded as
 `ci_empty_cache`. The other sub-block keeps its stored value. Not part of `make test` (it runs
 it); each run's output is kept in a log file whose path is recorded.
+
+The same `make test` also fills the `false_verdicts` block: every job on real nodes appends its
+Hung and stuck verdicts and quarantines, and those that named a pod or node the test had not
+silenced (tests/e2e/jobs.py false_verdicts), to the file ES_VERDICTS_FILE names.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -26,6 +31,7 @@ from typing import Any
 from bench import store
 
 KEY = "suite"
+VERDICTS_KEY = "false_verdicts"
 # pytest's last line: "==== 3 failed, 886 passed, 2 skipped, 1 warning in 26.51s (0:00:26) ===="
 SUMMARY = re.compile(r"^=+ (?P<counts>\d+ \w+.*?) in (?P<seconds>[\d.]+)s\b.* =+$")
 COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected)\b")
@@ -67,8 +73,24 @@ def timed(command: list[str], cwd: Path, log: Path, env: dict[str, str] | None =
             "exit_code": proc.returncode, **totals(runs), "phases": runs, "log": str(log)}
 
 
-def make_test(out: Path) -> dict[str, Any]:
-    return timed(["make", "test"], store.REPO, out / "make-test.log")
+def make_test(out: Path, verdicts: Path) -> dict[str, Any]:
+    env = {**os.environ, "ES_VERDICTS_FILE": str(verdicts)}
+    return timed(["make", "test"], store.REPO, out / "make-test.log", env)
+
+
+def false_verdicts(verdicts: Path, run: dict[str, Any]) -> dict[str, Any]:
+    """The `false_verdicts` block from the jobs' lines of one `make test`."""
+    jobs = [json.loads(line) for line in verdicts.read_text().splitlines()] \
+        if verdicts.exists() else []
+    given: dict[str, int] = {}
+    for job in jobs:
+        for event, n in job["verdicts"].items():
+            given[event] = given.get(event, 0) + n
+    return {"hung": sum(j["false_hung"] for j in jobs),
+            "quarantine": sum(j["false_quarantine"] for j in jobs),
+            "verdicts": given, "jobs": len(jobs), "false": [f for j in jobs for f in j["false"]],
+            "ran": "make test: every job on real nodes (tests/e2e; the demo: its own block)",
+            **{k: run[k] for k in ("commit", "date", "exit_code") if k in run}}
 
 
 def ci_empty_cache(out: Path) -> dict[str, Any]:
@@ -92,10 +114,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run .ci/run in a clean clone with empty caches (~35 min)")
     args = parser.parse_args(argv)
     out = Path(tempfile.mkdtemp(prefix="bench-suite-"))
-    measured = {"make_test": make_test(out)}
+    measured = {"make_test": make_test(out, out / "verdicts.jsonl")}
+    verdicts = false_verdicts(out / "verdicts.jsonl", measured["make_test"])
     if args.ci:
         measured["ci_empty_cache"] = ci_empty_cache(out)
-    path = store.record({KEY: {**(store.load().get(KEY) or {}), **measured}})
+    path = store.record({KEY: {**(store.load().get(KEY) or {}), **measured},
+                         VERDICTS_KEY: verdicts})
+    print(f"false verdicts: {verdicts['hung']} Hung or stuck, {verdicts['quarantine']} "
+          f"quarantines, over {verdicts['jobs']} jobs on real nodes")
     for name, run in measured.items():
         print(f"suite {name}: {run['wall_s']} s, exit {run['exit_code']}, {run['passed']} "
               f"passed, {run['failed']} failed, {run['errors']} errors at {run['commit']}")

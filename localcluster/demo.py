@@ -148,6 +148,9 @@ class Result:
     state: dict[str, Any] | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     unread: str | None = None
+    # The capacity-destroying verdicts, and those on a worker or node no fault silenced
+    # (MainJob.verdicts): with the shipped defaults, none may be false.
+    verdicts: dict[str, Any] = field(default_factory=dict)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,7 +181,7 @@ def block(result: Result, wall_s: float, provenance: dict[str, Any]) -> dict[str
                         "resumed_s": since(f.resumed, f), "full_size_s": since(f.full, f),
                         "replacement_usable_s": since(f.usable, f)} for f in result.faults],
             "horovodrun_restarts": [r.get("reason") for r in result.run.restarts],
-            "goodput": goodputs(result)}
+            "goodput": goodputs(result), "verdicts": result.verdicts}
 
 
 def run_job(out: Path, plan: tuple[str, ...], cluster: Cluster | None = None,
@@ -289,6 +292,7 @@ def drive(job: MainJob, plan: tuple[str, ...]) -> Result:
     def freeze() -> None:
         node = victim().spec.node_name
         frozen.append(node)
+        job.silence_node(cluster.node(node))  # where a Hung verdict or a quarantine may land
         cluster.node(node).freeze()
 
     faults_by_key = {
@@ -308,7 +312,7 @@ def drive(job: MainJob, plan: tuple[str, ...]) -> Result:
     code = job.exit_code_within(90)
     run.poll()
     measure(run, faults)
-    result = Result(code, run, faults, job.namespace)
+    result = Result(code, run, faults, job.namespace, verdicts=job.verdicts())
     try:
         result.state, result.events = cli.timeline_sources(job.api, JOB, job.namespace)
     except kube.KubeError as e:
@@ -380,6 +384,10 @@ def summarize(result: Result, out: Path) -> None:
     for f in result.faults:
         print(f"{f.name:<40} {since(f.detected, f):>9} {since(f.resumed, f):>9} "
               f"{since(f.full, f):>10}")
+    if v := result.verdicts:
+        given = ", ".join(f"{n} {e}" for e, n in v["verdicts"].items())
+        print(f"\nverdicts: {given}; on a worker or node no fault silenced: "
+              f"{v['false_hung']} Hung or stuck, {v['false_quarantine']} quarantines")
     if result.unread is not None:
         print(f"\ntimeline: not drawn, the job's state and Events could not be read: "
               f"{result.unread}")

@@ -186,6 +186,25 @@ def namespace_pid(pid: int) -> int | None:
     return None
 
 
+# The decisions that destroy capacity: a worker declared Hung or stuck, a node quarantined.
+VERDICTS = ("worker.hung", "worker.stuck", "node.quarantined")
+
+
+def false_verdicts(logs: list[Record], silenced: Mapping[str, float]) -> list[Record]:
+    """The Hung and stuck verdicts and the quarantines among the supervisor's `logs` that name
+    a pod or a node not made silent or stuck before (`silenced`: name -> wall time, by the test
+    or the demo): each one destroyed a healthy worker's or node's capacity."""
+    wrong = []
+    for e in logs:
+        if e.get("event") not in VERDICTS:
+            continue
+        name = e.get("node") if e["event"] == "node.quarantined" else e.get("pod")
+        since = silenced.get(str(name))
+        if since is None or since > log_time(e):
+            wrong.append(e)
+    return wrong
+
+
 @dataclass
 class MainJob:
     """The main job in `namespace` of `cluster`; its launchers' logs go to `out`."""
@@ -213,6 +232,10 @@ class MainJob:
         self._parsed = 0
         self._horovod: list[Record] = []
         self._supervisor: list[Record] = []
+        # What the test itself made silent or stuck (pods and nodes), from when: the only
+        # places a Hung or stuck verdict, or a quarantine, may land (tests/e2e/jobs.py
+        # false_verdicts). Written by the faults that silence (not by kills: an exit is no hang).
+        self.silenced: dict[str, float] = {}
 
     # -- deploy ---------------------------------------------------------------------------------
 
@@ -502,6 +525,29 @@ class MainJob:
 
     # -- faults -------------------------------------------------------------------------------
 
+    def silence(self, *names: str) -> None:
+        """Record that the test is about to make these pods or nodes silent or stuck."""
+        now = time.time()
+        for name in names:
+            self.silenced.setdefault(name, now)
+
+    def false_verdicts(self) -> list[Record]:
+        return false_verdicts(self.logs(), self.silenced)
+
+    def verdicts(self) -> dict[str, Any]:
+        """What `false_verdicts` found, counted (bench.suite and the demo record it)."""
+        wrong = self.false_verdicts()
+        return {"verdicts": {v: len(self.logs(v)) for v in VERDICTS},
+                "false_hung": sum(1 for e in wrong if e["event"] != "node.quarantined"),
+                "false_quarantine": sum(1 for e in wrong if e["event"] == "node.quarantined"),
+                "false": [{k: e.get(k) for k in ("event", "pod", "node", "detail")}
+                          for e in wrong]}
+
+    def silence_node(self, node: Node) -> None:
+        """Record a whole node about to go silent: the node and the job's pods on it."""
+        self.silence(node.name, *(name for name, pod in self.workers().items()
+                                  if pod["spec"].get("nodeName") == node.name))
+
     def node_of(self, pod: str) -> Node:
         obj = self.workers().get(pod) or self.pods(f"job-name={JOB}").get(pod)
         if obj is None:
@@ -556,5 +602,6 @@ class MainJob:
     @contextlib.contextmanager
     def partitioned(self, pod: str) -> Iterator[str]:
         ip = self.workers()[pod]["status"]["podIP"]
+        self.silence(pod)
         with self.cluster.partition(ip):
             yield ip

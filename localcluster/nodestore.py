@@ -113,7 +113,7 @@ def seed(tarballs: Sequence[Path], cache: Path, log: Log) -> Path:
     base = cache / "nodestore"
     base.mkdir(parents=True, exist_ok=True)
     dest = base / key(tarballs)
-    with open(base / ".lock", "w") as lock:
+    with open(base / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         _prune(base, keep=dest)
         if (dest / COMPLETE).exists():
@@ -165,12 +165,19 @@ def populate(seed_root: Path, root: Path) -> None:
     root.parent.mkdir(parents=True, exist_ok=True)
     if root.exists():
         root.rmdir()
-    if os.stat(seed_root).st_dev != os.stat(root.parent).st_dev:
-        raise StoreError(f"the node image store {seed_root} and the node directory "
-                         f"{root.parent} are on different filesystems: hard links need one "
-                         "(set TMPDIR or XDG_CACHE_HOME so that they share one)")
-    res = subprocess.run(["cp", "-al", str(seed_root), str(root)], capture_output=True,
-                         text=True, check=False)
+    # Shared with other copies, exclusive of `seed`: another checkout's images may replace
+    # (prune) this seed, never while it is being copied.
+    with open(seed_root.parent.parent / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        if not (seed_root.parent / COMPLETE).exists():
+            raise StoreError(f"the node image store {seed_root.parent} was replaced by another "
+                             "checkout's images before this cluster copied it: start it again")
+        if os.stat(seed_root).st_dev != os.stat(root.parent).st_dev:
+            raise StoreError(f"the node image store {seed_root} and the node directory "
+                             f"{root.parent} are on different filesystems: hard links need "
+                             "one (set TMPDIR or XDG_CACHE_HOME so that they share one)")
+        res = subprocess.run(["cp", "-al", str(seed_root), str(root)], capture_output=True,
+                             text=True, check=False)
     if res.returncode != 0:
         raise StoreError(f"cp -al {seed_root} {root}: {res.stderr.strip()[-300:]}")
     for db in DATABASES:

@@ -115,6 +115,21 @@ class Beat:
     trained_s: float | None = None  # seconds training, judged by the hook at each step
 
 
+def heartbeating(b: Beat, now: float, within_s: float, *, inclusive: bool = False) -> bool:
+    """PURE: whether b's process heartbeats at `now`: it said no bye and its last heartbeat
+    came less than `within_s` ago (`inclusive`: at most `within_s` ago).
+
+    The one "fresh heartbeat" rule. Its callers differ only at the boundary: the hang watch,
+    the settling nodes, the hosts kept on down nodes and the heartbeating metric take
+    within_s=silence_s, exclusive (a process silent for exactly silence_s is silent: hang.py);
+    progress.rank0 and the hosts that joined an incident's world take progress.FRESH_S,
+    inclusive. `HookChannel.next_silence` is the deadline of the exclusive rule."""
+    if b.bye_at is not None:
+        return False
+    age = now - b.last_seen
+    return age <= within_s if inclusive else age < within_s
+
+
 @dataclass(frozen=True)
 class Driver:
     """What horovodrun's driver hook said last (None: nothing yet): its state, and the hosts of

@@ -1,9 +1,11 @@
 """Configuration: environment variables -> one typed, frozen `Config`, parsed once at start.
 
-Owns the list of `SUPERVISOR_*` variables (name, default, meaning), their parsing and the
-precise one-line errors for bad values. Every problem is collected and reported at once; the CLI
-exits 2 on any. It also records where each effective value came from, for `explain`, and
-renders the variables' reference (`reference`, written to docs/env-vars.md by `make docs`).
+Owns the table of `SUPERVISOR_*` variables: each one's name, default, meaning, parser (with the
+precise one-line error for a bad value) and the `Config` field it fills. Parsing, `explain`
+(`effective_values`, with where each value came from) and the variables' reference
+(`reference`, written to docs/env-vars.md by `make docs`) are loops over that table; only the
+settings that depend on each other get a step of their own after the loop. Every problem is
+collected and reported at once, in the table's order; the CLI exits 2 on any.
 Never reads anything but the mapping it is given (plus the in-cluster namespace file and the
 kubeconfig's namespace, passed in by the caller), never talks to the cluster.
 """
@@ -18,6 +20,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import reduce
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,7 @@ from supervisor.hook.elastic_supervisor_hook import wire
 from supervisor.policy import (
     Policy,
     PolicyError,
+    Rule,
     env_rules,
     file_budget_fields,
     parse_codes,
@@ -223,6 +227,13 @@ def _at_least(lo: float, why: str) -> Callable[[str], float]:
     return parse
 
 
+def _watch_read_timeout(raw: str) -> float:
+    value = _seconds(0)(raw)
+    if value <= 60:
+        raise ValueError("more than 60 seconds (watch bookmarks come about once a minute)")
+    return value
+
+
 def _enum(kind: type[StrEnum], *, fold: bool = True) -> Callable[[str], StrEnum]:
     def parse(raw: str) -> StrEnum:
         try:
@@ -262,15 +273,13 @@ def _read(read_text: Callable[[Path], str], raw: str, what: str) -> tuple[Path, 
         raise ValueError(f"a readable {what} ({e.strerror or e})") from None
 
 
-def _hook_key(read_text: Callable[[Path], str]) -> Callable[[str], tuple[Path, bytes]]:
-    def parse(raw: str) -> tuple[Path, bytes]:
-        path, text = _read(read_text, raw, "file with the hook's key")
-        try:
-            return path, wire.parse_key(text, "")
-        except ValueError:
-            raise ValueError(f"a file with at least {2 * wire.MIN_KEY_BYTES} hex digits (e.g. "
-                             "`openssl rand -hex 32`)") from None
-    return parse
+def _hook_key(raw: str, read_text: Callable[[Path], str]) -> tuple[Path, bytes]:
+    path, text = _read(read_text, raw, "file with the hook's key")
+    try:
+        return path, wire.parse_key(text, "")
+    except ValueError:
+        raise ValueError(f"a file with at least {2 * wire.MIN_KEY_BYTES} hex digits (e.g. "
+                         "`openssl rand -hex 32`)") from None
 
 
 # A known_hosts line with a key: [@cert-authority] hosts keytype base64 [comment].
@@ -278,14 +287,12 @@ KNOWN_HOST_KEY = re.compile(
     r"(?:@cert-authority\s+)?\S+\s+(?:ssh|ecdsa|sk)-\S+\s+[A-Za-z0-9+/]+=*(?:\s.*)?")
 
 
-def _known_hosts(read_text: Callable[[Path], str]) -> Callable[[str], Path]:
-    def parse(raw: str) -> Path:
-        path, text = _read(read_text, raw, "known_hosts file")
-        if not any(KNOWN_HOST_KEY.fullmatch(line.strip()) for line in text.splitlines()):
-            raise ValueError("a known_hosts file with at least one host key line, like "
-                             "'* ssh-ed25519 AAAA...' (manifests/ssh-keygen.sh writes one)")
-        return path
-    return parse
+def _known_hosts(raw: str, read_text: Callable[[Path], str]) -> Path:
+    path, text = _read(read_text, raw, "known_hosts file")
+    if not any(KNOWN_HOST_KEY.fullmatch(line.strip()) for line in text.splitlines()):
+        raise ValueError("a known_hosts file with at least one host key line, like "
+                         "'* ssh-ed25519 AAAA...' (manifests/ssh-keygen.sh writes one)")
+    return path
 
 
 def _fraction_or_off(raw: str) -> float | None:
@@ -403,187 +410,256 @@ def owned_option(word: str) -> str | None:
 
 # ---- the variables ------------------------------------------------------------------------------
 
+def _none_is(word: str) -> Callable[[object], object]:
+    """`explain`'s value of a variable whose None is spelled `word` (off, auto)."""
+    return lambda value: word if value is None else value
+
+
+def _rule_of(name: str) -> Callable[[tuple[Rule, ...]], str | None]:
+    """`explain`'s value of a rules variable: what the rule it made matches (None: it made none)."""
+    return lambda rules: next((r.what() for r in rules if r.name == PREFIX + name), None)
+
+
 @dataclass(frozen=True)
 class Var:
+    """One variable: everything parsing, `explain` and docs/env-vars.md know of it."""
+
     name: str  # without the prefix
     default: str | None  # raw default; None = unset / derived
+    parse: Callable[..., Any]  # raw -> value, or ValueError("<what is accepted>")
+    # The Config field it fills; dotted: a field inside one (policy.budgets.restart_limit);
+    # None: folded into another variable (WORKERS into NP), no `explain` row of its own.
+    field: str | None
     meaning: str
+    show: Callable[[Any], object] = lambda value: value  # the field's value as `explain` shows it
+    reads: bool = False  # parse also takes parse_config's read_text (the file it names)
 
 
 VARIABLES: tuple[Var, ...] = (
-    Var("JOB_NAME", None, "Name of the training job (required). Used in the default worker "
-        "selector, Events and logs."),
-    Var("NAMESPACE", None, "Namespace of the worker pods. Default: the pod's own namespace "
-        "(in-cluster service account), else the kubeconfig context's namespace."),
-    Var("WORKER_SELECTOR", None, "Label selector of the worker pods. Default: "
+    Var("JOB_NAME", None, _dns_label, "job_name",
+        "Name of the training job (required). Used in the default worker selector, Events and "
+        "logs."),
+    Var("NAMESPACE", None, _dns_label, "namespace",
+        "Namespace of the worker pods. Default: the pod's own namespace (in-cluster service "
+        "account), else the kubeconfig context's namespace."),
+    Var("WORKER_SELECTOR", None, _selector, "worker_selector",
+        "Label selector of the worker pods. Default: "
         "`elastic-supervisor/job=<JOB_NAME>,elastic-supervisor/role=worker`."),
-    Var("SLOTS_PER_WORKER", "1", "Horovod slots (processes) per worker pod."),
-    Var("NP", None, "Slots to start with (horovodrun -np). Or give WORKERS (np = workers x "
-        "slots). Default: MIN_NP if set, else required."),
-    Var("MIN_NP", None, "Fewest slots to keep training with (--min-np). Default: NP."),
-    Var("MAX_NP", None, "Most slots to scale to (--max-np; always passed). Default: NP."),
-    Var("WORKERS", None, "Arena form of NP, in worker pods. Not together with NP."),
-    Var("MIN_WORKERS", None, "Arena form of MIN_NP, in worker pods. Not together with MIN_NP."),
-    Var("MAX_WORKERS", None, "Arena form of MAX_NP, in worker pods. Not together with MAX_NP."),
-    Var("MODE", "baked", "`baked`: the supervisor runs horovodrun as its child (`run -- CMD` in "
-        "the launcher image). `sidecar`: it runs in a native sidecar of the launcher pod and "
-        "the training container runs `SHARED_DIR/bin/es-run CMD` (docs/configuration.md)."),
-    Var("SHARED_DIR", str(SHARED_DIR), "Sidecar mode: the emptyDir the supervisor's and the "
-        "training container mount at this path (the wrapper, the hook, the discovery file); "
-        "the workers get the hook at SHARED_DIR/hook, from a ConfigMap the supervisor makes."),
-    Var("DISCOVERY_FILE", None, "Host list written atomically by the supervisor (one "
-        "`host:slots` per line); put it in an emptyDir. Default: /etc/edl/hostfile; in sidecar "
-        "mode SHARED_DIR/hosts."),
-    Var("DISCOVERY_SCRIPT", None, "Script horovodrun polls (--host-discovery-script); it only "
-        "`cat`s DISCOVERY_FILE. Default: the discover_hosts.sh shipped in the package; in "
-        "sidecar mode SHARED_DIR/discover_hosts.sh."),
-    Var("HOST_MODE", "ip", "How workers are named to Horovod: `ip` (pod IP) or `dns` "
+    Var("SLOTS_PER_WORKER", "1", _int_in(1, 1024), "slots_per_worker",
+        "Horovod slots (processes) per worker pod."),
+    Var("NP", None, _int_in(1), "np",
+        "Slots to start with (horovodrun -np). Or give WORKERS (np = workers x slots). Default: "
+        "MIN_NP if set, else required."),
+    Var("MIN_NP", None, _int_in(1), "min_np",
+        "Fewest slots to keep training with (--min-np). Default: NP."),
+    Var("MAX_NP", None, _int_in(1), "max_np",
+        "Most slots to scale to (--max-np; always passed). Default: NP."),
+    Var("WORKERS", None, _int_in(1), None,
+        "Arena form of NP, in worker pods. Not together with NP."),
+    Var("MIN_WORKERS", None, _int_in(1), None,
+        "Arena form of MIN_NP, in worker pods. Not together with MIN_NP."),
+    Var("MAX_WORKERS", None, _int_in(1), None,
+        "Arena form of MAX_NP, in worker pods. Not together with MAX_NP."),
+    Var("MODE", "baked", _enum(Mode), "mode",
+        "`baked`: the supervisor runs horovodrun as its child (`run -- CMD` in the launcher "
+        "image). `sidecar`: it runs in a native sidecar of the launcher pod and the training "
+        "container runs `SHARED_DIR/bin/es-run CMD` (docs/configuration.md)."),
+    Var("SHARED_DIR", str(SHARED_DIR), _abs_path, "shared_dir",
+        "Sidecar mode: the emptyDir the supervisor's and the training container mount at this path "
+        "(the wrapper, the hook, the discovery file); the workers get the hook at "
+        "SHARED_DIR/hook, from a ConfigMap the supervisor makes."),
+    Var("DISCOVERY_FILE", None, _abs_path, "discovery_file",
+        "Host list written atomically by the supervisor (one `host:slots` per line); put it in an "
+        "emptyDir. Default: /etc/edl/hostfile; in sidecar mode SHARED_DIR/hosts."),
+    Var("DISCOVERY_SCRIPT", None, _abs_path, "discovery_script",
+        "Script horovodrun polls (--host-discovery-script); it only `cat`s DISCOVERY_FILE. "
+        "Default: the discover_hosts.sh shipped in the package; in sidecar mode "
+        "SHARED_DIR/discover_hosts.sh."),
+    Var("HOST_MODE", "ip", _enum(HostMode), "host_mode",
+        "How workers are named to Horovod: `ip` (pod IP) or `dns` "
         "(<hostname>.<subdomain>.<namespace>.svc, needs a headless Service)."),
-    Var("STALENESS_SECONDS", "60", "If the watch is broken longer than this, the discovery file "
-        "is withdrawn so the script fails instead of printing stale hosts. 1 to 3600, above "
-        "RESYNC_SECONDS."),
-    Var("START_TIMEOUT_SECONDS", "600", "How long to wait for MIN_NP usable slots before "
-        "giving up (exit 3)."),
-    Var("SHUTDOWN_GRACE_SECONDS", "30", "After forwarding SIGTERM/SIGINT to horovodrun, how "
-        "long to wait before killing its whole process tree."),
-    Var("HOROVODRUN", "horovodrun", "The horovodrun executable (name on PATH or path)."),
-    Var("SSH_PORT", None, "ssh port of the workers (horovodrun -p)."),
-    Var("SSH_IDENTITY_FILE", None, "Private key for ssh to the workers (horovodrun -i)."),
-    Var("SSH_KNOWN_HOSTS_FILE", None, "known_hosts file with the workers' ssh host key (the "
-        "job's Secret: every worker's sshd shows that key): horovodrun's ssh then checks it "
-        "strictly, so nothing at a worker's address gets the training command without the "
-        "job's host key. Unset: not checked (Horovod's own StrictHostKeyChecking=no)."),
-    Var("NETWORK_INTERFACE", None, "NIC for Horovod traffic (--network-interface), e.g. eth0. "
-        "Recommended: without it horovodrun probes NICs over ssh."),
-    Var("GLOO_TIMEOUT_SECONDS", None, "Gloo timeout (--gloo-timeout-seconds); Horovod's default "
-        "is 30. A new worker must finish hvd.init() within it."),
-    Var("HOROVODRUN_EXTRA_ARGS", "", "More horovodrun arguments, split like a shell would "
-        "(quotes) but never run through one; placed before the training command. An option "
-        "the supervisor sets itself (-np, --min-np, --max-np, --slots-per-host, "
-        "--host-discovery-script, -p, -i, --network-interface, --gloo-timeout-seconds; any "
-        "spelling) is refused: set its variable instead."),
-    Var("WATCH_READ_TIMEOUT_SECONDS", "90", "Client read timeout of a watch connection: a "
-        "silently dead connection is noticed after this long (> 60: bookmarks come each ~60 s)."),
-    Var("RESYNC_SECONDS", "1", "Period of the reconcile tick (staleness checks, reaping) even "
-        "without events. 0.05 to 60."),
-    Var("LOG_FORMAT", "json", "Log format: json or console."),
-    Var("LOG_LEVEL", "info", "Log level: debug, info, warning or error."),
-    Var("METRICS_PORT", "9400", "Port of the Prometheus /metrics endpoint; 0 disables it."),
-    Var("FENCE_PORT", "0", "UDP port of the hook channel: heartbeats of the training "
-        "processes in, the hosts declared dead out (HMAC-authenticated datagrams, no "
-        "connections); 0: any free port (the workers learn it from horovodrun's environment)."),
-    Var("HOOK_KEY_FILE", None, "File with the hook channel's key in hex (at least 32 digits), at "
-        "the same path on the launcher and every worker (the job's Secret): the training "
-        "processes read it there, so the key is in no environment and on no ssh command line. "
-        "Unset: a key of the supervisor's own, handed over in horovodrun's environment (which "
-        "Horovod writes onto every ssh command line)."),
-    Var("POD_NAME", None, "The launcher pod's name (downward API), the object Events refer to "
-        "(without it: the batch Job named JOB_NAME). Default: HOSTNAME when running in a pod."),
-    Var("WORKER_TEMPLATE", None, "Worker pod template (YAML Pod, e.g. from a ConfigMap). Set: "
-        "the supervisor creates the workers and their replacements. Unset: workers are made "
-        "elsewhere and failed ones are only dropped."),
-    Var("WORKER_CONTAINER", None, "The worker pod's training container: its exit is the "
-        "worker's. Default: the pod's first container. Another container's exit counts only "
-        "where a policy rule names it (containerName); otherwise it is only reported "
-        "(worker.container_exited, Event ContainerExited)."),
-    Var("POLICY_FILE", None, "Restart policy YAML (CCE faultTolerantPolicy form, see "
-        "docs/failures-and-policies.md). "
+    Var("STALENESS_SECONDS", "60", _seconds_in(1, 3600), "staleness_s",
+        "If the watch is broken longer than this, the discovery file is withdrawn so the script "
+        "fails instead of printing stale hosts. 1 to 3600, above RESYNC_SECONDS."),
+    Var("START_TIMEOUT_SECONDS", "600", _seconds(0), "start_timeout_s",
+        "How long to wait for MIN_NP usable slots before giving up (exit 3)."),
+    Var("SHUTDOWN_GRACE_SECONDS", "30", _seconds(0, allow_zero=True), "shutdown_grace_s",
+        "After forwarding SIGTERM/SIGINT to horovodrun, how long to wait before killing its whole "
+        "process tree."),
+    Var("HOROVODRUN", "horovodrun", _nonempty, "horovodrun",
+        "The horovodrun executable (name on PATH or path)."),
+    Var("SSH_PORT", None, _int_in(1, 65535), "ssh_port",
+        "ssh port of the workers (horovodrun -p)."),
+    Var("SSH_IDENTITY_FILE", None, _abs_path, "ssh_identity_file",
+        "Private key for ssh to the workers (horovodrun -i)."),
+    Var("SSH_KNOWN_HOSTS_FILE", None, _known_hosts, "ssh_known_hosts_file",
+        "known_hosts file with the workers' ssh host key (the job's Secret: every worker's sshd "
+        "shows that key): horovodrun's ssh then checks it strictly, so nothing at a worker's "
+        "address gets the training command without the job's host key. Unset: not checked "
+        "(Horovod's own StrictHostKeyChecking=no).", reads=True),
+    Var("NETWORK_INTERFACE", None, _nonempty, "network_interface",
+        "NIC for Horovod traffic (--network-interface), e.g. eth0. Recommended: without it "
+        "horovodrun probes NICs over ssh."),
+    Var("GLOO_TIMEOUT_SECONDS", None, _int_in(1), "gloo_timeout_s",
+        "Gloo timeout (--gloo-timeout-seconds); Horovod's default is 30. A new worker must finish "
+        "hvd.init() within it."),
+    Var("HOROVODRUN_EXTRA_ARGS", "", _args, "extra_args",
+        "More horovodrun arguments, split like a shell would (quotes) but never run through one; "
+        "placed before the training command. An option the supervisor sets itself (-np, --min-np, "
+        "--max-np, --slots-per-host, --host-discovery-script, -p, -i, --network-interface, "
+        "--gloo-timeout-seconds; any spelling) is refused: set its variable "
+        "instead.", show=shlex.join),
+    Var("WATCH_READ_TIMEOUT_SECONDS", "90", _watch_read_timeout, "watch_read_timeout_s",
+        "Client read timeout of a watch connection: a silently dead connection is noticed after "
+        "this long (> 60: bookmarks come each ~60 s)."),
+    Var("RESYNC_SECONDS", "1", _seconds_in(0.05, 60), "resync_s",
+        "Period of the reconcile tick (staleness checks, reaping) even without events. 0.05 to "
+        "60."),
+    Var("LOG_FORMAT", "json", _enum(LogFormat), "log_format", "Log format: json or console."),
+    Var("LOG_LEVEL", "info", _enum(LogLevel), "log_level",
+        "Log level: debug, info, warning or error."),
+    Var("METRICS_PORT", "9400", _int_in(0, 65535), "metrics_port",
+        "Port of the Prometheus /metrics endpoint; 0 disables it."),
+    Var("FENCE_PORT", "0", _int_in(0, 65535), "fence_port",
+        "UDP port of the hook channel: heartbeats of the training processes in, the hosts declared "
+        "dead out (HMAC-authenticated datagrams, no connections); 0: any free port (the workers "
+        "learn it from horovodrun's environment)."),
+    Var("HOOK_KEY_FILE", None, _hook_key, "hook_key_file",
+        "File with the hook channel's key in hex (at least 32 digits), at the same path on the "
+        "launcher and every worker (the job's Secret): the training processes read it there, so "
+        "the key is in no environment and on no ssh command line. Unset: a key of the supervisor's "
+        "own, handed over in horovodrun's environment (which Horovod writes onto every ssh command "
+        "line).", show=lambda key: key and key[0], reads=True),
+    Var("POD_NAME", None, _nonempty, "pod_name",
+        "The launcher pod's name (downward API), the object Events refer to (without it: the batch "
+        "Job named JOB_NAME). Default: HOSTNAME when running in a pod."),
+    Var("WORKER_TEMPLATE", None, _abs_path, "worker_template_file",
+        "Worker pod template (YAML Pod, e.g. from a ConfigMap). Set: the supervisor creates the "
+        "workers and their replacements. Unset: workers are made elsewhere and failed ones are "
+        "only dropped."),
+    Var("WORKER_CONTAINER", None, _nonempty, "worker_container",
+        "The worker pod's training container: its exit is the worker's. Default: the pod's first "
+        "container. Another container's exit counts only where a policy rule names it "
+        "(containerName); otherwise it is only reported (worker.container_exited, Event "
+        "ContainerExited)."),
+    Var("POLICY_FILE", None, _abs_path, "policy_file",
+        "Restart policy YAML (CCE faultTolerantPolicy form, see docs/failures-and-policies.md). "
         "Not together with the *_EXIT_CODES / RESTART_EVENTS variables."),
-    Var("RESTART_EXIT_CODES", None, "Exit codes that replace the worker, e.g. `137,143,"
-        "128-255`; every other code drops it. Default: 128-255 restart, others drop."),
-    Var("FAIL_EXIT_CODES", None, "Exit codes that fail the whole job (exit 5), checked first."),
-    Var("RESTART_EVENTS", None, "Causes that replace the worker, from NodeNotReady, "
-        "PodForceDeleted, PodDeleted, Evicted, Preempted, Hung, NotStarted; the others drop "
-        "it, except NotStarted (a pod that never started: replaced unless a rule says "
-        "otherwise). Default: all."),
-    Var("RESTART_LIMIT", "100", "Replacements allowed for the whole job."),
-    Var("SLOT_RESTART_LIMIT", None, "Replacements allowed per worker slot. Default: no limit."),
-    Var("BACKOFF_INITIAL_SECONDS", "1", "Wait before a slot's second replacement; doubles "
-        "with each further one."),
-    Var("BACKOFF_MAX_SECONDS", "60", "Longest wait between replacements of the same slot."),
-    Var("DISRUPTIONS_FREE", "true", "If true, node loss, eviction, preemption, force "
-        "deletion and a Hung worker (frozen or cut off) neither use up the restart limits nor "
-        "wait for backoff: the infrastructure took the worker, no crash loop of the script. "
-        "false: they count like an exit code."),
-    Var("NODE_GRACE_SECONDS", "10", "How long a worker's node must be NotReady/unreachable "
-        "before the worker counts as lost: a kubelet posting Ready=False for a second (a PLEG "
-        "hiccup, a runtime restart) is not node loss. The node controller's own grace (40-50 s) "
-        "comes before this when a kubelet stops posting."),
-    Var("NODE_LEASE_SECONDS", None, "If set, a worker also counts as lost when its node's "
-        "Lease (kube-node-lease) was not renewed for this long: faster than the node "
-        "controller's 40-50 s. Must be above the kubelet's renew interval (leaseDurationSeconds "
-        "/ 4: 10 s by default; a node whose interval is not below it is reported and its Lease "
-        "not used). Needs leases list/watch. Default: off."),
-    Var("NODE_DISRUPTION_THRESHOLD", "0.55", "The disruption brake: when every node of the "
-        "job's workers (at least two) or more than two and at least this share of them are "
-        "down together, or so are the cluster's nodes, the workers on those down nodes are "
-        "not failed and their pods not force-deleted until fewer are down (the node "
-        "controller's --unhealthy-zone-threshold). off: no brake."),
-    Var("NODE_DRAIN_TAINTS", ",".join(disruption.DEFAULT_DRAIN_TAINTS), "Taint keys that say "
-        "a node is about to go (the cluster autoscaler's, Karpenter's, the providers' "
-        "termination handlers'): its workers leave gracefully (out of the discovery file, "
-        "Horovod lets them go at their next commit, replaced on another node) and no new "
-        "worker goes there. Comma-separated; none: off. A cordoned node "
-        "(spec.unschedulable) counts too."),
-    Var("NODE_BAD_CONDITIONS", ",".join(disruption.DEFAULT_BAD_CONDITIONS), "Node condition "
-        "types (node-problem-detector's) that say a node goes bad when their status is True: "
-        "its workers leave gracefully as for NODE_DRAIN_TAINTS. Comma-separated; none: off."),
-    Var("QUARANTINE_FAILURES", "2", "Bad-node quarantine: a node with this many failures of "
-        "the job's workers that point at the node within QUARANTINE_WINDOW_SECONDS (its loss; a "
-        "hang followed by the node NotReady; the same exit, not 137/143, of workers of two "
-        "slots there and of none elsewhere; a node-problem condition. Not a kill, a stuck "
-        "script, a delete, an eviction) gets no new worker of the job for QUARANTINE_SECONDS "
-        "(a required anti-affinity by node name; Events NodeQuarantined, NodeReleased; shown "
-        "by `status`), unless the nodes left cannot hold the job's desired workers. 0: off."),
-    Var("QUARANTINE_WINDOW_SECONDS", "1800", "The window of QUARANTINE_FAILURES."),
-    Var("QUARANTINE_SECONDS", "3600", "How long a quarantined node gets no new worker of the "
-        "job; it ends by itself."),
-    Var("SCALE_OUT_TIMEOUT_SECONDS", "600", "A worker added by `scale` that is not Running "
-        "within this long is deleted again (rollback, Warning Event)."),
-    Var("WORKER_START_TIMEOUT_SECONDS", "600", "A worker pod bound to a node that has not "
-        "started after this long (Pending, no container running: ContainerCreating, a volume "
-        "that does not mount, an image that does not pull, a missing Secret) is acted on, with "
-        "the kubelet's reason and message in a Warning Event: replaced off its node, no "
-        "restart budget used, when the node is at fault or the pod's status does not say "
-        "(Event WorkerRestarting, cause NotStarted; at most 3 pods of a slot in a row, then "
-        "WorkerNeverStarts); only reported, after 60 s already, when the template is (an image "
-        "pull, a missing Secret or key: WorkerNotStarting, since it would fail the same on any "
-        "node). 600 is "
-        "above the cold pull of a large CUDA training image (10-20 GB at 50-100 MB/s: 2-7 "
-        "min), which shows as ContainerCreating too. At least 30; off: never."),
-    Var("SCALE_IN_TIMEOUT_SECONDS", "60", "A worker removed by `scale` leaves the discovery "
-        "file first; it is deleted when horovodrun's ssh clients to it are gone, or after this."),
-    Var("CLEAN_POD_POLICY", "Running", "Worker pods deleted when the job ends (a terminal "
-        "exit: success, a FailJob exit code, the Job's last attempt, no Job; an exit the Job "
-        "retries, or a Job that cannot be read, leaves them to the next launcher), "
-        "mpi-operator's names: Running (those "
-        "still Running or Pending), All, or None. Only pods the supervisor created "
-        "(WORKER_TEMPLATE)."),
-    Var("API_TIMEOUT_SECONDS", "30", "Client timeout of every Kubernetes API call except "
-        "watches (state, Events, creates, deletes, the leader Lease); 1 to 300. A call that "
-        "stalls is given up and retried."),
-    Var("LEADER_LEASE_SECONDS", "60", "Duration of the job's leader Lease "
-        "(<job>-supervisor-leader): a second launcher waits as a standby; a leader that cannot "
-        "renew it for 2/3 of this pauses (writes nothing, training goes on) until it renews "
-        "again, and stops horovodrun (exit 7) only when it sees another launcher holding it; "
-        "a standby takes over a dead leader's job after this. 2 to 3600."),
-    Var("WORKER_HOOK", "true", "Load the hook into every training process horovodrun starts "
-        "(fence, heartbeats, hang detection; no change to the script). false: training "
-        "processes are left alone (horovodrun's driver is hardened either way)."),
-    Var("HEARTBEAT_TIMEOUT_SECONDS", "3", "A training process whose heartbeats (every 0.5 s) "
-        "stopped this long, while its peers wait in a collective and none completes, is Hung."),
-    Var("STUCK_SECONDS", "auto", "A training process that heartbeats but whose main thread "
-        "has not moved (same Python frame position, no I/O, no collective) this long, while "
-        "it is not in the collective every other process waits in, is stuck: named (Event "
-        "WorkerStuck, with where its main thread stands) and replaced like a Hung worker. "
-        "auto: the larger of 20 s and 4 times the job's recent p99 step time; or a number of "
-        "seconds >= 5."),
-    Var("STALL_TIMEOUT_SECONDS", "1800", "No collective completed anywhere for this long while "
-        "the training processes heartbeat: horovodrun is restarted (longer than any step, "
-        "checkpoint or evaluation without collectives)."),
-    Var("HOROVODRUN_RESTART_LIMIT", "3", "Restarts of horovodrun (a stalled job, a rendezvous "
-        "a dead worker broke or that is stuck) before the job fails instead (exit 9); with a "
-        "WORKER_TEMPLATE counted over launcher attempts (saved with the workers' state)."),
+    Var("RESTART_EXIT_CODES", None, _codes, "policy.rules",
+        "Exit codes that replace the worker, e.g. `137,143,128-255`; every other code drops it. "
+        "Default: 128-255 restart, others drop.", show=_rule_of("RESTART_EXIT_CODES")),
+    Var("FAIL_EXIT_CODES", None, _codes, "policy.rules",
+        "Exit codes that fail the whole job (exit 5), checked "
+        "first.", show=_rule_of("FAIL_EXIT_CODES")),
+    Var("RESTART_EVENTS", None, _events, "policy.rules",
+        "Causes that replace the worker, from NodeNotReady, PodForceDeleted, PodDeleted, Evicted, "
+        "Preempted, Hung, NotStarted; the others drop it, except NotStarted (a pod that never "
+        "started: replaced unless a rule says otherwise). Default: "
+        "all.", show=_rule_of("RESTART_EVENTS")),
+    Var("RESTART_LIMIT", "100", _int_in(0), "policy.budgets.restart_limit",
+        "Replacements allowed for the whole job."),
+    Var("SLOT_RESTART_LIMIT", None, _int_in(0), "policy.budgets.per_slot_limit",
+        "Replacements allowed per worker slot. Default: no limit."),
+    Var("BACKOFF_INITIAL_SECONDS", "1", _seconds(0), "policy.budgets.backoff_initial_s",
+        "Wait before a slot's second replacement; doubles with each further one."),
+    Var("BACKOFF_MAX_SECONDS", "60", _seconds(0), "policy.budgets.backoff_max_s",
+        "Longest wait between replacements of the same slot."),
+    Var("DISRUPTIONS_FREE", "true", _bool, "policy.budgets.disruptions_free",
+        "If true, node loss, eviction, preemption, force deletion and a Hung worker (frozen or cut "
+        "off) neither use up the restart limits nor wait for backoff: the infrastructure took the "
+        "worker, no crash loop of the script. false: they count like an exit code."),
+    Var("NODE_GRACE_SECONDS", "10", _seconds(0, allow_zero=True), "node_grace_s",
+        "How long a worker's node must be NotReady/unreachable before the worker counts as lost: a "
+        "kubelet posting Ready=False for a second (a PLEG hiccup, a runtime restart) is not node "
+        "loss. The node controller's own grace (40-50 s) comes before this when a kubelet stops "
+        "posting."),
+    Var("NODE_LEASE_SECONDS", None, _seconds(0), "node_lease_s",
+        "If set, a worker also counts as lost when its node's Lease (kube-node-lease) was not "
+        "renewed for this long: faster than the node controller's 40-50 s. Must be above the "
+        "kubelet's renew interval (leaseDurationSeconds / 4: 10 s by default; a node whose "
+        "interval is not below it is reported and its Lease not used). Needs leases list/watch. "
+        "Default: off."),
+    Var("NODE_DISRUPTION_THRESHOLD", "0.55", _fraction_or_off, "node_disruption_threshold",
+        "The disruption brake: when every node of the job's workers (at least two) or more than "
+        "two and at least this share of them are down together, or so are the cluster's nodes, the "
+        "workers on those down nodes are not failed and their pods not force-deleted until fewer "
+        "are down (the node controller's --unhealthy-zone-threshold). off: no "
+        "brake.", show=_none_is("off")),
+    Var("NODE_DRAIN_TAINTS", ",".join(disruption.DEFAULT_DRAIN_TAINTS),
+        _names("taint keys", disruption.DEFAULT_DRAIN_TAINTS[0]), "node_drain_taints",
+        "Taint keys that say a node is about to go (the cluster autoscaler's, Karpenter's, the "
+        "providers' termination handlers'): its workers leave gracefully (out of the discovery "
+        "file, Horovod lets them go at their next commit, replaced on another node) and no new "
+        "worker goes there. Comma-separated; none: off. A cordoned node (spec.unschedulable) "
+        "counts too."),
+    Var("NODE_BAD_CONDITIONS", ",".join(disruption.DEFAULT_BAD_CONDITIONS),
+        _names("node condition types", disruption.DEFAULT_BAD_CONDITIONS[0]), "node_bad_conditions",
+        "Node condition types (node-problem-detector's) that say a node goes bad when their status "
+        "is True: its workers leave gracefully as for NODE_DRAIN_TAINTS. Comma-separated; none: "
+        "off."),
+    Var("QUARANTINE_FAILURES", "2", _int_in(0), "quarantine_failures",
+        "Bad-node quarantine: a node with this many failures of the job's workers that point at "
+        "the node within QUARANTINE_WINDOW_SECONDS (its loss; a hang followed by the node "
+        "NotReady; the same exit, not 137/143, of workers of two slots there and of none "
+        "elsewhere; a node-problem condition. Not a kill, a stuck script, a delete, an eviction) "
+        "gets no new worker of the job for QUARANTINE_SECONDS (a required anti-affinity by node "
+        "name; Events NodeQuarantined, NodeReleased; shown by `status`), unless the nodes left "
+        "cannot hold the job's desired workers. 0: off."),
+    Var("QUARANTINE_WINDOW_SECONDS", "1800", _seconds(0), "quarantine_window_s",
+        "The window of QUARANTINE_FAILURES."),
+    Var("QUARANTINE_SECONDS", "3600", _seconds(0), "quarantine_s",
+        "How long a quarantined node gets no new worker of the job; it ends by itself."),
+    Var("SCALE_OUT_TIMEOUT_SECONDS", "600", _seconds(0), "scale_out_timeout_s",
+        "A worker added by `scale` that is not Running within this long is deleted again "
+        "(rollback, Warning Event)."),
+    Var("WORKER_START_TIMEOUT_SECONDS", "600", _seconds_or("off", 30), "worker_start_timeout_s",
+        "A worker pod bound to a node that has not started after this long (Pending, no container "
+        "running: ContainerCreating, a volume that does not mount, an image that does not pull, a "
+        "missing Secret) is acted on, with the kubelet's reason and message in a Warning Event: "
+        "replaced off its node, no restart budget used, when the node is at fault or the pod's "
+        "status does not say (Event WorkerRestarting, cause NotStarted; at most 3 pods of a slot "
+        "in a row, then WorkerNeverStarts); only reported, after 60 s already, when the template "
+        "is (an image pull, a missing Secret or key: WorkerNotStarting, since it would fail the "
+        "same on any node). 600 is above the cold pull of a large CUDA training image (10-20 GB at "
+        "50-100 MB/s: 2-7 min), which shows as ContainerCreating too. At least 30; off: "
+        "never.", show=_none_is("off")),
+    Var("SCALE_IN_TIMEOUT_SECONDS", "60", _seconds(0, allow_zero=True), "scale_in_timeout_s",
+        "A worker removed by `scale` leaves the discovery file first; it is deleted when "
+        "horovodrun's ssh clients to it are gone, or after this."),
+    Var("CLEAN_POD_POLICY", "Running", _enum(CleanPodPolicy, fold=False), "clean_pod_policy",
+        "Worker pods deleted when the job ends (a terminal exit: success, a FailJob exit code, the "
+        "Job's last attempt, no Job; an exit the Job retries, or a Job that cannot be read, leaves "
+        "them to the next launcher), mpi-operator's names: Running (those still Running or "
+        "Pending), All, or None. Only pods the supervisor created (WORKER_TEMPLATE)."),
+    Var("API_TIMEOUT_SECONDS", "30", _seconds_in(1, 300), "api_timeout_s",
+        "Client timeout of every Kubernetes API call except watches (state, Events, creates, "
+        "deletes, the leader Lease); 1 to 300. A call that stalls is given up and retried."),
+    Var("LEADER_LEASE_SECONDS", "60", _seconds_in(2, 3600), "leader_lease_s",
+        "Duration of the job's leader Lease (<job>-supervisor-leader): a second launcher waits as "
+        "a standby; a leader that cannot renew it for 2/3 of this pauses (writes nothing, training "
+        "goes on) until it renews again, and stops horovodrun (exit 7) only when it sees another "
+        "launcher holding it; a standby takes over a dead leader's job after this. 2 to 3600."),
+    Var("WORKER_HOOK", "true", _bool, "worker_hook",
+        "Load the hook into every training process horovodrun starts (fence, heartbeats, hang "
+        "detection; no change to the script). false: training processes are left alone "
+        "(horovodrun's driver is hardened either way)."),
+    Var("HEARTBEAT_TIMEOUT_SECONDS", "3", _at_least(1.5, "three heartbeats"), "heartbeat_timeout_s",
+        "A training process whose heartbeats (every 0.5 s) stopped this long, while its peers wait "
+        "in a collective and none completes, is Hung."),
+    Var("STUCK_SECONDS", "auto", _seconds_or("auto", 5), "stuck_s",
+        "A training process that heartbeats but whose main thread has not moved (same Python frame "
+        "position, no I/O, no collective) this long, while it is not in the collective every other "
+        "process waits in, is stuck: named (Event WorkerStuck, with where its main thread stands) "
+        "and replaced like a Hung worker. auto: the larger of 20 s and 4 times the job's recent "
+        "p99 step time; or a number of seconds >= 5.", show=_none_is("auto")),
+    Var("STALL_TIMEOUT_SECONDS", "1800", _at_least(10, "a few steps"), "stall_timeout_s",
+        "No collective completed anywhere for this long while the training processes heartbeat: "
+        "horovodrun is restarted (longer than any step, checkpoint or evaluation without "
+        "collectives)."),
+    Var("HOROVODRUN_RESTART_LIMIT", "3", _int_in(0), "horovodrun_restart_limit",
+        "Restarts of horovodrun (a stalled job, a rendezvous a dead worker broke or that is stuck) "
+        "before the job fails instead (exit 9); with a WORKER_TEMPLATE counted over launcher "
+        "attempts (saved with the workers' state)."),
 )
 KNOWN = {PREFIX + v.name for v in VARIABLES}
 REFERENCE_HEADER = """# Environment variables
@@ -611,66 +687,64 @@ def parse_config(
     `kubeconfig_namespace` the current kubeconfig context's; they only feed the NAMESPACE default.
     `read_text` reads the policy file and the worker template (both checked here, once).
     """
-    problems: list[str] = []
-    sources: dict[str, str] = {}
-
+    unknown = []
     for name in sorted(k for k in env if k.startswith(PREFIX) and k not in KNOWN):
         guess = difflib.get_close_matches(name, sorted(KNOWN), n=1)
         hint = f" (did you mean {guess[0]}?)" if guess else ""
-        problems.append(f"{name}: unknown variable{hint}; see `elastic-supervisor explain`")
+        unknown.append(f"{name}: unknown variable{hint}; see `elastic-supervisor explain`")
 
-    def get(var: str, parse: Callable[[str], object]) -> object | None:
-        full = PREFIX + var
-        spec = next(v for v in VARIABLES if v.name == var)
-        raw = env.get(full)
-        if raw is None or raw == "":
-            if spec.default is None:
-                return None
-            sources[full] = "default"
-            raw = spec.default
-        else:
-            sources[full] = "env"
+    problems: list[str] = []
+    sources: dict[str, str] = {}
+    values: dict[str, Any] = {}  # variable (no prefix) -> its value; None: unset or bad
+    for v in VARIABLES:
+        full, raw = PREFIX + v.name, env.get(PREFIX + v.name) or v.default
+        values[v.name] = None
+        if raw is None:
+            continue
+        sources[full] = "env" if env.get(full) else "default"
         try:
-            return parse(raw)
+            values[v.name] = v.parse(raw, read_text) if v.reads else v.parse(raw)
         except ValueError as e:
             problems.append(f"{full}={raw!r}: expected {e}")
-            return None
 
-    job = get("JOB_NAME", _dns_label)
+    # After the loop, what no variable's own text decides, so no parser can: defaults taken
+    # from another variable or from outside the environment (NAMESPACE; WORKER_SELECTOR; NP,
+    # MIN_NP, MAX_NP from WORKERS x SLOTS_PER_WORKER or from each other; the discovery paths
+    # from MODE and SHARED_DIR; POD_NAME from HOSTNAME), checks across variables (MIN_NP <= NP
+    # <= MAX_NP, sidecar paths, STALENESS above RESYNC, JOB_NAME's room in pod names), and the
+    # two files whose contents meet other variables: the policy (its budgets and rules may not
+    # repeat the variables') and the worker template (checked against WORKER_SELECTOR and
+    # WORKER_CONTAINER).
+    job = values["JOB_NAME"]
     if job is None and f"{PREFIX}JOB_NAME" not in sources:
         problems.append(f"{PREFIX}JOB_NAME: required (a DNS label naming the training job)")
 
-    namespace = get("NAMESPACE", _dns_label)
-    if namespace is None and f"{PREFIX}NAMESPACE" not in sources:
+    if values["NAMESPACE"] is None and f"{PREFIX}NAMESPACE" not in sources:
         for origin, candidate in (("service account", pod_namespace),
                                   ("kubeconfig", kubeconfig_namespace)):
             if candidate:
-                namespace = candidate
+                values["NAMESPACE"] = candidate
                 sources[f"{PREFIX}NAMESPACE"] = f"derived: {origin}"
                 break
         else:
             problems.append(f"{PREFIX}NAMESPACE: not set and no in-cluster or kubeconfig "
                             "namespace found; set it")
 
-    selector = get("WORKER_SELECTOR", _selector)
+    selector = values["WORKER_SELECTOR"]
     if selector is None and f"{PREFIX}WORKER_SELECTOR" not in sources and job:
-        selector = DEFAULT_SELECTOR.format(job=job)
+        selector = values["WORKER_SELECTOR"] = DEFAULT_SELECTOR.format(job=job)
         sources[f"{PREFIX}WORKER_SELECTOR"] = "derived: JOB_NAME"
 
-    slots = get("SLOTS_PER_WORKER", _int_in(1, 1024))
-    counts: dict[str, int | None] = {}
+    slots = values["SLOTS_PER_WORKER"]
     for np_name, w_name in (("NP", "WORKERS"), ("MIN_NP", "MIN_WORKERS"),
                             ("MAX_NP", "MAX_WORKERS")):
-        np_val = get(np_name, _int_in(1))
-        w_val = get(w_name, _int_in(1))
         if env.get(PREFIX + np_name) and env.get(PREFIX + w_name):
             problems.append(f"{PREFIX}{np_name} and {PREFIX}{w_name}: give one of them, not both")
-            np_val = None
-        elif w_val is not None and slots is not None:
-            np_val = w_val * slots
+            values[np_name] = None
+        elif values[w_name] is not None and slots is not None:
+            values[np_name] = values[w_name] * slots
             sources[PREFIX + np_name] = f"derived: {w_name} x SLOTS_PER_WORKER"
-        counts[np_name] = np_val
-    np_, min_np, max_np = counts["NP"], counts["MIN_NP"], counts["MAX_NP"]
+    np_, min_np, max_np = values["NP"], values["MIN_NP"], values["MAX_NP"]
     if np_ is None and f"{PREFIX}NP" not in sources and f"{PREFIX}WORKERS" not in sources:
         if min_np is not None:
             np_ = min_np
@@ -687,86 +761,42 @@ def parse_config(
     if None not in (np_, min_np, max_np) and not (min_np <= np_ <= max_np):
         problems.append(f"{PREFIX}MIN_NP={min_np}, {PREFIX}NP={np_}, {PREFIX}MAX_NP={max_np}: "
                         "expected MIN_NP <= NP <= MAX_NP")
+    values.update(NP=np_, MIN_NP=min_np, MAX_NP=max_np)
 
-    mode = get("MODE", _enum(Mode))
-    shared = get("SHARED_DIR", _abs_path)
-    discovery_file = get("DISCOVERY_FILE", _abs_path)
-    discovery_script = get("DISCOVERY_SCRIPT", _abs_path)
-    sidecar = mode == Mode.SIDECAR and isinstance(shared, Path)
-    if discovery_file is None and f"{PREFIX}DISCOVERY_FILE" not in sources:
-        discovery_file = shared / "hosts" if sidecar else Path(BAKED_DISCOVERY_FILE)
+    shared = values["SHARED_DIR"]
+    sidecar = values["MODE"] == Mode.SIDECAR and isinstance(shared, Path)
+    if values["DISCOVERY_FILE"] is None and f"{PREFIX}DISCOVERY_FILE" not in sources:
+        values["DISCOVERY_FILE"] = shared / "hosts" if sidecar else Path(BAKED_DISCOVERY_FILE)
         sources[f"{PREFIX}DISCOVERY_FILE"] = ("derived: SHARED_DIR" if sidecar
                                               else "default")
-    if discovery_script is None and f"{PREFIX}DISCOVERY_SCRIPT" not in sources:
-        discovery_script = (shared / "discover_hosts.sh" if sidecar
-                            else packaged_discovery_script())
+    if values["DISCOVERY_SCRIPT"] is None and f"{PREFIX}DISCOVERY_SCRIPT" not in sources:
+        values["DISCOVERY_SCRIPT"] = (shared / "discover_hosts.sh" if sidecar
+                                   else packaged_discovery_script())
         sources[f"{PREFIX}DISCOVERY_SCRIPT"] = ("derived: SHARED_DIR" if sidecar
                                                 else "derived: packaged script")
     if sidecar:
-        for var, path in (("DISCOVERY_FILE", discovery_file),
-                          ("DISCOVERY_SCRIPT", discovery_script)):
+        for var in ("DISCOVERY_FILE", "DISCOVERY_SCRIPT"):
+            path = values[var]
             if isinstance(path, Path) and not path.is_relative_to(shared):
                 problems.append(f"{PREFIX}{var}={str(path)!r}: in sidecar mode expected a path "
                                 f"under {PREFIX}SHARED_DIR ({shared}), which the training "
                                 "container mounts too (or leave it unset)")
-    host_mode = get("HOST_MODE", _enum(HostMode))
-    staleness = get("STALENESS_SECONDS", _seconds_in(1, 3600))
-    start_timeout = get("START_TIMEOUT_SECONDS", _seconds(0))
-    grace = get("SHUTDOWN_GRACE_SECONDS", _seconds(0, allow_zero=True))
-    horovodrun = get("HOROVODRUN", _nonempty)
-    ssh_port = get("SSH_PORT", _int_in(1, 65535))
-    ssh_identity = get("SSH_IDENTITY_FILE", _abs_path)
-    known_hosts = get("SSH_KNOWN_HOSTS_FILE", _known_hosts(read_text))
-    nic = get("NETWORK_INTERFACE", _nonempty)
-    gloo = get("GLOO_TIMEOUT_SECONDS", _int_in(1))
-    extra = get("HOROVODRUN_EXTRA_ARGS", _args)
-    read_timeout = get("WATCH_READ_TIMEOUT_SECONDS", _seconds(0))
-    if isinstance(read_timeout, float) and read_timeout <= 60:
-        raw = env.get(PREFIX + "WATCH_READ_TIMEOUT_SECONDS")
-        problems.append(f"{PREFIX}WATCH_READ_TIMEOUT_SECONDS={raw!r}: expected more than 60 "
-                        "seconds (watch bookmarks come about once a minute)")
-    resync = get("RESYNC_SECONDS", _seconds_in(0.05, 60))
+
+    staleness, resync = values["STALENESS_SECONDS"], values["RESYNC_SECONDS"]
     if isinstance(staleness, float) and isinstance(resync, float) and staleness <= resync:
         problems.append(f"{PREFIX}STALENESS_SECONDS={staleness:g} <= {PREFIX}RESYNC_SECONDS="
                         f"{resync:g}: expected the staleness bound above the resync period (it "
                         "is checked on each tick)")
-    log_format = get("LOG_FORMAT", _enum(LogFormat))
-    log_level = get("LOG_LEVEL", _enum(LogLevel))
-    metrics_port = get("METRICS_PORT", _int_in(0, 65535))
-    fence_port = get("FENCE_PORT", _int_in(0, 65535))
-    hook_key = get("HOOK_KEY_FILE", _hook_key(read_text))
-    pod_name = get("POD_NAME", _nonempty)
-    if pod_name is None and f"{PREFIX}POD_NAME" not in sources and pod_namespace and env.get(
-            "HOSTNAME"):
-        pod_name = env["HOSTNAME"]
+    if values["POD_NAME"] is None and f"{PREFIX}POD_NAME" not in sources and pod_namespace and (
+            env.get("HOSTNAME")):
+        values["POD_NAME"] = env["HOSTNAME"]
         sources[f"{PREFIX}POD_NAME"] = "derived: HOSTNAME"
 
-    policy, policy_file = _policy(env, get, sources, read_text, problems)
-    node_grace = get("NODE_GRACE_SECONDS", _seconds(0, allow_zero=True))
-    node_lease = get("NODE_LEASE_SECONDS", _seconds(0))
-    brake = get("NODE_DISRUPTION_THRESHOLD", _fraction_or_off)
-    drain_taints = get("NODE_DRAIN_TAINTS", _names("taint keys",
-                                                   disruption.DEFAULT_DRAIN_TAINTS[0]))
-    bad_conditions = get("NODE_BAD_CONDITIONS", _names("node condition types",
-                                                       disruption.DEFAULT_BAD_CONDITIONS[0]))
-    q_failures = get("QUARANTINE_FAILURES", _int_in(0))
-    q_window = get("QUARANTINE_WINDOW_SECONDS", _seconds(0))
-    q_ttl = get("QUARANTINE_SECONDS", _seconds(0))
-    scale_out = get("SCALE_OUT_TIMEOUT_SECONDS", _seconds(0))
-    scale_in = get("SCALE_IN_TIMEOUT_SECONDS", _seconds(0, allow_zero=True))
-    start_bound = get("WORKER_START_TIMEOUT_SECONDS", _seconds_or("off", 30))
-    clean = get("CLEAN_POD_POLICY", _enum(CleanPodPolicy, fold=False))
-    api_timeout = get("API_TIMEOUT_SECONDS", _seconds_in(1, 300))
-    leader_lease = get("LEADER_LEASE_SECONDS", _seconds_in(2, 3600))
+    policy = _policy(env, values, sources, read_text, problems)
     if isinstance(job, str) and isinstance(max_np, int) and isinstance(slots, int):
         _check_pod_names(job, max_np, slots, env, problems)
-    worker_hook = get("WORKER_HOOK", _bool)
-    heartbeat_timeout = get("HEARTBEAT_TIMEOUT_SECONDS", _at_least(1.5, "three heartbeats"))
-    stall_timeout = get("STALL_TIMEOUT_SECONDS", _at_least(10, "a few steps"))
-    stuck = get("STUCK_SECONDS", _seconds_or("auto", 5))
-    restart_limit = get("HOROVODRUN_RESTART_LIMIT", _int_in(0))
-    template_file = get("WORKER_TEMPLATE", _abs_path)
-    template = None
+
+    template_file, template = values["WORKER_TEMPLATE"], None
     if template_file is not None and selector is not None:
         doc = _load_yaml(PREFIX + "WORKER_TEMPLATE", template_file, read_text, problems)
         if doc is not None:
@@ -775,43 +805,22 @@ def parse_config(
             except TemplateError as e:
                 problems += [f"{PREFIX}WORKER_TEMPLATE={str(template_file)!r}: {p}"
                              for p in e.problems]
-
-    container = get("WORKER_CONTAINER", _nonempty)
+    container = values["WORKER_CONTAINER"]
     if isinstance(container, str) and template is not None:
         names = [c.get("name") for c in template["spec"]["containers"]]
         if container not in names:
             problems.append(f"{PREFIX}WORKER_CONTAINER={container!r}: not a container of the "
                             f"worker template (its containers: {', '.join(names)})")
 
-    if problems:
-        raise ConfigError(problems)
-    return Config(
-        job_name=job, namespace=namespace, worker_selector=selector, slots_per_worker=slots,
-        np=np_, min_np=min_np, max_np=max_np, discovery_file=discovery_file,
-        discovery_script=discovery_script, host_mode=host_mode, staleness_s=staleness,
-        start_timeout_s=start_timeout, shutdown_grace_s=grace, horovodrun=horovodrun,
-        ssh_port=ssh_port, ssh_identity_file=ssh_identity, network_interface=nic,
-        gloo_timeout_s=gloo, extra_args=extra, watch_read_timeout_s=read_timeout,
-        resync_s=resync, log_format=log_format, log_level=log_level,
-        metrics_port=metrics_port, fence_port=fence_port, pod_name=pod_name, policy=policy,
-        hook_key_file=hook_key, ssh_known_hosts_file=known_hosts,
-        policy_file=policy_file,
-        worker_template=template, worker_template_file=template_file, node_grace_s=node_grace,
-        node_lease_s=node_lease, node_disruption_threshold=brake,
-        scale_out_timeout_s=scale_out, scale_in_timeout_s=scale_in,
-        worker_start_timeout_s=start_bound,
-        clean_pod_policy=clean, api_timeout_s=api_timeout, leader_lease_s=leader_lease,
-        worker_hook=worker_hook, heartbeat_timeout_s=heartbeat_timeout,
-        stall_timeout_s=stall_timeout, stuck_s=stuck, horovodrun_restart_limit=restart_limit,
-        worker_container=container, node_drain_taints=drain_taints,
-        node_bad_conditions=bad_conditions, quarantine_failures=q_failures,
-        quarantine_window_s=q_window, quarantine_s=q_ttl,
-        mode=mode, shared_dir=shared,
-        sources=dict(sources),
-    )  # type: ignore[arg-type]
+    # Unknown variables first, then in the table's order of the variable each line starts with.
+    order = {PREFIX + v.name: i for i, v in enumerate(VARIABLES)}
+    problems.sort(key=lambda p: order.get(re.split(r"[=:\s]", p, maxsplit=1)[0], len(order)))
+    if unknown or problems:
+        raise ConfigError(unknown + problems)
+    return Config(**{v.field: values[v.name] for v in VARIABLES if v.field and "." not in v.field},
+                  policy=policy, worker_template=template, sources=dict(sources))
 
 
-_MISSING = object()
 # Digits kept free for a slot's incarnation in its pod name (a million replacements).
 INCARNATION_DIGITS = 6
 
@@ -854,25 +863,10 @@ def _load_yaml(var: str, path: Path, read_text: Callable[[Path], str],
     return doc
 
 
-# Budget variables: (variable, Budgets field, parser).
-_BUDGET_VARS = (
-    ("RESTART_LIMIT", "restart_limit", _int_in(0)),
-    ("SLOT_RESTART_LIMIT", "per_slot_limit", _int_in(0)),
-    ("BACKOFF_INITIAL_SECONDS", "backoff_initial_s", _seconds(0)),
-    ("BACKOFF_MAX_SECONDS", "backoff_max_s", _seconds(0)),
-    ("DISRUPTIONS_FREE", "disruptions_free", _bool),
-)
-
-
-def _policy(env: Mapping[str, str], get: Callable[[str, Callable[[str], object]], object],
-            sources: dict[str, str], read_text: Callable[[Path], str],
-            problems: list[str]) -> tuple[Policy, Path | None]:
+def _policy(env: Mapping[str, str], values: Mapping[str, Any], sources: dict[str, str],
+            read_text: Callable[[Path], str], problems: list[str]) -> Policy:
     """Return the effective policy from POLICY_FILE and/or the simple variables."""
-    var = PREFIX + "POLICY_FILE"
-    path = get("POLICY_FILE", _abs_path)
-    restart_codes = get("RESTART_EXIT_CODES", _codes)
-    fail_codes = get("FAIL_EXIT_CODES", _codes)
-    restart_events = get("RESTART_EVENTS", _events)
+    var, path = PREFIX + "POLICY_FILE", values["POLICY_FILE"]
     doc, from_file = None, Policy()
     if path is not None:
         for name in ("RESTART_EXIT_CODES", "FAIL_EXIT_CODES", "RESTART_EVENTS"):
@@ -887,24 +881,25 @@ def _policy(env: Mapping[str, str], get: Callable[[str, Callable[[str], object]]
                 problems += [f"{var}={str(path)!r}: {p}" for p in e.problems]
     in_file = file_budget_fields(doc)
     budgets: dict[str, object] = {}
-    for name, attr, parse in _BUDGET_VARS:
-        value = get(name, parse)
-        explicit = bool(env.get(PREFIX + name))
+    for v in VARIABLES:
+        parent, _, attr = (v.field or "").rpartition(".")
+        if parent != "policy.budgets":
+            continue
         if attr in in_file:
-            if explicit:
-                problems.append(f"{PREFIX}{name} and {var}: both set this budget; keep one")
-            sources[PREFIX + name] = "derived: POLICY_FILE"
+            if env.get(PREFIX + v.name):
+                problems.append(f"{PREFIX}{v.name} and {var}: both set this budget; keep one")
+            sources[PREFIX + v.name] = "derived: POLICY_FILE"
             budgets[attr] = getattr(from_file.budgets, attr)
-        elif value is not None:
-            budgets[attr] = value
+        elif values[v.name] is not None:
+            budgets[attr] = values[v.name]
     merged = replace(from_file.budgets, **budgets)
     if merged.backoff_initial_s > merged.backoff_max_s:
         problems.append(f"{PREFIX}BACKOFF_INITIAL_SECONDS={merged.backoff_initial_s:g} > "
                         f"{PREFIX}BACKOFF_MAX_SECONDS={merged.backoff_max_s:g}: expected "
                         "initial <= max")
-    rules = from_file.rules + env_rules(restart_codes, fail_codes,  # type: ignore[arg-type]
-                                        restart_events)  # type: ignore[arg-type]
-    return Policy(rules=rules, budgets=merged), path
+    rules = from_file.rules + env_rules(values["RESTART_EXIT_CODES"], values["FAIL_EXIT_CODES"],
+                                        values["RESTART_EVENTS"])
+    return Policy(rules=rules, budgets=merged)
 
 
 def _selector_pairs(selector: str) -> dict[str, str]:
@@ -919,72 +914,21 @@ def _selector_pairs(selector: str) -> dict[str, str]:
 
 
 def effective_values(cfg: Config) -> list[tuple[str, str, str]]:
-    """Return (variable, effective value, source) rows for `explain`."""
-    by_var = {
-        "JOB_NAME": cfg.job_name, "NAMESPACE": cfg.namespace,
-        "WORKER_SELECTOR": cfg.worker_selector, "SLOTS_PER_WORKER": cfg.slots_per_worker,
-        "NP": cfg.np, "MIN_NP": cfg.min_np, "MAX_NP": cfg.max_np,
-        "MODE": cfg.mode.value, "SHARED_DIR": cfg.shared_dir,
-        "DISCOVERY_FILE": cfg.discovery_file, "DISCOVERY_SCRIPT": cfg.discovery_script,
-        "HOST_MODE": cfg.host_mode.value, "STALENESS_SECONDS": cfg.staleness_s,
-        "START_TIMEOUT_SECONDS": cfg.start_timeout_s,
-        "SHUTDOWN_GRACE_SECONDS": cfg.shutdown_grace_s, "HOROVODRUN": cfg.horovodrun,
-        "SSH_PORT": cfg.ssh_port, "SSH_IDENTITY_FILE": cfg.ssh_identity_file,
-        "SSH_KNOWN_HOSTS_FILE": cfg.ssh_known_hosts_file,
-        "NETWORK_INTERFACE": cfg.network_interface, "GLOO_TIMEOUT_SECONDS": cfg.gloo_timeout_s,
-        "HOROVODRUN_EXTRA_ARGS": shlex.join(cfg.extra_args),
-        "WATCH_READ_TIMEOUT_SECONDS": cfg.watch_read_timeout_s,
-        "RESYNC_SECONDS": cfg.resync_s, "LOG_FORMAT": cfg.log_format.value,
-        "LOG_LEVEL": cfg.log_level.value, "METRICS_PORT": cfg.metrics_port,
-        "FENCE_PORT": cfg.fence_port,
-        "HOOK_KEY_FILE": cfg.hook_key_file[0] if cfg.hook_key_file else None,
-        "POD_NAME": cfg.pod_name, "WORKER_TEMPLATE": cfg.worker_template_file,
-        "WORKER_CONTAINER": cfg.worker_container, "POLICY_FILE": cfg.policy_file,
-        "RESTART_EXIT_CODES": _codes_text(cfg, "SUPERVISOR_RESTART_EXIT_CODES"),
-        "FAIL_EXIT_CODES": _codes_text(cfg, "SUPERVISOR_FAIL_EXIT_CODES"),
-        "RESTART_EVENTS": next((",".join(sorted(r.causes)) for r in cfg.policy.rules
-                                if r.name == "SUPERVISOR_RESTART_EVENTS" and r.causes), None),
-        "RESTART_LIMIT": cfg.policy.budgets.restart_limit,
-        "SLOT_RESTART_LIMIT": cfg.policy.budgets.per_slot_limit,
-        "BACKOFF_INITIAL_SECONDS": cfg.policy.budgets.backoff_initial_s,
-        "BACKOFF_MAX_SECONDS": cfg.policy.budgets.backoff_max_s,
-        "DISRUPTIONS_FREE": str(cfg.policy.budgets.disruptions_free).lower(),
-        "NODE_GRACE_SECONDS": cfg.node_grace_s, "NODE_LEASE_SECONDS": cfg.node_lease_s,
-        "NODE_DISRUPTION_THRESHOLD": ("off" if cfg.node_disruption_threshold is None
-                                      else cfg.node_disruption_threshold),
-        "NODE_DRAIN_TAINTS": ",".join(sorted(cfg.node_drain_taints)) or "none",
-        "NODE_BAD_CONDITIONS": ",".join(sorted(cfg.node_bad_conditions)) or "none",
-        "QUARANTINE_FAILURES": cfg.quarantine_failures,
-        "QUARANTINE_WINDOW_SECONDS": cfg.quarantine_window_s,
-        "QUARANTINE_SECONDS": cfg.quarantine_s,
-        "SCALE_OUT_TIMEOUT_SECONDS": cfg.scale_out_timeout_s,
-        "SCALE_IN_TIMEOUT_SECONDS": cfg.scale_in_timeout_s,
-        "WORKER_START_TIMEOUT_SECONDS": ("off" if cfg.worker_start_timeout_s is None
-                                         else cfg.worker_start_timeout_s),
-        "CLEAN_POD_POLICY": cfg.clean_pod_policy.value,
-        "API_TIMEOUT_SECONDS": cfg.api_timeout_s,
-        "LEADER_LEASE_SECONDS": cfg.leader_lease_s,
-        "WORKER_HOOK": str(cfg.worker_hook).lower(),
-        "HEARTBEAT_TIMEOUT_SECONDS": cfg.heartbeat_timeout_s,
-        "STALL_TIMEOUT_SECONDS": cfg.stall_timeout_s,
-        "STUCK_SECONDS": "auto" if cfg.stuck_s is None else cfg.stuck_s,
-        "HOROVODRUN_RESTART_LIMIT": cfg.horovodrun_restart_limit,
-    }
-    rows = []
-    for v in VARIABLES:
-        if v.name in ("WORKERS", "MIN_WORKERS", "MAX_WORKERS"):
-            continue
-        full = PREFIX + v.name
-        value = by_var[v.name]
-        rows.append((full, "" if value is None else str(value), cfg.sources.get(full, "unset")))
-    return rows
+    """Return (variable, effective value, source) rows for `explain`, one per field-filling
+    variable, in the table's order."""
+    return [(PREFIX + v.name, _text(v.show(reduce(getattr, v.field.split("."), cfg))),
+             cfg.sources.get(PREFIX + v.name, "unset")) for v in VARIABLES if v.field]
 
 
-def _codes_text(cfg: Config, rule_name: str) -> str | None:
-    for rule in cfg.policy.rules:
-        if rule.name == rule_name and rule.exit_codes:
-            return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in rule.exit_codes)
-    return None
+def _text(value: object) -> str:
+    """A value as `explain` shows it: unset empty, true|false, names sorted (or none)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, frozenset):
+        return ",".join(sorted(value)) or "none"
+    return str(value)
 
 
 def reference() -> str:

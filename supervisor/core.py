@@ -31,7 +31,7 @@ the job to fail. In order, as the steps depend on each other:
    incarnation, ahead) and the worker leaves once it runs: with nowhere to go it trains on;
 8. plan.plan reconciles the fleet (scale, scale-in, reused addresses, expectations, creates,
    MIN_NP); its state is saved before the creates, so a restart never forgets a budget used;
-   the workers' PodDisruptionBudget is kept at the desired count less one (KeepBudget).
+   the workers' PodDisruptionBudget is kept at the desired count less one (KeepMinAvailable).
 
 Running `manage` twice on the same `Core` and `Seen` asks for the same things: nothing in it
 reads a clock, a file or the network. reconcile.py gathers `Seen`, runs the script and keeps
@@ -56,7 +56,7 @@ from supervisor import (
     starts,
 )
 from supervisor.actuator import DeletePod, SaveState
-from supervisor.channel import Beat, Driver
+from supervisor.channel import Beat, Driver, heartbeating
 from supervisor.classify import (
     Cause,
     ClassifySettings,
@@ -189,7 +189,7 @@ class Seen:
     lease_stale: frozenset[str]  # nodes whose Lease is older than SUPERVISOR_NODE_LEASE_SECONDS
     first_owner: Mapping[str, str]  # host -> UID of the first pod published with it
     published: str | None  # the discovery file as published (None: withdrawn)
-    listed: Rendered | None  # the last render of the view
+    view_render: Rendered | None  # the last render of the view (discovery.render)
     listed_hosts: Mapping[str, str]  # host -> pod of the hosts published now
     hooked: bool  # the hook channel is there (fence, heartbeats)
     running: bool  # horovodrun runs
@@ -238,8 +238,9 @@ class CreateWorker:
 
 
 @dataclass(frozen=True)
-class KeepBudget:
-    """Keep the workers' PodDisruptionBudget at `min_available` (workers.disruption_budget)."""
+class KeepMinAvailable:
+    """Keep the workers' PodDisruptionBudget at `min_available` (workers.disruption_budget;
+    the loop hands the actuator its manifest: actuator.KeepBudget)."""
 
     min_available: int
 
@@ -252,7 +253,7 @@ class FailJob:
 
 
 Todo = (Note | Fence | KillSsh | RestartHorovodrun | DeletePod | SaveState | CreateWorker
-        | KeepBudget | FailJob)
+        | KeepMinAvailable | FailJob)
 
 
 @dataclass(frozen=True)
@@ -478,7 +479,7 @@ def settling_nodes(down: set[str], pods: Mapping[str, Obj], beats: tuple[Beat, .
     training process that heartbeats now, within OUTAGE_SETTLE_S of the API's return."""
     if api_back_at is None or now - api_back_at > OUTAGE_SETTLE_S or not down:
         return frozenset()
-    talking = {b.host for b in beats if b.bye_at is None and now - b.last_seen < silence_s}
+    talking = {b.host for b in beats if heartbeating(b, now, silence_s)}
     on: dict[str, list[str | None]] = {}
     for pod in pods.values():
         node = pod.get("spec", {}).get("nodeName")
@@ -842,7 +843,7 @@ def _plan_fleet(p: _Pass, s: Seen, st: Settings, suspects: set[str]) -> None:
     assert c.fleet is not None
     kept_off = _kept_off(c, s, st, suspects)
     out = plan.plan(plan.Picture(
-        fleet=c.fleet, pods=s.pods, published=s.published or "", listed=s.listed,
+        fleet=c.fleet, pods=s.pods, published=s.published or "", view_render=s.view_render,
         reuse_checked=c.reuse_checked, reused=c.reused, scale_request=c.scale_request,
         expected=c.expected, waiting=frozenset(admission.waiting(c.blocked, s.now)),
         ssh_clients=s.ssh_clients, now=s.now, wall=s.wall, failed=c.failed,
@@ -859,7 +860,7 @@ def _plan_fleet(p: _Pass, s: Seen, st: Settings, suspects: set[str]) -> None:
     # gone: while one leaves, no other eviction is allowed.
     want = max(0, len(out.fleet.active()) - 1 + len(p.c.leaving))
     if st.classify.graceful_leave and want != c.budget:
-        p.todo.append(KeepBudget(want))
+        p.todo.append(KeepMinAvailable(want))
         p.c = replace(p.c, budget=want)
     lost = tuple(sorted(kept_off))
     suspect = _suspect_nodes(p.c, s.now)

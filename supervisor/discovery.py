@@ -165,7 +165,7 @@ class _Args:
     mode: HostMode
     first_owner: Mapping[str, str]
     retiring: frozenset[str]
-    failed: frozenset[str] = frozenset()
+    hung: frozenset[str] = frozenset()
     declared: frozenset[str] = frozenset()
     active: frozenset[str] | None = None
     heartbeating: frozenset[str] = frozenset()
@@ -183,7 +183,7 @@ class _Args:
             return Unusable.HOST_REUSED
         if problem is None and name in self.retiring:
             return Unusable.SCALING_IN
-        if problem is None and pod["metadata"].get("uid") in self.failed:
+        if problem is None and pod["metadata"].get("uid") in self.hung:
             return Unusable.HUNG
         if problem is None and pod["metadata"].get("uid") in self.declared:
             return Unusable.FOUND_FAILED
@@ -195,7 +195,7 @@ class _Args:
 
 def render(
     view: ClusterView, slots: int, mode: HostMode, first_owner: Mapping[str, str], *,
-    retiring: frozenset[str] = frozenset(), failed: frozenset[str] = frozenset(),
+    retiring: frozenset[str] = frozenset(), hung: frozenset[str] = frozenset(),
     declared: frozenset[str] = frozenset(), active: frozenset[str] | None = None,
     heartbeating: frozenset[str] = frozenset(), staying: frozenset[str] = frozenset(),
     memo: Memo | None = None,
@@ -205,8 +205,8 @@ def render(
     `first_owner` maps every host string ever published to the UID of the pod that had it; a
     different pod with the same string is left out (Horovod would treat it as blacklisted).
     `retiring`: pods being scaled in, left out first so that horovodrun lets them go.
-    `failed`: UIDs of pods the supervisor found failed while they still look Running and
-    Ready (Hung), never listed again.
+    `hung`: UIDs of pods the supervisor found Hung (failed while they still look Running and
+    Ready: Core.hung), never listed again.
     `declared`: UIDs of pods the supervisor declared failed for any other cause: out at once,
     not when their deletion shows (a node Lease expired while the node still says Ready).
     `active`: names of the pods of the active slots' current incarnations (None: the
@@ -222,9 +222,9 @@ def render(
     """
     if memo is None:
         memo = Memo()
-    args = _Args(slots, mode, first_owner, retiring, failed, declared, active, heartbeating,
+    args = _Args(slots, mode, first_owner, retiring, hung, declared, active, heartbeating,
                  staying)
-    inputs = (id(view), slots, mode, retiring, failed, declared, active, heartbeating, staying,
+    inputs = (id(view), slots, mode, retiring, hung, declared, active, heartbeating, staying,
               id(first_owner), len(first_owner))
     changes = (view.changes_since(memo.version)
                if memo.version is not None and memo.inputs == inputs else None)

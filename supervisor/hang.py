@@ -81,7 +81,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from supervisor.channel import Beat
+from supervisor.channel import Beat, heartbeating
 from supervisor.hook.elastic_supervisor_hook import unfenced_framework
 
 BEAT_S = 0.5  # the hook's heartbeat period (elastic_supervisor_hook.worker.BEAT_S)
@@ -237,10 +237,6 @@ def _blocks(b: Beat, fresh: list[Beat], waiting: list[Beat], beat_s: float) -> b
     return progressed is None or progressed <= b.last_seen + 2 * beat_s
 
 
-def _fresh(b: Beat, now: float, s: HangSettings) -> bool:
-    return b.bye_at is None and now - b.last_seen < s.silence_s
-
-
 def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: float,
            settings: HangSettings, now: float, failed_at: Mapping[str, float] | None = None,
            world: tuple[frozenset[str], float] | None = None,
@@ -254,7 +250,7 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
     s = settings
     all_beats = list(beats)
     monitored = [b for b in all_beats if not b.problems]
-    fresh = [b for b in monitored if _fresh(b, now, s)]
+    fresh = [b for b in monitored if heartbeating(b, now, s.silence_s)]
     waiting = [b for b in fresh if b.wait_s is not None]
     hung: dict[str, Hung] = {}
     lead: dict[str, Beat] = {}  # host -> the beat of the process found Hung on its own
@@ -265,7 +261,7 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
     for b in monitored:
         silent = now - b.last_seen
         if (b.host not in watched or b.bye_at is not None
-                or silent < s.silence_s or b.host in hung):
+                or heartbeating(b, now, s.silence_s) or b.host in hung):
             continue
         runs = running(b, now, s)
         blocked = _blocks(b, fresh, waiting, s.beat_s)

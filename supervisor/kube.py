@@ -145,6 +145,30 @@ def request_timeout(timeout_s: float) -> tuple[float, float]:
     return min(5.0, timeout_s), timeout_s
 
 
+class NotLeading(KubeError):
+    """A write not sent: the leader's renew deadline is (about to be) passed. Retried once
+    leadership is back; a standby may own the job by then."""
+
+
+# Below this much time left before the renew deadline a write is not started at all.
+MIN_WINDOW_S = 0.2
+
+
+def write_timeout(timeout: tuple[float, float], window: Callable[[], float] | None,
+                  what: str) -> tuple[float, float]:
+    """The (connect, read) timeout of a write: its own, cut to what is left of the leader's
+    renew deadline (`window`: seconds), so that a write started just before it cannot land
+    after a standby took the job over (the connection is closed at the deadline, and a request
+    it still held is never sent). NotLeading when too little is left to start one."""
+    if window is None:
+        return timeout
+    left = window()
+    if left < MIN_WINDOW_S:
+        raise NotLeading(f"{what}: not sent, {max(0.0, left):.1f}s left before the leader's "
+                         "renew deadline")
+    return min(timeout[0], left), min(timeout[1], left)
+
+
 # ---- client -------------------------------------------------------------------------------------
 
 def in_cluster_namespace() -> str | None:
@@ -677,10 +701,11 @@ class StateStore:
 
     def __init__(self, api: client.ApiClient, namespace: str, name: str,
                  owner: Mapping[str, str] | None, key: str = "state.json", *,
-                 timeout_s: float = 30.0) -> None:
+                 timeout_s: float = 30.0, window: Callable[[], float] | None = None) -> None:
         self.core = client.CoreV1Api(api)
         self.namespace, self.name, self.owner, self.KEY = namespace, name, owner, key
         self.timeout = request_timeout(timeout_s)
+        self.window = window  # the leader's time left to write (write_timeout)
         self.owners: list[dict[str, Any]] = []  # the ownerReferences last loaded or saved
 
     def load(self) -> tuple[dict[str, Any] | None, str | None]:
@@ -718,16 +743,17 @@ class StateStore:
                 "data": {self.KEY: json.dumps(state, sort_keys=True)}}
         what = f"{'create' if resource_version is None else 'update'} configmap " \
                f"{self.namespace}/{self.name}"
+        timeout = write_timeout(self.timeout, self.window, what)
         try:
             if resource_version is None:
                 resp = self.core.create_namespaced_config_map(self.namespace, body,
                                                               _preload_content=False,
-                                                              _request_timeout=self.timeout)
+                                                              _request_timeout=timeout)
             else:
                 meta["resourceVersion"] = resource_version
                 resp = self.core.replace_namespaced_config_map(self.name, self.namespace, body,
                                                                _preload_content=False,
-                                                               _request_timeout=self.timeout)
+                                                               _request_timeout=timeout)
             saved = json.loads(resp.data)["metadata"]
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
             raise map_error(e, what) from e
@@ -768,9 +794,11 @@ class Pods:
     KubeError."""
 
     def __init__(self, api: client.ApiClient, namespace: str,
-                 request_timeout_s: float = 30.0) -> None:
+                 request_timeout_s: float = 30.0,
+                 window: Callable[[], float] | None = None) -> None:
         self.core = client.CoreV1Api(api)
         self.namespace, self.timeout = namespace, request_timeout(request_timeout_s)
+        self.window = window  # the leader's time left to write (write_timeout)
 
     def create(self, body: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
         """Create the pod (`dry_run`: only validated and admitted by the API server, all its
@@ -778,9 +806,10 @@ class Pods:
         what = (f"{'dry-run ' if dry_run else ''}create pod "
                 f"{self.namespace}/{body['metadata']['name']}")
         extra = {"dry_run": "All"} if dry_run else {}
+        timeout = self.timeout if dry_run else write_timeout(self.timeout, self.window, what)
         try:
             resp = self.core.create_namespaced_pod(self.namespace, body, _preload_content=False,
-                                                   _request_timeout=self.timeout, **extra)
+                                                   _request_timeout=timeout, **extra)
             return json.loads(resp.data)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
             raise map_error(e, what) from e
@@ -791,10 +820,11 @@ class Pods:
         body = client.V1DeleteOptions(
             grace_period_seconds=grace_s,
             preconditions=client.V1Preconditions(uid=uid) if uid else None)
+        timeout = write_timeout(self.timeout, self.window, what)
         try:
             self.core.delete_namespaced_pod(name, self.namespace, body=body,
                                             _preload_content=False,
-                                            _request_timeout=self.timeout)
+                                            _request_timeout=timeout)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
             raise map_error(e, what) from e
 
@@ -828,16 +858,20 @@ class Budgets:
     """Keeps the workers' PodDisruptionBudget (policy/v1); raises KubeError."""
 
     def __init__(self, api: client.ApiClient, namespace: str,
-                 request_timeout_s: float = 30.0) -> None:
+                 request_timeout_s: float = 30.0,
+                 window: Callable[[], float] | None = None) -> None:
         self.policy = client.PolicyV1Api(api)
         self.namespace, self.timeout = namespace, request_timeout(request_timeout_s)
+        self.window = window  # the leader's time left to write (write_timeout)
 
     def keep(self, body: Mapping[str, Any]) -> None:
         """Create the budget `body`, or set the minAvailable of the one of its name."""
         name = body["metadata"]["name"]
+        what = f"keep poddisruptionbudget {self.namespace}/{name}"
         try:
             self.policy.create_namespaced_pod_disruption_budget(
-                self.namespace, body, _preload_content=False, _request_timeout=self.timeout)
+                self.namespace, body, _preload_content=False,
+                _request_timeout=write_timeout(self.timeout, self.window, what))
             return
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
             err = map_error(e, f"create poddisruptionbudget {self.namespace}/{name}")
@@ -847,7 +881,7 @@ class Budgets:
         try:
             self.policy.patch_namespaced_pod_disruption_budget(
                 name, self.namespace, patch, _preload_content=False,
-                _request_timeout=self.timeout)
+                _request_timeout=write_timeout(self.timeout, self.window, what))
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
             raise map_error(e, f"patch poddisruptionbudget {self.namespace}/{name}") from e
 

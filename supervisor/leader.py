@@ -18,8 +18,10 @@ state) before any standby could see the Lease expire, but training goes on: an o
 reason to throw away the progress of a job that does not need the API to train. It keeps
 trying; when a renewal succeeds again (the Lease still ours) it resumes. Only when it reads the
 Lease held by someone else has it *lost*: `on_lost` is called once, and the caller stops
-horovodrun at once. The price, documented: a leader cut off from the API while a standby is not
-drives its horovodrun until it can read the Lease again. A leader that exits releases the Lease
+horovodrun at once. A leader cut off from the API while a standby is not drives its horovodrun
+until it can read the Lease again, but not on the standby's workers: `transitions` is the
+leader's term, which its training processes claim their workers with (hook owner.py: the newer
+term's kill the older's, and the older's respawns exit). A leader that exits releases the Lease
 (empty holder), and a standby takes over at once.
 
 `step` is the pure decision; `LeaderElector` does the I/O through an injected `LeaseApi`
@@ -141,6 +143,20 @@ class LeaderElector:
         a pause, once `on_resumed` is done)."""
         return (self._lost is None and self._paused_at is None and self._renewed_at is not None
                 and self.clock() - self._renewed_at < self.renew_deadline_s)
+
+    def term(self) -> str:
+        """This leader's term, as its training processes claim their workers with it (hook
+        owner.py): the Lease's uid (the job) and its transitions when it was taken."""
+        uid = ((self._lease or {}).get("metadata") or {}).get("uid") or "none"
+        return f"{uid}.{self.transitions}"
+
+    def window(self) -> float:
+        """Seconds left to write before the renew deadline (0 when not leading): a write's
+        timeout ends there (kube.write_timeout), so none lands after a standby may take over."""
+        if not self.is_leader():
+            return 0.0
+        assert self._renewed_at is not None
+        return max(0.0, self._renewed_at + self.renew_deadline_s - self.clock())
 
     # -- one attempt ---------------------------------------------------------------------------
 

@@ -86,7 +86,7 @@ class Picture:
     fleet: Fleet
     pods: Mapping[str, Obj]  # the job's worker pods the watch shows, by name
     published: str  # the discovery file as published ("" while withdrawn)
-    listed: Rendered | None  # the last render of the view (why hosts are left out)
+    view_render: Rendered | None  # the last render of the view (why hosts are left out)
     reuse_checked: Rendered | None  # the render last looked at for reused addresses
     reused: Mapping[int, int]  # slot -> pods replaced for reused addresses so far
     scale_request: int | None  # desired workers asked for, not applied yet
@@ -256,9 +256,9 @@ def _replace_reused(p: Picture, s: Settings, step: _Step) -> None:
     """A worker whose IP another worker had can never join: replace it at once, no budget
     used; after REUSED_LIMIT such pods in one slot, leave it out and say so (a CNI handing out
     the same address again and again needs a person). Looked at once per render."""
-    if p.listed is None:
+    if p.view_render is None:
         return
-    for name, why in p.listed.left_out.items():
+    for name, why in p.view_render.left_out.items():
         if why is not Unusable.HOST_REUSED:
             continue
         pod = p.pods.get(name)
@@ -297,8 +297,8 @@ def plan(p: Picture, s: Settings) -> Plan:
     _scaled_slots(p, s, step)
     leaving = _leaves(p, s, step)
     reuse_checked = p.reuse_checked
-    if p.listed is not None and p.listed is not p.reuse_checked:
-        reuse_checked = p.listed
+    if p.view_render is not None and p.view_render is not p.reuse_checked:
+        reuse_checked = p.view_render
         _replace_reused(p, s, step)
     expected = {}
     for name, since in p.expected.items():
@@ -561,9 +561,9 @@ class _Deciding:
 
 @dataclass(frozen=True)
 class Listing:
-    """What the host list is decided from, besides the view's render (`listed`)."""
+    """What the host list is decided from, besides the view's render."""
 
-    listed: Rendered  # the view's usable hosts and why others are left out
+    view_render: Rendered  # the view's usable hosts and why others are left out
     published: str  # the discovery file as published ("" while withdrawn)
     regroup: regroup.Pending | None  # a failure the survivors have not regrouped from
     beats: tuple[Beat, ...]  # the hook's heartbeats (empty: no horovodrun or no hook)
@@ -577,7 +577,7 @@ class Listing:
 
 @dataclass(frozen=True)
 class Listed:
-    rendered: Rendered  # the hosts to publish, and why the others are left out
+    host_list: Rendered  # the hosts to publish, and why the others are left out
     regroup: regroup.Pending | None
     reannounced: Mapping[str, tuple[int, float]]
     held_said: bool
@@ -590,19 +590,19 @@ def listing(x: Listing, slots_per_worker: int, min_np: int, max_np: int) -> List
     (regroup.missed: taken out once per world the driver assigns, so that its discovery sees
     it appear again)."""
     notes: list[Note] = []
-    rendered, pending, held_said = x.listed, x.regroup, x.held_said
+    host_list, pending, held_said = x.view_render, x.regroup, x.held_said
     if pending is None or not x.running:
         pending = None
     else:
         listed = published_hosts(x.published)
-        held = regroup.held(pending, x.beats, listed=listed, usable=frozenset(rendered.hosts),
+        held = regroup.held(pending, x.beats, listed=listed, usable=frozenset(x.view_render.hosts),
                             slots_per_worker=slots_per_worker, min_np=min_np, now=x.now)
         if held:
             if not held_said:
                 held_said = True
                 notes.append(Note("info", "discovery.held", {
                     "hosts": sorted(held), "since_failure_s": round(x.now - pending.since, 2)}))
-            rendered = discovery.hold_back(rendered, held, slots_per_worker)
+            host_list = discovery.hold_back(host_list, held, slots_per_worker)
         elif regroup.over(pending, x.beats, x.now):
             if held_said:
                 held_said = False
@@ -613,12 +613,12 @@ def listing(x: Listing, slots_per_worker: int, min_np: int, max_np: int) -> List
     reannounced = dict(x.reannounced)
     driver = x.driver
     if driver is None or not driver.world_seq:
-        return Listed(rendered, pending, reannounced, held_said, tuple(notes))
+        return Listed(host_list, pending, reannounced, held_said, tuple(notes))
     out = {host for host, (_, until) in reannounced.items()
-           if x.now < until and host in rendered.hosts}
+           if x.now < until and host in host_list.hosts}
     for host in regroup.missed(x.listed_since, driver.world, driver.world_at,
                                slots_per_worker=slots_per_worker, max_np=max_np, now=x.now):
-        if host in out or host not in rendered.hosts or \
+        if host in out or host not in host_list.hosts or \
                 reannounced.get(host, (-1, 0.0))[0] == driver.world_seq:
             continue
         reannounced[host] = (driver.world_seq, x.now + regroup.REANNOUNCE_OUT_S)
@@ -632,8 +632,8 @@ def listing(x: Listing, slots_per_worker: int, min_np: int, max_np: int) -> List
             f"during a reset); taken out of the host list for "
             f"{regroup.REANNOUNCE_OUT_S:g}s and listed again")))
     if out:
-        rendered = discovery.hold_back(rendered, frozenset(out), slots_per_worker)
-    return Listed(rendered, pending, reannounced, held_said, tuple(notes))
+        host_list = discovery.hold_back(host_list, frozenset(out), slots_per_worker)
+    return Listed(host_list, pending, reannounced, held_said, tuple(notes))
 
 
 # -- what the hook's heartbeats and the driver revealed ------------------------------------------

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from supervisor.channel import Beat
+from supervisor.channel import Beat, heartbeating
 
 MIN_PAUSE_S = 1.5  # two heartbeat periods and a half: shorter pauses are the beats' resolution
 PAUSE_STEPS = 3.0  # a pause of more than three step times is not training
@@ -110,8 +110,8 @@ def rank0(beats: Iterable[Beat], now: float) -> Beat | None:
     changes: one that left it (announced to go, its peer failed) still beats with the rank of
     its last init. The one whose collectives completed last is in the world that trains
     (counts of inits cannot tell: each process counts its own)."""
-    live = [b for b in beats if b.rank == 0 and b.bye_at is None and b.size is not None
-            and now - b.last_seen <= FRESH_S and b.steps is not None]
+    live = [b for b in beats if b.rank == 0 and b.size is not None and b.steps is not None
+            and heartbeating(b, now, FRESH_S, inclusive=True)]
     return max(live, key=lambda b: (b.progress_at or float("-inf"), b.last_seen),
                default=None)
 

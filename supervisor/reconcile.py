@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from supervisor import admission, core, discovery, fleet, hang, incidents, plan, progress, reload
 from supervisor.actuator import CreatePod, KeepBudget, Op, SaveState
-from supervisor.channel import HookChannel, Snapshot, unbound_note
+from supervisor.channel import HookChannel, Snapshot, heartbeating, unbound_note
 from supervisor.classify import (
     ClassifySettings,
     NodeState,
@@ -68,11 +68,11 @@ from supervisor.model import (
     Trigger,
     WatchEvent,
 )
+from supervisor.nodeleases import NodeLeases
 from supervisor.observe import (
     ClusterView,
     EventType,
     Kind,
-    NodeLeases,
     Obj,
     SourceHealth,
 )
@@ -127,9 +127,12 @@ class LoopState:
     # (pod UID, container, its restartCount): exits of helper containers already reported
     reported_exits: set[tuple[str, str, int]] = field(default_factory=set)
     published: str | None = None  # current discovery content; None while withdrawn
-    rendered: Rendered | None = None
-    listed: Rendered | None = None  # the last render: what the view says is usable
-    rendered_from: tuple[object, ...] = ()  # what `listed` was made of (view version, ...)
+    # the view's last render (discovery.render): its usable hosts, why the others are left out
+    view_render: Rendered | None = None
+    view_render_from: tuple[object, ...] = ()  # what it was made of (view version, ...)
+    # the host list: view_render less the hosts held back for now (plan.listing); what is
+    # published while the file is not withdrawn
+    host_list: Rendered | None = None
     memo: discovery.Memo = field(default_factory=discovery.Memo)
     child: ChildProcess | None = None
     stop_signal: int | None = None
@@ -260,7 +263,7 @@ class Supervisor:
                 if st.stop_signal is not None:
                     return self._finish(128 + st.stop_signal,
                                         f"stopped by signal {st.stop_signal} before start")
-                slots = st.rendered.slots(cfg.slots_per_worker) if st.rendered else 0
+                slots = st.host_list.slots(cfg.slots_per_worker) if st.host_list else 0
                 if st.view.synced and st.published is not None and slots >= cfg.min_np:
                     np = start_np(cfg, slots, restart=core.horovodrun_restarts(st.core) > 0)
                     self._start(horovodrun_argv(cfg, command, np), slots, np)
@@ -275,7 +278,7 @@ class Supervisor:
                     next_progress = now + PROGRESS_EVERY_S
                     self.log.info("start.waiting", slots=slots, min_np=cfg.min_np,
                                   synced=st.view.synced, workers=len(st.view.pods),
-                                  left_out=dict(st.rendered.left_out) if st.rendered else {},
+                                  left_out=dict(st.host_list.left_out) if st.host_list else {},
                                   waited_s=round(now - st.gate_since, 1))
             else:
                 if now >= next_reap:  # a walk of the process table: not on every event
@@ -436,13 +439,13 @@ class Supervisor:
             host: self.count_ssh_clients(st.child.pid, host) if st.child is not None else 0
             for host in plan.retiring_hosts(c.fleet, st.view.pods, published, settings.plan,
                                             c.leaving)}
-        rendered = st.rendered
+        host_list = st.host_list
         p = core.manage(c, core.Seen(
             pods=st.view.pods, nodes=st.view.nodes, memory=st.memory,
             lease_ages=self.leases.ages(now) if self.leases is not None else None,
             lease_stale=stale, first_owner=st.first_owner, published=st.published,
-            listed=st.listed,
-            listed_hosts=rendered.hosts if rendered is not None and st.published is not None
+            view_render=st.view_render,
+            listed_hosts=host_list.hosts if host_list is not None and st.published is not None
             else {},
             hooked=hooked, running=running, stopping=st.stop_signal is not None,
             started_at=st.hangs.run_started_at if st.hangs.run_started_at is not None else now,
@@ -500,8 +503,8 @@ class Supervisor:
         wanted |= {name for _, name in created}
         pods = {n: incidents.pod_seen(st.view.pods[n], cfg.host_mode, cfg.job_name) for n in wanted
                 if n in st.view.pods}
-        joined = frozenset(b.host for b in beats if b.rank is not None and b.bye_at is None
-                           and now - b.last_seen <= progress.FRESH_S)
+        joined = frozenset(b.host for b in beats if b.rank is not None
+                           and heartbeating(b, now, progress.FRESH_S, inclusive=True))
         fenced = frozenset(h for t in p.todo if isinstance(t, core.Fence) for h in t.hosts)
         st.book, reached = incidents.advance(book, incidents.Tick(
             wall, opened, fenced, created, pods, joined, after))
@@ -572,7 +575,7 @@ class Supervisor:
                 suspect_nodes=list(todo.suspect_nodes), ahead_of=todo.ahead_of,
                 hold_in=cfg.worker_container or cfg.worker_template[  # type: ignore[index]
                     "spec"]["containers"][0]["name"])))
-        elif isinstance(todo, core.KeepBudget):
+        elif isinstance(todo, core.KeepMinAvailable):
             self.act(KeepBudget(disruption_budget(
                 fleet.budget_name(cfg.job_name), cfg.job_name, todo.min_available, self.owner)))
         elif isinstance(todo, core.FailJob):
@@ -612,7 +615,7 @@ class Supervisor:
         h = self.state.hangs
         started = h.run_started_at if h.run_started_at is not None else now
         fresh = sum(1 for b in snap.beats.values()
-                    if b.bye_at is None and now - b.last_seen < self.hang_settings.silence_s)
+                    if heartbeating(b, now, self.hang_settings.silence_s))
         self.metrics.heartbeating_processes.set(fresh)
         assert self.channel is not None
         c = self.channel.counters
@@ -965,7 +968,7 @@ class Supervisor:
             pod_name(cfg.job_name, i, fl.slots[i].incarnation) for i in fl.retiring())
         # Render only when something it reads changed: at 10,000 workers a render is ~10 ms
         # and the tick comes every RESYNC_SECONDS.
-        failed = st.core.hung
+        hung = st.core.hung
         declared = st.core.failed
         if fl is not None and st.active_pods[0] is not fl:
             st.active_pods = (fl, fleet.current_pods(fl, cfg.job_name))
@@ -976,40 +979,40 @@ class Supervisor:
                           released=sorted(st.kept - talking))
             st.kept = talking
         staying = st.core.leave_waits
-        inputs = (st.view.version, retiring, len(st.first_owner), failed, declared, active,
+        inputs = (st.view.version, retiring, len(st.first_owner), hung, declared, active,
                   talking, staying)
-        if st.listed is None or inputs != st.rendered_from:
-            st.listed = discovery.render(st.view, cfg.slots_per_worker, cfg.host_mode,
-                                         st.first_owner, retiring=retiring, failed=failed,
-                                         declared=declared, active=active,
-                                         heartbeating=talking, staying=staying,
-                                         memo=st.memo)
-            st.rendered_from = inputs
+        if st.view_render is None or inputs != st.view_render_from:
+            st.view_render = discovery.render(st.view, cfg.slots_per_worker, cfg.host_mode,
+                                              st.first_owner, retiring=retiring, hung=hung,
+                                              declared=declared, active=active,
+                                              heartbeating=talking, staying=staying,
+                                              memo=st.memo)
+            st.view_render_from = inputs
             self.metrics.workers_listed.set(len(st.view.pods))
-            self.metrics.workers_live.set(st.listed.live)
+            self.metrics.workers_live.set(st.view_render.live)
         # New hosts may be held back while survivors regroup: that depends on the time too.
-        rendered = self._listing(st.listed, now)
-        if rendered is not st.rendered:
-            self._report_membership(st.rendered, rendered)
-            st.rendered = rendered
-            self.metrics.workers_usable.set(len(rendered.lines))
+        host_list = self._listing(st.view_render, now)
+        if host_list is not st.host_list:
+            self._report_membership(st.host_list, host_list)
+            st.host_list = host_list
+            self.metrics.workers_usable.set(len(host_list.lines))
         self.metrics.workers_desired.set(len(fl.active()) if fl is not None else 0)
         decision = discovery.decide(st.view.synced, st.view.broken_for(now), cfg.staleness_s,
-                                    rendered)
+                                    host_list)
         if isinstance(decision, Publish):
             if decision.content == st.published:
                 return
             discovery.write_atomic(cfg.discovery_file, decision.content)
             written = self.clock()
             # Only hosts never published before (a set difference, not 10,000 lookups).
-            for host in rendered.hosts.keys() - st.first_owner.keys():
-                st.first_owner[host] = st.view.pods[rendered.hosts[host]]["metadata"]["uid"]
+            for host in host_list.hosts.keys() - st.first_owner.keys():
+                st.first_owner[host] = st.view.pods[host_list.hosts[host]]["metadata"]["uid"]
             self.metrics.discovery_writes.inc()
             latency = None if earliest is None else written - earliest
             if latency is not None:
                 self.metrics.discovery_latency.observe(latency)
-            self.log.info("discovery.written", hosts=len(rendered.lines),
-                          slots=rendered.slots(cfg.slots_per_worker),
+            self.log.info("discovery.written", hosts=len(host_list.lines),
+                          slots=host_list.slots(cfg.slots_per_worker),
                           latency_ms=None if latency is None else round(latency * 1000, 2))
             st.published = decision.content
         elif st.published is not None or discovery.read_current(cfg.discovery_file) is not None:
@@ -1029,10 +1032,9 @@ class Supervisor:
             return frozenset()
         channel, silence = self.channel, self.hang_settings.silence_s
         return discovery.talking_on_down_nodes(st.view, self.cfg.host_mode, lambda: [
-            b.host for b in channel.snapshot().beats.values()
-            if b.bye_at is None and now - b.last_seen < silence])
+            b.host for b in channel.snapshot().beats.values() if heartbeating(b, now, silence)])
 
-    def _listing(self, listed: Rendered, now: float) -> Rendered:
+    def _listing(self, view_render: Rendered, now: float) -> Rendered:
         """The hosts to publish (plan.listing, pure): gather its inputs, keep its outputs."""
         st, cfg, c = self.state, self.cfg, self.state.core
         running = self.channel is not None and st.child is not None
@@ -1041,7 +1043,7 @@ class Supervisor:
                  if running and pending is not None and self.channel is not None else ())
         driver = self.channel.driver() if running and self.channel is not None else None
         out = plan.listing(plan.Listing(
-            listed=listed, published=st.published or "", regroup=pending, beats=beats,
+            view_render=view_render, published=st.published or "", regroup=pending, beats=beats,
             driver=driver, listed_since=c.listed_since, reannounced=c.reannounced,
             held_said=c.held_said, running=running, now=now),
             cfg.slots_per_worker, cfg.min_np, cfg.max_np)
@@ -1050,7 +1052,7 @@ class Supervisor:
             st.core = replace(c, regroup=out.regroup, reannounced=out.reannounced,
                               held_said=out.held_said)
         self._say(out.notes)
-        return out.rendered
+        return out.host_list
 
     def _report_membership(self, old: Rendered | None, new: Rendered) -> None:
         old_out = dict(old.left_out) if old else {}

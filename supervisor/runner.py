@@ -47,6 +47,7 @@ from supervisor.config import (
     parse_config,
 )
 from supervisor.hook.elastic_supervisor_hook import KEY_ENV, PORT_ENV, RUN_ENV
+from supervisor.hook.elastic_supervisor_hook.owner import OWNER_ENV
 from supervisor.launch import horovodrun_argv
 from supervisor.leader import LeaderElector, lease_name
 from supervisor.logs import make_logger
@@ -59,7 +60,8 @@ from supervisor.model import (
     LeadershipResumed,
     SourceState,
 )
-from supervisor.observe import Kind, NodeLeases, slim
+from supervisor.nodeleases import NodeLeases
+from supervisor.observe import Kind, slim
 from supervisor.policy import DEFAULT_RULES
 from supervisor.reconcile import Supervisor
 from supervisor.reload import PolicyWatcher
@@ -267,6 +269,11 @@ def run(cfg: Config, command: Sequence[str], env: Mapping[str, str],
         print(f"elastic-supervisor: SUPERVISOR_FENCE_PORT={cfg.fence_port}: cannot listen "
               f"(UDP: {e}); set another port or 0 for any free one", file=sys.stderr)
         return ExitCode.CONFIG
+    if running is not None and running.code is None and not sidecar.owned(running.pid,
+                                                                          running.marker):
+        log.warning("sidecar.pid_not_ours", pid=running.pid, why="the run directory names a "
+                    "process that is not a horovodrun es-run started: not adopted, not killed")
+        running = None
     if running is not None and running.code is None:
         try:
             channel.adopt(running.env.get(RUN_ENV, ""), running.env.get(KEY_ENV))
@@ -335,7 +342,7 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
         if link is not None:
             cfg = _with_hook(cfg, api, owner, retry, log=log)
         store = kube.StateStore(api, cfg.namespace, fleet.state_name(cfg.job_name), owner,
-                                timeout_s=cfg.api_timeout_s)
+                                timeout_s=cfg.api_timeout_s, window=elector.window)
         workers, rv, stored = None, None, None
         if cfg.worker_template is not None:
             workers, rv, stored = retry.call("read the state", lambda: load_fleet(cfg, store))
@@ -439,7 +446,10 @@ def _wrapped_command(cfg: Config, link: sidecar.Link, stopping: startup.Stopping
                      running: sidecar.Running | None) -> list[str]:
     """The training command es-run was given. A horovodrun an earlier supervisor of this pod
     left running that is not `running` (adopted) is killed first: nobody would supervise it."""
-    if (left := link.running()) is not None and (running is None or left.pid != running.pid):
+    left = link.running()
+    if left is not None and left.code is None and not sidecar.owned(left.pid, left.marker):
+        left = None  # said at the adoption (sidecar.pid_not_ours): never killed
+    if left is not None and (running is None or left.pid != running.pid):
         killed = sidecar.kill_tree(left.pid, left.marker)
         log.warning("sidecar.leftover_killed", pid=left.pid, processes=killed)
         events(EventSpec("Warning", "HorovodrunLeftoverKilled", "Start",
@@ -604,16 +614,23 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
     """Run the loop as the job's leader; clean up (CLEAN_POD_POLICY) on the way out. `env`:
     horovodrun's base environment; `config_env`: the supervisor's own, which the policy is
     parsed from again."""
-    actuator = Actuator(kube.Pods(api, cfg.namespace, cfg.api_timeout_s), store,
+    # Each write's timeout ends at the leader's renew deadline (elector.window): none lands
+    # after a standby may have taken the job over (the StateStore's too: _run).
+    actuator = Actuator(kube.Pods(api, cfg.namespace, cfg.api_timeout_s, elector.window), store,
                         resource_version=rv, writer=identity, sink=lambda _: None,
                         may_act=elector.is_leader,
-                        budgets=kube.Budgets(api, cfg.namespace, cfg.api_timeout_s))
+                        budgets=kube.Budgets(api, cfg.namespace, cfg.api_timeout_s,
+                                             elector.window))
     proc.become_subreaper()
     leases = NodeLeases() if cfg.node_lease_s is not None else None
     sup = Supervisor(cfg, log=log, metrics=metrics, events=recorder.record,
                      start_child=(proc.Child.start if link is None else functools.partial(
                          sidecar.RemoteChild.start, link)),
-                     base_env=env, act=actuator.submit,
+                     # The leader's term: its horovodruns' training processes claim their
+                     # workers with it, and those of a supervisor that lost the job to this
+                     # one die (hook owner.py): never two horovodruns' training on a worker.
+                     base_env={**env, OWNER_ENV: elector.term()},
+                     act=actuator.submit,
                      kill_ssh_clients=proc.kill_ssh_clients,
                      count_ssh_clients=lambda pid, host: len(proc.ssh_clients_for(pid, host)),
                      channel=channel,

@@ -405,24 +405,45 @@ def wait_for_command(link: Link, *, stopping: Callable[[float], bool],
 # ---- horovodrun in the training container ----------------------------------------------------
 
 
-def _tree(pid: int | None, marker: str | None) -> list[psutil.Process]:
+def _marked(p: psutil.Process, marker: str) -> bool:
+    with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, OSError):
+        return p.environ().get(TREE_MARKER) == marker
+    return False
+
+
+def owned(pid: int, marker: str | None) -> bool:
+    """Whether process `pid` (read from the run directory, which the training container can
+    write) is a horovodrun es-run started for a supervisor: it carries the run's marker, and
+    it is not this process."""
+    if not marker or pid == os.getpid():
+        return False
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return _marked(psutil.Process(pid), marker)
+    return False
+
+
+def _tree(pid: int | None, marker: str | None, *, orphans: bool = True
+          ) -> list[psutil.Process]:
     """horovodrun's process (`pid`; None once it exited: the pid may be another's now), its
     descendants, and the processes carrying the tree's marker that were orphaned (re-parented
-    to the pod's pause process)."""
+    to the pod's pause process).
+
+    `pid` and `marker` come from the run directory, which the training container can write: the
+    process `pid` counts (with its descendants) only if it carries the marker, so that a pid
+    written there never gets the supervisor, the pod's pause or anything else killed."""
     found: dict[int, psutil.Process] = {}
     with contextlib.suppress(psutil.NoSuchProcess):
-        if pid is not None:
+        if pid is not None and owned(pid, marker):
             root = psutil.Process(pid)
             found[pid] = root
             for p in root.children(recursive=True):
                 found[p.pid] = p
-    if marker is not None:
+    if marker and orphans:
         for p in psutil.process_iter():
             if p.pid in found:
                 continue
-            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, OSError):
-                if p.environ().get(TREE_MARKER) == marker:
-                    found[p.pid] = p
+            if _marked(p, marker):
+                found[p.pid] = p
     return list(found.values())
 
 
@@ -498,7 +519,7 @@ class RemoteChild:
     def signal_group(self, sig: int) -> None:
         """Send `sig` to horovodrun and its descendants (es-run starts it in its own process
         group only where the shell has job control: the processes are signalled one by one)."""
-        for p in _tree(self.pid, None):
+        for p in _tree(self.pid, self.token, orphans=False):
             with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
                 p.send_signal(sig)
 

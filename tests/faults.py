@@ -66,6 +66,7 @@ class PodFaults:
         pids = self.training(name)
         if not pids:
             raise AssertionError(f"no training process in pod {name}")
+        self.job.silence(name)
         freeze(pids)
         return pids
 
@@ -73,6 +74,7 @@ class PodFaults:
         """The node hangs whole (the v1 freezer: kubelet, containerd, pods): its Lease is no
         longer renewed, its pods stop; the kernel still answers TCP. Thawed by close()."""
         n = self.job.cluster.node(node)
+        self.job.silence_node(n)
         n.freeze()
         self.frozen.append(n)
 

@@ -14,6 +14,7 @@ lost, at most COMMIT_EVERY steps computed again after a rollback.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -29,6 +30,7 @@ from kubernetes import client
 
 from localcluster.job import JOB, OVERLAY, MainJob, Record, log_time
 from localcluster.nodes import Cluster
+from supervisor.config import Config
 
 COMMIT_EVERY = 5
 CHECKPOINT_MOUNT = "/checkpoint"  # where every worker mounts the job's checkpoint directory
@@ -77,6 +79,12 @@ def stock_script(docs: list[dict[str, Any]]) -> None:
             doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)
 
 
+def process_env(pid: int) -> dict[str, str]:
+    """The environment of host process `pid` (a container's process seen from the node)."""
+    return dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_bytes()
+                .decode(errors="replace").split("\0") if "=" in item)
+
+
 def shared_write(path: Path, text: str) -> None:
     """Replace `path` (on the volume every worker mounts) atomically, readable by them."""
     tmp = path.with_suffix(".tmp")
@@ -106,6 +114,8 @@ class Job(MainJob):
         """Make the rank on `host` deadlock its main thread at its next batch (the stock
         script's --hang-file, next to the stop file); "" for nobody."""
         assert self.stop_file is not None, "the job was started without a checkpoint directory"
+        self.silence(*(name for name, pod in self.workers().items()
+                       if host and pod["status"].get("podIP") == host))
         shared_write(self.stop_file.with_name(HANG_FILE), host)
 
     def nodes_ready(self) -> bool:
@@ -337,9 +347,10 @@ def main_job(cluster: Cluster, api: client.ApiClient, out: Path, *, steps: int,
     # The scenarios look at the workers after the end (the cleanup has its own tests), and a
     # launcher started again after a SIGKILL waits out the killed one's lease. horovodrun's
     # driver logs its registry and discovery (--verbose) into the launcher's log: what a failed
-    # scenario's post-mortem needs. The faults a tour throws at its two worker nodes are the
-    # test's, not the nodes': no quarantine (it would leave the workers one node, and the node
-    # faults after it no survivor; its own test: tests/integration/test_replacement.py).
+    # scenario's post-mortem needs. The main tour throws two node faults at each of its two
+    # worker nodes, the node evidence a quarantine rightly acts on; it would leave the workers
+    # one node, and the node faults after it no survivor: no quarantine unless a job asks for
+    # the shipped one (SHIPPED_QUARANTINE: the stock and sidecar tours, the sidecar main job).
     env = {"SUPERVISOR_CLEAN_POD_POLICY": "None", "SUPERVISOR_LEADER_LEASE_SECONDS": "10",
            "SUPERVISOR_HOROVODRUN_EXTRA_ARGS": "--verbose", "SUPERVISOR_QUARANTINE_FAILURES": "0",
            **(env or {})}
@@ -350,8 +361,28 @@ def main_job(cluster: Cluster, api: client.ApiClient, out: Path, *, steps: int,
     try:
         job.apply()
         yield job
+        # Every job on real nodes, whatever its faults: no capacity destroyed without cause.
+        record_verdicts(job)
+        wrong = job.false_verdicts()
+        assert wrong == [], f"verdicts on workers or nodes the test never silenced: {wrong}"
     finally:
         job.delete()
+
+
+# The shipped quarantine, for the jobs that run with it (main_job switches it off otherwise).
+SHIPPED_QUARANTINE = {"SUPERVISOR_QUARANTINE_FAILURES": str(
+    next(f.default for f in dataclasses.fields(Config) if f.name == "quarantine_failures"))}
+
+# Where each job's verdicts are appended (one JSON line per job) when set: bench.suite sums them.
+VERDICTS_FILE = "ES_VERDICTS_FILE"
+
+
+def record_verdicts(job: Job) -> None:
+    if not (path := os.environ.get(VERDICTS_FILE)):
+        return
+    line = {"namespace": job.namespace, "silenced": sorted(job.silenced), **job.verdicts()}
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 def check_training(records: list[Record], target: int, *, final_size: int,

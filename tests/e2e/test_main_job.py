@@ -36,6 +36,8 @@ from kubernetes import client
 from localcluster.job import JOB, REPO
 from localcluster.nodes import Cluster
 from supervisor import timeline
+from supervisor.hook.elastic_supervisor_hook.owner import OWNER_ENV
+from supervisor.leader import lease_name
 from tests.e2e.jobs import (
     COMMIT_EVERY,
     Job,
@@ -47,6 +49,7 @@ from tests.e2e.jobs import (
     main_job,
     no_restart_since,
     one_live_pod_per_slot,
+    process_env,
     tour_budgets,
     with_policy,
 )
@@ -137,6 +140,7 @@ class TestMainTour:
         alone_on_its_node(job, pod)
         node = job.cluster.node(pod["spec"]["nodeName"])
         t0 = time.time()
+        job.silence_node(node)
         node.stop_kubelet()
         try:
             back_within(job, t0, 2, BACK_AFTER_NODE_LOSS_S)
@@ -370,6 +374,7 @@ class TestMainTour:
         node = job.cluster.node(pod["spec"]["nodeName"])
         severed_before = len(severed(job))
         t0 = time.time()
+        job.silence_node(node)
         node.freeze()
         try:
             # The frozen node still says Ready: a replacement bound there is replaced again
@@ -484,6 +489,16 @@ class TestMainTour:
             s["time"] > resumed()[0]["time"] and s["size"] == 2 for s in job.steps()), 240)
 
         assert sorted(job.live_workers()) == workers, "the same workers, no duplicates"
+        # The new leader's term (the Lease's transitions) is in every training process of its
+        # run, and nothing of an older term trains on any worker (hook owner.py).
+        lease = client.CoordinationV1Api(job.api).read_namespaced_lease(
+            lease_name(JOB), job.namespace)
+        term = f"{lease.metadata.uid}.{lease.spec.lease_transitions}"
+        assert lease.spec.lease_transitions >= 1, "the second launcher took the Lease over"
+        for pod in workers:
+            trainers = job.processes(pod, lambda argv: any(a.endswith("train.py") for a in argv))
+            assert trainers and {process_env(pid).get(OWNER_ENV) for pid in trainers} == {
+                term}, (pod, [process_env(pid).get(OWNER_ENV) for pid in trainers])
         assert job.state()["ledger"]["total"] == used, "the budget used before is kept"
         again = resumed()
         assert len(again) == 1 and killed_at - again[0]["step"] <= COMMIT_EVERY, again

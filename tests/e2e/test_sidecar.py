@@ -17,7 +17,6 @@ naming the fix.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import signal
@@ -31,8 +30,8 @@ from kubernetes import client
 
 from localcluster.job import SIDECAR_OVERLAY, log_time
 from localcluster.nodes import Cluster
-from supervisor.config import Config
 from tests.e2e.jobs import (
+    SHIPPED_QUARANTINE,
     Job,
     check_steps,
     check_training,
@@ -161,7 +160,7 @@ def sidecar_tour(cluster: Cluster, cluster_api: client.ApiClient,
                  main_images: dict[str, Path],
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Job, PodFaults]]:
     with stock_job(cluster, cluster_api, tmp_path_factory.mktemp("sidecar-tour"),
-                   policy=tour_budgets, overlay=SIDECAR_OVERLAY) as jf:
+                   policy=tour_budgets, overlay=SIDECAR_OVERLAY, **SHIPPED_QUARANTINE) as jf:
         yield jf
 
 
@@ -280,10 +279,8 @@ def sidecar_main(cluster: Cluster, cluster_api: client.ApiClient, main_images: d
     # switch it off: main_job), the hang thresholds. A healthy job must not lose a worker or a
     # node to them (checked at its end).
     out = tmp_path_factory.mktemp("sidecar-main")
-    default = {f.name: f.default for f in dataclasses.fields(Config)}
-    shipped = {"SUPERVISOR_QUARANTINE_FAILURES": str(default["quarantine_failures"])}
     with main_job(cluster, cluster_api, out, steps=1_000_000, checkpoint=out / "checkpoint",
-                  overlay=SIDECAR_OVERLAY, env=shipped) as job:
+                  overlay=SIDECAR_OVERLAY, env=SHIPPED_QUARANTINE) as job:
         job.wait_training(past=10, size=2, timeout=420)
         yield job
 

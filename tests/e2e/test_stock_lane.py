@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from kubernetes import client
 
@@ -40,6 +41,7 @@ from supervisor.hook.elastic_supervisor_hook import wire
 from tests.e2e.jobs import (
     CHECKPOINT_MOUNT,
     HANG_FILE,
+    SHIPPED_QUARANTINE,
     STOCK,
     STOCK_DIR,
     Job,
@@ -51,6 +53,7 @@ from tests.e2e.jobs import (
     main_job,
     no_restart_since,
     one_live_pod_per_slot,
+    process_env,
     step_after_reset,
     steps_of,
     stock_script,
@@ -119,8 +122,11 @@ def tour(cluster: Cluster, cluster_api: client.ApiClient, main_images: dict[str,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Job, PodFaults]]:
     # main_job's leader lease (10 s: fast takeovers) is shorter than the kube-apiserver outage
     # of the tour: the leader pauses through it and training goes on.
+    # The shipped quarantine: the tour's faults hit each worker node at most once with node
+    # evidence (a silent node), so no node may be quarantined (main_job: false_verdicts).
     with stock_job(cluster, cluster_api, tmp_path_factory.mktemp("stock-tour"), script=SLOW,
-                   policy=tour_budgets, SUPERVISOR_STUCK_SECONDS=str(STUCK_S)) as jf:
+                   policy=tour_budgets, SUPERVISOR_STUCK_SECONDS=str(STUCK_S),
+                   **SHIPPED_QUARANTINE) as jf:
         yield jf
 
 
@@ -528,8 +534,7 @@ class TestStockTour:
         live = job.live_workers()
         a, b = sorted(live)
         pid = job.processes(a, lambda argv: any(x.endswith(STOCK.name) for x in argv))[0]
-        env = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_bytes()
-                   .decode(errors="replace").split("\0") if "=" in item)
+        env = process_env(pid)
         key = wire.read_key(str(REPO / "manifests" / "base" / "ssh" / "hook.key"), "hook.key")
         b_ip, run = live[b]["status"]["podIP"], env["ELASTIC_SUPERVISOR_HOOK_RUN"]
         forged = [wire.encode(key, {"t": "driver", "s": "forged-driver", "n": 1, "run": run,
@@ -546,8 +551,22 @@ class TestStockTour:
                             env["ELASTIC_SUPERVISOR_HOOK_PORT"]], check=True, timeout=30)
         job.wait("both forgeries refused as unbound (authentic: the key was right)",
                  lambda: scrape(METRICS_PORT, ip).get(unbound, 0) >= before + 2, 20)
+        # It also signs an exit as the supervisor's, far ahead in sequence, to B's training
+        # process: only the supervisor's address may command it (issue 39 item 9).
+        b_pid = job.processes(b, lambda argv: any(x.endswith(STOCK.name) for x in argv))[0]
+        b_port = next(c.laddr.port for c in psutil.Process(b_pid).net_connections("udp"))
+        exit_b = wire.encode(key, {"t": "exit", "s": wire.SUPERVISOR, "n": 10**12, "run": run,
+                                   "why": "forged"})
+        subprocess.run(["nsenter", "-t", str(pid), "-n", sys.executable, "-c",
+                        "import socket, sys; socket.socket(socket.AF_INET, "
+                        "socket.SOCK_DGRAM).sendto(bytes.fromhex(sys.argv[1]), "
+                        "(sys.argv[2], int(sys.argv[3])))", exit_b.hex(), b_ip, str(b_port)],
+                       check=True, timeout=30)
         time.sleep(5)  # past the heartbeat timeout a forged silent process would have set off
         assert b in job.live_workers(), "the forged report got B replaced"
+        assert psutil.pid_exists(b_pid), "the forged exit ended B's training process"
+        assert any("signed as the supervisor's come from another address" in e["problem"]
+                   for e in job.logs_since("hook.problem", t0)), "B said so"
         assert job.logs_since("worker.failed", t0) == []
         assert job.logs_since("worker.hung", t0) == []
 

@@ -255,7 +255,7 @@ class Heartbeats(unittest.TestCase):
                                           "ESTABLISHED")]
                 b = self.beater(worker.Progress(), connections=lambda c=mine: c, fence=fence)
                 b.receive(supervisor_says({"t": "fence", "v": 1, "dead": [
-                    ["127.0.0.1", [peer.getsockname()[1]]]]}, 1))
+                    ["127.0.0.1", [peer.getsockname()[1]]]]}, 1), b.supervisor)
                 self.assertEqual(b.fence_version, 1, "the version is recorded either way")
                 if fence:
                     self.assertEqual(cli.recv(10), b"", "shut down: end of file at once")
@@ -271,11 +271,34 @@ class Heartbeats(unittest.TestCase):
         b = self.beater(worker.Progress(), connections=lambda: [], exit_process=exits.append)
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
-            b.receive(supervisor_says({"t": "exit", "run": "1", "why": "restarted"}, 1))
-            b.receive(supervisor_says({"t": "exit", "run": "1", "why": "replayed"}, 1))
-            b.receive(wire.encode(KEY, {"t": "exit", "s": "someone", "n": 2, "run": "1"}))
+            b.receive(supervisor_says({"t": "exit", "run": "1", "why": "restarted"}, 1),
+                      b.supervisor)
+            b.receive(supervisor_says({"t": "exit", "run": "1", "why": "replayed"}, 1),
+                      b.supervisor)
+            b.receive(wire.encode(KEY, {"t": "exit", "s": "someone", "n": 2, "run": "1"}),
+                      b.supervisor)
         self.assertEqual(exits, [1])
         self.assertIn("exiting: restarted", err.getvalue())
+
+    def test_only_the_supervisors_address_may_command(self):
+        """Every process of the job holds the key: one that signs a fence or an exit as the
+        supervisor, even with a sequence number far ahead, is not the supervisor's address."""
+        exits = []
+        b = self.beater(worker.Progress(), connections=lambda: [], exit_process=exits.append)
+        host, port = b.supervisor
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            for source in ((host, port + 1), ("10.0.0.7", port), ("10.0.0.7", port + 2)):
+                b.receive(supervisor_says({"t": "exit", "run": "1", "why": "forged"}, 10**12),
+                          source)
+                b.receive(supervisor_says({"t": "fence", "v": 99, "dead": [
+                    ["127.0.0.1", None]]}, 10**12 + 1), source)
+        self.assertEqual((exits, b.fence_version, b.foreign), ([], 0, 6))
+        self.assertEqual(len(b.problems), 1, "said once")
+        self.assertIn(f"(first {host}:{port + 1})", b.problems[0])
+        # the real supervisor is not locked out by the forged sequence numbers
+        b.receive(supervisor_says({"t": "fence", "v": 1, "dead": []}, 1), b.supervisor)
+        self.assertEqual(b.fence_version, 1)
 
     def test_the_process_watcher_reports_this_process_and_stops_without_it(self):
         line = ("4242 (python (x) y) S 1 4242 4242 0 -1 4194560 100 0 0 0 750 125 0 0 20 0 9 "

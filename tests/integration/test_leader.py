@@ -12,7 +12,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from kubernetes import client
+
 from localcluster.controlplane import ControlPlane
+from supervisor.hook.elastic_supervisor_hook.owner import OWNER_ENV
+from supervisor.leader import lease_name
 from supervisor.model import ExitCode
 from tests.helpers import wait_for
 from tests.integration.harness import Job, SupervisorProcess, event_reasons, pid_alive
@@ -85,6 +89,13 @@ def test_a_standby_takes_over_when_the_leader_dies(
         assert 2 <= took < 15, f"took over {took:.1f}s after the leader died (lease 4s)"
         assert acquired["transitions"] == 1
         wait_for(lambda: other.records("start"), 20, what="the new leader's horovodrun")
+        # Each leader's training processes claim their workers with its term (hook owner.py):
+        # the Lease's uid and its transitions when taken; the new leader's is the newer.
+        lease = client.CoordinationV1Api(job.api).read_namespaced_lease(
+            lease_name("job1"), namespace)
+        assert [r["hook"][OWNER_ENV] for r in first.records("start")
+                + other.records("start")] == [f"{lease.metadata.uid}.0",
+                                              f"{lease.metadata.uid}.1"]
         assert uids(job) == before, "the new leader must adopt, not recreate"
         other.wait_content([job.line(n) for n in sorted(before)])
     finally:

@@ -32,14 +32,25 @@ from kubernetes import client, config
 
 from localcluster.controlplane import ControlPlane, Settings, read_versions
 from localcluster.kubelet import pod_status_running
-from supervisor.config import DEFAULT_SELECTOR, KNOWN, PREFIX, ConfigError, parse_config
+from supervisor import cleanup, kube
+from supervisor.config import (
+    DEFAULT_SELECTOR,
+    KNOWN,
+    PREFIX,
+    SHARED_DIR,
+    CleanPodPolicy,
+    ConfigError,
+    parse_config,
+)
 from supervisor.fleet import budget_name, scale_name, state_name
 from supervisor.leader import lease_name
 from supervisor.model import ExitCode
 from supervisor.policy import Action, PolicyError, policy_from_document
+from supervisor.sidecar import pod_problems, with_hook
 from supervisor.workers import (
     LABEL_SLOT,
     TemplateError,
+    owner_reference,
     validate_template,
     worker_pod,
 )
@@ -516,16 +527,17 @@ def test_one_verb_too_many_is_caught(built: dict[str, list[dict[str, Any]]]) -> 
     assert granted(docs) - needed() == {("", "configmaps", "update", JOB, SCALE)}
 
 
-def for_namespace(manifests: Path, ns: str, dest: Path) -> list[dict[str, Any]]:
-    """The base built for a job in namespace `ns`, changed the documented way (the name in
-    base/namespace.yaml, nothing else)."""
+def for_namespace(manifests: Path, ns: str, dest: Path,
+                  target: str = "base") -> list[dict[str, Any]]:
+    """`target` (the base or an overlay) built for a job in namespace `ns`, changed the
+    documented way (the name in base/namespace.yaml, nothing else)."""
     tree = dest / f"manifests-{ns}"
     shutil.copytree(manifests, tree)
     path = tree / "base" / "namespace.yaml"
     doc = yaml.safe_load(path.read_text())
     doc["metadata"]["name"] = ns
     path.write_text(yaml.safe_dump(doc))
-    return build(tree / "base")
+    return build(tree / target)
 
 
 RBAC_KINDS = ("Namespace", "ServiceAccount", "Role", "RoleBinding", "ClusterRole",
@@ -547,12 +559,13 @@ class Applied:
 
 
 def apply_rbac(cp: ControlPlane, core: client.CoreV1Api, manifests: Path, tmp: Path,
-               doctor: Callable[[list[dict[str, Any]]], None] | None = None) -> Applied:
-    """Build the base for a fresh namespace, apply its Namespace and RBAC objects for real
-    (after `doctor` changed the documents, if given) and return a token of its
-    ServiceAccount."""
+               doctor: Callable[[list[dict[str, Any]]], None] | None = None, *,
+               target: str = "base") -> Applied:
+    """Build `target` (the base by default) for a fresh namespace, apply its Namespace and RBAC
+    objects for real (after `doctor` changed the documents, if given) and return a token of
+    its ServiceAccount."""
     ns = f"t-{uuid.uuid4().hex[:8]}"
-    docs = for_namespace(manifests, ns, tmp)
+    docs = for_namespace(manifests, ns, tmp, target)
     if doctor is not None:
         doctor(docs)
     listing = json.dumps({"apiVersion": "v1", "kind": "List",
@@ -641,18 +654,24 @@ def replacement_run(cp: ControlPlane, api: client.ApiClient, manifests: Path, tm
     return sup, job
 
 
+def replace_one(sup: SupervisorProcess, job: Job) -> None:
+    """Start `sup`, wait for its 2 workers to run, end worker 0 with exit 137 and wait for the
+    supervisor to create its replacement."""
+    sup.start()
+    wait_for(lambda: len(job.live()) == 2 and all(
+        job.pods()[n].get("status", {}).get("phase") == "Running" for n in job.live()),
+        30, what="2 running workers")
+    job.terminate("elastic-train-w0-1", 137)
+    sup.wait_log("worker.created", timeout=20, pod="elastic-train-w0-2")
+
+
 def test_the_manifests_rbac_is_enough_for_a_replacement(
         control_plane: ControlPlane, api_client: client.ApiClient, manifests: Path,
         tmp_path: Path) -> None:
     sup, job = replacement_run(control_plane, api_client, manifests, tmp_path)
     kubelet = AutoKubelet(job)
     try:
-        sup.start()
-        wait_for(lambda: len(job.live()) == 2 and all(
-            job.pods()[n].get("status", {}).get("phase") == "Running" for n in job.live()),
-            30, what="2 running workers")
-        job.terminate("elastic-train-w0-1", 137)
-        sup.wait_log("worker.created", timeout=20, pod="elastic-train-w0-2")
+        replace_one(sup, job)
         assert "forbidden" not in sup.output().lower()
     finally:
         sup.close()
@@ -827,80 +846,496 @@ def test_a_drain_cannot_evict_the_launcher(
                 stdin=applied.listing)
 
 
+# ---- admission: what the supervisor may do to pods, and Pod Security ---------------------------
+
 ADMISSION_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+TEMPLATE_CM = "elastic-supervisor-worker-template"
+POD_SECURITY = "pod-security.kubernetes.io/"
+WORKER_IMAGE = "elastic-supervisor-worker:0.1.0"  # base/files/worker-template.yaml's
+Pod = dict[str, Any]
 
 
-def worker_from(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    """A worker pod as the supervisor builds it from the manifests' template."""
-    cm = one(docs, "ConfigMap", "elastic-supervisor-worker-template")
-    return worker_pod(yaml.safe_load(cm["data"]["worker-template.yaml"]), job="elastic-train",
-                      slot=0, incarnation=1, owner=None)
+def template_of(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return dict(yaml.safe_load(one(docs, "ConfigMap", TEMPLATE_CM)["data"]["worker-template.yaml"]))
 
 
-def _privileged(p: dict[str, Any]) -> None:
-    p["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+def worker_from(docs: list[dict[str, Any]], slot: int = 0,
+                owner: dict[str, str] | None = None) -> Pod:
+    """A worker pod as the supervisor builds it from the manifests' template; in sidecar mode
+    with the hook it adds (the init container of its own image, read from the launcher pod)."""
+    template = template_of(docs)
+    if resolved_env(launcher(docs)).get("SUPERVISOR_MODE") == "sidecar":
+        job_pod = one(docs, "Job")["spec"]["template"]
+        problems, found = pod_problems(dict(job_pod, metadata={"name": "launcher"}), SHARED_DIR)
+        assert found is not None, problems
+        template = with_hook(template, found, SHARED_DIR)
+    return worker_pod(template, job="elastic-train", slot=slot, incarnation=1, owner=owner)
 
 
-def _host_path(p: dict[str, Any]) -> None:
-    p["spec"]["volumes"].append({"name": "root", "hostPath": {"path": "/"}})
+def without_pod_security(docs: list[dict[str, Any]]) -> None:
+    """Drop the namespace's Pod Security labels, so that the admission policies are seen on
+    their own (PodSecurity runs first and refuses a privileged pod, a hostPort... itself)."""
+    meta = one(docs, "Namespace")["metadata"]
+    meta["labels"] = {k: v for k, v in (meta.get("labels") or {}).items()
+                      if not k.startswith(POD_SECURITY)}
 
 
-def _other_account(p: dict[str, Any]) -> None:
-    p["spec"]["serviceAccountName"] = "default"
+def policy_message(e: client.ApiException) -> str | None:
+    """The message of an admission policy's refusal, None for any other error."""
+    body = str(e.body)
+    return body if e.status == 422 and "ValidatingAdmissionPolicy" in body else None
 
 
-def _not_a_worker(p: dict[str, Any]) -> None:
-    p["metadata"]["labels"] = {"app": "miner"}
+@dataclass
+class Guarded:
+    """A job's namespace with the manifests' RBAC, admission policies and worker template
+    applied for real, without its Pod Security labels; `api` holds a token of the
+    supervisor's ServiceAccount."""
+
+    applied: Applied
+    api: client.ApiClient
+    listing: str  # the policies, their bindings and the template ConfigMap (to delete)
+
+    @property
+    def ns(self) -> str:
+        return self.applied.ns
+
+    @property
+    def sup(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    def refusal(self, pod: Pod) -> str | None:
+        """The policy's refusal of the supervisor's (dry-run) create of `pod`; None when it
+        is admitted. Any other error fails the test."""
+        try:
+            self.sup.create_namespaced_pod(self.ns, pod, dry_run="All")
+        except client.ApiException as e:
+            if policy_message(e) is None:
+                pytest.fail(f"create pod {pod['metadata']['name']}: {e.status} {e.body}")
+            return policy_message(e)
+        return None
+
+    def close(self, cp: ControlPlane) -> None:
+        self.api.close()
+        for listing in (self.listing, self.applied.listing):
+            kubectl("delete", "-f", "-", "--wait=false", "--ignore-not-found",
+                    kubeconfig=cp.kubeconfig, stdin=listing)
 
 
-def _host_network(p: dict[str, Any]) -> None:
-    p["spec"]["hostNetwork"] = True
+def guard(cp: ControlPlane, api_client: client.ApiClient, manifests: Path, tmp: Path, *,
+          target: str = "base",
+          doctor: Callable[[list[dict[str, Any]]], None] | None = None) -> Guarded:
+    """Apply `target`'s RBAC and admission policies (changed by `doctor`) in a fresh namespace
+    without Pod Security labels, with a pod of somebody else's ("stranger"); return once both
+    policies are enforced."""
+    def doctor_all(docs: list[dict[str, Any]]) -> None:
+        without_pod_security(docs)
+        if doctor is not None:
+            doctor(docs)
+
+    applied = apply_rbac(cp, client.CoreV1Api(api_client), manifests, tmp, doctor_all,
+                         target=target)
+    objects = [d for d in applied.docs if d["kind"] in ADMISSION_KINDS]
+    assert objects, f"no {' or '.join(ADMISSION_KINDS)} in {target}"
+    listing = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+    kubectl("apply", "-f", "-", kubeconfig=cp.kubeconfig, stdin=listing)
+    guarded = Guarded(applied, config.new_client_from_config(config_file=str(applied.kubeconfig)),
+                      listing)
+    stranger = {"metadata": {"name": "stranger"},
+                "spec": {"containers": [{"name": "c", "image": WORKER_IMAGE}]}}
+    client.CoreV1Api(api_client).create_namespaced_pod(applied.ns, stranger)
+
+    def delete_refused() -> bool:
+        try:
+            guarded.sup.delete_namespaced_pod("stranger", applied.ns, dry_run="All")
+        except client.ApiException as e:
+            return policy_message(e) is not None
+        return False
+
+    # A policy takes a moment to be compiled and bound.
+    wait_for(lambda: guarded.refusal(dict(stranger, metadata={"name": "not-a-worker"})), 30,
+             what="the creates' policy enforced")
+    wait_for(delete_refused, 30, what="the changes' policy enforced")
+    return guarded
 
 
-REFUSED = [(_privileged, "a worker runs no privileged container"),
-           (_host_path, "a worker mounts no hostPath volume"),
-           (_other_account, "a worker runs as the ServiceAccount elastic-supervisor-worker"),
-           (_not_a_worker, "the supervisor creates only its job's workers"),
-           (_host_network, "a worker shares no host namespace")]
-
-
-def test_the_admission_policy_lets_the_supervisor_create_only_the_jobs_workers(
-        control_plane: ControlPlane, api_client: client.ApiClient, manifests: Path,
-        tmp_path: Path) -> None:
-    """Issue 27, item 10: the manifests' ValidatingAdmissionPolicy on the real API server. The
-    supervisor's RBAC allows any pod in the namespace; the policy admits its creates only for
-    the job's workers. Server-side dry runs: admission runs, nothing is created."""
+@pytest.fixture(scope="module")
+def guarded(control_plane: ControlPlane, api_client: client.ApiClient, manifests: Path,
+            job_namespace: str,  # the PriorityClasses the workers name
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guarded]:
+    """The base's admission, and in it a worker the supervisor created (slot 0) and the
+    launcher's pod, created by an administrator, beside guard()'s stranger."""
+    g = guard(control_plane, api_client, manifests, tmp_path_factory.mktemp("guarded"))
     core = client.CoreV1Api(api_client)
-    applied = apply_rbac(control_plane, core, manifests, tmp_path)
-    kubeconfig, ns = applied.token
-    policy = json.dumps({"apiVersion": "v1", "kind": "List", "items": [
-        d for d in applied.docs if d["kind"] in ADMISSION_KINDS]})
-    assert len(json.loads(policy)["items"]) == 2
-    kubectl("apply", "-f", "-", kubeconfig=control_plane.kubeconfig, stdin=policy)
-    sup_api = config.new_client_from_config(config_file=str(kubeconfig))
     try:
-        sup = client.CoreV1Api(sup_api)
-
-        def refusal(pod: dict[str, Any]) -> str | None:
-            try:
-                sup.create_namespaced_pod(ns, pod, dry_run="All")
-            except client.ApiException as e:
-                return str(e.body) if e.status == 422 or "denied" in str(e.body) else None
-            return None
-
-        for change, message in REFUSED:
-            bad = worker_from(applied.docs)
-            change(bad)
-            # The policy takes a moment to be compiled and bound after it is applied.
-            body = wait_for(lambda bad=bad: refusal(bad), 30, what="the policy enforced")
-            assert "ValidatingAdmissionPolicy" in body and message in body, (change, body)
-            # It binds only the supervisor: an administrator's pod is not looked at.
-            core.create_namespaced_pod(ns, bad, dry_run="All")
-        # The job's worker as the supervisor builds it passes.
-        sup.create_namespaced_pod(ns, worker_from(applied.docs), dry_run="All")
+        client.CoreV1Api(g.api).create_namespaced_pod(g.ns, worker_from(g.applied.docs))
+        job_pod = one(g.applied.docs, "Job")["spec"]["template"]
+        core.create_namespaced_pod(g.ns, {"metadata": {"name": "elastic-train-x7k2p",
+                                                       "labels": job_pod["metadata"]["labels"]},
+                                          "spec": job_pod["spec"]})
+        yield g
     finally:
-        sup_api.close()
-        kubectl("delete", "-f", "-", "--wait=false", kubeconfig=control_plane.kubeconfig,
-                stdin=policy)
-        kubectl("delete", "-f", "-", "--wait=false", kubeconfig=control_plane.kubeconfig,
-                stdin=applied.listing)
+        g.close(control_plane)
+
+
+@pytest.fixture
+def make_guarded(control_plane: ControlPlane, api_client: client.ApiClient, manifests: Path,
+                 job_namespace: str, tmp_path: Path) -> Iterator[Callable[..., Guarded]]:
+    """guard() for one test: its namespaces and policies are deleted after it."""
+    made: list[Guarded] = []
+
+    def make(**kw: Any) -> Guarded:
+        made.append(guard(control_plane, api_client, manifests, tmp_path, **kw))
+        return made[-1]
+
+    yield make
+    for g in made:
+        g.close(control_plane)
+
+
+def _set(*path: str, value: Any) -> Callable[[Pod], None]:
+    """Set the field at `path` (from the pod; "0" is the first container) to `value`."""
+    def change(p: Pod) -> None:
+        at: Any = p
+        for key in path[:-1]:
+            at = at[int(key)] if key.isdigit() else at.setdefault(key, {})
+        at[path[-1]] = value
+    return change
+
+
+def _append(*path: str, value: Any) -> Callable[[Pod], None]:
+    def change(p: Pod) -> None:
+        at: Any = p
+        for key in path[:-1]:
+            at = at[int(key)] if key.isdigit() else at[key]
+        at.setdefault(path[-1], []).append(value)
+    return change
+
+
+C0 = ("spec", "containers", "0")
+OTHER_SECRET = "someone-elses"
+SECRETS = "a worker reads no Secret but the job's (elastic-supervisor-ssh) through a volume, " \
+          "a projected volume, env or envFrom"
+ROOT_ONLY = ("a worker runs as root (runAsUser: 0) only when its template sets runAsUser: 0, "
+             "which it does not")
+UNCONFINED = "a worker runs under a seccomp profile (RuntimeDefault or Localhost), not Unconfined"
+
+# (id, change to the supervisor's worker, what the refusal says)
+CREATES_REFUSED: list[tuple[str, Callable[[Pod], None], str]] = [
+    # issue 27, item 10
+    ("a privileged container", _set(*C0, "securityContext", value={"privileged": True}),
+     "a worker runs no privileged container"),
+    ("a hostPath volume", _append("spec", "volumes", value={"name": "root",
+                                                            "hostPath": {"path": "/"}}),
+     "a worker mounts no hostPath volume"),
+    ("another ServiceAccount", _set("spec", "serviceAccountName", value="default"),
+     "a worker runs as the ServiceAccount elastic-supervisor-worker"),
+    ("a pod without the job's labels", _set("metadata", "labels", value={"app": "miner"}),
+     "the supervisor creates only its job's workers"),
+    ("the host's network", _set("spec", "hostNetwork", value=True),
+     "a worker shares no host namespace"),
+    # issue 39, item 9
+    ("an added capability", _set(*C0, "securityContext", "capabilities", "add",
+                                 value=["NET_ADMIN"]),
+     "a worker adds no Linux capability (securityContext.capabilities.add); container worker "
+     "adds NET_ADMIN"),
+    ("root for the pod", _set("spec", "securityContext", "runAsUser", value=0), ROOT_ONLY),
+    ("root for a container", _set(*C0, "securityContext", "runAsUser", value=0), ROOT_ONLY),
+    ("an Unconfined seccomp profile for the pod",
+     _set("spec", "securityContext", "seccompProfile", value={"type": "Unconfined"}),
+     UNCONFINED),
+    ("an Unconfined seccomp profile for a container",
+     _set(*C0, "securityContext", "seccompProfile", value={"type": "Unconfined"}), UNCONFINED),
+    ("an image the template does not name", _set(*C0, "image", value="miner:1"),
+     f"a worker runs only its template's images ({WORKER_IMAGE}); not miner:1 "
+     "(container worker)"),
+    ("an init container of another image",
+     _append("spec", "initContainers", value={"name": "elastic-supervisor-hook",
+                                              "image": "miner:1"}),
+     f"a worker runs only its template's images ({WORKER_IMAGE}); not miner:1 "
+     "(container elastic-supervisor-hook)"),
+    ("a hostPort", _set(*C0, "ports", "0", "hostPort", value=2222), "a worker binds no hostPort"),
+    ("another Secret as a volume",
+     _append("spec", "volumes", value={"name": "s", "secret": {"secretName": OTHER_SECRET}}),
+     SECRETS),
+    ("another Secret in a projected volume",
+     _append("spec", "volumes", value={"name": "s", "projected": {"sources": [
+         {"configMap": {"name": TEMPLATE_CM}}, {"secret": {"name": OTHER_SECRET}}]}}),
+     SECRETS),
+    ("another Secret in env", _append(*C0, "env", value={"name": "TOKEN", "valueFrom": {
+        "secretKeyRef": {"name": OTHER_SECRET, "key": "token"}}}), SECRETS),
+    ("another Secret through envFrom",
+     _append(*C0, "envFrom", value={"secretRef": {"name": OTHER_SECRET}}), SECRETS),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), [c[1:] for c in CREATES_REFUSED],
+                         ids=[c[0] for c in CREATES_REFUSED])
+def test_the_supervisor_creates_only_the_jobs_workers_as_the_template_makes_them(
+        guarded: Guarded, core: client.CoreV1Api, change: Callable[[Pod], None],
+        message: str) -> None:
+    """The supervisor's RBAC allows any pod in the namespace; the policy admits its creates
+    only for the job's workers. Server-side dry runs: admission runs, nothing is created."""
+    pod = worker_from(guarded.applied.docs, slot=1)  # slot 0 is there already
+    change(pod)
+    refused = guarded.refusal(pod)
+    assert refused is not None and message in refused, refused
+    # It binds only the supervisor: an administrator's pod is not looked at.
+    core.create_namespaced_pod(guarded.ns, pod, dry_run="All")
+
+
+def policy_variable(docs: list[dict[str, Any]], name: str) -> dict[str, str]:
+    """The creates' policy's variable `name` ({name, expression}; the expressions of those
+    written from the template are literals YAML reads: a list of strings, a bool)."""
+    (policy,) = [d for d in find(docs, "ValidatingAdmissionPolicy")
+                 if (d["metadata"].get("labels") or {}).get("elastic-supervisor/admission")
+                 == "creates"]
+    variables: list[dict[str, str]] = policy["spec"]["variables"]
+    (variable,) = [v for v in variables if v["name"] == name]
+    return variable  # itself: set_policy_variable changes it
+
+
+def set_policy_variable(docs: list[dict[str, Any]], name: str, value: Any) -> None:
+    policy_variable(docs, name)["expression"] = json.dumps(value)
+
+
+def template_images(template: dict[str, Any]) -> list[str]:
+    spec = template["spec"]
+    return [c["image"] for c in [*spec.get("initContainers", ()), *spec["containers"]]]
+
+
+def runs_as_root(template: dict[str, Any]) -> bool:
+    spec = template["spec"]
+    return any((s.get("securityContext") or {}).get("runAsUser") == 0
+               for s in [spec, *spec.get("initContainers", ()), *spec["containers"]])
+
+
+def policy_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """Where the creates' policy does not know the worker template of `docs`, one line each."""
+    template = template_of(docs)
+    known = {v: yaml.safe_load(policy_variable(docs, v)["expression"])
+             for v in ("workerImages", "templateRunsAsRoot")}
+    problems = []
+    if sorted(set(template_images(template))) != sorted(known["workerImages"]):
+        problems.append(f"workerImages {known['workerImages']}: the template runs "
+                        f"{sorted(set(template_images(template)))}")
+    if runs_as_root(template) is not known["templateRunsAsRoot"]:
+        problems.append(f"templateRunsAsRoot {known['templateRunsAsRoot']}: the template "
+                        f"{'sets' if runs_as_root(template) else 'does not set'} runAsUser: 0")
+    return problems
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_admission_policy_knows_the_worker_template(
+        built: dict[str, list[dict[str, Any]]], target: str) -> None:
+    assert policy_problems(built[target]) == []
+
+
+def test_a_template_the_policy_does_not_know_is_caught(
+        built: dict[str, list[dict[str, Any]]]) -> None:
+    docs = copy.deepcopy(built["base"])
+    template = template_of(docs)
+    template["spec"]["containers"][0]["image"] = "mine:2"
+    template["spec"]["securityContext"]["runAsUser"] = 0
+    one(docs, "ConfigMap", TEMPLATE_CM)["data"]["worker-template.yaml"] = yaml.safe_dump(template)
+    assert policy_problems(docs) == [
+        f"workerImages ['{WORKER_IMAGE}']: the template runs ['mine:2']",
+        "templateRunsAsRoot False: the template sets runAsUser: 0"]
+
+
+def test_a_worker_runs_as_root_only_when_the_policy_says_its_template_does(
+        make_guarded: Callable[..., Guarded], guarded: Guarded) -> None:
+    def root_template(docs: list[dict[str, Any]]) -> None:
+        template = template_of(docs)
+        del template["spec"]["securityContext"]["runAsNonRoot"]
+        template["spec"]["securityContext"]["runAsUser"] = 0
+        one(docs, "ConfigMap", TEMPLATE_CM)["data"]["worker-template.yaml"] = yaml.safe_dump(
+            template)
+        set_policy_variable(docs, "templateRunsAsRoot", True)
+
+    root = make_guarded(doctor=root_template)
+    assert policy_problems(root.applied.docs) == []
+    pod = worker_from(root.applied.docs, slot=1)
+    assert pod["spec"]["securityContext"]["runAsUser"] == 0
+    assert root.refusal(pod) is None
+    assert ROOT_ONLY in str(guarded.refusal(pod))
+
+
+def test_the_sidecar_overlay_admits_the_hook_the_supervisor_adds_and_nothing_more(
+        make_guarded: Callable[..., Guarded], guarded: Guarded) -> None:
+    sidecar = make_guarded(target="overlays/sidecar")
+    pod = worker_from(sidecar.applied.docs, slot=1)
+    # The base, baked mode, admits no hook: the supervisor adds none there.
+    baked = copy.deepcopy(pod)
+    baked["spec"]["containers"][0]["image"] = WORKER_IMAGE
+    assert "; not elastic-supervisor-sidecar:0.1.0 (container elastic-supervisor-hook)" \
+        in str(guarded.refusal(baked))
+    [hook] = pod["spec"]["initContainers"]
+    assert (hook["name"], hook["image"]) == ("elastic-supervisor-hook",
+                                             "elastic-supervisor-sidecar:0.1.0")
+    assert sidecar.refusal(pod) is None  # guard() waited for it: here for the reader
+    allowed = ("its template's images (elastic-supervisor-trainer:0.1.0) and "
+               "elastic-supervisor-sidecar:0.1.0 in its init container "
+               "elastic-supervisor-hook; not ")
+    hook["image"] = "elastic-supervisor-launcher:0.1.0"
+    assert allowed + "elastic-supervisor-launcher:0.1.0 (container elastic-supervisor-hook)" \
+        in str(sidecar.refusal(pod))
+    hook.update(name="other", image="elastic-supervisor-sidecar:0.1.0")
+    assert allowed + "elastic-supervisor-sidecar:0.1.0 (container other)" \
+        in str(sidecar.refusal(pod))
+
+
+WORKER = "elastic-train-w0-1"
+LAUNCHER_POD = "elastic-train-x7k2p"
+ONLY_WORKERS = ("only its job's workers (labels elastic-supervisor/job=elastic-train and "
+                "elastic-supervisor/slot)")
+NO_SPEC = "the supervisor changes no worker's spec (image, command, resources, anything)"
+KEEPS_LABELS = ("the supervisor keeps a worker's labels elastic-supervisor/job and "
+                "elastic-supervisor/slot as they are")
+
+
+def _patch(name: str, body: dict[str, Any]) -> Callable[[client.CoreV1Api, str], Any]:
+    return lambda api, ns: api.patch_namespaced_pod(name, ns, body, dry_run="All")
+
+
+def _delete(name: str) -> Callable[[client.CoreV1Api, str], Any]:
+    return lambda api, ns: api.delete_namespaced_pod(name, ns, dry_run="All")
+
+
+# (id, a write to the pods of the `guarded` namespace, what the refusal says)
+CHANGES_REFUSED: list[tuple[str, Callable[[client.CoreV1Api, str], Any], str]] = [
+    ("patch a worker's image", _patch(WORKER, {"spec": {"containers": [
+        {"name": "worker", "image": "miner:1"}]}}), NO_SPEC),
+    ("patch a worker's activeDeadlineSeconds",
+     _patch(WORKER, {"spec": {"activeDeadlineSeconds": 1}}), NO_SPEC),
+    ("take a worker's slot label away",
+     _patch(WORKER, {"metadata": {"labels": {LABEL_SLOT: None}}}), KEEPS_LABELS),
+    ("move a worker to another job",
+     _patch(WORKER, {"metadata": {"labels": {"elastic-supervisor/job": "other"}}}),
+     KEEPS_LABELS),
+    ("give a pod that is not the job's the job's labels", _patch("stranger", {"metadata": {
+        "labels": {"elastic-supervisor/job": "elastic-train", LABEL_SLOT: "7"}}}),
+     "the supervisor changes " + ONLY_WORKERS + "; pod stranger is not one"),
+    ("annotate the launcher's pod",
+     _patch(LAUNCHER_POD, {"metadata": {"annotations": {"x": "y"}}}),
+     "the supervisor changes " + ONLY_WORKERS + f"; pod {LAUNCHER_POD} is not one"),
+    ("delete a pod that is not the job's", _delete("stranger"),
+     "the supervisor deletes " + ONLY_WORKERS + "; pod stranger is not one"),
+    ("delete the launcher's pod", _delete(LAUNCHER_POD),
+     "the supervisor deletes " + ONLY_WORKERS + f"; pod {LAUNCHER_POD} is not one"),
+    ("delete every pod of the namespace at once",
+     lambda api, ns: api.delete_collection_namespaced_pod(ns, dry_run="All"),
+     "the supervisor deletes " + ONLY_WORKERS),
+]
+
+
+@pytest.mark.parametrize(("write", "message"), [c[1:] for c in CHANGES_REFUSED],
+                         ids=[c[0] for c in CHANGES_REFUSED])
+def test_the_supervisor_changes_and_deletes_only_its_workers_and_never_their_spec(
+        guarded: Guarded, core: client.CoreV1Api,
+        write: Callable[[client.CoreV1Api, str], Any], message: str) -> None:
+    """Patches and deletes of the supervisor's ServiceAccount (its RBAC allows them on any pod
+    of the namespace), refused by the policy; an administrator's are not looked at. Dry
+    runs."""
+    with pytest.raises(client.ApiException) as refused:
+        write(guarded.sup, guarded.ns)
+    assert message in str(policy_message(refused.value)), refused.value.body
+    write(core, guarded.ns)
+
+
+def test_what_the_supervisor_does_to_its_workers_is_admitted(
+        make_guarded: Callable[..., Guarded], api_client: client.ApiClient) -> None:
+    """Every pod write the supervisor makes, by its own code (supervisor.kube.Pods) with its
+    token, for real: create workers from the template, owned by the launcher Job or re-owned
+    to it (a new launcher adopting them), label and annotate one (the supervisor does neither
+    today: the policy leaves a worker's other metadata free), delete one by uid, and the rest
+    by the cleanup's selector. This passes on the manifests before issue 39 too: it holds the
+    new rules to what the supervisor needs."""
+    g = make_guarded()
+    job = client.BatchV1Api(api_client).create_namespaced_job(g.ns, {
+        "metadata": {"name": "elastic-train"},
+        "spec": {"suspend": True, "template": {"spec": {
+            "restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}}}})
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "elastic-train",
+             "uid": job.metadata.uid}
+    pods = kube.Pods(g.api, g.ns)
+    first = pods.create(worker_from(g.applied.docs, 0, owner))
+    second = pods.create(worker_from(g.applied.docs, 1))
+    pods.set_owners(second["metadata"]["name"], second["metadata"]["uid"],
+                    [owner_reference(owner)])
+    g.sup.patch_namespaced_pod(first["metadata"]["name"], g.ns, {"metadata": {
+        "labels": {"team": "vision"}, "annotations": {"note": "kept"}}})
+    pods.delete(first["metadata"]["name"], first["metadata"]["uid"], grace_s=0)
+    assert pods.delete_all(*cleanup.selectors(CleanPodPolicy.ALL, "elastic-train")) == [
+        second["metadata"]["name"]]
+    left = client.CoreV1Api(api_client).list_namespaced_pod(
+        g.ns, label_selector=cleanup.worker_selector("elastic-train")).items
+    assert [p.metadata.name for p in left if not p.metadata.deletion_timestamp] == []
+
+
+def test_a_supervisor_under_the_admission_policies_replaces_a_worker_and_cleans_up(
+        make_guarded: Callable[..., Guarded], control_plane: ControlPlane,
+        api_client: client.ApiClient, tmp_path: Path) -> None:
+    """The whole supervisor, with the manifests' token and policies: it creates its workers,
+    replaces a failed one and deletes them at its exit, and none of it is refused. Its
+    template is the test harness's (pods only this job's stand-in kubelet runs, image
+    worker:local), which the policy is told, as the manifests tell it theirs."""
+    g = make_guarded(doctor=lambda docs: set_policy_variable(docs, "workerImages",
+                                                              ["worker:local"]))
+    job = Job(api_client, g.ns, name="elastic-train")
+    job.node("n1")
+    path = job.template(tmp_path / "worker.json")
+    template = json.loads(path.read_text())
+    template["spec"]["serviceAccountName"] = "elastic-supervisor-worker"
+    path.write_text(json.dumps(template))
+    assert g.refusal(worker_pod(template, job="elastic-train", slot=9, incarnation=1,
+                                owner=None)) is None
+    sup = SupervisorProcess(control_plane, g.ns, tmp_path, KUBECONFIG=str(g.applied.kubeconfig),
+                            SUPERVISOR_JOB_NAME="elastic-train",
+                            SUPERVISOR_WORKER_TEMPLATE=str(path))
+    kubelet = AutoKubelet(job)
+    try:
+        replace_one(sup, job)
+        sup.close()  # SIGTERM: the exit deletes the workers still running
+        done = sup.wait_log("cleanup.done", timeout=5)
+        assert done["deleted"] == ["elastic-train-w0-2", "elastic-train-w1-1"], done
+        assert "ValidatingAdmissionPolicy" not in sup.output()
+        assert "forbidden" not in sup.output().lower()
+    finally:
+        sup.close()
+        kubelet.close()
+        job.close()
+
+
+def create_dry_run(cp: ControlPlane, ns: str, pod: Pod) -> subprocess.CompletedProcess[str]:
+    """An administrator's server-side dry-run create of `pod` (kubectl prints Pod Security's
+    warnings)."""
+    return kubectl("create", "--dry-run=server", "-n", ns, "-f", "-", check=False,
+                   kubeconfig=cp.kubeconfig, stdin=json.dumps(pod))
+
+
+def test_the_jobs_namespace_enforces_pod_security_baseline_and_its_pods_meet_restricted(
+        control_plane: ControlPlane, built: dict[str, list[dict[str, Any]]],
+        job_namespace: str) -> None:
+    labels = one(built["base"], "Namespace")["metadata"].get("labels") or {}
+    assert {k: v for k, v in labels.items() if k.startswith(POD_SECURITY)} == {
+        f"{POD_SECURITY}enforce": "baseline", f"{POD_SECURITY}warn": "restricted",
+        f"{POD_SECURITY}audit": "restricted"}
+    # Anybody's pod, not only the supervisor's.
+    privileged = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "privileged"},
+                  "spec": {"containers": [{"name": "c", "image": WORKER_IMAGE,
+                                           "securityContext": {"privileged": True}}]}}
+    refused = wait_for(lambda: "violates PodSecurity" in (
+        r := create_dry_run(control_plane, job_namespace, privileged)).stderr and r, 30,
+        what="Pod Security enforced in the job's namespace")
+    assert refused.returncode != 0
+    assert 'violates PodSecurity "baseline:latest": privileged' in refused.stderr
+    for target in TARGETS:
+        job_pod = one(built[target], "Job")["spec"]["template"]
+        launcher_pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": "elastic-train-x7k2p", "labels": job_pod["metadata"]["labels"]},
+            "spec": job_pod["spec"]}
+        for pod in (launcher_pod, worker_from(built[target])):
+            done = create_dry_run(control_plane, job_namespace, pod)
+            assert done.returncode == 0, (target, done.stderr)
+            assert "PodSecurity" not in done.stderr, (target, done.stderr)

@@ -3,6 +3,8 @@ and each copy is a containerd root that serves the image on its own."""
 
 from __future__ import annotations
 
+import fcntl
+import threading
 from pathlib import Path
 
 import pytest
@@ -57,3 +59,24 @@ def test_a_seed_whose_tarballs_are_gone_is_pruned(tmp_path: Path) -> None:
     gone.unlink()
     nodestore.seed([toolbox_image()[1]], cache, lambda _: None)
     assert not old.exists()
+
+
+def test_a_seed_is_never_pruned_while_a_node_copies_it(tmp_path: Path) -> None:
+    """Another checkout's images replace the seed (its tarballs are gone): the prune waits
+    for a copy under way, and a copy that starts after the prune says why it cannot."""
+    cache = tmp_path / "cache"
+    gone = tmp_path / "old.tar"
+    gone.write_bytes(toolbox_image()[1].read_bytes())
+    old = nodestore.seed([gone], cache, lambda _: None)
+    gone.unlink()
+    with open(cache / "nodestore" / ".lock", "a") as copying:  # what populate holds
+        fcntl.flock(copying, fcntl.LOCK_SH)
+        other = threading.Thread(target=nodestore.seed, args=([toolbox_image()[1]], cache,
+                                                             lambda _: None))
+        other.start()
+        other.join(1.0)
+        assert other.is_alive() and old.exists(), "pruned under a copy"
+    other.join(120)
+    assert not old.exists()
+    with pytest.raises(nodestore.StoreError, match="was replaced by another checkout"):
+        nodestore.populate(old, tmp_path / "late" / "root")

@@ -117,13 +117,15 @@ def test_a_restart_is_a_new_launch_and_the_job_code_is_the_supervisors(
 def test_kill_tree_reaches_the_grandchildren(
         shell: list[str], shared: Path, wrappers: list[Wrapper]) -> None:
     w = start(shell, shared, wrappers, ["true"])
+    # Durations of this test's own: another run of the suite on the machine sleeps too.
+    a, b, c = (str(300 + os.getpid() % 10_000 * 3 + i) for i in range(3))
     child = sidecar.RemoteChild.start(
-        w.link, ["sh", "-c", "sleep 300 & (sleep 301 &) ; sleep 302; exit 0"], {})
+        w.link, ["sh", "-c", f"sleep {a} & (sleep {b} &) ; sleep {c}; exit 0"], {})
     until("the tree", lambda: len(psutil.Process(child.pid).children(recursive=True)) >= 2)
     tree = {p.pid for p in psutil.Process(child.pid).children(recursive=True)}
-    # the orphan (sleep 301's subshell exited) is found by the marker
+    # the orphan (its subshell exited) is found by the marker
     orphans = {p.pid for p in psutil.process_iter(["cmdline"])
-               if p.info["cmdline"] == ["sleep", "301"]}
+               if p.info["cmdline"] == ["sleep", b]}
     assert orphans
     assert child.kill_tree() >= 3
     assert child.wait(5) == 128 + signal.SIGKILL
@@ -224,3 +226,28 @@ def test_install_is_idempotent_and_complete(tmp_path: Path) -> None:
                           ".__file__)"], env={"PYTHONPATH": str(hook)}, capture_output=True,
                          text=True, check=True, cwd=tmp_path)
     assert got.stdout.strip().startswith(str(hook))
+
+
+def test_a_pid_written_into_the_run_directory_that_is_not_the_runs_is_never_killed(
+        shell: list[str], shared: Path, wrappers: list[Wrapper]) -> None:
+    """The training container can write the run directory: a pid there (ours, the pod's
+    pause, any other process) is signalled only if it carries the run's marker."""
+    w = start(shell, shared, wrappers, ["true"])
+    child = sidecar.RemoteChild.start(w.link, ["sh", "-c", "sleep 300"], {})
+    assert sidecar.owned(child.pid, child.token)
+    bystander = subprocess.Popen(["sleep", "303"])
+    try:
+        link = sidecar.Link(shared)
+        link._write("pid", f"{child.gen} {bystander.pid}\n")  # as the training container can
+        forged = link.running()
+        assert forged is not None and forged.pid == bystander.pid
+        assert not sidecar.owned(forged.pid, forged.marker)
+        assert not sidecar.owned(os.getpid(), forged.marker), "never the supervisor itself"
+        sidecar.RemoteChild.adopt(link, forged).signal_group(signal.SIGKILL)
+        # the run's own processes are still found by their marker
+        assert sidecar.kill_tree(forged.pid, forged.marker) >= 1
+        time.sleep(0.2)
+        assert bystander.poll() is None, "the bystander was signalled"
+    finally:
+        bystander.kill()
+        bystander.wait()

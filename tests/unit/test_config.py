@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+from functools import reduce
 from pathlib import Path
 
 import pytest
@@ -361,6 +363,30 @@ def test_every_variable_is_covered_by_the_bad_value_table() -> None:
     assert tested == {f"SUPERVISOR_{v.name}" for v in VARIABLES}
 
 
+# Config fields that no variable fills alone: put together after the table's loop.
+DERIVED = {
+    "policy": "POLICY_FILE's rules and budgets, then the rules and budget variables' (dotted)",
+    "worker_template": "WORKER_TEMPLATE's file, read and checked against WORKER_SELECTOR",
+    "sources": "where each value came from, for explain",
+}
+# Variables that fill no field of their own (an Arena form, folded into NP and its kin).
+FOLDED = {"WORKERS", "MIN_WORKERS", "MAX_WORKERS"}
+
+
+def test_every_config_field_is_filled_by_one_variable_unless_derived() -> None:
+    direct = [v.field for v in VARIABLES if v.field and "." not in v.field]
+    assert len(direct) == len(set(direct)), "a field filled by two variables"
+    assert not set(direct) & DERIVED.keys()
+    assert set(direct) | DERIVED.keys() == {f.name for f in fields(Config)}
+    assert {v.name for v in VARIABLES if v.field is None} == FOLDED
+    cfg = parse()
+    for v in VARIABLES:
+        if v.field and "." in v.field:
+            root, *inner = v.field.split(".")
+            assert root in DERIVED, v.name
+            reduce(getattr, inner, getattr(cfg, root))  # AttributeError: no such field
+
+
 def test_sidecar_mode_puts_discovery_in_the_shared_dir() -> None:
     cfg = parse(SUPERVISOR_MODE="sidecar", SUPERVISOR_SHARED_DIR="/es")
     assert (cfg.mode, cfg.discovery_file, cfg.discovery_script) == (
@@ -387,6 +413,15 @@ def test_all_problems_are_reported_at_once() -> None:
         "SUPERVISOR_NP='x': expected an integer >= 1",
         "SUPERVISOR_LOG_LEVEL='loud': expected one of debug|info|warning|error",
     ]
+
+
+def test_problems_come_in_the_order_of_the_variables_table() -> None:
+    found = problems({"SUPERVISOR_JOB_NAME": "j", "SUPERVISOR_NAMESPACE": "n",
+                      "SUPERVISOR_STALL_TIMEOUT_SECONDS": "5", "SUPERVISOR_STUCK_SECONDS": "4",
+                      "SUPERVISOR_WORKER_CONTAINER": "a b", "SUPERVISOR_MAX_WORKERS": "x"})
+    assert [p.split("=")[0].split(":")[0] for p in found] == [
+        "SUPERVISOR_NP", "SUPERVISOR_MAX_WORKERS", "SUPERVISOR_WORKER_CONTAINER",
+        "SUPERVISOR_STUCK_SECONDS", "SUPERVISOR_STALL_TIMEOUT_SECONDS"]
 
 
 @pytest.mark.parametrize(("env", "message"), [

@@ -107,7 +107,7 @@ def seen(pods: dict[str, Any] | None = None, **kw: Any) -> Seen:
     base: dict[str, Any] = {
         "nodes": NODES, "memory": {}, "lease_ages": None, "lease_stale": frozenset(),
         "first_owner": OWNERS, "published": "".join(f"{h}:1\n" for h in LISTED),
-        "listed": None, "listed_hosts": LISTED, "hooked": True, "running": True,
+        "view_render": None, "listed_hosts": LISTED, "hooked": True, "running": True,
         "stopping": False, "started_at": NOW - 95, "beats": BEATS, "driver": WORLD,
         "ssh_clients": {}, "now": NOW, "wall": WALL}
     return Seen(pods=pods, **{**base, **kw})
@@ -141,7 +141,7 @@ def script(p: core.Pass) -> list[Any]:
             out.append(("restart", t.reason, t.restart))
         elif isinstance(t, FailJob):
             out.append(("fail", t.code))
-        elif isinstance(t, core.KeepBudget):
+        elif isinstance(t, core.KeepMinAvailable):
             out.append(("budget", t.min_available))
     return out
 

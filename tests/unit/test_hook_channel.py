@@ -657,9 +657,10 @@ def test_a_dead_set_the_hook_cannot_read_is_dropped_and_the_next_one_taken() -> 
 
     try:
         for n, dead in enumerate((5, {"10.0.0.9": None}, "10.0.0.9", None), 1):
-            b.receive(fence(n, dead))
+            b.receive(fence(n, dead), ("127.0.0.1", 9))
         assert b.fence_version == 0
-        b.receive(fence(9, [["10.0.0.9", None], ["127.0.0.1", [1, 2]], [1], 7]))
+        b.receive(fence(9, [["10.0.0.9", None], ["127.0.0.1", [1, 2]], [1], 7]),
+                  ("127.0.0.1", 9))
         assert (b.fence_version, b.dead) == (1, [("10.0.0.9", None), ("127.0.0.1", (1, 2))])
     finally:
         b.sock.close()

@@ -34,7 +34,7 @@ PENDING = pending([beat()], FAILED_AT)
 
 def case(**kw: Any) -> Listing:
     base: dict[str, Any] = {
-        "listed": render(SURVIVOR, NEW), "published": f"{SURVIVOR}:1\n", "regroup": PENDING,
+        "view_render": render(SURVIVOR, NEW), "published": f"{SURVIVOR}:1\n", "regroup": PENDING,
         "beats": (beat(),), "driver": None, "listed_since": {SURVIVOR: NOW - 100},
         "reannounced": {}, "held_said": False, "running": True, "now": NOW}
     return Listing(**{**base, **kw})
@@ -57,11 +57,11 @@ def case(**kw: Any) -> Listing:
 def test_new_hosts_wait_for_the_survivors_to_regroup(x: Listing, hosts: list[str],
                                                      pending: Any, said: list[str]) -> None:
     out = listing(x, slots_per_worker=1, min_np=1, max_np=3)
-    assert sorted(out.rendered.hosts) == hosts
+    assert sorted(out.host_list.hosts) == hosts
     assert out.regroup == pending
     assert [n.event for n in out.notes] == said
     if NEW not in hosts:
-        assert out.rendered.left_out == {"w-7": Unusable.HELD}
+        assert out.host_list.left_out == {"w-7": Unusable.HELD}
     assert out.held_said is (NEW not in hosts)
 
 
@@ -72,17 +72,17 @@ MISSED = {SURVIVOR: NOW - 100, NEW: NOW - MISSED_AFTER_S - 5}
 
 def test_a_host_horovod_missed_is_taken_out_once_per_world_and_listed_again() -> None:
     first = listing(case(regroup=None, driver=WORLD, listed_since=MISSED), 1, 1, 3)
-    assert sorted(first.rendered.hosts) == [SURVIVOR]
+    assert sorted(first.host_list.hosts) == [SURVIVOR]
     assert first.reannounced == {NEW: (4, NOW + REANNOUNCE_OUT_S)}
     assert [(n.event, n.k8s.reason if n.k8s else None) for n in first.notes] == [
         ("discovery.reannounced", "HostReannounced")]
     later = listing(case(regroup=None, driver=WORLD, listed_since=MISSED,
                          reannounced=first.reannounced, now=NOW + 1), 1, 1, 3)
-    assert sorted(later.rendered.hosts) == [SURVIVOR], "out for REANNOUNCE_OUT_S"
+    assert sorted(later.host_list.hosts) == [SURVIVOR], "out for REANNOUNCE_OUT_S"
     assert later.notes == ()
     back = listing(case(regroup=None, driver=WORLD, listed_since=MISSED,
                         reannounced=first.reannounced, now=NOW + REANNOUNCE_OUT_S), 1, 1, 3)
-    assert sorted(back.rendered.hosts) == [SURVIVOR, NEW], "listed again, same world: once"
+    assert sorted(back.host_list.hosts) == [SURVIVOR, NEW], "listed again, same world: once"
     assert back.notes == ()
 
 
@@ -94,5 +94,5 @@ def test_a_host_horovod_missed_is_taken_out_once_per_world_and_listed_again() ->
 ])
 def test_nothing_is_reannounced_without_a_world_that_missed_it(driver: Driver | None) -> None:
     out = listing(case(regroup=None, driver=driver, listed_since=MISSED), 1, 1, 3)
-    assert sorted(out.rendered.hosts) == [SURVIVOR, NEW]
+    assert sorted(out.host_list.hosts) == [SURVIVOR, NEW]
     assert (out.reannounced, out.notes) == ({}, ())

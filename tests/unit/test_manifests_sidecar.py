@@ -193,12 +193,40 @@ def test_the_sidecar_overlay_meets_the_contract(built: dict[str, list[Doc]]) -> 
     assert template(built["sidecar"])["spec"]["containers"][0]["image"] == NAMES.trainer
 
 
+IMAGE_VARIABLES = ("hookImage", "workerImages")  # what the overlay copies into the policy
+
+
+def policy_variable(docs: list[Doc], name: str) -> str:
+    """The CEL expression of the creates' admission policy's variable `name`."""
+    (policy,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"
+                 and "elastic-supervisor/admission" in (d["metadata"].get("labels") or {})]
+    (variable,) = [v for v in policy["spec"]["variables"] if v["name"] == name]
+    return str(variable["expression"])
+
+
 def test_everything_else_is_the_local_overlays(built: dict[str, list[Doc]]) -> None:
     def rest(docs: list[Doc]) -> list[Doc]:
+        docs = copy.deepcopy(docs)
+        for d in docs:  # the images aside (below)
+            if d["kind"] == "ValidatingAdmissionPolicy":
+                for v in d["spec"].get("variables") or ():
+                    if v["name"] in IMAGE_VARIABLES:
+                        v["expression"] = "IMAGE"
         return [d for d in docs if d["kind"] != "Job" and d["metadata"]["name"]
                 != "elastic-supervisor-worker-template"]
 
     assert rest(built["sidecar"]) == rest(built["local"])
+    # The admission policy admits the workers with the training image and the init container
+    # the supervisor adds to them with its own (the native sidecar's); the baked mode adds none.
+    (sidecar_c,) = [c for c in pod_spec(built["sidecar"])["initContainers"]
+                    if c["name"] == "elastic-supervisor"]
+    assert policy_variable(built["sidecar"], "hookImage") == f"'{sidecar_c['image']}'" == \
+        f"'{NAMES.sidecar}'"
+    assert policy_variable(built["local"], "hookImage") == "''"
+    assert policy_variable(built["sidecar"], "workerImages") == \
+        f"['{template(built['sidecar'])['spec']['containers'][0]['image']}']" == \
+        f"['{NAMES.trainer}']"
+    assert policy_variable(built["local"], "workerImages") == f"['{NAMES.worker}']"
     sidecar, local = job(built["sidecar"]), job(built["local"])
     assert {k: v for k, v in sidecar["spec"].items() if k != "template"} == \
         {k: v for k, v in local["spec"].items() if k != "template"}

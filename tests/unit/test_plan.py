@@ -61,7 +61,7 @@ def picture(f: Fleet, ps: dict[str, Any], **kw: Any) -> Picture:
     base: dict[str, Any] = {
         "published": "".join(f"{p['status']['podIP']}:1\n" for p in ps.values()
                              if "podIP" in p["status"]),
-        "listed": None, "reuse_checked": None, "reused": {}, "scale_request": None,
+        "view_render": None, "reuse_checked": None, "reused": {}, "scale_request": None,
         "expected": {}, "waiting": frozenset(), "ssh_clients": {}, "now": NOW, "wall": WALL}
     return Picture(fleet=f, pods=ps, **{**base, **kw})
 
@@ -180,7 +180,7 @@ def reused_render(name: str) -> Rendered:
 def test_a_worker_with_a_reused_address(before: int, replaced: bool, said: str | None) -> None:
     name = pod_name(JOB, 1, 1)
     rendered = reused_render(name)
-    p = plan(picture(TWO, RUNNING_TWO, listed=rendered, reused={1: before}), S)
+    p = plan(picture(TWO, RUNNING_TWO, view_render=rendered, reused={1: before}), S)
     assert p.fleet.slots[1].incarnation == (2 if replaced else 1)
     assert p.fleet.ledger == TWO.ledger, "no restart budget used"
     assert [d.name for d in p.deletes] == ([name] if replaced else [])
@@ -188,7 +188,7 @@ def test_a_worker_with_a_reused_address(before: int, replaced: bool, said: str |
     assert [n.event for n in p.notes] == ([said] if said else [])
     assert p.reused == {1: before + 1}
     assert p.reuse_checked is rendered
-    again = plan(picture(p.fleet, RUNNING_TWO, listed=rendered, reuse_checked=rendered,
+    again = plan(picture(p.fleet, RUNNING_TWO, view_render=rendered, reuse_checked=rendered,
                          reused=p.reused, expected=p.expected, failed=p.ours), S)
     assert (again.deletes, again.notes) == ((), ()), "one render is looked at once"
 

@@ -5,6 +5,7 @@ pytest's own summary lines."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ def table(text: str, header: str) -> list[list[str]]:
 
 
 def test_every_block_of_the_results_file_has_a_writer_in_bench_or_the_demo() -> None:
-    written = set(blank()) | {suite.KEY, demo.RESULTS_KEY}
+    written = set(blank()) | {suite.KEY, suite.VERDICTS_KEY, demo.RESULTS_KEY}
     assert set(store.load()) - written == set()
 
 
@@ -111,3 +112,19 @@ def test_the_suite_rows_say_what_bench_suite_recorded() -> None:
     assert rows[tables.SUITE_WHAT["make_test"]] == (
         "23.7 min, exit 2: 1133 passed, 1 failed, 0 errors (2026-11-28, abc1234)")
     assert rows[tables.SUITE_WHAT["ci_empty_cache"]] == tables.NOT_RECORDED
+
+
+def test_the_false_verdicts_block_sums_the_jobs_lines(tmp_path: Path) -> None:
+    lines = tmp_path / "verdicts.jsonl"
+    hung = {"event": "worker.hung", "pod": "job-w1-0", "node": None, "detail": "silent"}
+    lines.write_text("\n".join(json.dumps(j) for j in [
+        {"namespace": "e2e-a", "verdicts": {"worker.hung": 2, "node.quarantined": 0},
+         "silenced": ["job-w0-0"], "false_hung": 1, "false_quarantine": 0, "false": [hung]},
+        {"namespace": "e2e-b", "verdicts": {"worker.hung": 1, "node.quarantined": 1},
+         "silenced": ["es-node-2"], "false_hung": 0, "false_quarantine": 1, "false": []},
+    ]) + "\n")
+    block = suite.false_verdicts(lines, {"commit": "abc", "exit_code": 0})
+    assert (block["hung"], block["quarantine"], block["jobs"]) == (1, 1, 2)
+    assert block["verdicts"] == {"worker.hung": 3, "node.quarantined": 1}
+    assert block["false"] == [hung] and block["commit"] == "abc"
+    assert suite.false_verdicts(tmp_path / "none.jsonl", {})["jobs"] == 0

@@ -35,6 +35,9 @@ names. Nothing else is touched, so a process that never imports them is unchange
   nothing: no fence, no hang detection there. horovodrun's driver is hardened all the same.
   ELASTIC_SUPERVISOR_HOOK_WORKER=0 (SUPERVISOR_WORKER_HOOK=false) leaves training processes
   alone; a multiprocessing child (e.g. a DataLoader worker started by spawn) is left alone.
+- a training process first claims its worker for its supervisor's term (owner.py): one of a
+  supervisor that lost the job exits at once, and one of the new owner kills those of the old
+  one before it goes on. Never two horovodruns' training on one worker.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from . import driver, tfwait, wire, worker
+from . import driver, owner, tfwait, wire, worker
 
 KEY_ENV = "ELASTIC_SUPERVISOR_HOOK_KEY"  # hex; one per supervisor process
 # Or a file with the key in hex (the job's Secret, mounted on the launcher and every worker):
@@ -170,6 +173,8 @@ def install(env: dict[str, str] | None = None) -> str | None:
     which = role(env, sys.argv)
     if which is None:
         return None
+    if which == "worker":
+        owner.claim_or_exit(env)  # before anything of the user's runs (owner.py)
     try:
         key = key_of(env)
     except ValueError as e:

@@ -460,6 +460,14 @@ class TcpConnections:
         return self._read()
 
 
+def _address(host: str) -> str:
+    """`host` as the source address of its datagrams reads (an IP address; a name resolved)."""
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host
+
+
 class Beater:
     """The heartbeat thread of one training process; also receives the fence and acts on it."""
 
@@ -470,6 +478,11 @@ class Beater:
                  clock: Callable[[], float] = time.monotonic,
                  exit_process: Callable[[int], None] = os._exit, fence: bool = True) -> None:
         self.progress, self.key, self.supervisor, self.run = progress, key, supervisor, run
+        # The supervisor's messages come from its socket only: every process of the job holds
+        # the key, none can send from that address (the job's pods drop every capability,
+        # NET_RAW included, and the port is the supervisor's).
+        self.supervisor_from = (_address(supervisor[0]), supervisor[1])
+        self.foreign = 0  # signed datagrams from another address, dropped
         self.host, self.local_rank, self.keep = host, local_rank, tuple(keep)
         self.problems = list(problems)
         self.connections = TcpConnections() if connections is None else connections
@@ -582,11 +595,20 @@ class Beater:
 
     # -- receiving -------------------------------------------------------------------------------
 
-    def receive(self, data: bytes) -> None:
-        """Handle one datagram from the supervisor."""
+    def receive(self, data: bytes, source: Endpoint) -> None:
+        """Handle one datagram from `source`: only the supervisor's, from its own address."""
         body = wire.decode(self.key, data)
-        if body is None or body["s"] != wire.SUPERVISOR or not self.replays.accept(
-                body["s"], body["n"]):
+        if body is None or body["s"] != wire.SUPERVISOR:
+            return
+        if tuple(source[:2]) != self.supervisor_from:
+            self.foreign += 1
+            if self.foreign == 1:  # said once (a problem in every heartbeat from then on)
+                self._problem(f"datagrams signed as the supervisor's come from another address "
+                              f"(first {source[0]}:{source[1]}) than the supervisor's "
+                              f"({self.supervisor_from[0]}:{self.supervisor_from[1]}): "
+                              "dropped (another holder of the job's key)")
+            return
+        if not self.replays.accept(body["s"], body["n"]):
             return
         if body["t"] == "exit" and body.get("run") == self.run:
             print(f"elastic-supervisor hook: exiting: {body.get('why', 'asked to')}",
@@ -656,11 +678,11 @@ class Beater:
             self.check()
             self.sock.settimeout(max(0.005, self._next_wake(next_beat) - self.clock()))
             try:
-                data, _ = self.sock.recvfrom(wire.MAX_DATAGRAM)
+                data, source = self.sock.recvfrom(wire.MAX_DATAGRAM)
             except (socket.timeout, BlockingIOError):
                 continue
             except OSError:
                 if self._stop.wait(BEAT_S):
                     return
                 continue
-            self.receive(data)
+            self.receive(data, source)
