@@ -46,7 +46,13 @@ from supervisor.fleet import budget_name, scale_name, state_name
 from supervisor.leader import lease_name
 from supervisor.model import ExitCode
 from supervisor.policy import Action, PolicyError, policy_from_document
-from supervisor.sidecar import pod_problems, with_hook
+from supervisor.sidecar import (
+    hook_bytecode,
+    hook_configmap,
+    hook_sources,
+    pod_problems,
+    with_hook,
+)
 from supervisor.workers import (
     LABEL_SLOT,
     TemplateError,
@@ -862,14 +868,23 @@ def template_of(docs: list[dict[str, Any]]) -> dict[str, Any]:
 def worker_from(docs: list[dict[str, Any]], slot: int = 0,
                 owner: dict[str, str] | None = None) -> Pod:
     """A worker pod as the supervisor builds it from the manifests' template; in sidecar mode
-    with the hook it adds (the init container of its own image, read from the launcher pod)."""
+    with the hook it adds (its hook's ConfigMap, HOOK_CONFIGMAP here, mounted)."""
     template = template_of(docs)
     if resolved_env(launcher(docs)).get("SUPERVISOR_MODE") == "sidecar":
         job_pod = one(docs, "Job")["spec"]["template"]
         problems, found = pod_problems(dict(job_pod, metadata={"name": "launcher"}), SHARED_DIR)
         assert found is not None, problems
-        template = with_hook(template, found, SHARED_DIR)
+        files = hook_files()
+        template = with_hook(template, HOOK_CONFIGMAP, [*files, *hook_bytecode(files)],
+                             SHARED_DIR)
     return worker_pod(template, job="elastic-train", slot=slot, incarnation=1, owner=owner)
+
+
+HOOK_CONFIGMAP = "elastic-train-supervisor-hook-x7k2p"
+
+
+def hook_files() -> dict[str, str]:
+    return {path: src.read_text() for path, src in hook_sources().items()}
 
 
 def without_pod_security(docs: list[dict[str, Any]]) -> None:
@@ -1162,27 +1177,26 @@ def test_a_worker_runs_as_root_only_when_the_policy_says_its_template_does(
 
 
 def test_the_sidecar_overlay_admits_the_hook_the_supervisor_adds_and_nothing_more(
-        make_guarded: Callable[..., Guarded], guarded: Guarded) -> None:
+        make_guarded: Callable[..., Guarded]) -> None:
+    """The hook reaches a sidecar-mode worker as the supervisor's ConfigMap volume: its
+    ServiceAccount may create that ConfigMap (a generated name, immutable, owned by the Job,
+    sources and bytecode), and the worker that mounts it runs the template's image alone, no
+    init container, and is admitted; an init container of the sidecar image is not."""
     sidecar = make_guarded(target="overlays/sidecar")
+    files = hook_files()
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "elastic-train",
+             "uid": "0b3c1a52-2d2f-4bc4-8f0e-4a1d1c7e9a01"}
+    made = sidecar.sup.create_namespaced_config_map(
+        sidecar.ns, hook_configmap("elastic-train", files, owner, hook_bytecode(files)),
+        dry_run="All")
+    assert made.metadata.name.startswith("elastic-train-supervisor-hook-") and made.immutable
     pod = worker_from(sidecar.applied.docs, slot=1)
-    # The base, baked mode, admits no hook: the supervisor adds none there.
-    baked = copy.deepcopy(pod)
-    baked["spec"]["containers"][0]["image"] = WORKER_IMAGE
-    assert "; not elastic-supervisor-sidecar:0.1.0 (container elastic-supervisor-hook)" \
-        in str(guarded.refusal(baked))
-    [hook] = pod["spec"]["initContainers"]
-    assert (hook["name"], hook["image"]) == ("elastic-supervisor-hook",
-                                             "elastic-supervisor-sidecar:0.1.0")
+    assert not pod["spec"].get("initContainers")
     assert sidecar.refusal(pod) is None  # guard() waited for it: here for the reader
-    allowed = ("its template's images (elastic-supervisor-trainer:0.1.0) and "
-               "elastic-supervisor-sidecar:0.1.0 in its init container "
-               "elastic-supervisor-hook; not ")
-    hook["image"] = "elastic-supervisor-launcher:0.1.0"
-    assert allowed + "elastic-supervisor-launcher:0.1.0 (container elastic-supervisor-hook)" \
-        in str(sidecar.refusal(pod))
-    hook.update(name="other", image="elastic-supervisor-sidecar:0.1.0")
-    assert allowed + "elastic-supervisor-sidecar:0.1.0 (container other)" \
-        in str(sidecar.refusal(pod))
+    pod["spec"]["initContainers"] = [{"name": "other",
+                                      "image": "elastic-supervisor-sidecar:0.1.0"}]
+    assert "; not elastic-supervisor-sidecar:0.1.0 (container other)" in str(
+        sidecar.refusal(pod))
 
 
 WORKER = "elastic-train-w0-1"
