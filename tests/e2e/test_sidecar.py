@@ -22,7 +22,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
@@ -85,6 +85,29 @@ def root_of(pid: int) -> Path:
     return Path(f"/proc/{pid}/root")
 
 
+def in_container(pid: int, path: str) -> Path:
+    """`path` as process `pid` sees it, as a host path under its root: symlinks resolved inside
+    that root (Debian's /var/run -> /run is absolute, and /proc/PID/root would follow it to
+    the host's /run)."""
+    root, done, hops = root_of(pid), PurePosixPath("/"), 0
+    todo = list(PurePosixPath(path).parts[1:])
+    while todo:
+        part = todo.pop(0)
+        if part == "..":
+            done = done.parent
+            continue
+        host = root / str(done / part).lstrip("/")
+        if host.is_symlink() and hops < 40:
+            hops += 1
+            target = PurePosixPath(os.readlink(host))
+            if target.is_absolute():
+                done = PurePosixPath("/")
+            todo = [*target.parts[int(target.is_absolute()):], *todo]
+            continue
+        done = done / part
+    return root / str(done).lstrip("/")
+
+
 def files_under(root: Path) -> dict[str, bytes]:
     return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*.py"))
             if "__pycache__" not in f.parts}
@@ -143,16 +166,17 @@ def only_the_supervisor_holds_the_token(job: Job) -> None:
     assert launcher is not None
     spec = launcher["spec"]
     assert spec.get("automountServiceAccountToken") is False
-    token = "var/run/secrets/kubernetes.io/serviceaccount/token"
-    assert (root_of(supervisor_pid(job)) / token).is_file()
+    token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert in_container(supervisor_pid(job), token).read_text().count(".") == 2  # a JWT
     wrapper = job.processes(launcher["metadata"]["name"],
                             lambda argv: any(a == WRAPPER for a in argv[:2]))
     horovodrun = job.processes(launcher["metadata"]["name"],
                                lambda argv: any(a.endswith("horovodrun") for a in argv[:2]))
     assert wrapper and horovodrun
     for pid in [*wrapper, *horovodrun]:
-        assert not (root_of(pid) / token).exists(), f"pid {pid} of the training container"
-        assert not (root_of(pid) / "var/run/secrets/kubernetes.io").exists()
+        assert not in_container(pid, token).exists(), f"pid {pid} of the training container"
+        assert not in_container(pid, "/var/run/secrets/kubernetes.io").exists(), pid
+        assert "serviceaccount" not in Path(f"/proc/{pid}/mountinfo").read_text(), pid
 
 
 @pytest.fixture(scope="class")
