@@ -625,3 +625,64 @@ def test_without_the_worker_hook_the_job_trains_and_says_hang_detection_is_off(
     off = job.notes("HangDetectionOff")
     assert len(off) == 1 and "SUPERVISOR_WORKER_HOOK=false" in off[0], off
     assert "DriverNotHardened" not in job.reasons(), "the driver half stays on"
+
+
+HOLD = "e2e.elastic-supervisor.io/hold"  # a NoSchedule taint the supervisor does not read
+
+
+def hold(core: client.CoreV1Api, node: str, on: bool) -> None:
+    """Keep new pods off `node` (or let them back): a taint of the test's own, which neither
+    drains nor cordons (the supervisor would move the workers then)."""
+    taints = [t for t in core.read_node(node).spec.taints or () if t.key != HOLD]
+    if on:
+        taints.append(client.V1Taint(key=HOLD, value="1", effect="NoSchedule"))
+    core.patch_node(node, {"spec": {"taints": [core.api_client.sanitize_for_serialization(t)
+                                               for t in taints]}})
+
+
+def test_a_frozen_node_with_rank_0_and_another_worker_is_one_incident(
+        make_job: MakeJob, cluster: Cluster, cluster_api: client.ApiClient) -> None:
+    """Issue 40 item 3: a node froze while it held rank 0 and another worker. Declared one at a
+    time, the first reset's world still held the other frozen one, and the rendezvous broke
+    (horovodrun restarted: a script without a checkpoint starts over). Both are declared
+    together, in one dead set: the survivor resumes within the bound, horovodrun is not
+    restarted, and the job grows back. The shipped defaults, quarantine included."""
+    core = client.CoreV1Api(cluster_api)
+    names = [n.name for n in cluster.nodes]
+    spare = names[-1]
+    hold(core, spare, True)  # the launcher takes one node, both first workers the other
+    try:
+        job, faults = make_job(workers=2, **SHIPPED_QUARANTINE)
+        first = {p["spec"]["nodeName"] for p in job.live_workers().values()}
+        assert len(first) == 1, f"the first two workers share a node: {first}"
+        (both,) = first
+        hold(core, both, True)
+        hold(core, spare, False)
+        job.scale(3)  # the third worker can go only to the spare node
+        job.settled(3)
+    finally:
+        for name in names:
+            hold(core, name, False)
+    frozen = sorted(n for n, p in job.live_workers().items() if p["spec"]["nodeName"] == both)
+    rank0 = job.rank0_host()
+    assert len(frozen) == 2 and any(
+        job.live_workers()[n]["status"]["podIP"] == rank0 for n in frozen), (
+        f"rank 0 ({rank0}) and another worker on the node to freeze: {frozen}")
+    t0 = time.time()
+    faults.silence_node(both)
+    try:
+        first_step = job.wait("the survivor's first batch after the reset",
+                              lambda: step_after_reset(job.records(), t0), 60)
+        took = first_step["time"] - t0
+        print(f"{frozen} on {both}: resumed {took:.2f}s after the freeze")
+        resets = [r for r in job.records() if r.get("event") == "reset" and r["time"] > t0]
+        assert resets[0]["size"] == 1, f"one reset, both frozen workers out: {resets}"
+        together = job.logs_since("workers.hung_together", t0)
+        assert [sorted(t["pods"]) for t in together] == [frozen], together
+        assert sorted(h["pod"] for h in job.logs_since("worker.hung", t0)) == frozen
+        assert took <= 5.0, f"resumed {took:.2f}s after the freeze (bound 5 s)"
+        job.back_to(3, t0)
+        no_restart_since(job, t0)
+        check_steps(job.records())
+    finally:
+        faults.close()
