@@ -16,7 +16,6 @@ naming the fix.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import signal
@@ -30,12 +29,13 @@ from kubernetes import client
 
 from localcluster.job import SIDECAR_OVERLAY, log_time
 from localcluster.nodes import Cluster
-from supervisor.config import Config
 from tests.e2e.jobs import (
+    TRAINER,
     Job,
     check_steps,
     check_training,
     main_job,
+    shipped_quarantine,
     tour_budgets,
 )
 from tests.e2e.test_stock_lane import (
@@ -58,14 +58,14 @@ def images_of(pod: dict[str, Any]) -> dict[str, str]:
                                             *spec["containers"]]}
 
 
-def the_training_image_has_nothing_of_ours(job: Job) -> None:
-    """The launcher's training container and the workers run the trainer image; the hook the
-    workers load comes from the supervisor's init container; horovodrun runs under es-run with
-    the hook first on its PYTHONPATH."""
+def the_training_image_has_nothing_of_ours(job: Job, image: str = TRAINER) -> None:
+    """The launcher's training container and the workers run the trainer image `image` (the
+    overlay's YOUR IMAGE); the hook the workers load comes from the supervisor's init
+    container; horovodrun runs under es-run with the hook first on its PYTHONPATH."""
     launcher = job.launcher()
     assert launcher is not None and launcher["spec"].get("shareProcessNamespace") is True
     images = images_of(launcher)
-    assert images["launcher"].startswith("elastic-supervisor-trainer:"), images
+    assert images["launcher"] == image, images
     assert images["elastic-supervisor"].startswith("elastic-supervisor-sidecar:"), images
     for name, pod in job.live_workers().items():
         got = images_of(pod)
@@ -79,6 +79,19 @@ def the_training_image_has_nothing_of_ours(job: Job) -> None:
     assert env["PYTHONPATH"].split(":")[0] == f"{SHARED}/hook", env.get("PYTHONPATH")
     parent = int(Path(f"/proc/{horovodrun[0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
     assert WRAPPER in Path(f"/proc/{parent}/cmdline").read_text(), "es-run started it"
+
+
+def status_as_printed_with_incidents(job: Job, *, size: int, failures: int) -> None:
+    """Once the job is settled at `size`: `status`'s step is the one the script printed
+    (Job.status_as_printed), its world full, its goodput below 1, and each of the (at least
+    `failures`) failed workers in an incident."""
+    job.settled(size)
+    s = job.status_as_printed()
+    p = s["progress"]
+    assert p["world"] == p["desired"] == size and 0 < p["goodput"] < 1, p
+    pods = {pod for i in s["incidents"] for pod in i["pods"]}
+    failed = job.logs("worker.failed")
+    assert len(failed) >= failures and all(e["pod"] in pods for e in failed), (failed, s)
 
 
 @pytest.fixture(scope="class")
@@ -157,14 +170,7 @@ class TestSidecarStockTour:
         """The hook counts the stock script's optimizer steps (it prints them too): the step
         `status` shows is the one printed, through a supervisor's restart and three faults, and
         each fault is an incident."""
-        job, _ = sidecar_tour
-        job.settled(2)
-        s = job.status_as_printed()
-        p = s["progress"]
-        assert p["world"] == p["desired"] == 2 and 0 < p["goodput"] < 1, p
-        pods = {pod for i in s["incidents"] for pod in i["pods"]}
-        failed = job.logs("worker.failed")
-        assert len(failed) >= 3 and all(e["pod"] in pods for e in failed), (failed, s)
+        status_as_printed_with_incidents(sidecar_tour[0], size=2, failures=3)
 
     def test_sigterm_to_the_training_container_goes_through_the_supervisor(
             self, sidecar_tour: tuple[Job, PodFaults]) -> None:
@@ -196,10 +202,8 @@ def sidecar_main(cluster: Cluster, cluster_api: client.ApiClient, main_images: d
     # switch it off: main_job), the hang thresholds. A healthy job must not lose a worker or a
     # node to them (checked at its end).
     out = tmp_path_factory.mktemp("sidecar-main")
-    default = {f.name: f.default for f in dataclasses.fields(Config)}
-    shipped = {"SUPERVISOR_QUARANTINE_FAILURES": str(default["quarantine_failures"])}
     with main_job(cluster, cluster_api, out, steps=1_000_000, checkpoint=out / "checkpoint",
-                  overlay=SIDECAR_OVERLAY, env=shipped) as job:
+                  overlay=SIDECAR_OVERLAY, env=shipped_quarantine()) as job:
         job.wait_training(past=10, size=2, timeout=420)
         yield job
 
