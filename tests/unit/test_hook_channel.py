@@ -521,8 +521,6 @@ def test_the_discovery_script_runs_outside_the_lock_the_round_after_a_failure_ne
     from horovod.runner.elastic import discovery as horovod_discovery
     from horovod.runner.elastic import driver as horovod_driver
 
-    from supervisor.hook.elastic_supervisor_hook import driver
-
     hosts = {"10.0.0.1": 1, "10.0.0.2": 1}
 
     class SlowScript(horovod_discovery.HostDiscovery):
@@ -536,12 +534,14 @@ def test_the_discovery_script_runs_outside_the_lock_the_round_after_a_failure_ne
                 time.sleep(1.5)
             return dict(hosts)
 
+    # Horovod's driver module with a class of its own to patch (the real one stays as it is),
+    # patched as the hook patches it in horovodrun (the join gate wraps __init__ first)
     module = types.ModuleType("driver")
+    module.__dict__.update(vars(horovod_driver))
     module.ElasticDriver = type("ElasticDriver", (horovod_driver.ElasticDriver,), {})  # type: ignore[attr-defined]
-    module.HostUpdateResult = horovod_driver.HostUpdateResult  # type: ignore[attr-defined]
-    module.HostManager = horovod_driver.HostManager  # type: ignore[attr-defined]
     module.DISCOVER_HOSTS_FREQUENCY_SECS = 0.05  # type: ignore[attr-defined]
-    driver.discover_unlocked(module)
+    hook.DriverHook(b"k" * 32, 1, "1", None).patch_driver(module)
+    assert module.ElasticDriver._discover_hosts.__wrapped__  # type: ignore[attr-defined]
     script = SlowScript()
     d = module.ElasticDriver(SimpleNamespace(stop=lambda: None), script, 1, 2, timeout=10)  # type: ignore[attr-defined]
     try:

@@ -311,8 +311,12 @@ def _say(line: str) -> None:
 
 
 def _not_set_in_init(cls: Any, names: tuple[str, ...]) -> list[str]:
-    """The attributes of `names` that `cls.__init__` does not assign (its code names them)."""
-    code = getattr(getattr(cls, "__init__", None), "__code__", None)
+    """The attributes of `names` that `cls.__init__` does not assign (its code names them;
+    Horovod's own `__init__` under the wrappers of this module's patches)."""
+    init = getattr(cls, "__init__", None)
+    while hasattr(init, "__wrapped__"):
+        init = init.__wrapped__
+    code = getattr(init, "__code__", None)
     return [n for n in names if code is None or n not in code.co_names]
 
 
