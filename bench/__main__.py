@@ -19,6 +19,7 @@ from bench import (
     e2e,
     e2e_sequences,
     e2e_stock,
+    e2e_stock_tf,
     fence,
     plot,
     podstart,
@@ -54,7 +55,11 @@ def blank() -> dict[str, object]:
                       "resumed_after_stuck_s": None, "longest_interval_without_a_step_s": None,
                       "steps_rerun_max": None, "horovodrun_restarts": None},
         "e2e_stock_details": None,
-        "e2e_stock_tf": None,
+        # bench/tf_hook.py writes hook_cost_per_step, bench/e2e_stock_tf.py the rest
+        "e2e_stock_tf": {"hook_cost_per_step": None, "resumed_after_kill_s": None,
+                         "resumed_after_hang_s": None, "resumed_after_stuck_s": None,
+                         "horovodrun_restarts": None, "steps_recomputed": None},
+        "e2e_stock_tf_details": None,
         "e2e_sequences": None,
         "e2e_sequences_details": None,
         "fence": None,
@@ -71,6 +76,17 @@ def blank() -> dict[str, object]:
     }
 
 
+def merge(results: dict[str, object], measured: dict[str, object]) -> None:
+    """Put `measured`'s blocks into `results`, each key by key: two benchmarks write one block
+    (e2e_stock_tf), and a run of one keeps what the other stored."""
+    for key, block in measured.items():
+        old = results.get(key)
+        if isinstance(old, dict) and isinstance(block, dict):
+            results[key] = {**old, **block}
+        else:
+            results[key] = block
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--sizes", default=",".join(map(str, discovery.SIZES)),
@@ -78,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("discovery", "replacement", "baseline", "e2e",
                                            "e2e_stock", "e2e_sequences", "fence", "configmap",
                                            "disruptions", "status", "sidecar", "soak", "plot",
-                                           "tf_hook", "podstart"),
+                                           "tf_hook", "podstart", "e2e_stock_tf"),
                         help="run one benchmark; keys of the others keep their stored values "
                              "(soak and e2e_sequences run only when named: ~15 min per seed, "
                              "~25 min)")
@@ -114,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in (None, "fence"):
         results.update(fence.main())
     if args.only in (None, "tf_hook"):
-        results.update(tf_hook.main())
+        merge(results, tf_hook.main())
+    if args.only in (None, "e2e_stock_tf"):
+        merge(results, e2e_stock_tf.main())
     if args.only in (None, "configmap"):
         results.update(configmap_path.main())
     if args.only in (None, "disruptions"):

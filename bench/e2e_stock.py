@@ -42,10 +42,12 @@ from tests.e2e.jobs import (
     HANG_FILE,
     STOCK,
     Job,
+    Transform,
+    compose,
     main_job,
     step_after_reset,
     steps_of,
-    stock_script,
+    stock_script_of,
     with_policy,
 )
 from tests.e2e.test_stock_lane import stock_command
@@ -123,21 +125,25 @@ def inject(job: Job, faults: PodFaults, fault: str,
     return victim, t0
 
 
-def one_job(cluster: Cluster, api: client.ApiClient, work: Path, plan: tuple[str, ...] = PLAN,
-            overlay: Path = OVERLAY) -> dict[str, Any]:
-    """One job of `overlay` (the baked-in mode's, or the sidecar mode's) through `plan`."""
+def one_job(cluster: Cluster, api: client.ApiClient, work: Path,
+            plan: tuple[str, ...] = PLAN, *, overlay: Path = OVERLAY, stock: Path = STOCK,
+            command: list[str] | None = None, transform: Transform | None = None) -> dict[str, Any]:
+    """One job of `overlay` (the baked-in mode's, or the sidecar mode's) through `plan`: the
+    stock script `stock` (stock_train.py, which keeps a checkpoint, by default) run by
+    `command` (it reads the hang file, --hang-file), `transform` changing the objects further
+    (e.g. the user's image)."""
     faults_out: list[dict[str, Any]] = []
     # Backoff capped at 1 s (in the policy file, where the manifests keep the budgets):
     # repeated faults on one slot measure recovery, not the policy.
-    def fast_backoff(docs: list[dict[str, Any]]) -> None:
-        stock_script(docs)
-        with_policy(lambda p: p.update(backoff={"initialSeconds": 1, "maxSeconds": 1}))(docs)
-
-    command = stock_command(1_000_000, "--hang-file", f"{CHECKPOINT_MOUNT}/{HANG_FILE}")
+    fast_backoff = with_policy(lambda p: p.update(backoff={"initialSeconds": 1, "maxSeconds": 1}))
+    if command is None:
+        command = stock_command(1_000_000, "--hang-file", f"{CHECKPOINT_MOUNT}/{HANG_FILE}")
     with main_job(cluster, api, work, steps=0, command=command,
-                  checkpoint=work / "checkpoint", transform=fast_backoff,
+                  checkpoint=work / "checkpoint", keeps_checkpoint=stock == STOCK,
+                  transform=compose(stock_script_of(stock), fast_backoff,
+                                    *([transform] if transform is not None else [])),
                   overlay=overlay) as job:
-        faults = PodFaults(job, STOCK.name)
+        faults = PodFaults(job, stock.name)
         try:
             job.wait_training(past=20, size=2, timeout=420)
             for fault in plan:

@@ -29,7 +29,7 @@ def main(runs: int = RUNS) -> dict[str, Any]:
                 work = tmp / f"{mode}{i}"
                 work.mkdir()
                 print(f"bench sidecar: {mode} job {i + 1} of {runs}", flush=True)
-                jobs[mode].append(one_job(cluster, api, work, PLAN, overlay))
+                jobs[mode].append(one_job(cluster, api, work, PLAN, overlay=overlay))
 
     def of(mode: str, kinds: tuple[str, ...]) -> dict[str, Any] | None:
         return summary([f["resumed_s"] for j in jobs[mode] for f in j["faults"]

@@ -30,14 +30,10 @@ from localcluster.job import horovod_records
 from localcluster.sshd import FakeHost, KeyPair
 from supervisor.hook import HOOK_DIR
 from supervisor.hook.elastic_supervisor_hook import wire
-from tests.e2e.jobs import steps_of
+from tests.e2e.jobs import STOCK, STOCK_KERAS, STOCK_TF, steps_of
 from tests.helpers import wait_for
 
 T = TypeVar("T")
-STOCK = Path(__file__).resolve().with_name("stock_train.py")
-# The stock scripts of the other frameworks (TensorFlow's custom loop, Keras's model.fit).
-STOCK_TF = STOCK.with_name("stock_tf_train.py")
-STOCK_KERAS = STOCK.with_name("stock_keras_train.py")
 STOCK_SCRIPTS = (STOCK.name, STOCK_TF.name, STOCK_KERAS.name)
 # The TensorFlow environment `make setup` builds (scripts/build-tf-env.sh) the TF scripts run in.
 TF_PYTHON = Path(os.environ.get("ES_CACHE", Path.home() / ".cache" / "elastic-supervisor")

@@ -37,6 +37,7 @@ CHECKPOINT_MOUNT = "/checkpoint"  # where every worker mounts the job's checkpoi
 STOP_FILE = "stop"  # in it: the step to end training at (--stop-file of both scripts)
 HANG_FILE = "hang"  # in it: the host whose rank deadlocks (--hang-file of the stock script)
 TRAIN = "/workspace/train.py"  # in the worker image
+Transform = Callable[[list[dict[str, Any]]], None]
 
 
 def train_args(steps: int, *extra: str) -> list[str]:
@@ -58,25 +59,55 @@ def step_after_reset(records: list[Record], t0: float, size: int | None = None) 
 
 
 STOCK = Path(__file__).resolve().with_name("stock_train.py")
+STOCK_TF = STOCK.with_name("stock_tf_train.py")  # the seeds' TensorFlow 2 shape
+STOCK_KERAS = STOCK.with_name("stock_keras_train.py")  # Keras model.fit, elastic callbacks
 STOCK_DIR = "/opt/stock"  # where the worker pods find it (a ConfigMap volume)
+TRAINER = "elastic-supervisor-trainer:0.1.0"  # the sidecar overlay's YOUR IMAGE
+TRAINER_TF = "elastic-supervisor-trainer-tf:0.1.0"  # TensorFlow's (trainer_tf_image/)
 
 
-def stock_script(docs: list[dict[str, Any]]) -> None:
-    """Give every worker tests/e2e/stock_train.py at STOCK_DIR, from a ConfigMap: a user's own,
-    unmodified script next to the image's."""
-    namespace = next(d["metadata"]["namespace"] for d in docs if d["kind"] == "Job")
-    docs.append({"apiVersion": "v1", "kind": "ConfigMap",
-                 "metadata": {"name": "stock-train", "namespace": namespace},
-                 "data": {"stock_train.py": STOCK.read_text()}})
-    for doc in docs:
-        if doc["kind"] == "ConfigMap" and "worker-template.yaml" in (doc.get("data") or {}):
-            template = yaml.safe_load(doc["data"]["worker-template.yaml"])
-            spec = template["spec"]
-            spec.setdefault("volumes", []).append(
-                {"name": "stock", "configMap": {"name": "stock-train"}})
-            spec["containers"][0].setdefault("volumeMounts", []).append(
-                {"name": "stock", "mountPath": STOCK_DIR, "readOnly": True})
-            doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)
+def stock_script_of(script: Path) -> Transform:
+    """A transform that gives every worker `script` at STOCK_DIR, from a ConfigMap: a user's
+    own, unmodified script next to the image's."""
+    def transform(docs: list[dict[str, Any]]) -> None:
+        namespace = next(d["metadata"]["namespace"] for d in docs if d["kind"] == "Job")
+        docs.append({"apiVersion": "v1", "kind": "ConfigMap",
+                     "metadata": {"name": "stock-train", "namespace": namespace},
+                     "data": {script.name: script.read_text()}})
+        for doc in docs:
+            if doc["kind"] == "ConfigMap" and "worker-template.yaml" in (doc.get("data") or {}):
+                template = yaml.safe_load(doc["data"]["worker-template.yaml"])
+                spec = template["spec"]
+                spec.setdefault("volumes", []).append(
+                    {"name": "stock", "configMap": {"name": "stock-train"}})
+                spec["containers"][0].setdefault("volumeMounts", []).append(
+                    {"name": "stock", "mountPath": STOCK_DIR, "readOnly": True})
+                doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)
+    return transform
+
+
+stock_script = stock_script_of(STOCK)
+
+
+def your_image(image: str) -> Transform:
+    """A transform that does what the sidecar overlay tells its user to do with their own
+    training image, and nothing else: the two `image:` lines marked YOUR IMAGE (the launcher
+    pod's training container, the worker template's container) name `image`."""
+    def transform(docs: list[dict[str, Any]]) -> None:
+        changed = 0
+        for doc in docs:
+            if doc["kind"] == "Job":
+                for c in doc["spec"]["template"]["spec"]["containers"]:
+                    if c["name"] == "launcher" and c["image"] == TRAINER:
+                        c["image"], changed = image, changed + 1
+            elif doc["kind"] == "ConfigMap" and "worker-template.yaml" in (doc.get("data")
+                                                                           or {}):
+                text = doc["data"]["worker-template.yaml"]
+                changed += text.count(f"image: {TRAINER}")
+                doc["data"]["worker-template.yaml"] = text.replace(f"image: {TRAINER}",
+                                                                   f"image: {image}")
+        assert changed == 2, f"the overlay's YOUR IMAGE lines: {changed} found, not 2"
+    return transform
 
 
 def process_env(pid: int) -> dict[str, str]:
@@ -243,9 +274,6 @@ def shared_checkpoint(docs: list[dict[str, Any]], host_dir: Path) -> None:
             doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)
 
 
-Transform = Callable[[list[dict[str, Any]]], None]
-
-
 def compose(*transforms: Transform) -> Transform:
     """One transform that applies `transforms` in order."""
     def transform(docs: list[dict[str, Any]]) -> None:
@@ -331,17 +359,20 @@ def workers_avoid_the_launcher(docs: list[dict[str, Any]]) -> None:
 def main_job(cluster: Cluster, api: client.ApiClient, out: Path, *, steps: int,
              extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
              checkpoint: Path | None = None, transform: Transform | None = None,
-             command: list[str] | None = None, overlay: Path = OVERLAY) -> Iterator[Job]:
+             command: list[str] | None = None, overlay: Path = OVERLAY,
+             keeps_checkpoint: bool = True) -> Iterator[Job]:
     """The main job in a fresh namespace (applied), deleted afterwards. `checkpoint`: a host
     directory every worker mounts, where rank 0 keeps the committed state (`--checkpoint` is
-    added to the command); `command`: the training command instead of worker_image/train.py's
-    (`steps` and `extra_args` are then not used)."""
+    added to the command, unless not `keeps_checkpoint`: a script that keeps none, for which
+    the directory holds only the stop and hang files); `command`: the training command instead
+    of worker_image/train.py's (`steps` and `extra_args` are then not used)."""
     namespace = f"e2e-{uuid.uuid4().hex[:6]}"
     args = list(command) if command is not None else train_args(steps, *extra_args)
     changes = [workers_avoid_the_launcher, *([transform] if transform is not None else [])]
     if checkpoint is not None:
         more_args, mount = checkpointed(checkpoint)
-        args += [*more_args, "--stop-file", f"{CHECKPOINT_MOUNT}/{STOP_FILE}"]
+        args += [*(more_args if keeps_checkpoint else ()),
+                 "--stop-file", f"{CHECKPOINT_MOUNT}/{STOP_FILE}"]
         changes.append(mount)
 
     # The scenarios look at the workers after the end (the cleanup has its own tests), and a
@@ -469,6 +500,16 @@ def left_gracefully(job: Job, victims: list[str], t0: float, *why: str) -> None:
     no_restart_since(job, t0)
     one_live_pod_per_slot(job)
     check_steps(job.records())
+
+
+def evicted_leaves_gracefully(job: Job) -> None:
+    """A worker (not rank 0's) evicted through the Eviction API once the job is settled at 2:
+    it leaves gracefully (left_gracefully), not one step computed again."""
+    job.settled(2)
+    victim, _ = job.victim()
+    t0 = time.time()
+    job.evict(victim)
+    left_gracefully(job, [victim], t0, "Evicted")
 
 
 def recomputed_since(records: list[dict[str, Any]], t0: float) -> int:

@@ -63,6 +63,12 @@ model = tf.keras.Sequential([
 opt = hvd.DistributedOptimizer(tf.optimizers.Adam(args.lr * hvd.size()))
 model.compile(loss=tf.losses.SparseCategoricalCrossentropy(), optimizer=opt,
               metrics=["accuracy"], experimental_run_tf_function=False)
+# As Horovod's example ("initialize optimizer state so we can synchronize across workers": Keras
+# makes the optimizer's slot variables at its first step): without them a worker that joins
+# broadcasts 1 optimizer variable where the others broadcast 17, and the new world's first sync
+# waits forever (seen on real nodes). The example makes them with a one-step fit; build() makes
+# the same ones locally, with no collective.
+opt.build(model.trainable_variables)
 
 
 def log(**fields):

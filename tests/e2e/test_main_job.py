@@ -45,6 +45,7 @@ from tests.e2e.jobs import (
     check_steps,
     check_training,
     compose,
+    evicted_leaves_gracefully,
     left_gracefully,
     main_job,
     no_restart_since,
@@ -244,12 +245,7 @@ class TestMainTour:
         """Issue 24: an eviction is announced, not a crash. The worker leaves the discovery
         file, its entrypoint holds SIGTERM until Horovod let it go at its next step's host
         check, the survivors go on without a rollback, and a replacement joins."""
-        job = tour
-        job.settled(2)
-        victim, _ = job.victim()
-        t0 = time.time()
-        job.evict(victim)
-        left_gracefully(job, [victim], t0, "Evicted")
+        evicted_leaves_gracefully(tour)
 
     def test_a_drained_node_loses_its_workers_gracefully_to_other_nodes(
             self, tour: Job) -> None:

@@ -32,6 +32,7 @@ from localcluster.job import SIDECAR_OVERLAY, log_time
 from localcluster.nodes import Cluster
 from tests.e2e.jobs import (
     SHIPPED_QUARANTINE,
+    TRAINER,
     Job,
     check_steps,
     check_training,
@@ -58,14 +59,14 @@ def images_of(pod: dict[str, Any]) -> dict[str, str]:
                                             *spec["containers"]]}
 
 
-def the_training_image_has_nothing_of_ours(job: Job) -> None:
-    """The launcher's training container and the workers run the trainer image; the hook the
-    workers load comes from the supervisor's init container; horovodrun runs under es-run with
-    the hook first on its PYTHONPATH."""
+def the_training_image_has_nothing_of_ours(job: Job, image: str = TRAINER) -> None:
+    """The launcher's training container and the workers run the trainer image `image` (the
+    overlay's YOUR IMAGE); the hook the workers load comes from the supervisor's init
+    container; horovodrun runs under es-run with the hook first on its PYTHONPATH."""
     launcher = job.launcher()
     assert launcher is not None and launcher["spec"].get("shareProcessNamespace") is True
     images = images_of(launcher)
-    assert images["launcher"].startswith("elastic-supervisor-trainer:"), images
+    assert images["launcher"] == image, images
     assert images["elastic-supervisor"].startswith("elastic-supervisor-sidecar:"), images
     for name, pod in job.live_workers().items():
         got = images_of(pod)
@@ -179,6 +180,19 @@ def only_the_supervisor_holds_the_token(job: Job) -> None:
         assert "serviceaccount" not in Path(f"/proc/{pid}/mountinfo").read_text(), pid
 
 
+def status_as_printed_with_incidents(job: Job, *, size: int, failures: int) -> None:
+    """Once the job is settled at `size`: `status`'s step is the one the script printed
+    (Job.status_as_printed), its world full, its goodput below 1, and each of the (at least
+    `failures`) failed workers in an incident."""
+    job.settled(size)
+    s = job.status_as_printed()
+    p = s["progress"]
+    assert p["world"] == p["desired"] == size and 0 < p["goodput"] < 1, p
+    pods = {pod for i in s["incidents"] for pod in i["pods"]}
+    failed = job.logs("worker.failed")
+    assert len(failed) >= failures and all(e["pod"] in pods for e in failed), (failed, s)
+
+
 @pytest.fixture(scope="class")
 def sidecar_tour(cluster: Cluster, cluster_api: client.ApiClient,
                  main_images: dict[str, Path],
@@ -264,14 +278,7 @@ class TestSidecarStockTour:
         """The hook counts the stock script's optimizer steps (it prints them too): the step
         `status` shows is the one printed, through a supervisor's restart and three faults, and
         each fault is an incident."""
-        job, _ = sidecar_tour
-        job.settled(2)
-        s = job.status_as_printed()
-        p = s["progress"]
-        assert p["world"] == p["desired"] == 2 and 0 < p["goodput"] < 1, p
-        pods = {pod for i in s["incidents"] for pod in i["pods"]}
-        failed = job.logs("worker.failed")
-        assert len(failed) >= 3 and all(e["pod"] in pods for e in failed), (failed, s)
+        status_as_printed_with_incidents(sidecar_tour[0], size=2, failures=3)
 
     def test_sigterm_to_the_training_container_goes_through_the_supervisor(
             self, sidecar_tour: tuple[Job, PodFaults]) -> None:

@@ -45,6 +45,7 @@ from tests.e2e.jobs import (
     STOCK,
     STOCK_DIR,
     Job,
+    Transform,
     alone_on_its_node,
     check_steps,
     check_training,
@@ -56,7 +57,7 @@ from tests.e2e.jobs import (
     process_env,
     step_after_reset,
     steps_of,
-    stock_script,
+    stock_script_of,
     tour_budgets,
     with_policy,
 )
@@ -95,12 +96,21 @@ def stock_command(batches: int, *extra: str) -> list[str]:
 @contextlib.contextmanager
 def stock_job(cluster: Cluster, api: client.ApiClient, out: Path, *, workers: int = 2,
               batches: int = BATCHES, script: tuple[str, ...] = (), policy: Any = None,
-              overlay: Path = OVERLAY, **env: str) -> Iterator[tuple[Job, PodFaults]]:
-    transform = stock_script if policy is None else compose(stock_script, with_policy(policy))
-    with main_job(cluster, api, out, steps=batches, command=stock_command(batches, *script),
-                  checkpoint=out / "checkpoint", transform=transform, overlay=overlay,
+              overlay: Path = OVERLAY, stock: Path = STOCK, command: list[str] | None = None,
+              transform: Transform | None = None,
+              **env: str) -> Iterator[tuple[Job, PodFaults]]:
+    """The stock-script job: `stock` (stock_train.py, which keeps a checkpoint) given to the
+    workers by a ConfigMap, run by `command` (stock_command's, by default), once it trains at
+    size `workers`; with the faults on its pods. `policy` changes the policy file, `transform`
+    the rendered objects further, `env` the supervisor's environment."""
+    changes = [stock_script_of(stock), *([with_policy(policy)] if policy is not None else []),
+               *([transform] if transform is not None else [])]
+    with main_job(cluster, api, out, steps=batches,
+                  command=command or stock_command(batches, *script),
+                  checkpoint=out / "checkpoint", transform=compose(*changes), overlay=overlay,
+                  keeps_checkpoint=stock == STOCK,
                   env={"SUPERVISOR_WORKERS": str(workers), **env}) as job:
-        faults = PodFaults(job, STOCK.name)
+        faults = PodFaults(job, stock.name)
         try:
             job.wait_training(past=10, size=workers, timeout=420)
             yield job, faults
@@ -141,12 +151,12 @@ def decisions(job: Job) -> dict[str, dict[str, Any]]:
 
 
 
-def no_gloo_timeout(job: Job, t0: float) -> float:
-    """Seconds from the fault to rank 0's first batch after the reset: well under the Gloo
-    timeout, or the survivors sat it out."""
+def no_gloo_timeout(job: Job, t0: float, within: float = GLOO_TIMEOUT_S / 2) -> float:
+    """Seconds from the fault to rank 0's first batch after the reset: within `within` (by
+    default well under the Gloo timeout, or the survivors sat it out)."""
     first = job.wait("a reset after the fault", lambda: resumed_after(job, t0), 120)
     took = first["time"] - t0
-    assert took < GLOO_TIMEOUT_S / 2, f"resumed {took:.1f}s after the fault: not fenced?"
+    assert took <= within, f"resumed {took:.2f}s after the fault, bound {within}s: not fenced?"
     return took
 
 
@@ -160,10 +170,12 @@ def sound(job: Job, t0: float | None = None) -> None:
         no_restart_since(job, t0)
 
 
-def hung_then_replaced(job: Job, victim: str, t0: float) -> dict[str, Any]:
-    """The checks every hang fault shares; returns the decision."""
-    took = no_gloo_timeout(job, t0)
-    job.back_to(2, t0)
+def hung_then_replaced(job: Job, victim: str, t0: float, within: float = GLOO_TIMEOUT_S / 2,
+                       size: int = 2) -> dict[str, Any]:
+    """The checks every hang fault shares, the survivors resumed within `within` seconds and
+    back at `size`; returns the decision."""
+    took = no_gloo_timeout(job, t0, within)
+    job.back_to(size, t0)
     d = decisions(job)[victim]
     assert (d["cause"], d["action"]) == ("Hung", "Restart"), d
     assert job.ssh_killed(victim), "horovodrun's ssh client to it was killed"
@@ -179,18 +191,21 @@ def hung_then_replaced(job: Job, victim: str, t0: float) -> dict[str, Any]:
     return d
 
 
-def frozen_then_replaced(job: Job, faults: PodFaults) -> dict[str, Any]:
+def frozen_then_replaced(job: Job, faults: PodFaults, within: float = GLOO_TIMEOUT_S / 2,
+                         size: int = 2) -> dict[str, Any]:
     """A worker's training process frozen (SIGSTOP) on a healthy node, once the job is
-    settled: found by its silence, fenced, replaced (hung_then_replaced); returns its pod."""
-    job.settled(2)
+    settled at `size`: found by its silence, fenced, replaced (hung_then_replaced); returns
+    its pod."""
+    job.settled(size)
     victim, pod = job.victim()
     t0 = time.time()
     faults.freeze_training(victim)
-    hung_then_replaced(job, victim, t0)
+    hung_then_replaced(job, victim, t0, within, size)
     return pod
 
 
-def partitioned_then_replaced(job: Job, faults: PodFaults) -> None:
+def partitioned_then_replaced(job: Job, faults: PodFaults,
+                              within: float = GLOO_TIMEOUT_S / 2) -> None:
     """A worker cut off the pod network (iptables), once the job is settled: found, fenced,
     deleted, replaced (hung_then_replaced)."""
     job.settled(2)
@@ -200,7 +215,61 @@ def partitioned_then_replaced(job: Job, faults: PodFaults) -> None:
         # The partition ends with the pod (the supervisor deletes a hung one): its rules
         # would otherwise catch whatever reuses its ports later.
         job.wait("the partitioned pod deleted", lambda: victim not in job.live_workers(), 60)
-    hung_then_replaced(job, victim, t0)
+    hung_then_replaced(job, victim, t0, within)
+
+
+def force_deleted_then_replaced(job: Job, faults: PodFaults,
+                                within: float = GLOO_TIMEOUT_S / 2) -> float:
+    """A worker force-deleted (`kubectl delete --force`), once the job is settled: the
+    survivors resume within `within` seconds, it is replaced; returns the resume time."""
+    job.settled(2)
+    victim, _ = job.victim()
+    t0 = time.time()
+    faults.force_delete(victim)
+    took = no_gloo_timeout(job, t0, within)
+    job.back_to(2, t0)
+    assert decisions(job)[victim]["cause"] == "PodForceDeleted"
+    assert any(victim in n for n in job.notes("WorkerRestarting"))
+    print(f"{victim}: resumed {took:.2f}s after the force delete")
+    sound(job, t0)
+    return took
+
+
+def stuck_then_replaced(job: Job, faults: PodFaults, *, rank0: bool, stuck_s: float,
+                        within: float = GLOO_TIMEOUT_S / 2) -> float:
+    """The main thread of a rank (rank 0's, or another's) deadlocked through the script's
+    --hang-file, once the job is settled: its heartbeat thread runs on, so it is not silent;
+    its main thread stands still outside the collective the other waits in: named stuck after
+    `stuck_s` with the script's frame, fenced, replaced, the survivors resumed within `within`
+    seconds of the deadlock; returns that time."""
+    job.settled(2)
+    host = job.rank0_host()
+    victim, pod = next((n, p) for n, p in sorted(job.live_workers().items())
+                       if (p["status"]["podIP"] == host) == rank0)
+    t0 = time.time()
+    job.hang(pod["status"]["podIP"])
+    try:
+        job.wait("the stuck pod deleted", lambda: victim not in job.live_workers(), 90)
+    finally:
+        job.hang("")  # a later pod that gets the same IP trains on
+    took = no_gloo_timeout(job, t0, within)  # the survivor's send to it too (test_sever_gloo.py)
+    job.back_to(2, t0)
+    d = decisions(job)[victim]
+    assert (d["cause"], d["action"]) == ("Hung", "Restart"), d
+    stuck = job.logs_since("worker.stuck", t0)
+    assert [k["pod"] for k in stuck] == [victim], stuck
+    assert stuck[0]["still_s"] >= stuck_s and stuck[0]["node"] == pod["spec"]["nodeName"]
+    assert "deadlock_if_named" in stuck[0]["where"][0], stuck[0]["where"]
+    note = [n for n in job.notes("WorkerStuck") if victim in n]
+    assert len(note) == 1 and "its main thread has not moved" in note[0], note
+    assert faults.script in note[0] and "waited in a collective" in note[0], note
+    assert job.logs_since("worker.hung", t0) == [], "it was never silent"
+    shown = [d for d in job.status()["decisions"] if d["reason"] == "WorkerStuck"]
+    assert any(victim in d["note"] for d in shown), shown
+    assert job.ssh_killed(victim), "horovodrun's ssh client to it was killed"
+    print(f"{victim}: resumed {took:.2f}s after the deadlock")
+    sound(job, t0)
+    return took
 
 
 @pytest.mark.tour
@@ -253,16 +322,7 @@ class TestStockTour:
         sound(job, t0)
 
     def test_a_force_deleted_worker_is_replaced(self, tour: tuple[Job, PodFaults]) -> None:
-        job, faults = tour
-        job.settled(2)
-        victim, _ = job.victim()
-        t0 = time.time()
-        faults.force_delete(victim)
-        no_gloo_timeout(job, t0)
-        job.back_to(2, t0)
-        assert decisions(job)[victim]["cause"] == "PodForceDeleted"
-        assert any(victim in n for n in job.notes("WorkerRestarting"))
-        sound(job, t0)
+        force_deleted_then_replaced(*tour)
 
     @pytest.mark.parametrize("announced", ["a node-problem-detector condition",
                                            "the cluster autoscaler's taint"])
@@ -327,34 +387,7 @@ class TestStockTour:
             self, tour: tuple[Job, PodFaults], which: str) -> None:
         """Its heartbeat thread runs on, so it is not silent; its main thread stands still
         outside the collective the other waits in: stuck after STUCK_S, fenced, replaced."""
-        job, _ = tour
-        job.settled(2)
-        rank0 = job.rank0_host()
-        victim, pod = next((n, p) for n, p in sorted(job.live_workers().items())
-                           if (p["status"]["podIP"] == rank0) == (which == "rank 0's worker"))
-        t0 = time.time()
-        job.hang(pod["status"]["podIP"])
-        try:
-            job.wait("the stuck pod deleted", lambda: victim not in job.live_workers(), 90)
-        finally:
-            job.hang("")  # a later pod that gets the same IP trains on
-        took = no_gloo_timeout(job, t0)  # the survivor's send to it too (test_sever_gloo.py)
-        job.back_to(2, t0)
-        d = decisions(job)[victim]
-        assert (d["cause"], d["action"]) == ("Hung", "Restart"), d
-        stuck = job.logs_since("worker.stuck", t0)
-        assert [k["pod"] for k in stuck] == [victim], stuck
-        assert stuck[0]["still_s"] >= STUCK_S and stuck[0]["node"] == pod["spec"]["nodeName"]
-        assert "deadlock_if_named" in stuck[0]["where"][0], stuck[0]["where"]
-        note = [n for n in job.notes("WorkerStuck") if victim in n]
-        assert len(note) == 1 and "its main thread has not moved" in note[0], note
-        assert "stock_train.py" in note[0] and "waited in a collective" in note[0], note
-        assert job.logs_since("worker.hung", t0) == [], "it was never silent"
-        shown = [d for d in job.status()["decisions"] if d["reason"] == "WorkerStuck"]
-        assert any(victim in d["note"] for d in shown), shown
-        assert job.ssh_killed(victim), "horovodrun's ssh client to it was killed"
-        print(f"{victim}: resumed {took:.2f}s after the deadlock")
-        sound(job, t0)
+        stuck_then_replaced(*tour, rank0=which == "rank 0's worker", stuck_s=STUCK_S)
 
     def test_a_silent_node_with_a_frozen_worker_is_found_without_the_lease_option(
             self, tour: tuple[Job, PodFaults]) -> None:

@@ -511,6 +511,50 @@ def test_refuse_dead_keeps_a_dead_hosts_process_out_of_the_next_rendezvous(
     assert d.ready == recorded
 
 
+def test_the_discovery_script_runs_outside_the_lock_the_round_after_a_failure_needs() -> None:
+    """Horovod's own driver, its discovery script slow (as a fork of the driver and a shell are
+    on a loaded machine): while the script runs, the driver can still assign a new world
+    (wait_for_available_slots, what the round after a failure calls), and the hosts the script
+    printed are applied as Horovod applies them."""
+    import types
+
+    from horovod.runner.elastic import discovery as horovod_discovery
+    from horovod.runner.elastic import driver as horovod_driver
+
+    hosts = {"10.0.0.1": 1, "10.0.0.2": 1}
+
+    class SlowScript(horovod_discovery.HostDiscovery):
+        def __init__(self) -> None:
+            self.calls, self.running = 0, threading.Event()
+
+        def find_available_hosts_and_slots(self) -> dict[str, int]:
+            self.calls += 1
+            if self.calls > 1:  # the first makes the hosts known
+                self.running.set()
+                time.sleep(1.5)
+            return dict(hosts)
+
+    # Horovod's driver module with a class of its own to patch (the real one stays as it is),
+    # patched as the hook patches it in horovodrun (the join gate wraps __init__ first)
+    module = types.ModuleType("driver")
+    module.__dict__.update(vars(horovod_driver))
+    module.ElasticDriver = type("ElasticDriver", (horovod_driver.ElasticDriver,), {})  # type: ignore[attr-defined]
+    module.DISCOVER_HOSTS_FREQUENCY_SECS = 0.05  # type: ignore[attr-defined]
+    hook.DriverHook(b"k" * 32, 1, "1", None).patch_driver(module)
+    assert module.ElasticDriver._discover_hosts.__wrapped__  # type: ignore[attr-defined]
+    script = SlowScript()
+    d = module.ElasticDriver(SimpleNamespace(stop=lambda: None), script, 1, 2, timeout=10)  # type: ignore[attr-defined]
+    try:
+        assert script.running.wait(10), "the script ran again"
+        t0 = time.monotonic()
+        current = d.wait_for_available_slots(1)
+        took = time.monotonic() - t0
+        assert took < 0.5, f"waited {took:.2f}s for the discovery script to finish"
+        assert current.host_slots == hosts
+    finally:
+        d.stop()
+
+
 def test_a_dead_peer_that_still_answers_is_cut_off_at_once_not_only_when_stalled(
         channel: HookChannel) -> None:
     # Its kubelet stopped: the node is NotReady and the supervisor declared the worker dead,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench import soak, store, suite, tables
-from bench.__main__ import blank
+from bench.__main__ import blank, merge
 from localcluster import demo
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +32,19 @@ def table(text: str, header: str) -> list[list[str]]:
             break
         rows.append([c.strip() for c in line.strip().strip("|").split("|")])
     return rows
+
+
+def test_a_block_two_benchmarks_write_keeps_the_keys_of_the_one_not_run() -> None:
+    """bench/tf_hook.py and bench/e2e_stock_tf.py each write their keys of `e2e_stock_tf`: a
+    run of one keeps what the other stored, and a block nobody measured stays as blank."""
+    results = blank()
+    stored = {"hook_cost_per_step": {"percent_of_a_stock_step": 0.7}}
+    merge(results, {"e2e_stock_tf": stored})
+    merge(results, {"e2e_stock_tf": {"resumed_after_kill_s": {"median": 0.4, "max": 0.6}},
+                    "e2e_stock_tf_details": {"plan": []}})
+    assert results["e2e_stock_tf"] == {**blank()["e2e_stock_tf"], **stored,
+                                       "resumed_after_kill_s": {"median": 0.4, "max": 0.6}}
+    assert results["e2e_stock_tf_details"] == {"plan": []}
 
 
 def test_every_block_of_the_results_file_has_a_writer_in_bench_or_the_demo() -> None:

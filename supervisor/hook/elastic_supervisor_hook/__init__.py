@@ -245,6 +245,7 @@ class DriverHook:
         driver.join_gate(module, lambda: driver.read_dead(self.dead_file), self.join_timeout_s,
                          report=self.world)
         driver.report_exits(module, self.exit)
+        driver.discover_unlocked(module)  # last: it touches none of the above
 
     def world(self, hosts: list[str]) -> None:
         """The driver assigned hosts for the next rendezvous: tell the supervisor now."""

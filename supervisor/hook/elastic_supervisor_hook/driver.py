@@ -50,6 +50,7 @@ which it is skipped). A spurious timeout costs one missed host-change notificati
 from __future__ import annotations
 
 import json
+import logging
 import math
 import shlex
 import socket as _socket
@@ -224,6 +225,79 @@ def report_exits(driver_module: types.ModuleType,
     cls._handle_worker_exit = _handle_worker_exit
 
 
+class _Found:
+    """A host discovery that answers what the script printed a moment ago (discover_unlocked)."""
+
+    def __init__(self, found: Any) -> None:
+        self.found = found
+
+    def find_available_hosts_and_slots(self) -> Any:
+        return self.found
+
+
+def discover_unlocked(driver_module: types.ModuleType) -> None:
+    """Make ElasticDriver run its host discovery script before it takes its host-update lock.
+
+    Horovod's discovery thread holds `_wait_hosts_cond` while the script runs (a fork of the
+    driver, a middleman process, a shell: 0.3 s on a loaded 2-core machine, every second), and
+    the round after a failure needs that lock to assign the new world
+    (`wait_for_available_slots`): measured on loopback hosts, the survivors waited those 0.3 s
+    in `hvd.init` after the driver had recorded every exit, in each of two resets. Run first,
+    the script's hosts are applied under the lock as Horovod applies them (its own
+    `update_available_hosts`, the notification of the coordinator, the wake-up), so the lock is
+    held only for that; a script that fails is handled as Horovod handles it (the first time
+    the job stops, later a warning)."""
+    cls = getattr(driver_module, "ElasticDriver", None)
+    update = getattr(driver_module, "HostUpdateResult", None)
+    frequency = getattr(driver_module, "DISCOVER_HOSTS_FREQUENCY_SECS", None)
+    missing = [f"ElasticDriver.{m}" for m in ("_discover_hosts", "_notify_workers_host_changes")
+               if not hasattr(cls, m)]
+    missing += [f"ElasticDriver.{n}" for n in _not_set_in_init(cls, (
+        "_host_manager", "_wait_hosts_cond", "_shutdown"))]
+    missing += [f"HostManager.{n}" for n in _not_set_in_init(
+        getattr(driver_module, "HostManager", None), ("_discovery",))]
+    missing += [n for n, v in (("HostUpdateResult", update),
+                               ("DISCOVER_HOSTS_FREQUENCY_SECS", frequency)) if v is None]
+    if missing:
+        raise RuntimeError(f"horovod.runner.elastic.driver: {' / '.join(missing)} not found")
+    original = cls._discover_hosts
+
+    def _discover_hosts(self: Any) -> None:
+        first_update = True
+        while not self._shutdown.is_set():
+            manager = self._host_manager
+            discovery = manager._discovery
+            found: Any = None
+            failed: BaseException | None = None
+            try:
+                found = discovery.find_available_hosts_and_slots()
+            except BaseException as e:
+                failed = e
+            with self._wait_hosts_cond:
+                try:
+                    if failed is not None:
+                        raise failed
+                    manager._discovery = _Found(found)
+                    try:
+                        update_res = manager.update_available_hosts()
+                    finally:
+                        manager._discovery = discovery
+                    if update_res != update.no_update:
+                        self._notify_workers_host_changes(manager.current_hosts, update_res)
+                        self._wait_hosts_cond.notify_all()
+                except BaseException as e:
+                    if first_update:  # Horovod's own: a misconfiguration fails the job at once
+                        self._shutdown.set()
+                        self._wait_hosts_cond.notify_all()
+                        raise
+                    logging.warning(str(e))  # a transient error: Horovod's own, said the same
+            first_update = False
+            self._shutdown.wait(frequency)
+
+    _discover_hosts.__wrapped__ = original  # type: ignore[attr-defined]
+    cls._discover_hosts = _discover_hosts
+
+
 # ---- join_gate ----------------------------------------------------------------------------------
 
 CLOSED, OPEN, REPLANNING, DONE = "closed", "open", "replanning", "done"
@@ -237,8 +311,12 @@ def _say(line: str) -> None:
 
 
 def _not_set_in_init(cls: Any, names: tuple[str, ...]) -> list[str]:
-    """The attributes of `names` that `cls.__init__` does not assign (its code names them)."""
-    code = getattr(getattr(cls, "__init__", None), "__code__", None)
+    """The attributes of `names` that `cls.__init__` does not assign (its code names them;
+    Horovod's own `__init__` under the wrappers of this module's patches)."""
+    init = getattr(cls, "__init__", None)
+    while hasattr(init, "__wrapped__"):
+        init = init.__wrapped__
+    code = getattr(init, "__code__", None)
     return [n for n in names if code is None or n not in code.co_names]
 
 
