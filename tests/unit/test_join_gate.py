@@ -174,6 +174,10 @@ def patched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
             "ElasticDriver", (horovod_driver.ElasticDriver,), {})
         module.WorkerStateRegistry = WorkerStateRegistry  # type: ignore[attr-defined]
         module.HostManager = HostManager  # type: ignore[attr-defined]
+        # what the hook's discover_unlocked takes from Horovod's driver module
+        module.HostUpdateResult = horovod_driver.HostUpdateResult  # type: ignore[attr-defined]
+        module.DISCOVER_HOSTS_FREQUENCY_SECS = (  # type: ignore[attr-defined]
+            horovod_driver.DISCOVER_HOSTS_FREQUENCY_SECS)
         hook = DriverHook(b"k" * 32, 9, "0", str(tmp_path / "dead.json"), str(join_timeout_s))
         hook.say = lambda kind, fields: said.append(fields)  # type: ignore[method-assign]
         hook.patch_driver(module)
