@@ -8,8 +8,10 @@ starts; `restore()` removes what appeared since and sets every recorded sysctl b
 teardown leaves the machine as it found it. `leftovers()` lists what is still different (a test
 checks it after teardown).
 
-Only iptables rules and chains that did not exist before are removed: rules others add meanwhile
-(never matching our chain names) are left alone.
+Only iptables rules and chains that did not exist before are removed, and never the partitions
+of loopback hosts (chains PARTITION_PREFIX*, tests/faults.py) that tests running beside a
+cluster hold meanwhile: a cluster's teardown in one test lane once removed another lane's live
+partition (its test then failed to flush a chain that was gone).
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ FIXED_DIRS = (
 )
 IPTABLES = ("iptables", "ip6tables")
 BUILTIN_CHAINS = frozenset({"INPUT", "OUTPUT", "FORWARD", "PREROUTING", "POSTROUTING"})
+
+# The chains of tests/faults.py's partitions of loopback hosts: not a cluster's, never removed
+# by its teardown (a test in another lane holds them).
+PARTITION_PREFIX = "ES-PART-"
 
 
 def _read_sysctl(key: str) -> str | None:
@@ -187,12 +193,13 @@ class HostSnapshot:
             old = set(old_rules)
             # Rules first (they may jump to new chains), newest first; then the new chains.
             for rule in reversed(rules):
-                if rule in old:
+                if rule in old or PARTITION_PREFIX in rule:
                     continue
                 args = shlex.split(rule)
                 subprocess.run([cmd, "-w", "-t", table, "-D", *args[1:]],
                                capture_output=True, check=False)
-            new = sorted(chains - old_chains - BUILTIN_CHAINS)
+            new = sorted(c for c in chains - old_chains - BUILTIN_CHAINS
+                         if not c.startswith(PARTITION_PREFIX))
             for chain in new:
                 subprocess.run([cmd, "-w", "-t", table, "-F", chain], capture_output=True,
                                check=False)
@@ -210,9 +217,11 @@ class HostSnapshot:
             now = _iptables_save(cmd)
             for table, (chains, rules) in now.items():
                 old_chains, old_rules = before.get(table, (set(), []))
-                if extra := sorted(chains - old_chains - BUILTIN_CHAINS):
+                if extra := sorted(c for c in chains - old_chains - BUILTIN_CHAINS
+                                   if not c.startswith(PARTITION_PREFIX)):
                     out.append(f"{cmd} -t {table}: chains {extra}")
-                if extra_rules := [r for r in rules if r not in set(old_rules)]:
+                if extra_rules := [r for r in rules if r not in set(old_rules)
+                                   and PARTITION_PREFIX not in r]:
                     out.append(f"{cmd} -t {table}: {len(extra_rules)} rules, e.g. "
                                f"{extra_rules[0]}")
         if extra_links := sorted(_links() - self.links):

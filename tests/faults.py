@@ -26,6 +26,7 @@ from typing import Any
 
 import psutil
 
+from localcluster.hoststate import PARTITION_PREFIX
 from localcluster.kubelet import ready_condition
 
 CGROUP2 = Path("/sys/fs/cgroup/unified")
@@ -145,7 +146,7 @@ def partitioned(pids: Iterable[int], address: str) -> Iterator[int]:
     number of rules. The processes keep running (unlike a freeze)."""
     pids = list(pids)
     tag = uuid.uuid4().hex[:8]
-    chain, group = f"ES-PART-{tag}", f"es-part-{tag}"
+    chain, group = f"{PARTITION_PREFIX}{tag}", f"es-part-{tag}"
     cgroup = CGROUP2 / group
     cgroup.mkdir()
     try:
