@@ -106,6 +106,12 @@ def your_image(image: str) -> Transform:
                 changed += text.count(f"image: {TRAINER}")
                 doc["data"]["worker-template.yaml"] = text.replace(f"image: {TRAINER}",
                                                                    f"image: {image}")
+            elif doc["kind"] == "ValidatingAdmissionPolicy":
+                # what the overlay's replacements do with the Job's training image (rendered
+                # before this transform): the workers' images the admission policy admits
+                for v in doc["spec"].get("variables") or ():
+                    if v["name"] == "workerImages":
+                        v["expression"] = v["expression"].replace(f"'{TRAINER}'", f"'{image}'")
         assert changed == 2, f"the overlay's YOUR IMAGE lines: {changed} found, not 2"
     return transform
 
