@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from kubernetes import client
 
@@ -584,22 +583,8 @@ class TestStockTour:
                             env["ELASTIC_SUPERVISOR_HOOK_PORT"]], check=True, timeout=30)
         job.wait("both forgeries refused as unbound (authentic: the key was right)",
                  lambda: scrape(METRICS_PORT, ip).get(unbound, 0) >= before + 2, 20)
-        # It also signs an exit as the supervisor's, far ahead in sequence, to B's training
-        # process: only the supervisor's address may command it (issue 39 item 9).
-        b_pid = job.processes(b, lambda argv: any(x.endswith(STOCK.name) for x in argv))[0]
-        b_port = next(c.laddr.port for c in psutil.Process(b_pid).net_connections("udp"))
-        exit_b = wire.encode(key, {"t": "exit", "s": wire.SUPERVISOR, "n": 10**12, "run": run,
-                                   "why": "forged"})
-        subprocess.run(["nsenter", "-t", str(pid), "-n", sys.executable, "-c",
-                        "import socket, sys; socket.socket(socket.AF_INET, "
-                        "socket.SOCK_DGRAM).sendto(bytes.fromhex(sys.argv[1]), "
-                        "(sys.argv[2], int(sys.argv[3])))", exit_b.hex(), b_ip, str(b_port)],
-                       check=True, timeout=30)
         time.sleep(5)  # past the heartbeat timeout a forged silent process would have set off
         assert b in job.live_workers(), "the forged report got B replaced"
-        assert psutil.pid_exists(b_pid), "the forged exit ended B's training process"
-        assert any("signed as the supervisor's come from another address" in e["problem"]
-                   for e in job.logs_since("hook.problem", t0)), "B said so"
         assert job.logs_since("worker.failed", t0) == []
         assert job.logs_since("worker.hung", t0) == []
 
