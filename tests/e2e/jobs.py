@@ -66,6 +66,27 @@ TRAINER = "elastic-supervisor-trainer:0.1.0"  # the sidecar overlay's YOUR IMAGE
 TRAINER_TF = "elastic-supervisor-trainer-tf:0.1.0"  # TensorFlow's (trainer_tf_image/)
 
 
+def edit_worker_template(docs: list[dict[str, Any]],
+                         change: Callable[[dict[str, Any]], None]) -> None:
+    """Apply `change` to the worker template (the pod the supervisor creates each worker from)
+    in the rendered objects `docs`."""
+    for doc in docs:
+        if doc["kind"] == "ConfigMap" and "worker-template.yaml" in (doc.get("data") or {}):
+            template = yaml.safe_load(doc["data"]["worker-template.yaml"])
+            change(template)
+            doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)
+
+
+def mount_in_workers(docs: list[dict[str, Any]], volume: dict[str, Any],
+                     mount: dict[str, Any]) -> None:
+    """Every worker gets `volume`, mounted in its training container as `mount`."""
+    def change(template: dict[str, Any]) -> None:
+        spec = template["spec"]
+        spec.setdefault("volumes", []).append(volume)
+        spec["containers"][0].setdefault("volumeMounts", []).append(mount)
+    edit_worker_template(docs, change)
+
+
 def stock_script_of(script: Path) -> Transform:
     """A transform that gives every worker `script` at STOCK_DIR, from a ConfigMap: a user's
     own, unmodified script next to the image's."""
@@ -74,15 +95,8 @@ def stock_script_of(script: Path) -> Transform:
         docs.append({"apiVersion": "v1", "kind": "ConfigMap",
                      "metadata": {"name": "stock-train", "namespace": namespace},
                      "data": {script.name: script.read_text()}})
-        for doc in docs:
-            if doc["kind"] == "ConfigMap" and "worker-template.yaml" in (doc.get("data") or {}):
-                template = yaml.safe_load(doc["data"]["worker-template.yaml"])
-                spec = template["spec"]
-                spec.setdefault("volumes", []).append(
-                    {"name": "stock", "configMap": {"name": "stock-train"}})
-                spec["containers"][0].setdefault("volumeMounts", []).append(
-                    {"name": "stock", "mountPath": STOCK_DIR, "readOnly": True})
-                doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)
+        mount_in_workers(docs, {"name": "stock", "configMap": {"name": "stock-train"}},
+                         {"name": "stock", "mountPath": STOCK_DIR, "readOnly": True})
     return transform
 
 
@@ -269,15 +283,9 @@ def shared_checkpoint(docs: list[dict[str, Any]], host_dir: Path) -> None:
         "metadata": {"name": "checkpoint", "namespace": ns},
         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv,
                  "resources": {"requests": {"storage": "1Gi"}}}})
-    for doc in docs:
-        if doc["kind"] == "ConfigMap" and "worker-template.yaml" in (doc.get("data") or {}):
-            template = yaml.safe_load(doc["data"]["worker-template.yaml"])
-            spec = template["spec"]
-            spec.setdefault("volumes", []).append(
-                {"name": "checkpoint", "persistentVolumeClaim": {"claimName": "checkpoint"}})
-            spec["containers"][0].setdefault("volumeMounts", []).append(
-                {"name": "checkpoint", "mountPath": CHECKPOINT_MOUNT})
-            doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)
+    mount_in_workers(
+        docs, {"name": "checkpoint", "persistentVolumeClaim": {"claimName": "checkpoint"}},
+        {"name": "checkpoint", "mountPath": CHECKPOINT_MOUNT})
 
 
 def compose(*transforms: Transform) -> Transform:
@@ -350,15 +358,12 @@ def with_policy(change: Callable[[dict[str, Any]], None]) -> Transform:
 def workers_avoid_the_launcher(docs: list[dict[str, Any]]) -> None:
     """Keep workers off the launcher's node, so that a node fault never takes the supervisor
     with it (a test arrangement: in production they may share nodes)."""
-    for doc in docs:
-        if doc["kind"] == "ConfigMap" and "worker-template.yaml" in (doc.get("data") or {}):
-            template = yaml.safe_load(doc["data"]["worker-template.yaml"])
-            affinity = template["spec"].setdefault("affinity", {})
-            anti = affinity.setdefault("podAntiAffinity", {})
-            anti.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append({
-                "topologyKey": "kubernetes.io/hostname",
-                "labelSelector": {"matchLabels": {"elastic-supervisor/role": "launcher"}}})
-            doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)
+    def change(template: dict[str, Any]) -> None:
+        anti = template["spec"].setdefault("affinity", {}).setdefault("podAntiAffinity", {})
+        anti.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append({
+            "topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchLabels": {"elastic-supervisor/role": "launcher"}}})
+    edit_worker_template(docs, change)
 
 
 @contextlib.contextmanager

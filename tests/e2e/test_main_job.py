@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from localcluster.job import JOB, REPO
@@ -45,6 +44,7 @@ from tests.e2e.jobs import (
     check_steps,
     check_training,
     compose,
+    edit_worker_template,
     evicted_leaves_gracefully,
     left_gracefully,
     main_job,
@@ -75,17 +75,13 @@ def guaranteed_workers(memory: str) -> Callable[[list[dict[str, Any]]], None]:
     then asks for oom_score_adj -997, which containerd raises to its own (0), so a process
     started in the container later (kubectl exec) is not the OOM killer's first choice, as it
     is in a Burstable pod (adj ~940 here)."""
-    def transform(docs: list[dict[str, Any]]) -> None:
-        for doc in docs:
-            if doc["kind"] == "ConfigMap" and "worker-template.yaml" in (doc.get("data") or {}):
-                template = yaml.safe_load(doc["data"]["worker-template.yaml"])
-                resources = template["spec"]["containers"][0].setdefault("resources", {})
-                requests = resources.setdefault("requests", {})
-                requests["memory"] = memory
-                requests.setdefault("cpu", "1")
-                resources["limits"] = dict(requests)
-                doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)
-    return transform
+    def change(template: dict[str, Any]) -> None:
+        resources = template["spec"]["containers"][0].setdefault("resources", {})
+        requests = resources.setdefault("requests", {})
+        requests["memory"] = memory
+        requests.setdefault("cpu", "1")
+        resources["limits"] = dict(requests)
+    return lambda docs: edit_worker_template(docs, change)
 
 
 @pytest.fixture(scope="class")
