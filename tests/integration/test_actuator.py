@@ -146,7 +146,20 @@ def failing_webhook(api_client: client.ApiClient, namespace: str) -> str:
             "objectSelector": {"matchLabels": {"blocked": "yes"}},
             "failurePolicy": "Fail", "sideEffects": "None", "timeoutSeconds": 1,
             "admissionReviewVersions": ["v1"]}]})
-    return name
+    # The API server takes a new webhook in from its own watch, a moment later: wait until a
+    # dry-run create of a blocked pod is refused, so the test sees the webhook, not that race.
+    probe = pod_body("probe")
+    probe["metadata"]["labels"] = {"blocked": "yes"}
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client.CoreV1Api(api_client).create_namespaced_pod(namespace, probe, dry_run="All")
+        except client.ApiException as e:
+            if "failed calling webhook" in str(e.body):
+                return name
+            raise
+        assert time.monotonic() < deadline, "the API server never called the webhook"
+        time.sleep(0.1)
 
 
 def test_a_create_a_failing_webhook_keeps_refusing_blocks_no_other_object(
