@@ -604,7 +604,8 @@ VARIABLES: tuple[Var, ...] = (
         "elsewhere; a node-problem condition. Not a kill, a stuck script, a delete, an eviction) "
         "gets no new worker of the job for QUARANTINE_SECONDS (a required anti-affinity by node "
         "name; Events NodeQuarantined, NodeReleased; shown by `status`), unless the nodes left "
-        "cannot hold the job's desired workers. 0: off."),
+        "cannot hold the job's desired workers; lifted early when the job is short of it "
+        "(NodeQuarantineLifted). 0: off."),
     Var("QUARANTINE_WINDOW_SECONDS", "1800", _seconds(0), "quarantine_window_s",
         "The window of QUARANTINE_FAILURES."),
     Var("QUARANTINE_SECONDS", "3600", _seconds(0), "quarantine_s",

@@ -663,16 +663,29 @@ def _quarantine(p: _Pass, s: Seen, st: Settings, found: list[plan.Failed], *,
     signs = quarantine_signs(found, p.c.leaving, stuck, st.plan.job)
     alike = {name: tuple(sorted((n.get("status", {}).get("allocatable") or {}).items()))
              for name, n in s.nodes.items()}
+    # a current worker the scheduler has found no node for, for a while
+    starved = any((t := plan.unschedulable_since(pod)) is not None
+                  and s.wall - t >= quarantine.STARVED_S and _current(fl, pod, st.plan.job)
+                  for pod in live)
     ch = quarantine.step(p.c.quarantine, signs, s.wall, st.quarantine, usable=usable,
-                         placed=placed, need=need, down=suspects, alike=alike)
+                         placed=placed, need=need, down=suspects, alike=alike, starved=starved)
     q = st.quarantine
+
+    def short(left: int, needed: int) -> str:
+        return (f"the nodes left were seen to hold {left} of the {needed} workers the job needs"
+                if left < needed else f"a worker of the job has found no node for "
+                                      f"{quarantine.STARVED_S:g}s")
+
     for node, left, needed in ch.spared:
         p.todo.append(Note("info", "node.quarantine_spared", {
-            "node": node, "can_hold": left, "need": needed,
-            "reason": f"the nodes left were seen to hold {left} of the {needed} workers the job "
-                      "needs"}))
+            "node": node, "can_hold": left, "need": needed, "reason": short(left, needed)}))
     if ch.q is p.c.quarantine:
         return
+    for node, left, needed in ch.lifted:
+        note = f"node {node}: quarantine lifted early: {short(left, needed)}"
+        p.todo.append(Note("warning", "node.quarantine_lifted", {
+            "node": node, "can_hold": left, "need": needed, "reason": short(left, needed)},
+            EventSpec("Warning", "NodeQuarantineLifted", "Quarantine", note)))
     for node, n in ch.started:
         note = (f"node {node}: {n} failures of the job's workers there pointed at the node "
                 f"within {q.window_s:g}s: no new worker of the job goes there for {q.ttl_s:g}s")

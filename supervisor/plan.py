@@ -40,8 +40,10 @@ needs the process tree (ssh clients per host) is counted by the adapter for the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from supervisor import discovery, fleet, hang, regroup
@@ -385,10 +387,22 @@ def _superseded(p: Picture, s: Settings, step: _Step) -> None:
 
 def unschedulable(pod: Obj) -> bool:
     """PURE: the scheduler found no node for the pod (PodScheduled False, Unschedulable)."""
-    return not pod.get("spec", {}).get("nodeName") and any(
-        c.get("type") == "PodScheduled" and c.get("status") == "False"
-        and c.get("reason") == "Unschedulable"
-        for c in pod.get("status", {}).get("conditions") or ())
+    return unschedulable_since(pod) is not None
+
+
+def unschedulable_since(pod: Obj) -> float | None:
+    """PURE: since when (epoch seconds; +inf when its condition has no readable time) the
+    scheduler finds no node for the pod, or None when it is not unschedulable."""
+    if pod.get("spec", {}).get("nodeName"):
+        return None
+    for c in pod.get("status", {}).get("conditions") or ():
+        if (c.get("type") == "PodScheduled" and c.get("status") == "False"
+                and c.get("reason") == "Unschedulable"):
+            try:
+                return datetime.fromisoformat(c.get("lastTransitionTime") or "").timestamp()
+            except ValueError:
+                return math.inf
+    return None
 
 
 def _stale_exclusions(p: Picture, s: Settings, step: _Step) -> None:

@@ -27,6 +27,11 @@ size: a node's room for the job's workers is the most of them it, or a node of t
 the scheduler sees depends on other tenants' pods, which the supervisor does not watch, so
 only what was seen counts; a node of a shape never seen holding one counts none. Spared, it
 is said once and counted again from zero.
+
+Nor is a quarantine kept below what the job needs: when the nodes left can no longer hold the
+workers it needs (its desired size rose, another node went), or a worker of the job has found
+no node for STARVED_S while a quarantined node is usable, the quarantine that ends soonest is
+lifted early, one per pass (a pod kept off it is then created again: plan._stale_exclusions).
 Times are wall-clock epoch seconds. No I/O.
 """
 
@@ -38,6 +43,10 @@ from enum import StrEnum
 
 KILLS = frozenset({137, 143})  # SIGKILL, SIGTERM: a kill, never the node's evidence alone
 HANG_EVIDENCE_S = 120.0  # a hang counts if its node is seen down this soon (NotReady: 40-50 s)
+# A worker of the job unschedulable this long while a quarantined node could take it: the
+# quarantine goes (the scheduler says so at once when no node fits; a replacement created while
+# its predecessor still holds its node's room waits seconds, not this long).
+STARVED_S = 15.0
 
 
 class Kind(StrEnum):
@@ -95,6 +104,8 @@ class Change:
     # (node, workers the nodes left were seen to hold, workers the job needs): at the
     # threshold, but the nodes left could not hold the job
     spared: tuple[tuple[str, int, int], ...] = ()
+    # (node, the same two numbers before it went): a quarantine lifted early, the job short
+    lifted: tuple[tuple[str, int, int], ...] = ()
 
 
 def exit_score(exits: Iterable[Exit], node: str, since: float | None = None) -> int:
@@ -150,12 +161,15 @@ def room(held: Mapping[str, int], alike: Mapping[str, Hashable],
 
 def step(q: Quarantine, signs: Iterable[Sign], now: float, s: Settings, *,
          usable: Iterable[str] = (), placed: Mapping[str, int] | None = None, need: int = 1,
-         down: Collection[str] = (), alike: Mapping[str, Hashable] | None = None) -> Change:
+         down: Collection[str] = (), alike: Mapping[str, Hashable] | None = None,
+         starved: bool = False) -> Change:
     """The quarantine after these signs at `now` (see the module's doc): a node at `failures`
     is quarantined until now + ttl if the other `usable` nodes (Ready, schedulable) not
-    quarantined were seen to hold `need` workers of the job; a quarantine past its end ends.
+    quarantined were seen to hold `need` workers of the job and no worker is `starved`; a
+    quarantine past its end ends; one the job is short of is lifted.
     `placed`: node -> the job's workers there now; `down`: nodes NotReady or Lease-stale now;
-    `alike`: node -> its shape (nodes of one shape hold as many)."""
+    `alike`: node -> its shape (nodes of one shape hold as many); `starved`: a worker of the
+    job has found no node for STARVED_S."""
     if s.failures <= 0:
         return Change(q) if not q.failed and not q.until else Change(Quarantine(),
                                                                      ended=tuple(q.until))
@@ -166,13 +180,20 @@ def step(q: Quarantine, signs: Iterable[Sign], now: float, s: Settings, *,
     failed, cleared = dict(r.failed), dict(r.cleared)
     until = {n: t for n, t in q.until.items() if t > now}
     ended = tuple(sorted(set(q.until) - set(until)))
-    started, spared, others = [], [], set(usable)
+    started, spared, lifted, others = [], [], [], set(usable)
+    left = room(held, alike or {}, others - set(until))
+    if left < need or starved:
+        # the usable quarantined node whose quarantine ends soonest; the next pass sees if
+        # that was enough
+        for node in sorted(set(until) & others, key=lambda n: (until[n], n))[:1]:
+            lifted.append((node, left, need))
+            del until[node]
     for node in sorted(set(failed) | {e.node for e in r.exits}):
         score = len(failed.get(node, ())) + exit_score(r.exits, node, cleared.get(node))
         if score < s.failures or node in until:
             continue
         left = room(held, alike or {}, others - set(until) - {node})
-        if left < need:
+        if left < need or starved:
             spared.append((node, left, need))
         else:
             until[node] = now + s.ttl_s
@@ -182,7 +203,7 @@ def step(q: Quarantine, signs: Iterable[Sign], now: float, s: Settings, *,
                      r.seen, held, cleared)
     if new == q:
         return Change(q, spared=tuple(spared))
-    return Change(new, tuple(started), ended, tuple(spared))
+    return Change(new, tuple(started), ended, tuple(spared), tuple(lifted))
 
 
 def next_end(q: Quarantine) -> float | None:

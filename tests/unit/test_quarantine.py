@@ -4,15 +4,16 @@ core.manage keeping new workers off it and saying so."""
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import UTC, datetime
 
 import pytest
 
 from supervisor import fleet
 from supervisor.actuator import DeletePod, SaveState
 from supervisor.classify import Cause, Failure
-from supervisor.core import CreateWorker, manage, quarantine_signs
+from supervisor.core import Core, CreateWorker, manage, quarantine_signs
 from supervisor.plan import Failed, Leaving, Note
-from supervisor.quarantine import Kind, Quarantine, Settings, Sign, room, step
+from supervisor.quarantine import STARVED_S, Kind, Quarantine, Settings, Sign, room, step
 from supervisor.workers import not_on, pod_name
 from tests.unit import shapes
 from tests.unit.test_core import JOB, NOW, PODS, STEADY, WALL, died, exited, seen, worker
@@ -280,24 +281,83 @@ def test_a_worker_leaving_counts_only_for_a_node_condition(why: str, counted: bo
         [Sign(Kind.CONDITION, "node-0", "uid-w", 2)] if counted else [])
 
 
-def test_a_replacement_with_nowhere_to_go_but_a_quarantined_node_waits() -> None:
-    """Kept off a quarantined node and unschedulable: not deleted as a stale exclusion (it
-    would be created again kept off the same node, over and over) until the quarantine ends."""
-    st = replace(core_settings(), quarantine=Settings(failures=2, window_s=100, ttl_s=50))
+def _pending_kept_off_node_0(since: str) -> tuple[dict, Core]:
+    """Slot 0's replacement, kept off a quarantined node-0 and Unschedulable since `since`;
+    node-0 was seen holding one of the job's workers (it could take it), node-1 two (on paper
+    the job fits without node-0)."""
     pending = worker(0, 2)
     pending["spec"].pop("nodeName")
     pending["spec"]["affinity"] = {"nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchFields": not_on(["node-0"])}]}}}
     pending["status"] = {"phase": "Pending", "conditions": [
-        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "lastTransitionTime": since}]}
     pods = {pod_name(JOB, 1, 1): worker(1), pending["metadata"]["name"]: pending}
     fl = fleet.initial(2)
     fl = replace(fl, slots={**fl.slots, 0: replace(fl.slots[0], incarnation=2)})
-    q = Quarantine(until={"node-0": WALL + 50})
-    c = replace(STEADY, fleet=fl, saved=fl, quarantine=q, saved_quarantine=q.until)
+    q = Quarantine(until={"node-0": WALL + 50}, held={"node-0": 1, "node-1": 2})
+    return pods, replace(STEADY, fleet=fl, saved=fl, quarantine=q, saved_quarantine=q.until)
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_a_replacement_kept_off_a_quarantined_node_waits_a_moment_then_the_node_is_lifted(
+        ) -> None:
+    """Unschedulable for less than STARVED_S: not deleted as a stale exclusion (it would be
+    created again kept off the same node, over and over). Past it, with nowhere else to go,
+    the quarantine is lifted early (said, an Event) and the pod created again without it:
+    the job is never kept below its size by a quarantine (issue 40's stock tour: a scale-out
+    to 3 stayed Pending for the hour)."""
+    st = replace(core_settings(), quarantine=Settings(failures=2, window_s=100, ttl_s=50))
+    pods, c = _pending_kept_off_node_0(_iso(WALL - STARVED_S + 2))
     held = manage(c, seen(pods), st)
     assert not [t for t in held.todo if isinstance(t, DeletePod)], held.todo
+    assert held.core.quarantine.until == {"node-0": WALL + 50}
+    later = seen(pods, wall=WALL + 2)
+    lifted = manage(c, later, st)
+    (said,) = [t for t in lifted.todo if isinstance(t, Note) and t.event.startswith("node.q")]
+    assert (said.event, said.fields["node"], said.k8s and said.k8s.reason) == (
+        "node.quarantine_lifted", "node-0", "NodeQuarantineLifted")
+    assert lifted.core.quarantine.until == {}
+    assert [t.name for t in lifted.todo if isinstance(t, DeletePod)] == [
+        pod_name(JOB, 0, 2)], "created again without node-0"
+
+
+def test_a_pending_pod_without_a_time_is_not_starved() -> None:
+    """A condition whose time cannot be read never lifts a quarantine: the end does."""
+    st = replace(core_settings(), quarantine=Settings(failures=2, window_s=100, ttl_s=50))
+    pods, c = _pending_kept_off_node_0("")
+    assert manage(c, seen(pods, wall=WALL + 40), st).core.quarantine.until == {
+        "node-0": WALL + 50}
     over = manage(c, seen(pods, wall=WALL + 51), st)
     assert [t.name for t in over.todo if isinstance(t, DeletePod)] == [
-        pending["metadata"]["name"]], "the quarantine over: created again without it"
+        pod_name(JOB, 0, 2)], "the quarantine over: created again without it"
+
+
+@pytest.mark.parametrize(("until", "need", "starved", "usable", "expected"), [
+    pytest.param({"n1": 50.0}, 4, False, NODES, ((), {"n1": 50.0}),
+                 id="n2 and n3 hold the four the job needs: kept"),
+    pytest.param({"n1": 50.0}, 5, False, NODES, ((("n1", 4, 5),), {}),
+                 id="the job grew to five: n2 and n3 hold four: lifted"),
+    pytest.param({"n1": 50.0, "n2": 30.0}, 3, False, NODES, ((("n2", 2, 3),), {"n1": 50.0}),
+                 id="two quarantined, one short: the one ending soonest goes, one per pass"),
+    pytest.param({"n1": 50.0}, 4, True, NODES, ((("n1", 4, 4),), {}),
+                 id="room on paper, but a worker found no node for a while: lifted"),
+    pytest.param({"n1": 50.0}, 5, True, ("n2", "n3"), ((), {"n1": 50.0}),
+                 id="n1 is down or cordoned: lifting it would place nothing"),
+])
+def test_a_quarantine_the_job_is_short_of_is_lifted(
+        until: dict[str, float], need: int, starved: bool, usable: tuple[str, ...],
+        expected: tuple) -> None:
+    ch = step(Quarantine(until=until, held=ROOM), [], 10, S, usable=usable, need=need,
+              starved=starved)
+    assert (ch.lifted, dict(ch.q.until)) == expected
+
+
+def test_a_starved_job_spares_a_node_at_the_threshold() -> None:
+    ch = step(Quarantine(held=ROOM), [sign(LOST, "n1"), sign(LOST, "n1", 1)], 0, S,
+              usable=NODES, need=2, starved=True)
+    assert (ch.spared, dict(ch.q.until)) == ((("n1", 4, 2),), {})
