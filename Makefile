@@ -79,16 +79,9 @@ test-e2e-loopback: $(PY)
 	$(VENV)/bin/pytest $(E2E_LOOPBACK) --maxfail=3 -p no:cacheprovider \
 		--basetemp=/tmp/elastic-supervisor-e2e-loopback $(PYTEST_ARGS)
 
-# Not in the suite until it passes on the merged tree (issue 38): tests/e2e/test_sidecar_tf.py,
-# the TensorFlow tours in sidecar mode, passed on their branch but on main (2026-11-28, after
-# the hook ConfigMap, the admission policies and the owner claims came in) the tf.function
-# tour's two kills at once never reset the world within 120 s. Run it by hand meanwhile:
-# `.venv/bin/pytest tests/e2e/test_sidecar_tf.py`.
-NOT_PASSING_YET := tests/e2e/test_sidecar_tf.py
-
 test-e2e-nodes: $(PY)
-	$(VENV)/bin/pytest tests/e2e --maxfail=5 \
-		$(addprefix --ignore=,$(E2E_LOOPBACK) $(NOT_PASSING_YET)) $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests/e2e --maxfail=5 $(addprefix --ignore=,$(E2E_LOOPBACK)) \
+		$(PYTEST_ARGS)
 
 cluster-up: $(PY)
 	$(PY) -m localcluster up

@@ -172,6 +172,19 @@ def tf_hook_cost(r: Results) -> tuple[str, str]:
             f"of a {d['stock_step_ms']} ms step)")
 
 
+def tf_resumed(r: Results) -> tuple[str, str]:
+    d = r["e2e_stock_tf"]
+    kill, hang, stuck = (d[k] for k in ("resumed_after_kill_s", "resumed_after_hang_s",
+                                         "resumed_after_stuck_s"))
+    faults = len(r["e2e_stock_tf_details"]["job"]["faults"])
+    return ("the stock TensorFlow script (the seeds' shape, sidecar mode): resumed after a "
+            "SIGKILL / a frozen process or partition / a deadlocked main thread",
+            f"{_s(kill['median'])} / {_s(hang['median'])} / {_s(stuck['median'])} s median, "
+            f"{_s(kill['max'])} / {_s(hang['max'])} / {_s(stuck['max'])} s max; "
+            f"{d['horovodrun_restarts']} horovodrun restarts, {d['steps_recomputed']} steps "
+            f"computed again over {faults} faults")
+
+
 def soak(r: Results) -> tuple[str, str]:
     d, runs = r["soak"], r["soak_details"]
     seeds = ", ".join(map(str, d["seeds"]))
@@ -232,6 +245,9 @@ ROWS: Sequence[tuple[tuple[str, ...], str, Callable[[Results], tuple[str, str]]]
     (("fence",), "the hook's cost per step of a stock script", hook_cost),
     (("e2e_stock_tf", "hook_cost_per_step"),
      "the hook's cost per step of the stock TensorFlow script (the seeds' shape)", tf_hook_cost),
+    (("e2e_stock_tf", "resumed_after_kill_s"),
+     "the stock TensorFlow script (the seeds' shape, sidecar mode): resumed after a SIGKILL / a "
+     "frozen process or partition / a deadlocked main thread", tf_resumed),
     (("soak",), "fault soak, random faults per seed", soak),
     (("suite", "make_test"), SUITE_WHAT["make_test"], _suite("make_test")),
     (("suite", "ci_empty_cache"), SUITE_WHAT["ci_empty_cache"], _suite("ci_empty_cache")),
