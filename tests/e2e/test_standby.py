@@ -13,7 +13,6 @@ training processes (one that opened its heartbeat socket, that is, passed `hvd.i
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -27,28 +26,10 @@ from localcluster.job import JOB, STANDBY_OVERLAY, log_time
 from localcluster.nodes import Cluster
 from supervisor.hook.elastic_supervisor_hook.owner import OWNER_ENV
 from supervisor.leader import lease_name
-from tests.e2e.jobs import SHIPPED_QUARANTINE, STOCK, Job, process_env
+from tests.e2e.jobs import SHIPPED_QUARANTINE, STOCK, Job, process_env, udp_sockets
 from tests.e2e.test_stock_lane import stock_job
 
 TAKEOVER_S = 60  # the Lease (main_job: 10 s) expires, the standby acquires and adopts
-
-
-def udp_sockets(pid: int) -> set[int]:
-    """The inodes of the UDP sockets process `pid` holds, read in its own network namespace
-    (/proc/PID/net: the pod's; psutil's connections read this machine's, where a pod's
-    sockets are not, so they saw none)."""
-    held = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        with contextlib.suppress(OSError):
-            link = os.readlink(fd)
-            if link.startswith("socket:["):
-                held.add(int(link[8:-1]))
-    udp = set()
-    for table in ("udp", "udp6"):
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-                udp.add(int(line.split()[9]))
-    return held & udp
 
 
 class Sampler:

@@ -58,6 +58,7 @@ from tests.e2e.jobs import (
     steps_of,
     stock_script_of,
     tour_budgets,
+    udp_sockets,
     with_policy,
 )
 from tests.faults import PodFaults
@@ -124,6 +125,15 @@ def make_job(cluster: Cluster, cluster_api: client.ApiClient, main_images: dict[
         def make(**kw: Any) -> tuple[Job, PodFaults]:
             return stack.enter_context(stock_job(cluster, cluster_api, tmp_path, **kw))
         yield make
+
+
+def send_from(pid: int, datagram: bytes, ip: str, port: int) -> None:
+    """Send `datagram` to ip:port over UDP from host process `pid`'s network namespace (a pod's)."""
+    subprocess.run(["nsenter", "-t", str(pid), "-n", sys.executable, "-c",
+                    "import socket, sys; socket.socket(socket.AF_INET, "
+                    "socket.SOCK_DGRAM).sendto(bytes.fromhex(sys.argv[1]), "
+                    "(sys.argv[2], int(sys.argv[3])))", datagram.hex(), ip, str(port)],
+                   check=True, timeout=30)
 
 
 @pytest.fixture(scope="class")
@@ -577,15 +587,21 @@ class TestStockTour:
                                     "host": b_ip, "pid": 1, "lr": 0, "wait": 5.0, "in": "x"})]
         t0 = time.time()
         for datagram in forged:
-            subprocess.run(["nsenter", "-t", str(pid), "-n", sys.executable, "-c",
-                            "import socket, sys; socket.socket(socket.AF_INET, "
-                            "socket.SOCK_DGRAM).sendto(bytes.fromhex(sys.argv[1]), "
-                            "(sys.argv[2], int(sys.argv[3])))", datagram.hex(), ip,
-                            env["ELASTIC_SUPERVISOR_HOOK_PORT"]], check=True, timeout=30)
+            send_from(pid, datagram, ip, int(env["ELASTIC_SUPERVISOR_HOOK_PORT"]))
         job.wait("both forgeries refused as unbound (authentic: the key was right)",
                  lambda: scrape(METRICS_PORT, ip).get(unbound, 0) >= before + 2, 20)
+        # It also signs an exit as the supervisor's, far ahead in sequence, to B's training
+        # process: only the supervisor's address may command it (issue 39 item 9).
+        b_pid = job.processes(b, lambda argv: any(x.endswith(STOCK.name) for x in argv))[0]
+        b_port = next(iter(udp_sockets(b_pid).values()))
+        exit_b = wire.encode(key, {"t": "exit", "s": wire.SUPERVISOR, "n": 10**12, "run": run,
+                                   "why": "forged"})
+        send_from(pid, exit_b, b_ip, b_port)
         time.sleep(5)  # past the heartbeat timeout a forged silent process would have set off
         assert b in job.live_workers(), "the forged report got B replaced"
+        assert Path(f"/proc/{b_pid}").exists(), "the forged exit ended B's training process"
+        assert any("signed as the supervisor's come from another address" in e["problem"]
+                   for e in job.logs_since("hook.problem", t0)), "B said so"
         assert job.logs_since("worker.failed", t0) == []
         assert job.logs_since("worker.hung", t0) == []
 
