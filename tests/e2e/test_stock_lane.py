@@ -228,6 +228,63 @@ def partitioned_then_replaced(job: Job, faults: PodFaults,
     hung_then_replaced(job, victim, t0, within)
 
 
+def silent_node_then_replaced(job: Job, faults: PodFaults,
+                              within: float = GLOO_TIMEOUT_S / 2) -> None:
+    """A worker's node goes silent (its kubelet and the worker frozen), without the node
+    Lease option: the worker found silent, fenced, replaced on another node (hung_then_replaced,
+    the survivors resumed within `within`)."""
+    job.settled(2)
+    assert not any(e["name"] == "SUPERVISOR_NODE_LEASE_SECONDS" for e in job.launcher_env())
+    victim, pod = job.victim()
+    alone_on_its_node(job, pod)
+    t0 = time.time()
+    faults.silence_node(pod["spec"]["nodeName"])
+    try:
+        hung_then_replaced(job, victim, t0, within)
+        # The replacement avoids the node that hung, but that node still says Ready in the
+        # API and the scheduler may bind it there: it then never starts and is replaced
+        # again once the node is NotReady. Either way the slot's worker that trains now
+        # runs on another node.
+        slot = victim.rsplit("-", 1)[0]
+        final = [p for n, p in job.live_workers().items() if n.startswith(f"{slot}-")]
+        assert final and all(p["spec"]["nodeName"] != pod["spec"]["nodeName"]
+                             for p in final), final
+    finally:
+        faults.close()
+    job.wait("the hung pod gone once its node is back", lambda: victim not in job.workers(), 30)
+
+
+def replacement_killed_while_it_joins(job: Job, faults: PodFaults) -> None:
+    """A worker SIGKILLed, then its replacement too once its training process started and
+    before training was back at size 2: both replaced, no broken rendezvous, back at 2."""
+    job.settled(2)
+    victim, _ = job.victim()
+    broken_before = len(job.notes("RendezvousBroken"))
+    t0 = time.time()
+    faults.kill(victim)
+    replacement = job.successor(victim)
+    job.wait("the replacement's training process started",
+             lambda: replacement in job.live_workers() and faults.training(replacement), 120)
+    joining = not any(r.get("event") == "reset" and r["time"] > t0 and r["size"] == 2
+                      for r in job.records())
+    t1 = time.time()
+    faults.kill(replacement)
+    assert joining, "killed before training was back at size 2"
+    # Horovod 0.28 alone would send the survivor into the new world's rendezvous and wait
+    # there for the dead replacement until the Gloo timeout aborted it (a horovodrun
+    # restart: a checkpoint-less script starts over). The hardened driver holds the
+    # survivor out until the new worker is in (the join gate) and assigns the world again
+    # without it: the survivor resets elastically with the next replacement.
+    job.back_to(2, t1, timeout=240)
+    d = decisions(job)
+    assert d[victim]["action"] == d[replacement]["action"] == "Restart"
+    assert job.successor(replacement) in job.live_workers()
+    ip = job.workers()[replacement]["status"]["podIP"]
+    assert f"re-planning the world without {ip}" in job.text(), job.tail()
+    assert job.notes("RendezvousBroken")[broken_before:] == []
+    sound(job, t0)
+
+
 def force_deleted_then_replaced(job: Job, faults: PodFaults,
                                 within: float = GLOO_TIMEOUT_S / 2) -> float:
     """A worker force-deleted (`kubectl delete --force`), once the job is settled: the
@@ -401,27 +458,7 @@ class TestStockTour:
 
     def test_a_silent_node_with_a_frozen_worker_is_found_without_the_lease_option(
             self, tour: tuple[Job, PodFaults]) -> None:
-        job, faults = tour
-        job.settled(2)
-        assert not any(e["name"] == "SUPERVISOR_NODE_LEASE_SECONDS" for e in job.launcher_env())
-        victim, pod = job.victim()
-        alone_on_its_node(job, pod)
-        t0 = time.time()
-        faults.silence_node(pod["spec"]["nodeName"])
-        try:
-            hung_then_replaced(job, victim, t0)
-            # The replacement avoids the node that hung, but that node still says Ready in the
-            # API and the scheduler may bind it there: it then never starts and is replaced
-            # again once the node is NotReady. Either way the slot's worker that trains now
-            # runs on another node.
-            slot = victim.rsplit("-", 1)[0]
-            final = [p for n, p in job.live_workers().items() if n.startswith(f"{slot}-")]
-            assert final and all(p["spec"]["nodeName"] != pod["spec"]["nodeName"]
-                                 for p in final), final
-        finally:
-            faults.close()
-        job.wait("the hung pod gone once its node is back", lambda: victim not in job.workers(),
-                 30)
+        silent_node_then_replaced(*tour)
 
     def test_a_partitioned_worker_is_found_and_cut_off(
             self, tour: tuple[Job, PodFaults]) -> None:
@@ -457,33 +494,7 @@ class TestStockTour:
 
     def test_a_replacement_killed_while_it_joins_is_replaced_again(
             self, tour: tuple[Job, PodFaults]) -> None:
-        job, faults = tour
-        job.settled(2)
-        victim, _ = job.victim()
-        broken_before = len(job.notes("RendezvousBroken"))
-        t0 = time.time()
-        faults.kill(victim)
-        replacement = job.successor(victim)
-        job.wait("the replacement's training process started",
-                 lambda: replacement in job.live_workers() and faults.training(replacement), 120)
-        joining = not any(r.get("event") == "reset" and r["time"] > t0 and r["size"] == 2
-                          for r in job.records())
-        t1 = time.time()
-        faults.kill(replacement)
-        assert joining, "killed before training was back at size 2"
-        # Horovod 0.28 alone would send the survivor into the new world's rendezvous and wait
-        # there for the dead replacement until the Gloo timeout aborted it (a horovodrun
-        # restart: a checkpoint-less script starts over). The hardened driver holds the
-        # survivor out until the new worker is in (the join gate) and assigns the world again
-        # without it: the survivor resets elastically with the next replacement.
-        job.back_to(2, t1, timeout=240)
-        d = decisions(job)
-        assert d[victim]["action"] == d[replacement]["action"] == "Restart"
-        assert job.successor(replacement) in job.live_workers()
-        ip = job.workers()[replacement]["status"]["podIP"]
-        assert f"re-planning the world without {ip}" in job.text(), job.tail()
-        assert job.notes("RendezvousBroken")[broken_before:] == []
-        sound(job, t0)
+        replacement_killed_while_it_joins(*tour)
 
     def test_two_workers_killed_at_once_are_both_replaced(
             self, tour: tuple[Job, PodFaults]) -> None:
