@@ -45,6 +45,7 @@ API_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)
 REPO = Path(__file__).resolve().parents[1]
 OVERLAY = REPO / "manifests" / "overlays" / "local"
 SIDECAR_OVERLAY = REPO / "manifests" / "overlays" / "sidecar"
+STANDBY_OVERLAY = REPO / "manifests" / "overlays" / "standby"  # two launchers, one leads
 # The launcher pod's containers whose logs MainJob follows: the baked mode's one (supervisor and
 # horovodrun), the sidecar mode's two (the supervisor; es-run and horovodrun in `launcher`).
 LAUNCHER_CONTAINERS = ("elastic-supervisor", "launcher")

@@ -613,6 +613,21 @@ class Cluster:
                 _iptables("-D", chain, flag, ip, "-m", "comment", "--comment",
                           "elastic-supervisor partition", "-j", "DROP", check=False)
 
+    @contextlib.contextmanager
+    def cut_from_api(self, ip: str) -> Iterator[None]:
+        """Drop every packet between `ip` (a pod) and the API server while inside (its other
+        traffic flows): a launcher partitioned from the control plane only."""
+        rules = [("INPUT", "-s", ip, "-d", APISERVER_IP), ("OUTPUT", "-s", APISERVER_IP, "-d", ip)]
+        try:
+            for chain, *match in rules:
+                _iptables("-I", chain, *match, "-m", "comment", "--comment",
+                          "elastic-supervisor cut from the API", "-j", "DROP")
+            yield
+        finally:
+            for chain, *match in rules:
+                _iptables("-D", chain, *match, "-m", "comment", "--comment",
+                          "elastic-supervisor cut from the API", "-j", "DROP", check=False)
+
     def check_alive(self) -> None:
         """Raise ClusterError if a component exited on its own."""
         assert self.cp is not None

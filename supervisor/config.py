@@ -599,13 +599,13 @@ VARIABLES: tuple[Var, ...] = (
         "off."),
     Var("QUARANTINE_FAILURES", "2", _int_in(0), "quarantine_failures",
         "Bad-node quarantine: a node with this many failures of the job's workers that point at "
-        "the node within QUARANTINE_WINDOW_SECONDS (its loss; a hang followed by the node "
-        "NotReady; the same exit, not 137/143, of workers of two slots there and of none "
-        "elsewhere; a node-problem condition. Not a kill, a stuck script, a delete, an eviction) "
-        "gets no new worker of the job for QUARANTINE_SECONDS (a required anti-affinity by node "
-        "name; Events NodeQuarantined, NodeReleased; shown by `status`), unless the nodes left "
-        "cannot hold the job's desired workers; lifted early when the job is short of it "
-        "(NodeQuarantineLifted). 0: off."),
+        "the node within QUARANTINE_WINDOW_SECONDS (its loss; a hang whose pod is still there "
+        "when its node goes NotReady; the same exit, not 137/143, of workers of two slots "
+        "there and of none elsewhere; a node-problem condition. Not a kill, a stuck script, a "
+        "delete, an eviction) gets no new worker of the job for QUARANTINE_SECONDS (a "
+        "required anti-affinity by node name; Events NodeQuarantined, NodeReleased; shown by "
+        "`status`), unless the nodes left cannot hold the job's desired workers; lifted early "
+        "when the job is short of it (NodeQuarantineLifted). 0: off."),
     Var("QUARANTINE_WINDOW_SECONDS", "1800", _seconds(0), "quarantine_window_s",
         "The window of QUARANTINE_FAILURES."),
     Var("QUARANTINE_SECONDS", "3600", _seconds(0), "quarantine_s",

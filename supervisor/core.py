@@ -668,7 +668,8 @@ def _quarantine(p: _Pass, s: Seen, st: Settings, found: list[plan.Failed], *,
                   and s.wall - t >= quarantine.STARVED_S and _current(fl, pod, st.plan.job)
                   for pod in live)
     ch = quarantine.step(p.c.quarantine, signs, s.wall, st.quarantine, usable=usable,
-                         placed=placed, need=need, down=suspects, alike=alike, starved=starved)
+                         placed=placed, need=need, down=suspects, alike=alike, starved=starved,
+                         present={pod["metadata"].get("uid") for pod in s.pods.values()})
     q = st.quarantine
 
     def short(left: int, needed: int) -> str:

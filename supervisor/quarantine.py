@@ -7,9 +7,12 @@ exits 137 of operator kills quarantined a healthy node, then a frozen one, and t
 at 2 of 3 for the rest of the check):
 - its loss (NodeNotReady: the node controller or its Lease said it);
 - a hang (Hung, found silent: hang.py) once the node itself is seen down (NotReady, or its
-  Lease stale) within HANG_EVIDENCE_S of it: a frozen or cut-off node stops its kubelet too; a
-  hang of a process alone (SIGSTOP, a deadlock with the GIL held) is the script's or an
-  operator's. A stuck main thread (also Hung) never counts: it is the script's;
+  Lease stale) within HANG_EVIDENCE_S of it while the hung pod is still there: a frozen or
+  cut-off node stops its kubelet too, which then cannot even remove the pod the supervisor
+  deleted; the pod of a process that hung alone (SIGSTOP, a deadlock with the GIL held, a pod
+  cut off the network) is gone in seconds, its kubelet alive, and that hang is the script's or
+  an operator's, whatever happens to the node later. A stuck main thread (also Hung) never
+  counts: it is the script's;
 - the same failure of workers of different slots there while it is not seen elsewhere: an exit
   with code C counts when workers of at least two slots exited with C on the node within the
   window and none with C on another node (a crash that follows the script from node to node
@@ -90,7 +93,8 @@ class Quarantine:
     failed: Mapping[str, tuple[float, ...]] = field(default_factory=dict)  # node -> counted at
     until: Mapping[str, float] = field(default_factory=dict)
     exits: tuple[Exit, ...] = ()  # every exit (not a kill) in the window, on any node
-    hangs: Mapping[str, tuple[float, ...]] = field(default_factory=dict)  # waiting for the node
+    # node -> (when, pod UID) of the hangs there waiting for the node to be seen down
+    hangs: Mapping[str, tuple[tuple[float, str], ...]] = field(default_factory=dict)
     seen: Mapping[str, float] = field(default_factory=dict)  # pod UID -> when it was read
     held: Mapping[str, int] = field(default_factory=dict)  # node -> most workers seen at once
     cleared: Mapping[str, float] = field(default_factory=dict)  # node -> its exits counted to
@@ -124,12 +128,14 @@ def exit_score(exits: Iterable[Exit], node: str, since: float | None = None) -> 
 
 
 def _read(q: Quarantine, signs: Iterable[Sign], now: float, s: Settings,
-          down: Collection[str]) -> Quarantine:
+          down: Collection[str], *, present: Collection[str] | None) -> Quarantine:
     """The evidence after these signs at `now`: the window slides, each worker read once, a
-    hang counted once its node is seen down (or forgotten after HANG_EVIDENCE_S)."""
+    hang counted once its node is seen down, forgotten after HANG_EVIDENCE_S or once its pod
+    is gone (`present`: the UIDs of the pods there now; None: not known, kept)."""
     seen = {u: t for u, t in q.seen.items() if now - t < max(s.window_s, HANG_EVIDENCE_S)}
     failed = {n: [t for t in ts if now - t < s.window_s] for n, ts in q.failed.items()}
-    hangs = {n: [t for t in ts if now - t < HANG_EVIDENCE_S] for n, ts in q.hangs.items()}
+    hangs = {n: [(t, u) for t, u in ts if now - t < HANG_EVIDENCE_S
+                 and (present is None or u in present)] for n, ts in q.hangs.items()}
     exits = [e for e in q.exits if now - e.at < s.window_s]
     for x in signs:
         if x.uid in seen:
@@ -138,11 +144,11 @@ def _read(q: Quarantine, signs: Iterable[Sign], now: float, s: Settings,
         if x.kind in (Kind.LOST, Kind.CONDITION, Kind.NOT_STARTED):
             failed.setdefault(x.node, []).append(now)
         elif x.kind is Kind.HUNG:
-            hangs.setdefault(x.node, []).append(now)
+            hangs.setdefault(x.node, []).append((now, x.uid))
         elif x.kind is Kind.EXIT and x.code is not None and x.code not in KILLS:
             exits.append(Exit(x.node, x.slot, x.code, now))
     for node in set(hangs) & set(down):
-        failed.setdefault(node, []).extend(hangs.pop(node))
+        failed.setdefault(node, []).extend(t for t, _ in hangs.pop(node))
     return Quarantine({n: tuple(ts) for n, ts in failed.items() if ts}, q.until, tuple(exits),
                       {n: tuple(ts) for n, ts in hangs.items() if ts}, seen, q.held,
                       {n: t for n, t in q.cleared.items() if now - t < s.window_s})
@@ -162,18 +168,18 @@ def room(held: Mapping[str, int], alike: Mapping[str, Hashable],
 def step(q: Quarantine, signs: Iterable[Sign], now: float, s: Settings, *,
          usable: Iterable[str] = (), placed: Mapping[str, int] | None = None, need: int = 1,
          down: Collection[str] = (), alike: Mapping[str, Hashable] | None = None,
-         starved: bool = False) -> Change:
+         starved: bool = False, present: Collection[str] | None = None) -> Change:
     """The quarantine after these signs at `now` (see the module's doc): a node at `failures`
     is quarantined until now + ttl if the other `usable` nodes (Ready, schedulable) not
     quarantined were seen to hold `need` workers of the job and no worker is `starved`; a
     quarantine past its end ends; one the job is short of is lifted.
     `placed`: node -> the job's workers there now; `down`: nodes NotReady or Lease-stale now;
     `alike`: node -> its shape (nodes of one shape hold as many); `starved`: a worker of the
-    job has found no node for STARVED_S."""
+    job has found no node for STARVED_S; `present`: the UIDs of the job's pods there now."""
     if s.failures <= 0:
         return Change(q) if not q.failed and not q.until else Change(Quarantine(),
                                                                      ended=tuple(q.until))
-    r = _read(q, signs, now, s, down)
+    r = _read(q, signs, now, s, down, present=present)
     held = dict(r.held)
     for node, n in (placed or {}).items():
         held[node] = max(held.get(node, 0), n)

@@ -136,6 +136,26 @@ def process_env(pid: int) -> dict[str, str]:
                 .decode(errors="replace").split("\0") if "=" in item)
 
 
+def udp_sockets(pid: int) -> dict[int, int]:
+    """The UDP sockets host process `pid` holds (inode -> local port), read in its own network
+    namespace (/proc/PID/net: the pod's; psutil reads this machine's, where a pod's sockets
+    are not, and sees none)."""
+    held = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            link = os.readlink(fd)
+            if link.startswith("socket:["):
+                held.add(int(link[8:-1]))
+    ports = {}
+    for table in ("udp", "udp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                f = line.split()
+                if int(f[9]) in held:
+                    ports[int(f[9])] = int(f[1].rpartition(":")[2], 16)
+    return ports
+
+
 def shared_write(path: Path, text: str) -> None:
     """Replace `path` (on the volume every worker mounts) atomically, readable by them."""
     tmp = path.with_suffix(".tmp")

@@ -58,6 +58,7 @@ from tests.e2e.jobs import (
     steps_of,
     stock_script_of,
     tour_budgets,
+    udp_sockets,
     with_policy,
 )
 from tests.faults import PodFaults
@@ -124,6 +125,15 @@ def make_job(cluster: Cluster, cluster_api: client.ApiClient, main_images: dict[
         def make(**kw: Any) -> tuple[Job, PodFaults]:
             return stack.enter_context(stock_job(cluster, cluster_api, tmp_path, **kw))
         yield make
+
+
+def send_from(pid: int, datagram: bytes, ip: str, port: int) -> None:
+    """Send `datagram` to ip:port over UDP from host process `pid`'s network namespace (a pod's)."""
+    subprocess.run(["nsenter", "-t", str(pid), "-n", sys.executable, "-c",
+                    "import socket, sys; socket.socket(socket.AF_INET, "
+                    "socket.SOCK_DGRAM).sendto(bytes.fromhex(sys.argv[1]), "
+                    "(sys.argv[2], int(sys.argv[3])))", datagram.hex(), ip, str(port)],
+                   check=True, timeout=30)
 
 
 @pytest.fixture(scope="class")
@@ -216,6 +226,63 @@ def partitioned_then_replaced(job: Job, faults: PodFaults,
         # would otherwise catch whatever reuses its ports later.
         job.wait("the partitioned pod deleted", lambda: victim not in job.live_workers(), 60)
     hung_then_replaced(job, victim, t0, within)
+
+
+def silent_node_then_replaced(job: Job, faults: PodFaults,
+                              within: float = GLOO_TIMEOUT_S / 2) -> None:
+    """A worker's node goes silent (its kubelet and the worker frozen), without the node
+    Lease option: the worker found silent, fenced, replaced on another node (hung_then_replaced,
+    the survivors resumed within `within`)."""
+    job.settled(2)
+    assert not any(e["name"] == "SUPERVISOR_NODE_LEASE_SECONDS" for e in job.launcher_env())
+    victim, pod = job.victim()
+    alone_on_its_node(job, pod)
+    t0 = time.time()
+    faults.silence_node(pod["spec"]["nodeName"])
+    try:
+        hung_then_replaced(job, victim, t0, within)
+        # The replacement avoids the node that hung, but that node still says Ready in the
+        # API and the scheduler may bind it there: it then never starts and is replaced
+        # again once the node is NotReady. Either way the slot's worker that trains now
+        # runs on another node.
+        slot = victim.rsplit("-", 1)[0]
+        final = [p for n, p in job.live_workers().items() if n.startswith(f"{slot}-")]
+        assert final and all(p["spec"]["nodeName"] != pod["spec"]["nodeName"]
+                             for p in final), final
+    finally:
+        faults.close()
+    job.wait("the hung pod gone once its node is back", lambda: victim not in job.workers(), 30)
+
+
+def replacement_killed_while_it_joins(job: Job, faults: PodFaults) -> None:
+    """A worker SIGKILLed, then its replacement too once its training process started and
+    before training was back at size 2: both replaced, no broken rendezvous, back at 2."""
+    job.settled(2)
+    victim, _ = job.victim()
+    broken_before = len(job.notes("RendezvousBroken"))
+    t0 = time.time()
+    faults.kill(victim)
+    replacement = job.successor(victim)
+    job.wait("the replacement's training process started",
+             lambda: replacement in job.live_workers() and faults.training(replacement), 120)
+    joining = not any(r.get("event") == "reset" and r["time"] > t0 and r["size"] == 2
+                      for r in job.records())
+    t1 = time.time()
+    faults.kill(replacement)
+    assert joining, "killed before training was back at size 2"
+    # Horovod 0.28 alone would send the survivor into the new world's rendezvous and wait
+    # there for the dead replacement until the Gloo timeout aborted it (a horovodrun
+    # restart: a checkpoint-less script starts over). The hardened driver holds the
+    # survivor out until the new worker is in (the join gate) and assigns the world again
+    # without it: the survivor resets elastically with the next replacement.
+    job.back_to(2, t1, timeout=240)
+    d = decisions(job)
+    assert d[victim]["action"] == d[replacement]["action"] == "Restart"
+    assert job.successor(replacement) in job.live_workers()
+    ip = job.workers()[replacement]["status"]["podIP"]
+    assert f"re-planning the world without {ip}" in job.text(), job.tail()
+    assert job.notes("RendezvousBroken")[broken_before:] == []
+    sound(job, t0)
 
 
 def force_deleted_then_replaced(job: Job, faults: PodFaults,
@@ -391,27 +458,7 @@ class TestStockTour:
 
     def test_a_silent_node_with_a_frozen_worker_is_found_without_the_lease_option(
             self, tour: tuple[Job, PodFaults]) -> None:
-        job, faults = tour
-        job.settled(2)
-        assert not any(e["name"] == "SUPERVISOR_NODE_LEASE_SECONDS" for e in job.launcher_env())
-        victim, pod = job.victim()
-        alone_on_its_node(job, pod)
-        t0 = time.time()
-        faults.silence_node(pod["spec"]["nodeName"])
-        try:
-            hung_then_replaced(job, victim, t0)
-            # The replacement avoids the node that hung, but that node still says Ready in the
-            # API and the scheduler may bind it there: it then never starts and is replaced
-            # again once the node is NotReady. Either way the slot's worker that trains now
-            # runs on another node.
-            slot = victim.rsplit("-", 1)[0]
-            final = [p for n, p in job.live_workers().items() if n.startswith(f"{slot}-")]
-            assert final and all(p["spec"]["nodeName"] != pod["spec"]["nodeName"]
-                                 for p in final), final
-        finally:
-            faults.close()
-        job.wait("the hung pod gone once its node is back", lambda: victim not in job.workers(),
-                 30)
+        silent_node_then_replaced(*tour)
 
     def test_a_partitioned_worker_is_found_and_cut_off(
             self, tour: tuple[Job, PodFaults]) -> None:
@@ -447,33 +494,7 @@ class TestStockTour:
 
     def test_a_replacement_killed_while_it_joins_is_replaced_again(
             self, tour: tuple[Job, PodFaults]) -> None:
-        job, faults = tour
-        job.settled(2)
-        victim, _ = job.victim()
-        broken_before = len(job.notes("RendezvousBroken"))
-        t0 = time.time()
-        faults.kill(victim)
-        replacement = job.successor(victim)
-        job.wait("the replacement's training process started",
-                 lambda: replacement in job.live_workers() and faults.training(replacement), 120)
-        joining = not any(r.get("event") == "reset" and r["time"] > t0 and r["size"] == 2
-                          for r in job.records())
-        t1 = time.time()
-        faults.kill(replacement)
-        assert joining, "killed before training was back at size 2"
-        # Horovod 0.28 alone would send the survivor into the new world's rendezvous and wait
-        # there for the dead replacement until the Gloo timeout aborted it (a horovodrun
-        # restart: a checkpoint-less script starts over). The hardened driver holds the
-        # survivor out until the new worker is in (the join gate) and assigns the world again
-        # without it: the survivor resets elastically with the next replacement.
-        job.back_to(2, t1, timeout=240)
-        d = decisions(job)
-        assert d[victim]["action"] == d[replacement]["action"] == "Restart"
-        assert job.successor(replacement) in job.live_workers()
-        ip = job.workers()[replacement]["status"]["podIP"]
-        assert f"re-planning the world without {ip}" in job.text(), job.tail()
-        assert job.notes("RendezvousBroken")[broken_before:] == []
-        sound(job, t0)
+        replacement_killed_while_it_joins(*tour)
 
     def test_two_workers_killed_at_once_are_both_replaced(
             self, tour: tuple[Job, PodFaults]) -> None:
@@ -577,15 +598,21 @@ class TestStockTour:
                                     "host": b_ip, "pid": 1, "lr": 0, "wait": 5.0, "in": "x"})]
         t0 = time.time()
         for datagram in forged:
-            subprocess.run(["nsenter", "-t", str(pid), "-n", sys.executable, "-c",
-                            "import socket, sys; socket.socket(socket.AF_INET, "
-                            "socket.SOCK_DGRAM).sendto(bytes.fromhex(sys.argv[1]), "
-                            "(sys.argv[2], int(sys.argv[3])))", datagram.hex(), ip,
-                            env["ELASTIC_SUPERVISOR_HOOK_PORT"]], check=True, timeout=30)
+            send_from(pid, datagram, ip, int(env["ELASTIC_SUPERVISOR_HOOK_PORT"]))
         job.wait("both forgeries refused as unbound (authentic: the key was right)",
                  lambda: scrape(METRICS_PORT, ip).get(unbound, 0) >= before + 2, 20)
+        # It also signs an exit as the supervisor's, far ahead in sequence, to B's training
+        # process: only the supervisor's address may command it (issue 39 item 9).
+        b_pid = job.processes(b, lambda argv: any(x.endswith(STOCK.name) for x in argv))[0]
+        b_port = next(iter(udp_sockets(b_pid).values()))
+        exit_b = wire.encode(key, {"t": "exit", "s": wire.SUPERVISOR, "n": 10**12, "run": run,
+                                   "why": "forged"})
+        send_from(pid, exit_b, b_ip, b_port)
         time.sleep(5)  # past the heartbeat timeout a forged silent process would have set off
         assert b in job.live_workers(), "the forged report got B replaced"
+        assert Path(f"/proc/{b_pid}").exists(), "the forged exit ended B's training process"
+        assert any("signed as the supervisor's come from another address" in e["problem"]
+                   for e in job.logs_since("hook.problem", t0)), "B said so"
         assert job.logs_since("worker.failed", t0) == []
         assert job.logs_since("worker.hung", t0) == []
 

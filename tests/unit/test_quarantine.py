@@ -337,6 +337,27 @@ def test_a_pending_pod_without_a_time_is_not_starved() -> None:
         pod_name(JOB, 0, 2)], "the quarantine over: created again without it"
 
 
+@pytest.mark.parametrize(("present", "expected"), [
+    pytest.param({"h1", "h2"}, ("n2",),
+                 id="a frozen node: its kubelet could not remove the hung pods: quarantined"),
+    pytest.param({"h2"}, (),
+                 id="one hung pod gone at once (SIGSTOP on a healthy node): one sign left"),
+    pytest.param(set(), (),
+                 id="both gone before the node went down: processes that hung alone, then an "
+                    "unrelated node fault"),
+])
+def test_a_hang_counts_only_while_its_pod_is_still_there(present: set[str],
+                                                         expected: tuple[str, ...]) -> None:
+    """The issue's frozen node against two SIGSTOPs on a healthy node whose node goes down
+    later (a frozen process, then a silent node in the tours): the pods the supervisor deleted
+    are gone within seconds where the kubelet is alive."""
+    q = step(Quarantine(), [sign(HUNG, "n2", 0, uid="h1"), sign(HUNG, "n2", 1, uid="h2")], 0, S,
+             usable=NODES, placed=ROOM, need=4, present={"h1", "h2"}).q
+    q = step(q, [], 10, S, usable=NODES, placed=ROOM, need=4, present=present).q
+    ch = step(q, [], 45, S, usable=NODES, placed=ROOM, need=4, down={"n2"}, present=present)
+    assert tuple(n for n, _ in ch.started) == expected
+
+
 @pytest.mark.parametrize(("until", "need", "starved", "usable", "expected"), [
     pytest.param({"n1": 50.0}, 4, False, NODES, ((), {"n1": 50.0}),
                  id="n2 and n3 hold the four the job needs: kept"),
