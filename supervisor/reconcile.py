@@ -155,6 +155,11 @@ class LoopState:
     progress: progress.Progress = field(default_factory=progress.Progress)
     book: incidents.Book = field(default_factory=incidents.Book)
     progress_saved_at: float = 0.0
+    paused: bool = False  # the leader Lease cannot be renewed (LeadershipPaused until resumed)
+    # horovodrun's exit code, seen while paused: not judged until the Lease says whose the job
+    # is (a standby may have taken the workers, whose processes then end this run's: hook
+    # owner.py); judged once resumed, or the exit is LEADERSHIP_LOST's once the Lease is lost
+    held_exit: int | None = None
 
 
 class Supervisor:
@@ -246,6 +251,17 @@ class Supervisor:
                 earliest = None  # what _manage changes (scale-in) is not a watch latency
             self._sync_discovery(now, earliest)
             st = self.state
+            if st.held_exit is not None:
+                if st.core.failing is not None:  # the Lease lost meanwhile (LEADERSHIP_LOST)
+                    return self._finish(*st.core.failing)
+                if not st.paused:
+                    exited, st.held_exit = st.held_exit, None
+            elif exited is not None and st.paused:
+                st.held_exit, exited = exited, None
+                self.log.warning("horovodrun.exit_held", code=st.held_exit, reason=(
+                    "horovodrun exited while this launcher cannot renew the leader Lease: "
+                    "another launcher may have taken the workers; judged once the Lease says "
+                    "whose the job is"))
             if exited is not None:
                 if st.core.failing is not None:
                     return self._finish(*st.core.failing)
@@ -347,8 +363,10 @@ class Supervisor:
             elif isinstance(item, LeadershipLost):
                 self._leadership_lost(item.reason, now)
             elif isinstance(item, LeadershipPaused):
+                st.paused = True
                 self.log.warning("leader.paused", reason=item.reason)
             elif isinstance(item, LeadershipResumed):
+                st.paused = False
                 self.log.info("leader.resumed", paused_s=round(item.paused_s, 1))
                 self.events(EventSpec(
                     "Normal", "LeadershipResumed", "Lead",

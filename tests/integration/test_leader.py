@@ -7,6 +7,7 @@ renew again, and stops horovodrun only when it sees another launcher holding the
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -152,6 +153,33 @@ def test_a_leader_cut_off_from_the_api_keeps_training_writes_nothing_and_reconci
         assert pid_alive(standin) and leader.proc.poll() is None
         assert not named(leader, "leader.lost")
         assert "LeadershipResumed" in event_reasons(job.api, namespace)
+
+
+def test_a_run_that_ends_while_its_leader_is_cut_off_is_judged_by_the_lease(
+        job: Job, control_plane: ControlPlane, namespace: str, tmp_path: Path) -> None:
+    """The standby took the Lease and its training processes ended the cut-off leader's (hook
+    owner.py): that horovodrun exits while its launcher cannot read the Lease. Its exit is
+    no verdict on the job (exit 1 would count against the Job's backoffLimit, a FailJob code
+    would end it): held until the Lease is read, then LEADERSHIP_LOST (7, retried)."""
+    with proxied_leader(job, control_plane, namespace, tmp_path) as (leader, proxy, standin):
+        other = second(control_plane, namespace, tmp_path, job=job,
+                       SUPERVISOR_LEADER_LEASE_SECONDS="6")
+        try:
+            other.wait_log("leader.waiting", timeout=15)
+            proxy.stall()
+            leader.wait_log("leader.paused", timeout=15)
+            other.wait_log("leader.acquired", timeout=30)
+            os.kill(standin, signal.SIGKILL)  # the new term's processes ended the old run
+            held = leader.wait_log("horovodrun.exit_held", timeout=15)
+            assert held["code"] != 0
+            time.sleep(3)
+            assert leader.proc.poll() is None, "judged the job while cut off from the Lease"
+            proxy.forward()
+            assert leader.wait_exit(30) == ExitCode.LEADERSHIP_LOST
+            assert "is held by 'job1-" in leader.wait_log("leader.lost")["reason"]
+            assert not named(leader, "cleanup.done"), "a leader that lost cleaned up"
+        finally:
+            other.close()
 
 
 def test_a_leader_that_sees_another_holder_stops_horovodrun(
