@@ -182,15 +182,22 @@ def only_the_supervisor_holds_the_token(job: Job) -> None:
 
 def status_as_printed_with_incidents(job: Job, *, size: int, failures: int) -> None:
     """Once the job is settled at `size`: `status`'s step is the one the script printed
-    (Job.status_as_printed), its world full, its goodput below 1, and each of the (at least
-    `failures`) failed workers in an incident."""
+    (Job.status_as_printed), its world full, its goodput below 1, each of the (at least
+    `failures`) failed workers in an incident, and `status` shows the newest incidents (10)
+    with their pods."""
     job.settled(size)
     s = job.status_as_printed()
     p = s["progress"]
     assert p["world"] == p["desired"] == size and 0 < p["goodput"] < 1, p
-    pods = {pod for i in s["incidents"] for pod in i["pods"]}
+    logged: dict[int, set[str]] = {}  # incident -> its pods, as the supervisor said last
+    for e in job.logs("incident.opened") + job.logs("incident.closed"):
+        logged[e["incident"]] = set(e["pods"])
     failed = job.logs("worker.failed")
-    assert len(failed) >= failures and all(e["pod"] in pods for e in failed), (failed, s)
+    assert len(failed) >= failures and all(
+        any(e["pod"] in pods for pods in logged.values()) for e in failed), (failed, logged)
+    shown = {i["id"]: set(i["pods"]) for i in s["incidents"]}
+    newest = sorted(logged)[-len(shown):]
+    assert sorted(shown) == newest and all(shown[k] == logged[k] for k in shown), (shown, logged)
 
 
 @pytest.fixture(scope="class")

@@ -26,6 +26,7 @@ from localcluster.job import JOB, STANDBY_OVERLAY, log_time
 from localcluster.nodes import Cluster
 from supervisor.hook.elastic_supervisor_hook.owner import OWNER_ENV
 from supervisor.leader import lease_name
+from supervisor.model import ExitCode
 from tests.e2e.jobs import SHIPPED_QUARANTINE, STOCK, Job, process_env, udp_sockets
 from tests.e2e.test_stock_lane import stock_job
 
@@ -120,6 +121,10 @@ def test_a_standby_takes_over_from_a_leader_cut_off_from_the_api_never_on_a_shar
         assert {f"{uid}.0", f"{uid}.1"} <= sampler.terms, sampler.terms
         claimed = [line for line in job.text().splitlines() if '"hook.claimed"' in line]
         assert claimed, "the standby's training processes killed the cut-off leader's"
-        # Back on the API, the old leader reads the Lease held by the standby: it stops.
-        lost = job.wait("the old leader stops", lambda: job.logs("leader.lost"), 90)
+        # Back on the API, the old leader reads the Lease held by the standby: it stops, with
+        # LEADERSHIP_LOST (7: the Job retries it), whatever its horovodrun did meanwhile (the
+        # standby's processes ended it: held, not judged, while the Lease could not be read).
+        lost = job.wait("the old leader stops", lambda: job.logs("leader.lost"), 90,
+                        after_exit=True)
         assert log_time(lost[0]) > taken
+        assert [e["code"] for e in job.logs("supervisor.exited")] == [ExitCode.LEADERSHIP_LOST]
