@@ -26,7 +26,15 @@ from functools import cached_property
 from pathlib import Path
 
 from supervisor.config import HostMode
-from supervisor.observe import ClusterView, Kind, Obj, Unusable, node_problem, pod_problem
+from supervisor.observe import (
+    ClusterView,
+    Kind,
+    Obj,
+    Unusable,
+    marked_not_ready,
+    node_problem,
+    pod_problem,
+)
 from supervisor.workers import LABEL_SLOT
 
 # A worker's node is down (not Ready, or a not-ready/unreachable taint): out of the file unless
@@ -146,14 +154,18 @@ def _judge(pod: Obj, nodes: Mapping[str, Obj], mode: HostMode,
 
 def talking_on_down_nodes(view: ClusterView, mode: HostMode,
                           heartbeating: Callable[[], Iterable[str]]) -> frozenset[str]:
-    """PURE: the hosts of worker pods on nodes that are down (not Ready, or a node-down taint)
-    among `heartbeating()` (hosts whose training processes heartbeat now; asked only while a
-    node is down): render keeps them through a kubelet's blip."""
+    """PURE: the hosts of worker pods on nodes that are down (not Ready, or a node-down taint),
+    or marked not Ready from outside (`marked_not_ready`: the node controller marks every pod
+    of a node it marks NotReady, and the kubelet marks them Ready again only at its next
+    update, seconds after its node is Ready again), among `heartbeating()` (hosts whose
+    training processes heartbeat now; asked only while there is such a pod): render keeps them
+    through a kubelet's blip and an API outage's aftermath."""
     down = {n for n, node in view.nodes.items() if node_problem(node) in NODE_DOWN}
-    if not down:
-        return frozenset()
     hosts = {h for p in view.pods.values()
-             if p.get("spec", {}).get("nodeName") in down and (h := host_of(p, mode))}
+             if (p.get("spec", {}).get("nodeName") in down or marked_not_ready(p))
+             and (h := host_of(p, mode))}
+    if not hosts:
+        return frozenset()
     return frozenset(hosts.intersection(heartbeating()))
 
 

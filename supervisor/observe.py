@@ -295,6 +295,16 @@ def node_problem(node: Obj | None) -> Unusable | None:
     return None
 
 
+def marked_not_ready(pod: Obj) -> bool:
+    """The pod is not Ready while the kubelet says each of its containers is: marked from
+    outside (the node controller's MarkPodsNotReady on a node it found NotReady). A readiness
+    probe that fails (an sshd down) makes its container not ready too."""
+    ready = condition(pod, "Ready")
+    statuses = pod.get("status", {}).get("containerStatuses") or ()
+    return (ready is not None and ready.get("status") != "True" and bool(statuses)
+            and all(cs.get("ready") is True for cs in statuses))
+
+
 def pod_problem(pod: Obj, nodes: Mapping[str, Obj]) -> Unusable | None:
     """Return why a worker pod is not usable by Horovod, or None if it is."""
     meta, status = pod.get("metadata", {}), pod.get("status", {})
