@@ -127,11 +127,13 @@ def inject(job: Job, faults: PodFaults, fault: str,
 
 def one_job(cluster: Cluster, api: client.ApiClient, work: Path,
             plan: tuple[str, ...] = PLAN, *, overlay: Path = OVERLAY, stock: Path = STOCK,
-            command: list[str] | None = None, transform: Transform | None = None) -> dict[str, Any]:
+            command: list[str] | None = None, transform: Transform | None = None,
+            env: dict[str, str] | None = None) -> dict[str, Any]:
     """One job of `overlay` (the baked-in mode's, or the sidecar mode's) through `plan`: the
     stock script `stock` (stock_train.py, which keeps a checkpoint, by default) run by
     `command` (it reads the hang file, --hang-file), `transform` changing the objects further
-    (e.g. the user's image)."""
+    (e.g. the user's image), `env` the supervisor's (main_job's otherwise: the quarantine
+    off)."""
     faults_out: list[dict[str, Any]] = []
     # Backoff capped at 1 s (in the policy file, where the manifests keep the budgets):
     # repeated faults on one slot measure recovery, not the policy.
@@ -142,7 +144,7 @@ def one_job(cluster: Cluster, api: client.ApiClient, work: Path,
                   checkpoint=work / "checkpoint", keeps_checkpoint=stock == STOCK,
                   transform=compose(stock_script_of(stock), fast_backoff,
                                     *([transform] if transform is not None else [])),
-                  overlay=overlay) as job:
+                  overlay=overlay, env=env) as job:
         faults = PodFaults(job, stock.name)
         try:
             job.wait_training(past=20, size=2, timeout=420)

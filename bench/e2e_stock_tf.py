@@ -6,8 +6,8 @@ bench/e2e_stock.py's job and faults with tests/e2e/stock_tf_train.py (a `@tf.fun
 nothing of ours, no checkpoint) in the TensorFlow trainer image, which can only run in the
 sidecar mode: the sidecar overlay with its YOUR IMAGE lines naming elastic-supervisor-trainer-tf
 (tests/e2e/jobs.your_image), 2 workers, the supervisor's defaults (the hang thresholds:
-SUPERVISOR_STUCK_SECONDS=auto), the backoff capped at 1 s. One job, PLAN's faults one at a time
-once it is back at full size:
+SUPERVISOR_STUCK_SECONDS=auto; the quarantine: SHIPPED_QUARANTINE), the backoff capped at 1 s.
+One job, PLAN's faults one at a time once it is back at full size:
 - resumed_after_kill_s: a SIGKILL (a worker's, rank 0's) -> rank 0's first batch after the
   reset; resumed_after_hang_s: a frozen process or a partition; resumed_after_stuck_s: a main
   thread deadlocked through the script's --hang-file (found after the auto threshold, >= 20 s);
@@ -21,7 +21,15 @@ from typing import Any
 
 from bench.e2e_stock import on_real_nodes, one_job, summary
 from localcluster.job import SIDECAR_OVERLAY
-from tests.e2e.jobs import CHECKPOINT_MOUNT, HANG_FILE, STOCK_DIR, STOCK_TF, TRAINER_TF, your_image
+from tests.e2e.jobs import (
+    CHECKPOINT_MOUNT,
+    HANG_FILE,
+    SHIPPED_QUARANTINE,
+    STOCK_DIR,
+    STOCK_TF,
+    TRAINER_TF,
+    your_image,
+)
 
 PLAN = ("kill", "freeze process", "stuck", "kill rank 0", "partition", "kill",
         "freeze process", "stuck rank 0")
@@ -39,13 +47,14 @@ def main() -> dict[str, Any]:
                "0.05", "--hang-file", f"{CHECKPOINT_MOUNT}/{HANG_FILE}"]
     with on_real_nodes("e2e_stock_tf") as (cluster, api, tmp):
         job = one_job(cluster, api, tmp, PLAN, overlay=SIDECAR_OVERLAY, stock=STOCK_TF,
-                      command=command, transform=your_image(TRAINER_TF))
+                      command=command, transform=your_image(TRAINER_TF),
+                      env=dict(SHIPPED_QUARANTINE))
     faults = job["faults"]
 
     def of(kinds: tuple[str, ...]) -> list[float]:
         return [f["resumed_s"] for f in faults if f["fault"] in kinds and "resumed_s" in f]
 
-    details = {"plan": list(PLAN), "job": job,
+    details = {"plan": list(PLAN), "supervisor_env": dict(SHIPPED_QUARANTINE), "job": job,
                "resumed_after_kill_s": summary(of(KILLS)),
                "resumed_after_hang_s": summary(of(HANGS)),
                "resumed_after_stuck_s": summary(of(STUCK)),

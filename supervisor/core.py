@@ -287,6 +287,20 @@ def fail(c: Core, code: int, reason: str, *, event: bool = True) -> tuple[Core, 
     return replace(c, failing=(int(code), reason)), FailJob(int(code), reason, event)
 
 
+def judge_exit(held: int | None, exited: int | None, *,
+               paused: bool) -> tuple[int | None, int | None]:
+    """horovodrun's exit, held or judged: (the code held from now on, the code to judge now).
+    An exit seen while the leader Lease cannot be renewed (`paused`) is no verdict on the job:
+    a standby may have taken the workers, whose training processes then end this run's (hook
+    owner.py). It is held until the Lease is renewed again (judged then, as any exit) or lost
+    (the run ends with LEADERSHIP_LOST: `fail`, whose code the caller finishes with)."""
+    if held is not None:
+        return (held, None) if paused else (None, held)
+    if exited is not None and paused:
+        return exited, None
+    return None, exited
+
+
 @dataclass
 class _Pass:
     """`manage` under way (local to one call)."""

@@ -152,7 +152,7 @@ def _judge(pod: Obj, nodes: Mapping[str, Obj], mode: HostMode,
     return problem, host, live
 
 
-def talking_on_down_nodes(view: ClusterView, mode: HostMode,
+def kept_while_heartbeating(view: ClusterView, mode: HostMode,
                           heartbeating: Callable[[], Iterable[str]]) -> frozenset[str]:
     """PURE: the hosts of worker pods on nodes that are down (not Ready, or a node-down taint),
     or marked not Ready from outside (`marked_not_ready`: the node controller marks every pod

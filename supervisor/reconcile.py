@@ -251,17 +251,15 @@ class Supervisor:
                 earliest = None  # what _manage changes (scale-in) is not a watch latency
             self._sync_discovery(now, earliest)
             st = self.state
-            if st.held_exit is not None:
-                if st.core.failing is not None:  # the Lease lost meanwhile (LEADERSHIP_LOST)
-                    return self._finish(*st.core.failing)
-                if not st.paused:
-                    exited, st.held_exit = st.held_exit, None
-            elif exited is not None and st.paused:
-                st.held_exit, exited = exited, None
-                self.log.warning("horovodrun.exit_held", code=st.held_exit, reason=(
+            if st.held_exit is not None and st.core.failing is not None:
+                return self._finish(*st.core.failing)  # the Lease lost meanwhile
+            held, exited = core.judge_exit(st.held_exit, exited, paused=st.paused)
+            if held is not None and st.held_exit is None:
+                self.log.warning("horovodrun.exit_held", code=held, reason=(
                     "horovodrun exited while this launcher cannot renew the leader Lease: "
                     "another launcher may have taken the workers; judged once the Lease says "
                     "whose the job is"))
+            st.held_exit = held
             if exited is not None:
                 if st.core.failing is not None:
                     return self._finish(*st.core.failing)
@@ -991,7 +989,7 @@ class Supervisor:
         if fl is not None and st.active_pods[0] is not fl:
             st.active_pods = (fl, fleet.current_pods(fl, cfg.job_name))
         active = st.active_pods[1] if fl is not None else None
-        talking = self._heartbeating_on_down_nodes(now)
+        talking = self._kept_while_heartbeating(now)
         if talking != st.kept:
             self.log.info("workers.kept_on_down_nodes", hosts=sorted(talking),
                           released=sorted(st.kept - talking))
@@ -1042,14 +1040,14 @@ class Supervisor:
                                       f"host list withdrawn: {decision.reason}"))
             st.published = None
 
-    def _heartbeating_on_down_nodes(self, now: float) -> frozenset[str]:
-        """discovery.talking_on_down_nodes with the hosts heartbeating now (empty without the
+    def _kept_while_heartbeating(self, now: float) -> frozenset[str]:
+        """discovery.kept_while_heartbeating with the hosts heartbeating now (empty without the
         hook or horovodrun)."""
         st = self.state
         if self.channel is None or st.child is None:
             return frozenset()
         channel, silence = self.channel, self.hang_settings.silence_s
-        return discovery.talking_on_down_nodes(st.view, self.cfg.host_mode, lambda: [
+        return discovery.kept_while_heartbeating(st.view, self.cfg.host_mode, lambda: [
             b.host for b in channel.snapshot().beats.values() if heartbeating(b, now, silence)])
 
     def _listing(self, view_render: Rendered, now: float) -> Rendered:

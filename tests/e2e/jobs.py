@@ -31,6 +31,7 @@ from kubernetes import client
 from localcluster.job import JOB, OVERLAY, MainJob, Record, log_time
 from localcluster.nodes import Cluster
 from supervisor.config import Config
+from supervisor.hook.elastic_supervisor_hook import worker
 
 COMMIT_EVERY = 5
 CHECKPOINT_MOUNT = "/checkpoint"  # where every worker mounts the job's checkpoint directory
@@ -136,24 +137,12 @@ def process_env(pid: int) -> dict[str, str]:
                 .decode(errors="replace").split("\0") if "=" in item)
 
 
-def udp_sockets(pid: int) -> dict[int, int]:
-    """The UDP sockets host process `pid` holds (inode -> local port), read in its own network
-    namespace (/proc/PID/net: the pod's; psutil reads this machine's, where a pod's sockets
-    are not, and sees none)."""
-    held = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        with contextlib.suppress(OSError):
-            link = os.readlink(fd)
-            if link.startswith("socket:["):
-                held.add(int(link[8:-1]))
-    ports = {}
-    for table in ("udp", "udp6"):
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-                f = line.split()
-                if int(f[9]) in held:
-                    ports[int(f[9])] = int(f[1].rpartition(":")[2], 16)
-    return ports
+def udp_ports(pid: int) -> list[int]:
+    """The local ports of the UDP sockets host process `pid` holds, read in its own network
+    namespace by the hook's reader (/proc/PID/net: the pod's; psutil reads this machine's,
+    where a pod's sockets are not, and sees none)."""
+    return [c.laddr[1] for c in worker.proc_tcp_connections(f"/proc/{pid}", ("udp", "udp6"))
+            if c.laddr]
 
 
 def shared_write(path: Path, text: str) -> None:

@@ -196,6 +196,7 @@ def status_as_printed_with_incidents(job: Job, *, size: int, failures: int) -> N
     assert len(failed) >= failures and all(
         any(e["pod"] in pods for pods in logged.values()) for e in failed), (failed, logged)
     shown = {i["id"]: set(i["pods"]) for i in s["incidents"]}
+    assert shown, s
     newest = sorted(logged)[-len(shown):]
     assert sorted(shown) == newest and all(shown[k] == logged[k] for k in shown), (shown, logged)
 

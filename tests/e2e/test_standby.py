@@ -27,7 +27,7 @@ from localcluster.nodes import Cluster
 from supervisor.hook.elastic_supervisor_hook.owner import OWNER_ENV
 from supervisor.leader import lease_name
 from supervisor.model import ExitCode
-from tests.e2e.jobs import SHIPPED_QUARANTINE, STOCK, Job, process_env, udp_sockets
+from tests.e2e.jobs import SHIPPED_QUARANTINE, STOCK, Job, process_env, udp_ports
 from tests.e2e.test_stock_lane import stock_job
 
 TAKEOVER_S = 60  # the Lease (main_job: 10 s) expires, the standby acquires and adopts
@@ -58,7 +58,7 @@ class Sampler:
                 argv = p.cmdline()
                 if not (argv and "python" in argv[0] and any(STOCK.name in a for a in argv)):
                     continue
-                if udp_sockets(pid):
+                if udp_ports(pid):
                     found[pid] = process_env(pid).get(OWNER_ENV)
         return found
 

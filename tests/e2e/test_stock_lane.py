@@ -58,7 +58,7 @@ from tests.e2e.jobs import (
     steps_of,
     stock_script_of,
     tour_budgets,
-    udp_sockets,
+    udp_ports,
     with_policy,
 )
 from tests.faults import PodFaults
@@ -604,7 +604,7 @@ class TestStockTour:
         # It also signs an exit as the supervisor's, far ahead in sequence, to B's training
         # process: only the supervisor's address may command it (issue 39 item 9).
         b_pid = job.processes(b, lambda argv: any(x.endswith(STOCK.name) for x in argv))[0]
-        b_port = next(iter(udp_sockets(b_pid).values()))
+        b_port = udp_ports(b_pid)[0]
         exit_b = wire.encode(key, {"t": "exit", "s": wire.SUPERVISOR, "n": 10**12, "run": run,
                                    "why": "forged"})
         send_from(pid, exit_b, b_ip, b_port)
@@ -691,8 +691,9 @@ def test_a_frozen_node_with_rank_0_and_another_worker_is_one_incident(
     """Issue 40 item 3: a node froze while it held rank 0 and another worker. Declared one at a
     time, the first reset's world still held the other frozen one, and the rendezvous broke
     (horovodrun restarted: a script without a checkpoint starts over). Both are declared
-    together, in one dead set: the survivor resumes within the bound and horovodrun is not
-    restarted. The shipped defaults, quarantine included."""
+    together, in one dead set: the survivor resumes within the bound, horovodrun is not
+    restarted, and the job grows back once the node is. The shipped defaults, quarantine
+    included."""
     core = client.CoreV1Api(cluster_api)
     names = [n.name for n in cluster.nodes]
     spare = names[-1]
@@ -733,9 +734,14 @@ def test_a_frozen_node_with_rank_0_and_another_worker_is_one_incident(
         assert all(sorted(t["pods"]) == frozen for t in together), together
         assert sorted(h["pod"] for h in job.logs_since("worker.hung", t0)) == frozen
         assert took <= 5.0, f"resumed {took:.2f}s after the freeze (bound 5 s)"
-        # Not back to 3 within 240 s on 2026-11-28: the replacements' only room is the node of
-        # the survivor (workers avoid the launcher's); open in issue 40.
         no_restart_since(job, t0)
         check_steps(job.records())
+        # While the node is frozen the replacements' only room is the survivor's node
+        # (workers avoid the launcher's): the job waits below its size. Once the node is
+        # back it grows to 3 again, whether or not the frozen node was quarantined (a
+        # quarantine the job is short of is lifted: node.quarantine_lifted).
     finally:
         faults.close()
+    job.back_to(3, t0)
+    no_restart_since(job, t0)
+    check_steps(job.records())

@@ -187,6 +187,22 @@ class Connections(unittest.TestCase):
             for s in (srv, cli, peer):
                 s.close()
 
+    def test_the_udp_tables_give_this_process_s_udp_sockets(self):
+        """What the real-node tests read of a pod's process (its heartbeat socket's port, in its
+        own network namespace): the same reader with the udp tables."""
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind(("127.0.0.1", 0))
+        srv, cli, peer = tcp_pair()
+        try:
+            ours = [(c.fd, c.laddr) for c in
+                    worker.proc_tcp_connections("/proc/self", ("udp", "udp6"))]
+            self.assertIn((udp.fileno(), udp.getsockname()), ours)
+            tcp = {s.fileno() for s in (srv, cli, peer)}
+            self.assertEqual([fd for fd, _ in ours if fd in tcp], [])
+        finally:
+            for s in (udp, srv, cli, peer):
+                s.close()
+
     def test_without_psutil_the_connections_come_from_proc_said_once(self):
         srv, cli, peer = tcp_pair()
         saved = sys.modules.get("psutil")

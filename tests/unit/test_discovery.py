@@ -123,15 +123,15 @@ def test_a_pod_the_node_controller_marked_not_ready_stays_while_its_processes_he
     # seen in the stock tour, where the other worker's kill then left the driver no host of
     # the last world): kept while it heartbeats.
     up = view_of(marked, pod("w-1", "10.1.0.11", "b"), READY_NODE, node("b"))
-    assert discovery.talking_on_down_nodes(up, HostMode.POD_IP, lambda: ["10.1.0.10"]) == {
+    assert discovery.kept_while_heartbeating(up, HostMode.POD_IP, lambda: ["10.1.0.10"]) == {
         "10.1.0.10"}
-    assert discovery.talking_on_down_nodes(up, HostMode.POD_IP, list) == frozenset()
+    assert discovery.kept_while_heartbeating(up, HostMode.POD_IP, list) == frozenset()
     # A pod not Ready because its own container is not (a readiness probe: its sshd down) on a
     # Ready node is out, heartbeats or not.
     probe = copy.deepcopy(marked)
     probe["status"]["containerStatuses"][0]["ready"] = False
     sshd_down = view_of(probe, pod("w-1", "10.1.0.11", "b"), READY_NODE, node("b"))
-    assert discovery.talking_on_down_nodes(sshd_down, HostMode.POD_IP,
+    assert discovery.kept_while_heartbeating(sshd_down, HostMode.POD_IP,
                                            lambda: ["10.1.0.10"]) == set()
 
 
@@ -139,14 +139,14 @@ def test_the_hosts_kept_on_down_nodes_are_those_that_heartbeat() -> None:
     down = with_condition(READY_NODE, "Ready", "False")
     v = view_of(pod("w-0", "10.1.0.10"), pod("w-1", "10.1.0.11", "b"), down, node("b"))
     talking = lambda: ["10.1.0.10", "10.1.0.11"]  # noqa: E731
-    assert discovery.talking_on_down_nodes(v, HostMode.POD_IP, talking) == {"10.1.0.10"}
-    assert discovery.talking_on_down_nodes(v, HostMode.POD_IP, list) == frozenset()
+    assert discovery.kept_while_heartbeating(v, HostMode.POD_IP, talking) == {"10.1.0.10"}
+    assert discovery.kept_while_heartbeating(v, HostMode.POD_IP, list) == frozenset()
     up = view_of(pod("w-0", "10.1.0.10"), READY_NODE)
 
     def never() -> list[str]:
         raise AssertionError("heartbeats are read only while a node is down")
 
-    assert discovery.talking_on_down_nodes(up, HostMode.POD_IP, never) == frozenset()
+    assert discovery.kept_while_heartbeating(up, HostMode.POD_IP, never) == frozenset()
 
 
 def test_lines_are_sorted_and_carry_slots() -> None:

@@ -415,9 +415,11 @@ def parse_proc_tcp(text: str, sockets: dict[int, int],
     return out
 
 
-def proc_tcp_connections(proc: str = "/proc/self") -> list[Connection]:
+def proc_tcp_connections(proc: str = "/proc/self",
+                         tables: tuple[str, ...] = ("tcp", "tcp6")) -> list[Connection]:
     """This process's TCP connections read from /proc, as psutil reads them: its socket fds
-    (proc/fd links "socket:[inode]") matched with the network namespace's tables."""
+    (proc/fd links "socket:[inode]") matched with the tables of the process's own network
+    namespace (`proc`/net; ("udp", "udp6") for its UDP sockets, their states meaningless)."""
     sockets = {}
     for name in os.listdir(f"{proc}/fd"):
         with contextlib.suppress(OSError, ValueError):
@@ -425,7 +427,7 @@ def proc_tcp_connections(proc: str = "/proc/self") -> list[Connection]:
             if target.startswith("socket:["):
                 sockets[int(target[8:-1])] = int(name)
     out: list[Connection] = []
-    for table in ("tcp", "tcp6"):
+    for table in tables:
         with contextlib.suppress(FileNotFoundError), open(f"{proc}/net/{table}") as f:
             out += parse_proc_tcp(f.read(), sockets)
     return out
