@@ -1,4 +1,4 @@
-"""`python -m bench.suite [--ci]`: time the test suite and record it in bench/results.json.
+"""`python -m bench.suite [--ci | --ci-only]`: time the test suite, record it in results.json.
 
 Runs `make test` in this checkout as it is (its caches as they are) and records, in the `suite`
 block's `make_test`: the wall time, make's exit code, the passed/failed/error/skipped counts
@@ -6,8 +6,8 @@ summed over the pytest runs of its phases (each phase's counts and seconds as py
 them), the date, the commit and the machine. With `--ci` it then clones HEAD into a temporary
 directory and runs `.ci/run` there (setup, then `make test`) with empty caches (ES_CACHE,
 GOCACHE and GOMODCACHE point at new empty directories, removed afterwards), recorded as
-`ci_empty_cache`. The other sub-block keeps its stored value. Not part of `make test` (it runs
-it); each run's output is kept in a log file whose path is recorded.
+`ci_empty_cache`; `--ci-only` runs only that. A sub-block not run keeps its stored value. Not
+part of `make test` (it runs it); each run's output is kept in a log file whose path is recorded.
 
 The same `make test` also fills the `false_verdicts` block: every job on real nodes appends its
 Hung and stuck verdicts and quarantines, and those that named a pod or node the test had not
@@ -110,18 +110,25 @@ def ci_empty_cache(out: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.suite", description=__doc__)
-    parser.add_argument("--ci", action="store_true",
-                        help="also run .ci/run in a clean clone with empty caches (~35 min)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--ci", action="store_true",
+                       help="also run .ci/run in a clean clone with empty caches (~70 min)")
+    which.add_argument("--ci-only", action="store_true",
+                       help="only that clean-clone run; make_test and false_verdicts keep "
+                            "their stored values")
     args = parser.parse_args(argv)
     out = Path(tempfile.mkdtemp(prefix="bench-suite-"))
-    measured = {"make_test": make_test(out, out / "verdicts.jsonl")}
-    verdicts = false_verdicts(out / "verdicts.jsonl", measured["make_test"])
-    if args.ci:
+    measured: dict[str, dict[str, Any]] = {}
+    blocks: dict[str, Any] = {}
+    if not args.ci_only:
+        measured["make_test"] = make_test(out, out / "verdicts.jsonl")
+        verdicts = false_verdicts(out / "verdicts.jsonl", measured["make_test"])
+        blocks[VERDICTS_KEY] = verdicts
+        print(f"false verdicts: {verdicts['hung']} Hung or stuck, {verdicts['quarantine']} "
+              f"quarantines, over {verdicts['jobs']} jobs on real nodes")
+    if args.ci or args.ci_only:
         measured["ci_empty_cache"] = ci_empty_cache(out)
-    path = store.record({KEY: {**(store.load().get(KEY) or {}), **measured},
-                         VERDICTS_KEY: verdicts})
-    print(f"false verdicts: {verdicts['hung']} Hung or stuck, {verdicts['quarantine']} "
-          f"quarantines, over {verdicts['jobs']} jobs on real nodes")
+    path = store.record({KEY: {**(store.load().get(KEY) or {}), **measured}, **blocks})
     for name, run in measured.items():
         print(f"suite {name}: {run['wall_s']} s, exit {run['exit_code']}, {run['passed']} "
               f"passed, {run['failed']} failed, {run['errors']} errors at {run['commit']}")

@@ -210,7 +210,7 @@ def _suite(name: str) -> Callable[[Results], tuple[str, str]]:
 
 SUITE_WHAT = {"make_test": "`make test` (`python -m bench.suite`)",
               "ci_empty_cache": "`.ci/run` in a clean clone, empty caches "
-                                "(`python -m bench.suite --ci`)"}
+                                "(`python -m bench.suite --ci-only`)"}
 
 # README's Results table, in order: (the block the row needs, its "what" while that block is
 # missing, the row).

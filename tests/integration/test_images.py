@@ -546,8 +546,10 @@ def _host_state(settings: images.Settings) -> dict[str, object]:
 
 def test_a_build_leaves_no_host_state(tarballs: dict[str, Path], tmp_path: Path) -> None:
     # A real daemon, a real build with a RUN step (a container) on the project's base image.
-    del tarballs  # the base image exists once the images are built
+    del tarballs  # the base rootfs exists once the images are built
     settings = images.Settings()
+    recipe = images.base_recipe(settings)
+    rootfs = images.build_base_rootfs(settings, recipe, print)
     (tmp_path / "Dockerfile").write_text(
         f"FROM {images.BASE_IMAGE}\nRUN python3 -c 'print(42)' > /answer\n")
     with images.build_lock(settings):
@@ -555,6 +557,9 @@ def test_a_build_leaves_no_host_state(tarballs: dict[str, Path], tmp_path: Path)
         before = _host_state(settings)
         with images.DockerDaemon(settings, print) as docker:
             during = _host_state(settings)
+            # Cached image archives let a build be skipped, so the daemon's own store may lack
+            # the base image (an emptied data root): import it like a build does.
+            images.ensure_base_image(docker, rootfs, recipe, print)
             docker.build(images.docker_build_argv(dockerfile="Dockerfile", tag="es-hoststate:1",
                                                   args={}), context=tmp_path,
                          logfile=tmp_path / "build.log")
