@@ -804,6 +804,44 @@ def test_a_host_change_commits_first_so_no_counter_goes_back(
     assert state.step == 10
 
 
+def test_a_removal_still_syncs_so_a_worker_added_to_the_same_world_is_not_left_waiting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Horovod's own run_fn and State (0.28.1, imported for real): a removal-only host update
+    makes Horovod skip the sync after the reset, while a worker the driver put in the new world
+    meanwhile syncs (a broadcast the skipping ranks never enter: the deadlock an eviction with a
+    quick replacement hit on real nodes). With the hook every rank syncs."""
+    from horovod.common import elastic
+    from horovod.runner.elastic.worker import HostUpdateResult
+
+    monkeypatch.setattr(elastic.State, "check_host_updates", elastic.State.check_host_updates)
+    monkeypatch.setattr(elastic.State, "commit", elastic.State.commit)
+    monkeypatch.setattr(elastic.ObjectState, "save", elastic.ObjectState.save)
+    monkeypatch.setattr(elastic, "run_fn", elastic.run_fn)
+
+    def syncs(update: str) -> int:
+        """The state's syncs over one run: the first one, and one per reset that syncs."""
+        state = elastic.ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, step=0)
+        synced: list[int] = []
+        state.sync = lambda: synced.append(int(state.step))  # type: ignore[method-assign]
+        batches: list[int] = []
+
+        def train(state: elastic.ObjectState) -> int:
+            while len(batches) < 3:
+                batches.append(1)
+                state.step = len(batches)
+                if len(batches) == 2:
+                    state.on_hosts_updated(1.0, getattr(HostUpdateResult, update))
+                state.commit()  # raises HostsUpdatedInterrupt at batch 2
+            return int(state.step)
+
+        assert elastic.run_fn(train, lambda: None)(state) == 3
+        return len(synced)
+
+    assert (syncs("removed"), syncs("added")) == (1, 2)  # Horovod's: a removal skips it
+    hook.WorkerHook(KEY, 9, "1", {}).patch_elastic(elastic)
+    assert (syncs("removed"), syncs("added")) == (2, 2)
+
+
 def test_the_elastic_patch_says_what_it_misses() -> None:
     with pytest.raises(RuntimeError, match=r"check_host_updates, commit or save not found"):
         hook.WorkerHook(KEY, 9, "1", {}).patch_elastic(SimpleNamespace(State=object))

@@ -20,7 +20,8 @@ names. Nothing else is touched, so a process that never imports them is unchange
   first init starts the heartbeat thread (worker.py); a collective that raises
   HorovodInternalError cuts the failed world's connections as the process leaves it
   (`WorkerHook.leave_world`); `horovod.common.elastic.State.check_host_updates` saves the
-  state before it raises HostsUpdatedInterrupt (worker.saved_on_host_change). A missing
+  state before it raises HostsUpdatedInterrupt, and the sync after it is never skipped (a
+  worker added meanwhile may be in the next world: worker.saved_on_host_change). A missing
   target or another Horovod version is reported on stderr and in the heartbeats, never fatal
   to training.
 - a training process of horovod.tensorflow (which horovod.keras and horovod.tensorflow.keras
@@ -341,8 +342,9 @@ class WorkerHook:
                      "process; horovodrun's driver is hardened all the same")
 
     def patch_elastic(self, elastic: Any) -> None:
-        """A host change commits the state first (worker.saved_on_host_change): with no step
-        counted twice, a worker joins, or one announced to go leaves. Commits are counted."""
+        """A host change commits the state first and always syncs after it
+        (worker.saved_on_host_change): with no step counted twice and no rank left out of the
+        new world's sync, a worker joins, or one announced to go leaves. Commits are counted."""
         state = getattr(elastic, "State", None)
         check = getattr(state, "check_host_updates", None)
         commit = getattr(state, "commit", None)

@@ -72,12 +72,23 @@ DeadEntry = Tuple[str, Optional[Tuple[int, ...]]]
 def saved_on_host_change(check: Callable[..., Any],
                          saved: Callable[[], None] = lambda: None) -> Callable[..., Any]:
     """Horovod's `State.check_host_updates`, saving the state before it raises
-    HostsUpdatedInterrupt. Every rank raises it at the same step (the update was broadcast),
-    so what they hold then is consistent: a commit. Horovod then syncs the state from rank 0,
-    and `ObjectState.sync` broadcasts the *saved* attributes (a step or batch counter) while
-    the model and optimizer go as they are: without the save, a worker joining (or one leaving
-    with another joining) sets the counters back to the last commit, up to a commit interval
-    of steps counted and fed again, on a model that already learnt from them."""
+    HostsUpdatedInterrupt, and never letting that interrupt skip the sync after the reset.
+
+    The save: every rank raises it at the same step (the update was broadcast), so what they
+    hold then is consistent: a commit. Horovod then syncs the state from rank 0, and
+    `ObjectState.sync` broadcasts the *saved* attributes (a step or batch counter) while the
+    model and optimizer go as they are: without the save, a worker joining (or one leaving with
+    another joining) sets the counters back to the last commit, up to a commit interval of
+    steps counted and fed again, on a model that already learnt from them.
+
+    The sync: Horovod's `run_fn` skips it when the updates a rank had seen were removals only
+    (`skip_sync`). But the driver assigns the next world from the hosts it knows once the old
+    world's barrier completes, which may be later: a worker added meanwhile (the replacement of
+    one that leaves gracefully, listed before the leaver was let go) is in that world, and it
+    always syncs. The survivors would train while it waits in the sync's broadcasts, a deadlock
+    (seen on real nodes: an evicted Keras worker let go 4.7 s after its host was taken out, its
+    replacement listed at 1.5 s). So every rank syncs after a host change: one broadcast of the
+    state from rank 0, which on a removal only sends what every rank has already."""
     @functools.wraps(check)
     def check_host_updates(state: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -86,6 +97,8 @@ def saved_on_host_change(check: Callable[..., Any],
             if type(e).__name__ == "HostsUpdatedInterrupt":
                 state.save()
                 saved()
+                if getattr(e, "skip_sync", False):
+                    e.skip_sync = False  # type: ignore[attr-defined]
             raise
 
     return check_host_updates
