@@ -156,7 +156,11 @@ class HorovodRun:
             "--elastic-timeout", "120",
             str(python), str(script), "--batches", str(batches),
             "--stop-file", str(self.stop_file), *script_args]
-        self.env = dict(os.environ)
+        # horovodrun passes its environment on: the training processes' temporary files
+        # (TensorFlow's autograph writes one per converted function and a killed process leaves
+        # them) go under the test's directory, not the machine's /tmp.
+        (self.workdir / "tmp").mkdir(exist_ok=True)
+        self.env = {**os.environ, "TMPDIR": str(self.workdir / "tmp")}
         if channel is not None:
             self.env.update({
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(HOOK_DIR),

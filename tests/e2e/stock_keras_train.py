@@ -10,11 +10,15 @@ batches trained in the state (`state.step`, committed with it, so it rolls back 
 and prints rank 0's, as tests/e2e/stock_train.py does: one JSON line per batch {"step", "size",
 "loss", "lr", "committed", "host", "time"} and events {"event": "reset" | "done", ...}.
 --stop-file PATH: a file every rank sees, holding a batch number: training ends there.
+--hang-file PATH: the rank whose host (HOROVOD_HOSTNAME) the file holds blocks its main thread
+for good at its next batch's end (in a callback, between two `tf.function` steps) while its
+other threads run on.
 """
 
 import argparse
 import json
 import os
+import threading
 import time
 
 import horovod.tensorflow.keras as hvd
@@ -29,6 +33,8 @@ parser.add_argument("--batches-per-commit", type=int, default=1)
 parser.add_argument("--lr", type=float, default=0.001)
 parser.add_argument("--sleep", type=float, default=0.0, help="seconds of extra work per batch")
 parser.add_argument("--stop-file", default=None, help="a file holding the batch to end at")
+parser.add_argument("--hang-file", default=None, help="a file holding the host whose rank "
+                    "deadlocks")
 args = parser.parse_args()
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -86,12 +92,28 @@ def batches_to_train():
     return args.batches
 
 
+def deadlock_if_named(host):
+    if not args.hang_file:
+        return
+    try:
+        with open(args.hang_file) as f:
+            named = f.read().strip()
+    except OSError:
+        return
+    if named and named == host:
+        print(f"rank {hvd.rank()} on {host}: deadlocking", flush=True)
+        lock = threading.Lock()
+        lock.acquire()
+        lock.acquire()
+
+
 class Steps(tf.keras.callbacks.Callback):
     """The script's own: count and print each batch, stop at the target."""
 
     def on_train_batch_end(self, batch, logs=None):
         if args.sleep:
             time.sleep(args.sleep)
+        deadlock_if_named(os.environ.get("HOROVOD_HOSTNAME", ""))
         state.step += 1
         committed = state.step % args.batches_per_commit == 0
         log(step=state.step, size=hvd.size(), loss=round(float(logs["loss"]), 6),

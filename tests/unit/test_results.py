@@ -141,3 +141,12 @@ def test_the_false_verdicts_block_sums_the_jobs_lines(tmp_path: Path) -> None:
     assert block["verdicts"] == {"worker.hung": 3, "node.quarantined": 1}
     assert block["false"] == [hung] and block["commit"] == "abc"
     assert suite.false_verdicts(tmp_path / "none.jsonl", {})["jobs"] == 0
+
+
+def test_the_quick_starts_make_test_minutes_are_the_recorded_ones() -> None:
+    """README's quick start says how long `make test` took warm: the `suite` block's wall time
+    (a prose number drifted from 34.9 recorded to 27.0 said once)."""
+    text = " ".join(README.read_text().split())
+    run = store.load()["suite"]["make_test"]
+    said = f"`make test` took {run['wall_s'] / 60:.1f} minutes warm"
+    assert said in text, f"README's quick start should say: {said}"
