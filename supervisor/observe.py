@@ -296,13 +296,21 @@ def node_problem(node: Obj | None) -> Unusable | None:
 
 
 def marked_not_ready(pod: Obj) -> bool:
-    """The pod is not Ready while the kubelet says each of its containers is: marked from
-    outside (the node controller's MarkPodsNotReady on a node it found NotReady). A readiness
-    probe that fails (an sshd down) makes its container not ready too."""
+    """The pod is not Ready, and no readiness probe of its own says so: marked from outside
+    (the node controller's MarkPodsNotReady on a node it found NotReady), which the kubelet
+    clears only at its next update. Either the kubelet says each of its containers is ready,
+    or none of its containers has a readiness probe: then a container is not ready only while
+    it does not run (its processes do not heartbeat either) or in the kubelet's status of the
+    moment after an API outage (the stock tour saw both workers leave the host list so, 18 s
+    after the outage, while they trained). A readiness probe that fails (an sshd down) makes
+    its container not ready: that one is the pod's own verdict."""
     ready = condition(pod, "Ready")
     statuses = pod.get("status", {}).get("containerStatuses") or ()
-    return (ready is not None and ready.get("status") != "True" and bool(statuses)
-            and all(cs.get("ready") is True for cs in statuses))
+    if ready is None or ready.get("status") == "True" or not statuses:
+        return False
+    if all(cs.get("ready") is True for cs in statuses):
+        return True
+    return not any(c.get("readinessProbe") for c in pod.get("spec", {}).get("containers") or ())
 
 
 def pod_problem(pod: Obj, nodes: Mapping[str, Obj]) -> Unusable | None:

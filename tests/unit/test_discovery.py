@@ -126,10 +126,19 @@ def test_a_pod_the_node_controller_marked_not_ready_stays_while_its_processes_he
     assert discovery.kept_while_heartbeating(up, HostMode.POD_IP, lambda: ["10.1.0.10"]) == {
         "10.1.0.10"}
     assert discovery.kept_while_heartbeating(up, HostMode.POD_IP, list) == frozenset()
-    # A pod not Ready because its own container is not (a readiness probe: its sshd down) on a
-    # Ready node is out, heartbeats or not.
-    probe = copy.deepcopy(marked)
-    probe["status"]["containerStatuses"][0]["ready"] = False
+    # A container not ready while the pod has no readiness probe (the kubelet's status of the
+    # moment after an outage: seen in the stock tour, both workers out while they trained):
+    # kept while it heartbeats, out when it does not (a container that does not run).
+    unprobed = copy.deepcopy(marked)
+    unprobed["status"]["containerStatuses"][0]["ready"] = False
+    after = view_of(unprobed, pod("w-1", "10.1.0.11", "b"), READY_NODE, node("b"))
+    assert discovery.kept_while_heartbeating(after, HostMode.POD_IP, lambda: ["10.1.0.10"]) == {
+        "10.1.0.10"}
+    assert discovery.kept_while_heartbeating(after, HostMode.POD_IP, list) == frozenset()
+    # A pod not Ready because its own readiness probe says so (its sshd down) on a Ready node
+    # is out, heartbeats or not.
+    probe = copy.deepcopy(unprobed)
+    probe["spec"]["containers"][0]["readinessProbe"] = {"tcpSocket": {"port": 2222}}
     sshd_down = view_of(probe, pod("w-1", "10.1.0.11", "b"), READY_NODE, node("b"))
     assert discovery.kept_while_heartbeating(sshd_down, HostMode.POD_IP,
                                            lambda: ["10.1.0.10"]) == set()
