@@ -300,10 +300,11 @@ def marked_not_ready(pod: Obj) -> bool:
     (the node controller's MarkPodsNotReady on a node it found NotReady), which the kubelet
     clears only at its next update. Either the kubelet says each of its containers is ready,
     or none of its containers has a readiness probe: then a container is not ready only while
-    it does not run (its processes do not heartbeat either) or in the kubelet's status of the
-    moment after an API outage (the stock tour saw both workers leave the host list so, 18 s
-    after the outage, while they trained). A readiness probe that fails (an sshd down) makes
-    its container not ready: that one is the pod's own verdict."""
+    it does not run (its processes do not heartbeat either) or, as it seems, in the kubelet's
+    status of the moment after an API outage (the stock tour's outage: both workers left the
+    host list while they trained, their nodes Ready again; the container statuses of that
+    moment were not logged). A readiness probe that fails (an sshd down) makes its container
+    not ready: that one is the pod's own verdict."""
     ready = condition(pod, "Ready")
     statuses = pod.get("status", {}).get("containerStatuses") or ()
     if ready is None or ready.get("status") == "True" or not statuses:
