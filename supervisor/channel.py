@@ -143,6 +143,8 @@ class Driver:
     world_at: float = 0.0
     # host -> (exit code, when first reported) of workers the driver recorded as failed
     exited: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    # the driver waits for hosts to assign the next world (fewer listed slots than --min-np)
+    waits_for_hosts: bool = False
 
 
 @dataclass(frozen=True)
@@ -602,7 +604,8 @@ def _driver(old: Driver | None, body: Mapping[str, Any], now: float) -> Driver:
         if isinstance(host, str) and host not in exited:
             exited[host] = (_int(code, 1), now)
     return Driver(bool(body.get("ok")), now, tuple(map(str, body.get("problems") or ())),
-                  world, seq, old.world_at if same and old is not None else now, exited)
+                  world, seq, old.world_at if same and old is not None else now, exited,
+                  isinstance(body.get("short"), dict))
 
 
 def watched(b: Beat, body: Mapping[str, Any], now: float) -> Beat:

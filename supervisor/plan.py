@@ -609,20 +609,22 @@ def listing(x: Listing, slots_per_worker: int, min_np: int, max_np: int) -> List
         pending = None
     else:
         listed = published_hosts(x.published)
+        waits = x.driver is not None and x.driver.waits_for_hosts
         held = regroup.held(pending, x.beats, listed=listed, usable=frozenset(x.view_render.hosts),
-                            slots_per_worker=slots_per_worker, min_np=min_np, now=x.now)
+                            slots_per_worker=slots_per_worker, min_np=min_np, now=x.now,
+                            driver_waits=waits)
         if held:
             if not held_said:
                 held_said = True
                 notes.append(Note("info", "discovery.held", {
                     "hosts": sorted(held), "since_failure_s": round(x.now - pending.since, 2)}))
             host_list = discovery.hold_back(host_list, held, slots_per_worker)
-        elif regroup.over(pending, x.beats, x.now):
+        elif regroup.over(pending, x.beats, x.now, driver_waits=waits):
             if held_said:
                 held_said = False
                 notes.append(Note("info", "discovery.released", {
                     "waited_s": round(x.now - pending.since, 2),
-                    "regrouped": regroup.regrouped(pending, x.beats)}))
+                    "regrouped": regroup.regrouped(pending, x.beats), "driver_waits": waits}))
             pending = None
     reannounced = dict(x.reannounced)
     driver = x.driver

@@ -11,6 +11,9 @@ reports a new `hvd.init()` and a completed collective after it (the hook's heart
 most MAX_HOLD_S. The survivors resume at the smaller size at once and the new host joins right
 after, through Horovod's host-added notification, at a commit point (no rollback). Nothing is
 held when the survivors alone could not reach MIN_NP (the driver would wait for the new host),
+when the driver's hook says the driver waits for hosts to assign the next world (whatever the
+reason: Horovod's blacklist, a listing it has not read; held, the new host would keep the
+survivors in `hvd.init` until MAX_HOLD_S ends: once seen on real nodes, 15 s in a Keras job),
 or when no process heartbeats without a problem of its hook (no hook, or one that cannot see the
 collectives, e.g. in a TensorFlow process: nothing would tell when to stop holding).
 No I/O, no clock.
@@ -66,20 +69,23 @@ def regrouped(p: Pending, beats: Iterable[Beat]) -> bool:
                and b.progress_at > p.since and b.bye_at is None for b in beats)
 
 
-def over(p: Pending, beats: Iterable[Beat], now: float, max_hold_s: float = MAX_HOLD_S) -> bool:
-    """Whether the regroup is no longer pending: done, given up on, or nobody to tell (no
-    process heartbeats whose hook reports no problem)."""
+def over(p: Pending, beats: Iterable[Beat], now: float, max_hold_s: float = MAX_HOLD_S, *,
+         driver_waits: bool = False) -> bool:
+    """Whether the regroup is no longer pending: done, given up on, nobody to tell (no
+    process heartbeats whose hook reports no problem), or impossible without a new host (the
+    driver said it waits for hosts to assign the next world: the survivors wait in `hvd.init`
+    for it)."""
     beats = [b for b in beats if not b.problems]
-    return now - p.since >= max_hold_s or not beats or regrouped(p, beats)
+    return driver_waits or now - p.since >= max_hold_s or not beats or regrouped(p, beats)
 
 
 def held(p: Pending | None, beats: Iterable[Beat], *, listed: frozenset[str],
          usable: frozenset[str], slots_per_worker: int, min_np: int, now: float,
-         max_hold_s: float = MAX_HOLD_S) -> frozenset[str]:
+         max_hold_s: float = MAX_HOLD_S, driver_waits: bool = False) -> frozenset[str]:
     """The usable hosts to keep out of the discovery file for now: those not `listed` in it
     yet, while the regroup `p` is pending."""
     beats = list(beats)
-    if p is None or over(p, beats, now, max_hold_s):
+    if p is None or over(p, beats, now, max_hold_s, driver_waits=driver_waits):
         return frozenset()
     new = usable - listed
     if len(usable - new) * slots_per_worker < min_np:

@@ -442,6 +442,17 @@ def test_workers_the_driver_saw_fail_are_kept_with_when_they_were_first_reported
     assert lost.exited == hello.exited
 
 
+def test_a_driver_waits_for_hosts_while_its_hello_says_what_it_is_short_of() -> None:
+    from supervisor.channel import _driver
+
+    short = {"need": 1, "slots": 0, "listed": ["a"], "blacklisted": ["a"]}
+    waits = _driver(None, {"ok": True, "short": short}, 10.0)
+    assigned = _driver(waits, {"ok": True, "short": None, "wseq": 3, "world": ["b"]}, 11.0)
+    odd = _driver(None, {"ok": True, "short": "yes"}, 12.0)  # not the hook's shape: no wait
+    assert (waits.waits_for_hosts, assigned.waits_for_hosts, odd.waits_for_hosts) == (
+        True, False, False)
+
+
 class _SlotInfo:
     def __init__(self, host: str, rank: int) -> None:
         self.hostname, self.local_rank = host, rank

@@ -264,6 +264,32 @@ def test_a_reset_that_starts_nobody_is_not_gated(patched: Any) -> None:
     job.finish()
 
 
+def test_a_driver_that_waits_for_hosts_says_so_and_what_it_has(patched: Any,
+                                                                capsys: Any) -> None:
+    """After a round, fewer listed slots than --min-np (b failed: blacklisted by Horovod):
+    the driver waits in wait_for_available_slots with a held in hvd.init, and its hook says so
+    (the supervisor then lists a new host at once) until a new host lets it assign."""
+    make, said, _ = patched
+    job = make(["a", "b"], min_np=2)
+    job.start(2)
+    assert all(h["short"] is None for h in said), "enough hosts at the start: no wait said"
+    job.proc("b").exit(1)
+    a = Ask(job, "a")
+    short = {"need": 2, "slots": 1, "listed": ["a", "b"], "blacklisted": ["b"]}
+    wait_for(lambda: said and said[-1]["short"] == short, 2, interval=0.005,
+             what=f"the wait said: {said[-1:]}")
+    assert a.is_alive(), "a waits for the next world"
+    assert ("the driver waits for 2 slot(s) to assign the next world: 1 available; listed "
+            "['a', 'b'], blacklisted by Horovod ['b']") in capsys.readouterr().err
+    job.list(["a", "c"])
+    wait_for(lambda: said[-1]["short"] is None and said[-1]["world"] == ["a", "c"], 2,
+             interval=0.005, what=f"the wait's end said: {said[-1:]}")
+    job.proc("c")
+    job.publish(1)
+    assert job.answered(a) == [2]
+    job.finish()
+
+
 def test_a_lost_replacement_is_replaced_by_the_next_listed_host(patched: Any,
                                                                 capsys: Any) -> None:
     make, said, _ = patched

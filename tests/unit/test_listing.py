@@ -50,6 +50,11 @@ def case(**kw: Any) -> Listing:
                  id="the survivor initialised again and completed a collective: released"),
     pytest.param(case(now=FAILED_AT + MAX_HOLD_S, held_said=True), [SURVIVOR, NEW], None,
                  ["discovery.released"], id="held MAX_HOLD_S: given up on, released"),
+    pytest.param(case(driver=Driver(ok=True, at=NOW, waits_for_hosts=True), held_said=True),
+                 [SURVIVOR, NEW], None, ["discovery.released"],
+                 id="the driver waits for hosts to assign the next world: released at once"),
+    pytest.param(case(driver=Driver(ok=True, at=NOW, waits_for_hosts=True)), [SURVIVOR, NEW],
+                 None, [], id="the driver waits for hosts: never held"),
     pytest.param(case(running=False), [SURVIVOR, NEW], None, [],
                  id="no horovodrun: nothing to wait for"),
     pytest.param(case(regroup=None), [SURVIVOR, NEW], None, [], id="no failure: all listed"),
@@ -63,6 +68,8 @@ def test_new_hosts_wait_for_the_survivors_to_regroup(x: Listing, hosts: list[str
     if NEW not in hosts:
         assert out.host_list.left_out == {"w-7": Unusable.HELD}
     assert out.held_said is (NEW not in hosts)
+    released = [n.fields for n in out.notes if n.event == "discovery.released"]
+    assert all(r["driver_waits"] is (x.driver is not None) for r in released), released
 
 
 WORLD = Driver(ok=True, at=0.0, world=frozenset({SURVIVOR}), world_seq=4,

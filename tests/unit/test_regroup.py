@@ -70,6 +70,16 @@ def test_the_regroup_stays_pending_while_no_replacement_exists_yet() -> None:
     assert over(PENDING, [beat("p1", inits=2, progress=NOW)], NOW)
 
 
+def test_nothing_is_held_while_the_driver_waits_for_hosts() -> None:
+    """The driver's hook said it waits for hosts to assign the next world: the survivors
+    wait in `hvd.init` for it, so a held replacement would stall them until MAX_HOLD_S."""
+    assert held(PENDING, [beat("p1")], listed=LISTED, usable=USABLE, slots_per_worker=1,
+                min_np=1, now=NOW) == frozenset({"10.0.0.7"})
+    assert held(PENDING, [beat("p1")], listed=LISTED, usable=USABLE, slots_per_worker=1,
+                min_np=1, now=NOW, driver_waits=True) == frozenset()
+    assert over(PENDING, [beat("p1")], NOW, driver_waits=True)
+
+
 @pytest.mark.parametrize(("hosts", "world", "expected"), [
     pytest.param({"10.0.0.2"}, None, True, id="a host heard from: a member"),
     pytest.param({"10.0.0.9"}, frozenset({"10.0.0.9", "10.0.0.1"}), True,

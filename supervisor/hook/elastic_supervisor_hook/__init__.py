@@ -229,6 +229,7 @@ class DriverHook:
         self.sender, self.seq = wire.new_sender_id(), 0
         self.current_world: tuple[int, list[str]] = (0, [])
         self.exited: dict[str, int] = {}  # host -> exit code of a worker recorded as failed
+        self.short: dict[str, Any] | None = None  # what the driver waits for (report_waits)
 
     def patches(self) -> dict[str, Patch]:
         patches: dict[str, Patch] = {NETWORK: driver.timed_sockets, DRIVER: self.patch_driver}
@@ -246,11 +247,18 @@ class DriverHook:
         driver.join_gate(module, lambda: driver.read_dead(self.dead_file), self.join_timeout_s,
                          report=self.world)
         driver.report_exits(module, self.exit)
+        driver.report_waits(module, self.waiting)
         driver.discover_unlocked(module)  # last: it touches none of the above
 
     def world(self, hosts: list[str]) -> None:
         """The driver assigned hosts for the next rendezvous: tell the supervisor now."""
         self.current_world = (self.current_world[0] + 1, hosts)
+        self.say("driver", self.hello())
+
+    def waiting(self, short: dict[str, Any] | None) -> None:
+        """The driver began (a dict: what it needs and has) or ended (None) a wait for hosts:
+        tell the supervisor now."""
+        self.short = short
         self.say("driver", self.hello())
 
     def exit(self, host: str, local_rank: int, code: int) -> None:
@@ -263,7 +271,7 @@ class DriverHook:
         seq, hosts = self.current_world
         return {"ok": True, "version": _horovod_version(), "connect_s": driver.CONNECT_S,
                 "read_s": driver.READ_S, "world": hosts, "wseq": seq,
-                "exited": dict(self.exited)}
+                "exited": dict(self.exited), "short": self.short}
 
     def patched(self, name: str, problem: str) -> None:
         self.results[name] = problem

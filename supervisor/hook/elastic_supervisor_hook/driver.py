@@ -21,6 +21,9 @@ dead or partitioned host waits for the OS's SYN timeout, attempt after attempt.
   next rendezvous (its process outlived its pod's deletion) is refused, not recorded READY.
 - `report_worlds`: each host assignment the driver makes (the world of the next rendezvous) is
   reported to the supervisor, which can then tell a rendezvous a dead member broke.
+- `report_waits`: when the driver must wait for hosts to assign the next world (fewer
+  listed slots than --min-np, less Horovod's blacklist), it says so, with the hosts, on stderr
+  and to the supervisor, which then holds no new host back (`supervisor/regroup.py`).
 - `report_exits`: each worker process the driver records as failed (a non-zero exit of a worker
   with a rank) is reported with its exit code, before Horovod records it (that call blocks in
   the registry's barrier until the round completes): the process can die while its pod runs on
@@ -223,6 +226,63 @@ def report_exits(driver_module: types.ModuleType,
 
     _handle_worker_exit.__wrapped__ = original  # type: ignore[attr-defined]
     cls._handle_worker_exit = _handle_worker_exit
+
+
+def report_waits(driver_module: types.ModuleType,
+                 report: Callable[[dict[str, Any] | None], None]) -> None:
+    """Make ElasticDriver say when it must wait for hosts to assign the next world, and why.
+
+    After a round, the driver assigns the next world from the hosts its discovery listed last,
+    less those Horovod blacklisted; with fewer slots than --min-np it waits, holding the
+    survivors in `hvd.init`, until enough are listed (`wait_for_available_slots`). The
+    supervisor must then list new hosts at once, not hold them back until the survivors
+    regrouped (they cannot before): `report(short)` (what it needs and what it has) as the
+    wait begins, `report(None)` once it has them; one line on stderr names the hosts."""
+    cls = getattr(driver_module, "ElasticDriver", None)
+    missing = [f"ElasticDriver.{m}" for m in ("wait_for_available_slots",)
+               if not hasattr(cls, m)]
+    missing += [f"ElasticDriver.{n}" for n in _not_set_in_init(cls, (
+        "_host_manager", "_wait_hosts_cond"))]
+    if missing:
+        raise RuntimeError(f"horovod.runner.elastic.driver: {' / '.join(missing)} not found")
+    original = cls.wait_for_available_slots
+
+    def short_of(self: Any, min_num_proc: Any, min_hosts: Any) -> dict[str, Any] | None:
+        with self._wait_hosts_cond:
+            manager = self._host_manager
+            current = manager.current_hosts
+            slots = int(current.count_available_slots())
+            if slots >= min_num_proc and len(current.available_hosts) >= min_hosts:
+                return None
+            listed = sorted(map(str, current.host_slots))
+            return {"need": int(min_num_proc), "slots": slots, "listed": listed,
+                    "blacklisted": [h for h in listed if manager.is_blacklisted(h)]}
+
+    def wait_for_available_slots(self: Any, min_num_proc: Any, min_hosts: Any = 1) -> Any:
+        short = None
+        try:
+            short = short_of(self, min_num_proc, min_hosts)
+        except Exception as e:  # never break the driver for a report
+            _say(f"cannot read the driver's hosts: {e!r}")
+        if short is None:
+            return original(self, min_num_proc, min_hosts)
+        _say(f"the driver waits for {short['need']} slot(s) to assign the next world: "
+             f"{short['slots']} available; listed {short['listed']}, blacklisted by Horovod "
+             f"{short['blacklisted']}")
+        try:
+            report(short)
+        except Exception as e:
+            _say(f"cannot report the driver's wait: {e!r}")
+        try:
+            return original(self, min_num_proc, min_hosts)
+        finally:
+            try:
+                report(None)
+            except Exception as e:
+                _say(f"cannot report the driver's wait: {e!r}")
+
+    wait_for_available_slots.__wrapped__ = original  # type: ignore[attr-defined]
+    cls.wait_for_available_slots = wait_for_available_slots
 
 
 class _Found:
