@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import inspect
 import json
 import os
 import socket
@@ -851,6 +852,55 @@ def test_a_removal_still_syncs_so_a_worker_added_to_the_same_world_is_not_left_w
     assert (syncs("removed"), syncs("added")) == (1, 2)  # Horovod's: a removal skips it
     hook.WorkerHook(KEY, 9, "1", {}).patch_elastic(elastic)
     assert (syncs("removed"), syncs("added")) == (2, 2)
+
+
+def test_the_failed_steps_frames_are_freed_off_the_thread_that_resets(
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """Horovod's own run_fn (0.28.1, imported for real): the step that raised
+    HorovodInternalError held something slow to free (as Keras's `model.fit` holds its tf.data
+    iterator, whose destructor waited 15 s on real nodes). Horovod's loop resets at once and
+    the frames are freed on the hook's thread, not before the reset."""
+    from horovod.common import elastic
+    from horovod.common.exceptions import HorovodInternalError
+
+    monkeypatch.setattr(elastic.State, "check_host_updates", elastic.State.check_host_updates)
+    monkeypatch.setattr(elastic.State, "commit", elastic.State.commit)
+    monkeypatch.setattr(elastic.ObjectState, "save", elastic.ObjectState.save)
+    monkeypatch.setattr(elastic, "run_fn", inspect.unwrap(elastic.run_fn))  # Horovod's own
+    freed: list[tuple[str, float]] = []
+
+    class Iterator:
+        def __del__(self) -> None:
+            time.sleep(1.0)
+            freed.append((threading.current_thread().name, time.monotonic()))
+
+    def run() -> tuple[float, float]:
+        freed.clear()
+        state = elastic.ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, step=0)
+        state.sync = lambda: None  # type: ignore[method-assign]
+        raised: list[float] = []
+        resets: list[float] = []
+
+        def train(state: elastic.ObjectState) -> str:
+            if not raised:
+                iterator = Iterator()  # noqa: F841 (held by this frame, as fit holds its own)
+                raised.append(time.monotonic())
+                raise HorovodInternalError("Horovod has been shut down")
+            return "done"
+
+        assert elastic.run_fn(train, lambda: resets.append(time.monotonic()))(state) == "done"
+        wait_for(lambda: freed, 5, what="the failed step's iterator freed")
+        return resets[0] - raised[0], freed[0][1] - raised[0]
+
+    reset_s, _ = run()
+    assert reset_s >= 1.0 and freed[0][0] == "MainThread", "Horovod's own: freed, then reset"
+    hook.WorkerHook(KEY, 9, "1", {"HOROVOD_HOSTNAME": "10.0.0.3"}).patch_elastic(elastic)
+    reset_s, freed_s = run()
+    assert reset_s < 0.5, f"the reset waited {reset_s:.2f}s for the failed step's frames"
+    assert freed[0][0] == "elastic-supervisor-failed-step" and freed_s >= 1.0, freed
+    line = wait_for(lambda: [x for x in capfd.readouterr().err.splitlines()
+                             if "failed_step.released" in x], 5, what="the released line")
+    assert json.loads(line[0])["host"] == "10.0.0.3" and json.loads(line[0])["seconds"] >= 1.0
 
 
 def test_the_elastic_patch_says_what_it_misses() -> None:

@@ -398,16 +398,51 @@ class WorkerHook:
         def leaving_run_fn(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             @functools.wraps(func)
             def leaving(*a: Any, **k: Any) -> Any:
+                failed: list[BaseException] = []
                 try:
                     return func(*a, **k)
                 except Exception as e:
-                    if type(e).__name__ == "HorovodInternalError":
-                        hook.failed_world()
-                    raise
+                    if type(e).__name__ != "HorovodInternalError":
+                        raise
+                    hook.failed_world()
+                    failed.append(e)
+                raise hook.released(failed)  # outside the handler: no context to the frames
 
             return run_fn(leaving, *args, **kwargs)
 
         return leaving_run_fn
+
+    def released(self, failed: list[BaseException]) -> BaseException:
+        """The failed step's HorovodInternalError (the only item of `failed`) as the elastic
+        loop gets it: a copy without its traceback, while the original, with the frames of
+        the failed step, is dropped on a thread of its own.
+
+        Those frames hold what the step was using, and freeing them can take long: Keras's
+        `model.fit` holds its tf.data iterator, whose destructor waits for the pipeline's
+        autotuning thread to end its current period (gdb on real nodes: the survivor's main
+        thread in `~RootDataset::Iterator`, the model thread in `Model::OptimizeLoop`'s timed
+        wait; 15 s and more after a long fit), and the main thread would do that at the end of
+        Horovod's `except` before it resets. TensorFlow lets go of the GIL while a tensor
+        handle is deleted, so the reset goes on meanwhile."""
+        error = failed[0]
+        try:
+            copy = type(error)(str(error))
+        except Exception:  # not Horovod's class after all: the error as it came
+            return error
+        del error  # the list's must be the last reference
+        host = self.env.get("HOROVOD_HOSTNAME", "")
+
+        def drop() -> None:
+            began = time.monotonic()
+            failed.clear()  # the last reference: the failed step's frames are freed here
+            took = time.monotonic() - began
+            print(f'{{"event": "failed_step.released", "host": "{host}", '
+                  f'"seconds": {took:.2f}, "time": {time.time():.3f}}}',
+                  file=sys.stderr, flush=True)
+
+        threading.Thread(target=drop, daemon=True,
+                         name="elastic-supervisor-failed-step").start()
+        return copy
 
     def failed_world(self) -> None:
         """A collective of this process's world failed: its state rolls back, the graphs' waits
