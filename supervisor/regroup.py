@@ -13,7 +13,7 @@ after, through Horovod's host-added notification, at a commit point (no rollback
 held when the survivors alone could not reach MIN_NP (the driver would wait for the new host),
 when the driver's hook says the driver waits for hosts to assign the next world (whatever the
 reason: Horovod's blacklist, a listing it has not read; held, the new host would keep the
-survivors in `hvd.init` until MAX_HOLD_S ends: once seen on real nodes, 15 s in a Keras job),
+survivors in `hvd.init` until MAX_HOLD_S ends),
 or when no process heartbeats without a problem of its hook (no hook, or one that cannot see the
 collectives, e.g. in a TensorFlow process: nothing would tell when to stop holding).
 No I/O, no clock.

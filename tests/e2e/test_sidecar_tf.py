@@ -77,9 +77,11 @@ STUCK_BOUND_S = 30.0  # a main thread deadlocked (stuck after STUCK_FLOOR_S=20 s
 # Not issue 38's 5 s yet for Keras's fenced peers (frozen, partitioned, silent node): its
 # survivor's reset comes seconds after the fence cut its connections in some runs (a frozen
 # process: 7.8 s after the fault, the reset 5.0 s after the cut, CI 2026-11-29; a silent node:
-# 13.4 s, the reset 9.5 s after the cut), where the seeds' shape resets 0.1-0.4 s after it; the
-# cause is not found (open in issue 38). Held, meanwhile, to half the tours' Gloo timeout,
-# which still tells a fenced reset from sitting the timeout out.
+# 13.4 s, the reset 9.5 s after the cut), where the seeds' shape resets 0.1-0.4 s after it.
+# Very likely the failed step's tf.data teardown on the main thread (docs/hook.md, "the failed
+# step is freed beside the reset"), which the hook now moves off it; not tightened until runs
+# show it (open in issue 38). Held, meanwhile, to half the tours' Gloo timeout, which still
+# tells a fenced reset from sitting the timeout out.
 KERAS_HANG_S = GLOO_TIMEOUT_S / 2
 
 

@@ -69,7 +69,8 @@ def test_new_hosts_wait_for_the_survivors_to_regroup(x: Listing, hosts: list[str
         assert out.host_list.left_out == {"w-7": Unusable.HELD}
     assert out.held_said is (NEW not in hosts)
     released = [n.fields for n in out.notes if n.event == "discovery.released"]
-    assert all(r["driver_waits"] is (x.driver is not None) for r in released), released
+    waits = x.driver is not None and x.driver.waits_for_hosts
+    assert all(r["driver_waits"] is waits for r in released), released
 
 
 WORLD = Driver(ok=True, at=0.0, world=frozenset({SURVIVOR}), world_seq=4,

@@ -421,7 +421,7 @@ class WorkerHook:
         `model.fit` holds its tf.data iterator, whose destructor waits for the pipeline's
         autotuning thread to end its current period (gdb on real nodes: the survivor's main
         thread in `~RootDataset::Iterator`, the model thread in `Model::OptimizeLoop`'s timed
-        wait; 15 s and more after a long fit), and the main thread would do that at the end of
+        wait, well past the deadlock test's bound), and the main thread would do that at the end of
         Horovod's `except` before it resets. TensorFlow lets go of the GIL while a tensor
         handle is deleted, so the reset goes on meanwhile."""
         error = failed[0]
