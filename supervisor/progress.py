@@ -43,6 +43,7 @@ RATE_WINDOW_S = 10.0
 SAMPLE_S = 5.0
 HISTORY_MAX = 1000
 EWMA = 0.2  # weight of the newest step time
+SEEN_MAX = 256  # processes whose counts are kept (those heard last pass always are)
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,10 @@ class Progress:
     step_s: float | None = None  # the step time (EWMA of the training intervals)
     resets: int = 0  # rank 0's worlds so far: a new rank 0 process or a new init of it
     counted: bool = False  # rank 0's hook counts its training time (Beat.trained_s)
-    # per process (sender), the highest position, redone count and training seconds seen, and
-    # rank 0's sender and inits last pass: stored too, so that a supervisor started again
-    # that adopts the run (sidecar mode) counts what its processes did meanwhile; not stored:
+    # per process (sender; SEEN_MAX at most), the highest position, redone count and training
+    # seconds seen, and rank 0's sender and inits last pass: stored too, so that a supervisor
+    # started again that adopts the run (sidecar mode) counts what its processes did meanwhile;
+    # not stored:
     # (epoch, step) of the last RATE_WINDOW_S
     seen: Mapping[str, tuple[int, int, float]] = field(default_factory=dict)
     lead: tuple[str, int] | None = None
@@ -137,8 +139,7 @@ def observe(p: Progress, beats: Iterable[Beat], *, desired: int, now: float,
             grew, redone = max(0, pos - high), max(0, (b.redone or 0) - was_redone)
             trained = None if b.trained_s is None else max(0.0, tr - was_tr)
         seen[b.sender] = (max(high, pos), max(was_redone, b.redone or 0), max(was_tr, tr))
-    live = {b.sender for b in beats}
-    seen = {k: v for k, v in seen.items() if k in live}
+    seen = _bounded(seen, {b.sender for b in beats})
     world = lead.size if lead is not None else None
     resets = p.resets
     if lead is not None and p.lead != (lead.sender, lead.inits):
@@ -154,6 +155,18 @@ def observe(p: Progress, beats: Iterable[Beat], *, desired: int, now: float,
     if grew:
         q = _grew(q, grew, wall, world or 0, desired, judge=trained is None)
     return _sampled(p, q, wall)
+
+
+def _bounded(seen: dict[str, tuple[int, int, float]], live: set[str]
+             ) -> dict[str, tuple[int, int, float]]:
+    """`seen` with at most SEEN_MAX processes: those no heartbeat of this pass shows are kept
+    (a supervisor started again hears its processes one by one, and a process forgotten would
+    be counted again from its start), and the oldest of them go first once there are more."""
+    extra = len(seen) - SEEN_MAX
+    if extra <= 0:
+        return seen
+    gone = [k for k in seen if k not in live][:extra]
+    return {k: v for k, v in seen.items() if k not in gone}
 
 
 def _trained(q: Progress, trained: float, dt: float, world: int, desired: int) -> Progress:

@@ -212,6 +212,30 @@ def test_a_supervisor_started_again_counts_what_the_adopted_run_did_meanwhile() 
     assert early.step == 90
 
 
+@pytest.mark.parametrize("first", [[], ["2"], ["1"]], ids=["no beat", "rank 1's", "rank 0's"])
+def test_an_adopting_supervisor_counts_nothing_twice_before_it_hears_every_process(
+        first: list[str]) -> None:
+    """The successor's channel starts empty: its first passes see no heartbeat, or some
+    processes' only. Found on real nodes (the sidecar tour, a probe of `status` after the
+    adoption): 135 steps counted twice, once before the supervisor died and again from rank 0's
+    start, as a process it had seen was forgotten in a pass that did not hear it."""
+    saved = run(steady(T0, T0 + 20, 0))  # step 40, the last save
+    restored = progress.from_dict(progress.to_dict(saved))
+    heard = [(T0 + 34.5, [P(x, int(x) - 1, 2, 69) for x in first])]
+    q = run([*heard, *steady(T0 + 35, T0 + 45, 70)], start=restored)
+    assert q.step == 90 and q.redone == 0
+
+
+def test_processes_gone_for_good_are_forgotten_once_many_were_seen() -> None:
+    """The marks of processes no heartbeat shows any more are kept (a pass may not hear a live
+    one), up to SEEN_MAX of them: a job replacing workers for months stores no more."""
+    q = run(steady(T0, T0 + 2, 0))
+    for n in range(progress.SEEN_MAX + 50):
+        q = run([(T0 + 3 + n, [P(str(100 + n), 0, 1, 5)])], start=q)
+    assert len(q.seen) == progress.SEEN_MAX
+    assert str(100 + progress.SEEN_MAX + 49) in q.seen and "1" not in q.seen
+
+
 def test_the_tool_and_rank_0s_printed_steps_agree_on_the_goodput() -> None:
     """The same training seen two ways: rank 0's step lines (what the demo's bench reads) and
     the hook's counts in heartbeats every 0.5 s, read by passes 0.3 to 2.5 s apart (what the
