@@ -19,7 +19,7 @@ Horovod's elastic callbacks (stock_keras_train.py, its deadlock in a callback be
 Each fault asserts what the torch tours assert (no horovodrun restart, no committed batch lost,
 one live pod per slot, the decision and its Event) and the resume bounds of issue 38: rank 0's
 first batch after the reset within KILL_S of a kill, HANG_S of a frozen process, STUCK_BOUND_S of
-a deadlock (Keras's fenced peers: KERAS_HANG_S, see there).
+a deadlock.
 """
 
 from __future__ import annotations
@@ -56,7 +56,6 @@ from tests.e2e.test_sidecar import (
 )
 from tests.e2e.test_stock_lane import (
     BATCHES,
-    GLOO_TIMEOUT_S,
     decisions,
     force_deleted_then_replaced,
     frozen_then_replaced,
@@ -74,15 +73,6 @@ from tests.faults import PodFaults
 KILL_S = 2.0  # a SIGKILL or a force delete
 HANG_S = 5.0  # a frozen process (silent past the 3 s heartbeat timeout, then fenced)
 STUCK_BOUND_S = 30.0  # a main thread deadlocked (stuck after STUCK_FLOOR_S=20 s, shipped)
-# Not issue 38's 5 s yet for Keras's fenced peers (frozen, partitioned, silent node): its
-# survivor's reset comes seconds after the fence cut its connections in some runs (a frozen
-# process: 7.8 s after the fault, the reset 5.0 s after the cut, CI 2026-11-29; a silent node:
-# 13.4 s, the reset 9.5 s after the cut), where the seeds' shape resets 0.1-0.4 s after it.
-# Very likely the failed step's tf.data teardown on the main thread (docs/hook.md, "the failed
-# step is freed beside the reset"), which the hook now moves off it; not tightened until runs
-# show it (open in issue 38). Held, meanwhile, to half the tours' Gloo timeout, which still
-# tells a fenced reset from sitting the timeout out.
-KERAS_HANG_S = GLOO_TIMEOUT_S / 2
 
 
 def tf_command(stock: Path, *extra: str) -> list[str]:
@@ -181,7 +171,6 @@ def ends_through_the_stop_file(job: Job, size: int) -> None:
 @pytest.mark.tour
 class TestSidecarTensorFlowTour:
     STOCK = STOCK_TF
-    HANG_WITHIN = HANG_S
 
     def test_the_pods_run_the_tensorflow_image_and_it_holds_nothing_of_ours(
             self, tour: tuple[Job, PodFaults]) -> None:
@@ -206,11 +195,11 @@ class TestSidecarTensorFlowTour:
 
     def test_a_frozen_training_process_is_found_by_its_silence(
             self, tour: tuple[Job, PodFaults]) -> None:
-        frozen_then_replaced(*tour, within=self.HANG_WITHIN)
+        frozen_then_replaced(*tour, within=HANG_S)
 
     def test_a_partitioned_worker_is_found_and_cut_off(
             self, tour: tuple[Job, PodFaults]) -> None:
-        partitioned_then_replaced(*tour, within=self.HANG_WITHIN)
+        partitioned_then_replaced(*tour, within=HANG_S)
 
     def test_a_main_thread_deadlocked_while_its_threads_run_is_named_stuck(
             self, tour: tuple[Job, PodFaults]) -> None:
@@ -220,7 +209,7 @@ class TestSidecarTensorFlowTour:
 
     def test_a_silent_node_with_a_frozen_worker_is_found(
             self, tour: tuple[Job, PodFaults]) -> None:
-        silent_node_then_replaced(*tour, within=self.HANG_WITHIN)
+        silent_node_then_replaced(*tour, within=HANG_S)
 
     def test_an_evicted_worker_leaves_without_a_batch_computed_again(
             self, tour: tuple[Job, PodFaults]) -> None:
@@ -242,4 +231,3 @@ class TestSidecarTensorFlowTour:
 class TestSidecarKerasTour(TestSidecarTensorFlowTour):
     """The same faults for Keras's `model.fit` with the elastic callbacks."""
     STOCK = STOCK_KERAS
-    HANG_WITHIN = KERAS_HANG_S
