@@ -3,11 +3,14 @@
 Runs `make test` in this checkout as it is (its caches as they are) and records, in the `suite`
 block's `make_test`: the wall time, make's exit code, the passed/failed/error/skipped counts
 summed over the pytest runs of its phases (each phase's counts and seconds as pytest printed
-them), the date, the commit and the machine. With `--ci` it then clones HEAD into a temporary
-directory and runs `.ci/run` there (setup, then `make test`) with empty caches (ES_CACHE,
-GOCACHE and GOMODCACHE point at new empty directories, removed afterwards), recorded as
-`ci_empty_cache`; `--ci-only` runs only that. A sub-block not run keeps its stored value. Not
-part of `make test` (it runs it); each run's output is kept in a log file whose path is recorded.
+them), the date, the commit and the machine, and the machine's busy CPU time meanwhile
+(`busy_core_s`, from /proc/stat, and `cpu_share` of all its cores: on two cores a suite whose
+busy time is B core-seconds takes at least B / 2 seconds however its lanes are laid out). With
+`--ci` it then clones HEAD into a temporary directory and runs `.ci/run` there (setup, then
+`make test`) with empty caches (ES_CACHE, GOCACHE and GOMODCACHE point at new empty
+directories, removed afterwards), recorded as `ci_empty_cache`; `--ci-only` runs only that. A
+sub-block not run keeps its stored value. Not part of `make test` (it runs it); each run's
+output is kept in a log file whose path is recorded.
 
 The same `make test` also fills the `false_verdicts` block: every job on real nodes appends its
 Hung and stuck verdicts and quarantines, and those that named a pod or node the test had not
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import store
+from tests.cpu import busy_core_s
 
 KEY = "suite"
 VERDICTS_KEY = "false_verdicts"
@@ -58,7 +62,7 @@ def timed(command: list[str], cwd: Path, log: Path, env: dict[str, str] | None =
           ) -> dict[str, Any]:
     """Run `command`, its output shown and kept in `log`; return what was measured."""
     started = store.provenance(cwd)
-    t0 = time.monotonic()
+    t0, busy0 = time.monotonic(), busy_core_s()
     lines = []
     with log.open("w") as f, subprocess.Popen(command, cwd=cwd, env=env, text=True,
                                               stdout=subprocess.PIPE,
@@ -69,8 +73,13 @@ def timed(command: list[str], cwd: Path, log: Path, env: dict[str, str] | None =
             f.write(line)
             lines.append(line)
     runs = phases("".join(lines))
-    return {**started, "command": " ".join(command), "wall_s": round(time.monotonic() - t0, 1),
-            "exit_code": proc.returncode, **totals(runs), "phases": runs, "log": str(log)}
+    wall, busy1 = time.monotonic() - t0, busy_core_s()
+    busy = None if busy0 is None or busy1 is None else round(busy1 - busy0, 1)
+    return {**started, "command": " ".join(command), "wall_s": round(wall, 1),
+            "exit_code": proc.returncode, **totals(runs), "phases": runs,
+            "busy_core_s": busy,
+            "cpu_share": None if busy is None else round(busy / wall / (os.cpu_count() or 1), 3),
+            "log": str(log)}
 
 
 def make_test(out: Path, verdicts: Path) -> dict[str, Any]:

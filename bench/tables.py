@@ -201,9 +201,13 @@ def soak(r: Results) -> tuple[str, str]:
 def _suite(name: str) -> Callable[[Results], tuple[str, str]]:
     def row(r: Results) -> tuple[str, str]:
         d = r["suite"][name]
+        busy = d.get("busy_core_s")
+        cpu = "" if busy is None else (
+            f"; the machine busy {busy / 60:.1f} core-min, {d['cpu_share']:.0%} of its "
+            f"{d['machine']['cpus']} cores")
         return (SUITE_WHAT[name],
                 f"{d['wall_s'] / 60:.1f} min, exit {d['exit_code']}: {d['passed']} passed, "
-                f"{d['failed']} failed, {d['errors']} errors ({d['when'][:10]}, "
+                f"{d['failed']} failed, {d['errors']} errors{cpu} ({d['when'][:10]}, "
                 f"{d['commit']})")
     return row
 

@@ -125,6 +125,11 @@ def test_the_suite_rows_say_what_bench_suite_recorded() -> None:
     assert rows[tables.SUITE_WHAT["make_test"]] == (
         "23.7 min, exit 2: 1133 passed, 1 failed, 0 errors (2026-11-28, abc1234)")
     assert rows[tables.SUITE_WHAT["ci_empty_cache"]] == tables.NOT_RECORDED
+    busy = {**run, "busy_core_s": 2490.0, "cpu_share": 0.875, "machine": {"cpus": 2}}
+    rows = dict(tables.results_rows({suite.KEY: {"make_test": busy}}))
+    assert rows[tables.SUITE_WHAT["make_test"]] == (
+        "23.7 min, exit 2: 1133 passed, 1 failed, 0 errors; the machine busy 41.5 core-min, "
+        "88% of its 2 cores (2026-11-28, abc1234)")
 
 
 def test_the_false_verdicts_block_sums_the_jobs_lines(tmp_path: Path) -> None:
