@@ -65,8 +65,7 @@ class Progress:
     # per process (sender; SEEN_MAX at most), the highest position, redone count and training
     # seconds seen, and rank 0's sender and inits last pass: stored too, so that a supervisor
     # started again that adopts the run (sidecar mode) counts what its processes did meanwhile;
-    # not stored:
-    # (epoch, step) of the last RATE_WINDOW_S
+    # not stored: (epoch, step) of the last RATE_WINDOW_S
     seen: Mapping[str, tuple[int, int, float]] = field(default_factory=dict)
     lead: tuple[str, int] | None = None
     recent: tuple[tuple[float, int], ...] = ()
@@ -165,7 +164,7 @@ def _bounded(seen: dict[str, tuple[int, int, float]], live: set[str]
     extra = len(seen) - SEEN_MAX
     if extra <= 0:
         return seen
-    gone = [k for k in seen if k not in live][:extra]
+    gone = set([k for k in seen if k not in live][:extra])
     return {k: v for k, v in seen.items() if k not in gone}
 
 
