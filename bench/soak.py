@@ -1,12 +1,22 @@
-"""A seeded, bounded fault soak against the main job on real nodes (`python -m bench --only soak`).
+"""A seeded, bounded fault soak on real nodes (`python -m bench --only soak`): what a user
+brings, with the shipped defaults.
 
-The main job of `make demo` (manifests/overlays/local, the real images, 2 workers, max 3) trains
-long enough for the plan: FAULTS faults drawn by a seeded random generator from the whole set
-(a worker's container killed, its training process killed, a force delete, an eviction, its node
-frozen, its node's kubelet stopped, the pod partitioned, a scale-out or scale-in, kube-apiserver
-stopped for OUTAGE_S, the launcher's horovodrun killed so the launcher exits and its Job runs the
-next one), each once the job trained at its desired size for a random number of steps; a frozen
-node, a stopped kubelet and a partition are undone once the job recovered without them.
+The job: the native-sidecar overlay (manifests/overlays/sidecar: the trainer image as "your own
+image", the supervisor beside it), 2 workers (max 3), training tests/e2e/stock_train.py, a stock
+elastic Horovod script that imports nothing of ours and keeps NO checkpoint: a horovodrun
+restart throws its progress away. The supervisor's settings are the manifests', the quarantine
+included; only the budgets are widened for the plan (20 faults in a few minutes would exhaust
+the shipped ones: budget exhaustion has its own e2e tests) with the backoff capped at 10 s.
+
+FAULTS faults are drawn by a seeded random generator from the whole set, each once the job
+trained at its desired size for a random number of steps: a worker's container killed, its
+training process killed, a force delete, an eviction, a `kubectl drain` of its node, its node
+frozen, its node's kubelet stopped, the pod partitioned, a scale-out or scale-in,
+kube-apiserver stopped for OUTAGE_S, the sidecar supervisor SIGKILLed (the kubelet starts it
+again and it adopts the run), the launcher's horovodrun killed so the launcher exits and its
+Job runs the next one, and two faults in the middle of a recovery: a replacement killed while
+it joins, and the supervisor SIGKILLed while a killed worker's replacement joins. A frozen node,
+a stopped kubelet, a partition and a drain are undone once the job recovered without them.
 Meanwhile, every second, the invariants are checked against the API and the launcher's discovery
 file (read on the node's disk, from the launcher pod's emptyDir):
 - never more live workers than the job's max, never two live pods for one slot;
@@ -19,12 +29,12 @@ file (read on the node's disk, from the launcher pod's emptyDir):
 - the budgets (the ledger in the state ConfigMap) never go backwards;
 - no hang: no interval without a step longer than GAP_S (from rank 0's step times; the
   harness gives up after HANG_S);
-and at the end the launcher exits 0 or one of its documented codes. The job's policy is the
-manifests' with a budget large enough for the plan and backoff capped at 10 s, and horovodrun
-may be restarted as often (budget exhaustion has its own e2e tests). The script keeps a
-checkpoint on a directory every worker mounts (as a network volume would be): when the
-supervisor restarts horovodrun (a rendezvous Horovod cannot finish), the new run resumes from
-it, and a run resumed at the desired size counts as a recovery like an elastic reset.
+and per fault: no horovodrun restart, at most one commit interval (COMMIT_EVERY steps) computed
+again (the launcher exit excepted: a new horovodrun starts the script over, which is what it
+measures), no restart budget charged by the supervisor's own outage, restart or retry or by
+an announced disruption (FREE);
+at the end no Hung or stuck verdict on a worker and no quarantine of a node the plan never
+silenced (MainJob.false_verdicts), and the launcher exits 0 or one of its documented codes.
 An API outage and a launcher exit retried by the Job must charge no restart budget, and during
 the outage training goes on with no decision taken (issue 27).
 A failing seed becomes a regression test (its plan is `plan(seed)`).
@@ -41,7 +51,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,21 +59,31 @@ from typing import Any
 from kubernetes import client, config
 
 from localcluster import demo
-from localcluster.job import API_ERRORS, JOB, MainJob, log_time
+from localcluster.job import API_ERRORS, JOB, SIDECAR_OVERLAY, MainJob, log_time
 from supervisor.classify import held_nodes
 from tests.e2e.jobs import (
     CHECKPOINT_MOUNT,
+    COMMIT_EVERY,
+    STOCK,
+    STOCK_DIR,
     STOP_FILE,
+    Job,
     checkpointed,
     compose,
+    recomputed_since,
     shared_write,
+    stock_script_of,
     with_policy,
 )
 
-FAULTS = ("kill", "kill-training", "force-delete", "evict", "freeze", "kubelet", "partition",
-          "scale", "api-outage", "launcher-exit")
-# Faults that must cost no restart budget (issue 27): the supervisor's own outage and retry.
-FREE = ("api-outage", "launcher-exit")
+FAULTS = ("kill", "kill-training", "force-delete", "evict", "drain", "freeze", "kubelet",
+          "partition", "scale", "api-outage", "supervisor-kill", "launcher-exit", "kill-joining",
+          "kill-then-supervisor")
+# Faults that must cost no restart budget: the supervisor's own outage, restart and retry (issue
+# 27), and what an operator or the cluster announces (a drain, an eviction, a scale).
+FREE = ("api-outage", "supervisor-kill", "launcher-exit", "drain", "evict", "scale")
+# A new horovodrun: the script, without a checkpoint, starts over (measured, not bounded).
+STARTS_OVER = ("launcher-exit",)
 OUTAGE_S = 180.0  # a managed control-plane upgrade
 # The supervisor's node grace (SUPERVISOR_NODE_GRACE_SECONDS, 10 s) and the sampling's slack.
 NODE_KEPT_S = 15.0
@@ -74,6 +94,8 @@ HANG_S = 180.0  # the harness gives up: no step for this long
 GAP_S = 30.0  # a longer interval without a step breaks the invariant (issue 14's target)
 DOCUMENTED_EXITS = (0, 5, 6, 9)  # success, FailJob, restart limit, horovodrun restart limit
 SLOT_LABEL = "elastic-supervisor/slot"
+# The discovery file in the launcher pod's emptyDir (the sidecar overlay's: its shared directory).
+HOSTFILE = Path("elastic-supervisor") / "hosts"
 
 
 @dataclass(frozen=True)
@@ -98,6 +120,7 @@ class Sample:
     hosts: frozenset[str]
     ledger: Mapping[str, Any]
     held: frozenset[str] = frozenset()  # nodes braked now or within NODE_KEPT_S (Watch)
+    recent: frozenset[str] = frozenset()  # nodes NotReady now or within NODE_KEPT_S (Watch)
 
 
 def braked(pods: Sequence[Mapping[str, Any]],
@@ -142,8 +165,12 @@ def unusable_hosts(s: Sample) -> set[str]:
         # A node NotReady for less than the supervisor's node grace keeps its heartbeating
         # hosts listed (issue 27, item 12: a blip, or the node controller catching up after an
         # API outage); the node controller marks its pods not Ready meanwhile.
+        # Back Ready, the node's pods stay not Ready (the node controller's mark) until their
+        # kubelet posts them again, and the supervisor keeps their heartbeating hosts meanwhile
+        # (13 s after the node came back, in the soak of seed 1 on 2026-11-29).
         node = pod.get("spec", {}).get("nodeName", "")
-        kept = down_s is not None and (down_s < NODE_KEPT_S or node in s.held)
+        kept = (down_s is not None and (down_s < NODE_KEPT_S or node in s.held)) or (
+            down_s is None and node in s.recent)
         if _live(pod) and ((down_s is None and ready) or kept) and status.get("podIP"):
             usable.add(status["podIP"])
     return set(s.hosts) - usable
@@ -215,6 +242,7 @@ class Watch:
     samples: int = 0
     stop: threading.Event = field(default_factory=threading.Event)
     braked_at: dict[str, float] = field(default_factory=dict)  # node -> last seen braked
+    down_at: dict[str, float] = field(default_factory=dict)  # node -> last seen NotReady
 
     def ledger_total(self) -> int:
         """The restart budget charged so far (retried through an API outage)."""
@@ -236,7 +264,7 @@ class Watch:
         if launcher and launcher["spec"].get("nodeName"):
             path = (self.job.cluster.node(launcher["spec"]["nodeName"]).dir / "kubelet" / "pods"
                     / launcher["metadata"]["uid"] / "volumes" / "kubernetes.io~empty-dir"
-                    / "edl" / "hostfile")
+                    / HOSTFILE)
             with contextlib.suppress(OSError):
                 hosts = frozenset(line.split(":")[0] for line in path.read_text().split()
                                   if line)
@@ -247,7 +275,9 @@ class Watch:
             ledger = json.loads(cm.data["state.json"]).get("ledger") or {}
         self.braked_at.update(dict.fromkeys(braked(pods, nodes), now))
         held = frozenset(n for n, t in self.braked_at.items() if now - t < NODE_KEPT_S)
-        return Sample(pods, nodes, hosts, ledger, held)
+        self.down_at.update({n: now for n, down in nodes.items() if down is not None})
+        recent = frozenset(n for n, t in self.down_at.items() if now - t < NODE_KEPT_S)
+        return Sample(pods, nodes, hosts, ledger, held, recent)
 
     def run(self) -> None:
         before: Sample | None = None
@@ -266,7 +296,18 @@ class Watch:
             before = s
 
 
-def drive(job: MainJob, steps: list[Step], watch: Watch, stop_file: Path) -> dict[str, Any]:
+def started_over(run: demo.Run, job: Job, n: int, since: float) -> Callable[[], bool]:
+    """A horovodrun started after `since` (by the Job's next launcher) took a step at world
+    size n, with n worker pods (demo.at_size, for a run that begins instead of resetting)."""
+    def check() -> bool:
+        started = [log_time(r) for r in job.logs_since("horovodrun.started", since)]
+        stepped = bool(started) and any(s["time"] >= started[-1] and s["size"] == n
+                                        for s in run.steps[-50:])
+        return stepped and len(demo.worker_pods(job.core, job.namespace)) == n
+    return check
+
+
+def drive(job: Job, steps: list[Step], watch: Watch, stop_file: Path) -> dict[str, Any]:
     core = job.core
     run = demo.Run(job.log)
     desired, undo = 2, []
@@ -293,21 +334,47 @@ def drive(job: MainJob, steps: list[Step], watch: Watch, stop_file: Path) -> dic
         cm.__enter__()
         undo.append(lambda: cm.__exit__(None, None, None))
 
+    def kill_then(pod: str, then: Callable[[], None]) -> None:
+        """Kill `pod`'s container, then do `then` while its replacement joins (a recovery under
+        way: the faults that strike one)."""
+        job.kill_container(pod)
+        then()
+
+    def when_its_replacement_runs(pod: str) -> None:
+        successor = job.successor(pod)
+        demo.wait(f"{successor} running", lambda: job.workers().get(successor, {}).get(
+            "status", {}).get("phase") == "Running", run, 120, progress)
+        job.kill_container(successor)
+
     def act(fault: str) -> int:
         if fault == "scale":
             target = 3 if desired == 2 else 2
             demo.scale(job, target)
             return target
+        if fault == "supervisor-kill":
+            os.kill(job.supervisor_pid(), signal.SIGKILL)  # the kubelet starts the sidecar again
+            return desired
         pod = victim()
         node = job.node_of(pod)
         if fault == "kill":
             job.kill_container(pod)
         elif fault == "kill-training":
             job.kill_training(pod)
+        elif fault == "kill-joining":
+            kill_then(pod, lambda: when_its_replacement_runs(pod))
+        elif fault == "kill-then-supervisor":
+            kill_then(pod, lambda: os.kill(job.supervisor_pid(), signal.SIGKILL))
         elif fault == "force-delete":
             job.force_delete(pod)
         elif fault == "evict":
             job.evict(pod)
+        elif fault == "drain":
+            # As an operator runs it (tests/e2e/test_main_job.py's drain): cordon, then the
+            # Eviction API for the node's workers, waiting until they are gone.
+            undo.append(lambda n=node.name: job.kubectl("uncordon", n, namespaced=False))
+            job.kubectl("drain", node.name, "--pod-selector", "elastic-supervisor/role=worker",
+                        "--ignore-daemonsets", "--delete-emptydir-data", "--force",
+                        "--timeout=120s", namespaced=False, timeout=150)
         elif fault == "freeze":
             job.silence_node(node)
             node.freeze()
@@ -329,8 +396,8 @@ def drive(job: MainJob, steps: list[Step], watch: Watch, stop_file: Path) -> dic
             pids = job.processes(launcher["metadata"]["name"],
                                  lambda argv: any("horovodrun" in a for a in argv[:3]))
             for pid in pids:
-                os.kill(pid, signal.SIGKILL)  # the supervisor exits 137: the Job retries it
-            deadline = time.monotonic() + 60
+                os.kill(pid, signal.SIGKILL)  # the launcher ends: the Job retries it
+            deadline = time.monotonic() + 120
             while run.ended is None:
                 if time.monotonic() > deadline:
                     raise SystemExit("soak: the launcher did not exit after its horovodrun "
@@ -357,17 +424,31 @@ def drive(job: MainJob, steps: list[Step], watch: Watch, stop_file: Path) -> dic
             during = [s["time"] for s in run.steps if t0 + 5 <= s["time"] <= acted - 5]
             outage = {"steps_during": len(during), "decisions_during": sum(
                 t0 <= log_time(d) <= acted for d in run.decisions)}
+        elif step.fault == "supervisor-kill":
+            # Nothing to regroup: the new supervisor adopts the run, and training goes on.
+            outage = {}
+            job.wait("the horovodrun adopted", lambda t=t0: job.logs_since("horovodrun.adopted", t),
+                     120)
+            demo.wait("10 steps after the adoption", lambda b=run.step: run.step >= b + 10, run,
+                      120, progress)
+        elif step.fault in STARTS_OVER:
+            # The Job's next launcher starts a new horovodrun: the script starts over (from its
+            # first step, without a checkpoint), with no elastic reset to wait for.
+            outage = {}
+            demo.wait(f"recovery from {step.fault}", started_over(run, job, desired, t0), run,
+                      300, progress)
         else:
             outage = {}
             demo.wait(f"recovery from {step.fault}", demo.at_size(run, job, desired, t0), run,
                       300, progress)
         while undo:
             undo.pop()()
+        run.poll()
         done.append({"fault": step.fault, "recovered_s": round(time.time() - t0, 1),
                      "at_step": start + step.after_steps,
                      "horovodrun_restarts": sum(r["seen"] >= t0 for r in run.restarts),
-                     **({"charged": watch.ledger_total() - charged_before}
-                        if step.fault in FREE else {}), **outage})
+                     "recomputed": recomputed_since(run.steps, t0),
+                     "charged": watch.ledger_total() - charged_before, **outage})
         print(f"\nsoak: fault {len(done)}: {done[-1]}")
     # The plan is over: training ends a few steps on (the job is sized to outlast any plan).
     shared_write(stop_file, str(run.step + 50))
@@ -389,28 +470,39 @@ def soak(seed: int, count: int = COUNT) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix=f"soak-{seed}-"))
     with demo.started_cluster() as cluster:
         api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-        checkpoint_args, mount = checkpointed(out / "checkpoint")
-        args = ["python", "/workspace/train.py", "--steps", str(STEPS), "--commit-every", "5",
-                *checkpoint_args, "--stop-file", f"{CHECKPOINT_MOUNT}/{STOP_FILE}"]
-        job = MainJob(cluster, api, f"soak-{seed}", out, args=args,
-                      transform=compose(generous_budget, mount, job_retries),
-                      env={"SUPERVISOR_HOROVODRUN_RESTART_LIMIT": str(COUNT)})
+        # The shared directory holds the stop file only: the script keeps no checkpoint.
+        _, mount = checkpointed(out / "shared")
+        args = ["python", f"{STOCK_DIR}/{STOCK.name}", "--batches", str(STEPS),
+                "--batches-per-commit", str(COMMIT_EVERY), "--sleep", "0.05",
+                "--stop-file", f"{CHECKPOINT_MOUNT}/{STOP_FILE}"]
+        job = Job(cluster, api, f"soak-{seed}", out, args=args, overlay=SIDECAR_OVERLAY,
+                  transform=compose(stock_script_of(STOCK), generous_budget, mount,
+                                    job_retries),
+                  env={"SUPERVISOR_HOROVODRUN_RESTART_LIMIT": str(COUNT)})
+        job.stop_file = out / "shared" / STOP_FILE
         watch = Watch(job, max_workers=3)
         checker = threading.Thread(target=watch.run, name="invariants", daemon=True)
         try:
             job.apply()
             checker.start()
-            result = drive(job, steps, watch, out / "checkpoint" / STOP_FILE)
+            result = drive(job, steps, watch, job.stop_file)
+            result["false_verdicts"] = [
+                {k: e.get(k) for k in ("event", "pod", "node", "time")}
+                for e in job.false_verdicts()]
+            result["verdicts"] = job.verdicts()
         finally:
             watch.stop.set()
             checker.join(5)
-            job.close()
+            job.delete()
             api.close()
     result.update(seed=seed, planned=[s.fault for s in steps], samples=watch.samples,
                   violations=watch.violations, logs=str(out),
                   ok=not watch.violations and not result["gaps"]
                   and result["exit_code"] in DOCUMENTED_EXITS
-                  and not any(f.get("charged") for f in result["faults"])
+                  and not any(f["charged"] for f in result["faults"] if f["fault"] in FREE)
+                  and not result["horovodrun_restarts"] and not result["false_verdicts"]
+                  and all(f["recomputed"] <= COMMIT_EVERY for f in result["faults"]
+                          if f["fault"] not in STARTS_OVER)
                   and all(f["steps_during"] > 0 and not f["decisions_during"]
                           for f in result["faults"] if f["fault"] == "api-outage")
                   and len(result["faults"]) >= min(count, COUNT))
@@ -425,6 +517,10 @@ def summary(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The `soak` block: the seeds' runs (`soak_details`) summed up."""
     return {"seeds": [r["seed"] for r in runs], "ok": all(r["ok"] for r in runs),
             "faults": sum(len(r["faults"]) for r in runs),
+            "horovodrun_restarts": sum(len(r.get("horovodrun_restarts", ())) for r in runs),
+            "recomputed_max": max((f.get("recomputed", 0) for r in runs for f in r["faults"]
+                                   if f["fault"] not in STARTS_OVER), default=0),
+            "false_verdicts": sum(len(r.get("false_verdicts", ())) for r in runs),
             "longest_gap_s": max(r["longest_gap_s"] for r in runs),
             "violations": sum(len(r["violations"]) for r in runs)}
 

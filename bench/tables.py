@@ -191,11 +191,17 @@ def soak(r: Results) -> tuple[str, str]:
     restarts = [reason for run in runs for reason in run["horovodrun_restarts"]]
     reasons = ", ".join(sorted(set(restarts)))
     exits = ", ".join(sorted({str(run["exit_code"]) for run in runs}))
+    stock = "false_verdicts" in d  # the soak of the stock script, sidecar mode (issue 40)
     return (f"fault soak, {d['faults'] // len(runs)} random faults per seed "
-            f"(seed{'s' if len(runs) > 1 else ''} {seeds})",
+            + ("(the stock script without a checkpoint, sidecar mode, the shipped defaults; "
+               if stock else "(")
+            + f"seed{'s' if len(runs) > 1 else ''} {seeds})",
             f"ok: {str(d['ok']).lower()}: {d['violations']} violations, {len(restarts)} "
-            f"horovodrun restarts{f' ({reasons})' if reasons else ''}, exit {exits}, longest "
-            f"interval without a step {d['longest_gap_s']} s")
+            f"horovodrun restarts{f' ({reasons})' if reasons else ''}, "
+            + (f"at most {d['recomputed_max']} steps computed again per fault (a launcher exit "
+               f"excepted: the script starts over), {d['false_verdicts']} false verdicts, "
+               if stock else "")
+            + f"exit {exits}, longest interval without a step {d['longest_gap_s']} s")
 
 
 def _suite(name: str) -> Callable[[Results], tuple[str, str]]:

@@ -178,6 +178,16 @@ class Job(MainJob):
                        if host and pod["status"].get("podIP") == host))
         shared_write(self.stop_file.with_name(HANG_FILE), host)
 
+    def supervisor_pid(self) -> int:
+        """The host pid of the supervisor (`elastic-supervisor run`) in the launcher pod."""
+        launcher = self.launcher()
+        assert launcher is not None
+        pids = self.processes(launcher["metadata"]["name"],
+                              lambda argv: any("elastic-supervisor" in a for a in argv[:2])
+                              and "run" in argv)
+        assert len(pids) == 1, pids
+        return pids[0]
+
     def nodes_ready(self) -> bool:
         return all(any(c.type == "Ready" and c.status == "True"
                        for c in n.status.conditions or ())

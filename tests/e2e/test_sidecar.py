@@ -114,16 +114,6 @@ def files_under(root: Path) -> dict[str, bytes]:
             if "__pycache__" not in f.parts}
 
 
-def supervisor_pid(job: Job) -> int:
-    launcher = job.launcher()
-    assert launcher is not None
-    pids = job.processes(launcher["metadata"]["name"],
-                         lambda argv: any("elastic-supervisor" in a for a in argv[:2])
-                         and "run" in argv)
-    assert len(pids) == 1, pids
-    return pids[0]
-
-
 def the_workers_hook_is_the_supervisors_own_from_its_configmap(job: Job) -> None:
     """Every worker mounts, read-only at SHARED/hook, the ConfigMap the supervisor made of its
     own hook (a generated name, immutable, owned by the Job): the files a worker sees are, byte
@@ -135,7 +125,7 @@ def the_workers_hook_is_the_supervisors_own_from_its_configmap(job: Job) -> None
     cm = job.core.read_namespaced_config_map(name, job.namespace)
     assert name.startswith("elastic-train-supervisor-hook-") and cm.immutable is True
     assert [(o.kind, o.name) for o in cm.metadata.owner_references] == [("Job", "elastic-train")]
-    site = next(root_of(supervisor_pid(job)).glob("opt/venv/lib/python3*/site-packages"))
+    site = next(root_of(job.supervisor_pid()).glob("opt/venv/lib/python3*/site-packages"))
     own = files_under(site / "supervisor" / "hook")
     own.pop("__init__.py")  # supervisor.hook's own (HOOK_DIR), not loaded by the workers
     for pod_name, pod in job.live_workers().items():
@@ -168,7 +158,7 @@ def only_the_supervisor_holds_the_token(job: Job) -> None:
     spec = launcher["spec"]
     assert spec.get("automountServiceAccountToken") is False
     token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-    assert in_container(supervisor_pid(job), token).read_text().count(".") == 2  # a JWT
+    assert in_container(job.supervisor_pid(), token).read_text().count(".") == 2  # a JWT
     wrapper = job.processes(launcher["metadata"]["name"],
                             lambda argv: any(a == WRAPPER for a in argv[:2]))
     horovodrun = job.processes(launcher["metadata"]["name"],
@@ -242,7 +232,7 @@ class TestSidecarStockTour:
         prove the adopted run is watched (hang detection, the fence)."""
         job, _ = sidecar_tour
         job.settled(2)
-        pid = supervisor_pid(job)
+        pid = job.supervisor_pid()
         t0 = time.time()
         os.kill(pid, signal.SIGKILL)
         adopted = job.wait("the horovodrun adopted",

@@ -115,6 +115,18 @@ def test_hosts_the_disruption_brake_holds_stay_usable() -> None:
         "10.244.1.5"}
 
 
+def test_a_node_back_ready_keeps_its_not_ready_pods_usable_for_a_node_grace() -> None:
+    """Seen in the soak of seed 1 (2026-11-29): the node came back Ready after an API outage,
+    its pod stayed Ready=False (the node controller's mark) for 13 s more, until its kubelet
+    posted it again, while its processes heartbeat and the supervisor kept it listed."""
+    pods = [with_condition(GOOD[0], "Ready", "False"), GOOD[1]]
+    listed = {"10.244.1.5", "10.244.2.5"}
+    back = {"node-a": None, "node-b": None}
+    assert unusable_hosts(Sample(pods, back, frozenset(listed), {}, recent=frozenset(
+        {"node-a"}))) == set()
+    assert unusable_hosts(Sample(pods, back, frozenset(listed), {})) == {"10.244.1.5"}
+
+
 def test_the_captured_shape_is_running_and_ready() -> None:
     # The table above relies on it.
     p = load("pod_running_ready")
