@@ -404,21 +404,40 @@ def _force_hung_on_lost_nodes(p: _Pass, s: Seen, suspects: set[str]) -> None:
     p.c = replace(p.c, forced=frozenset(forced))
 
 
+def _dropped_members(members: frozenset[str], s: Seen, c: Core) -> dict[str, str]:
+    """Hosts of the driver's last world that the listing dropped because their node is down,
+    host -> pod (the pod Horovod knew under that host). After an API outage the node
+    controller marks every node NotReady and the brake holds their loss; a worker there that
+    does not heartbeat leaves the listing, but while it is in the world its silence blocks
+    the others in their collective as any member's does: hang detection keeps judging it
+    (seen in the soak: 86 s without a step, until Gloo's timeout and then the node grace)."""
+    if not c.node_down:
+        return {}
+    hosts = {uid: h for h in members
+             if h not in s.listed_hosts and (uid := s.first_owner.get(h)) is not None}
+    if not hosts:
+        return {}
+    return {hosts[uid]: name for name, pod in s.pods.items()
+            if (uid := pod["metadata"].get("uid")) in hosts
+            and pod.get("spec", {}).get("nodeName") in c.node_down}
+
+
 def _watch_hangs(p: _Pass, s: Seen, st: Settings) -> tuple[Verdict, tuple[str, ...],
                                                             list[plan.Failed]]:
     """Steps 2: the verdict on the heartbeats, its failures and restart."""
     now, c = s.now, p.c
-    listed_since = {host: c.listed_since.get(host, now) for host in s.listed_hosts}
     driver = s.driver
     world = ((driver.world, driver.world_at) if driver is not None and driver.world_seq
              else None)
-    nodes = {host: node for host, name in s.listed_hosts.items()
+    watched = {**s.listed_hosts, **(_dropped_members(world[0], s, c) if world else {})}
+    listed_since = {host: c.listed_since.get(host, now) for host in watched}
+    nodes = {host: node for host, name in watched.items()
              if (node := s.pods.get(name, {}).get("spec", {}).get("nodeName"))}
     verdict = hang.assess(s.beats, listed_since, started_at=s.started_at, settings=st.hang,
                           now=now, failed_at=c.failed_at, world=world, nodes=nodes)
     exited = (driver.exited if driver is not None and not s.stopping and c.failing is None
               else {})
-    d = plan.on_verdict(verdict, s.listed_hosts, s.pods, c.failed, exited,
+    d = plan.on_verdict(verdict, watched, s.pods, c.failed, exited,
                         stall_timeout_s=st.stall_timeout_s, now=now)
     found = [plan.Failed(f, pod, now) for f, pod in d.failures]
     hung_nodes = {n: t for n, t in c.hung_nodes.items() if now - t < HUNG_NODE_AVOID_S}

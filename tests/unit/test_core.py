@@ -253,6 +253,33 @@ def test_a_node_down_just_after_an_api_outage_is_held_while_its_workers_heartbea
         assert p.core.settling == frozenset()
 
 
+def test_a_silent_worker_on_a_held_node_that_the_listing_dropped_is_still_hung() -> None:
+    """Seen in the soak (seed 1, 2026-11-29): kube-apiserver came back from a 3-minute outage,
+    the node controller marked every node NotReady, and one of them (node-0) had just frozen.
+    Both nodes down together: the brake holds their loss. The listing drops node-0's worker
+    (its node is down and it does not heartbeat), so hang detection, which judged only listed
+    hosts, no longer looked at it, while it was still in the driver's world and its peer
+    waited for it in an allreduce: no step for 86 s (Gloo's timeout, then the brake's end and
+    the node grace). A member of the world that blocks the others is Hung, listed or not."""
+    down = {"node-0": NOW - 30, "node-1": NOW - 30}
+    frozen = beat(0, last_seen=NOW - 29, progress_at=NOW - 29)
+    waits = beat(1, wait_s=28.0, waiting="c", progress_at=NOW - 29)
+    listed = {ip(1): pod_name(JOB, 1, 1)}  # node-0's worker dropped: NodeNotReady, silent
+    c = replace(STEADY, node_down=down, braked=frozenset(down))
+    p = manage(c, seen(beats=(frozen, waits), listed_hosts=listed,
+                       published=f"{ip(1)}:1\n"), settings(disruption=0.5))
+    w0 = pod_name(JOB, 0, 1)
+    assert script(p)[:3] == [("say", "worker.hung"), ("fence", [ip(0)]),
+                             ("kill-ssh", {ip(0): w0})], script(p)
+    assert "uid-" + w0 in p.core.hung
+    assert "uid-" + pod_name(JOB, 1, 1) not in p.core.failed, "the waiting peer is not judged"
+    # Not a member of the world any more (the survivors reset without it): not judged.
+    alone = replace(WORLD, world=frozenset({ip(1)}), world_seq=2)
+    q = manage(c, seen(beats=(frozen, waits), listed_hosts=listed, driver=alone,
+                       published=f"{ip(1)}:1\n"), settings(disruption=0.5))
+    assert ("say", "worker.hung") not in script(q) and "uid-" + w0 not in q.core.hung
+
+
 def stalled() -> tuple[Beat, ...]:
     return (beat(0, progress_at=NOW - STALL_S - 1), beat(1, progress_at=NOW - STALL_S - 1))
 
