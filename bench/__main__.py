@@ -146,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.only == "e2e_sequences":
         results.update(e2e_sequences.main())
     if args.only == "soak":
-        results.update(soak.main(tuple(int(x) for x in args.seeds.split(","))))
+        # Adds its seeds' runs to the stored ones (soak.merged): a seed takes ~25 minutes.
+        results.update(soak.main(tuple(int(x) for x in args.seeds.split(",")),
+                                 stored.get("soak_details") or ()))
     if args.only != "plot":
         print(f"\nwrote {store.write(results)}")
     if results["discovery_details"]:

@@ -14,6 +14,7 @@ from bench.soak import (
     braked,
     gaps,
     longest_gap,
+    merged,
     plan,
     unusable_hosts,
     violations,
@@ -142,3 +143,11 @@ def test_an_interval_without_a_step_over_the_limit_is_reported_with_the_step_bef
     assert gaps(steps, over=70) == []
     assert longest_gap(steps) == 63.2
     assert longest_gap(steps[:1]) == 0.0
+
+
+def test_a_run_adds_its_seeds_to_the_stored_runs_of_this_soak_and_replaces_its_own() -> None:
+    old_shape = {"seed": 2, "faults": []}  # the main job's soak: no false_verdicts
+    stored = [{"seed": 1, "false_verdicts": [], "when": "a"}, old_shape,
+              {"seed": 8, "false_verdicts": [], "when": "a"}]
+    new = [{"seed": 8, "false_verdicts": [], "when": "b"}, {"seed": 2, "false_verdicts": []}]
+    assert merged(stored, new) == [stored[0], new[1], new[0]]
