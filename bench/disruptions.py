@@ -48,9 +48,7 @@ def announce(job: Job, kind: str, victim: str, node: str,
         job.evict(victim)
     elif kind == "drain":
         undo.callback(job.kubectl, "uncordon", node, namespaced=False)
-        job.kubectl("drain", node, "--pod-selector", "elastic-supervisor/role=worker",
-                    "--ignore-daemonsets", "--delete-emptydir-data", "--force",
-                    "--timeout=120s", namespaced=False, timeout=150)
+        job.drain(node)
         # The drain returns once the pod is gone: the cordon was its announcement.
     elif kind == "delete":
         job.kubectl("delete", "pod", victim, "--wait=false")

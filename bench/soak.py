@@ -370,12 +370,8 @@ def drive(job: Job, steps: list[Step], watch: Watch, stop_file: Path) -> dict[st
         elif fault == "evict":
             job.evict(pod)
         elif fault == "drain":
-            # As an operator runs it (tests/e2e/test_main_job.py's drain): cordon, then the
-            # Eviction API for the node's workers, waiting until they are gone.
             undo.append(lambda n=node.name: job.kubectl("uncordon", n, namespaced=False))
-            job.kubectl("drain", node.name, "--pod-selector", "elastic-supervisor/role=worker",
-                        "--ignore-daemonsets", "--delete-emptydir-data", "--force",
-                        "--timeout=120s", namespaced=False, timeout=150)
+            job.drain(node.name)
         elif fault == "freeze":
             job.silence_node(node)
             node.freeze()

@@ -118,8 +118,9 @@ horovod() {
 # caches what it compiles: every process that imports torch or TensorFlow from these
 # environments compiled them again (timed by hand: 7.6 s of CPU for torch and Horovod's
 # optimizer, 3.3 s with the bytecode; TensorFlow 7.3 s, 2.4 s), and the tests start hundreds.
-# compileall skips what is current, so a warm run only reads the files' times. One file of torch's own tests is Python
-# 3.12 syntax: compileall's status is not the check, torch's compiled __init__ is.
+# compileall skips what is current, so a warm run only reads the files' times. One file of
+# torch's own tests is Python 3.12 syntax: compileall's status is not the check, torch's
+# compiled __init__ is.
 bytecode() {
   local py site
   for py in "$VENV/bin/python" "$ES_CACHE/tf-venv/bin/python"; do

@@ -188,6 +188,15 @@ class Job(MainJob):
         assert len(pids) == 1, pids
         return pids[0]
 
+    def drain(self, node: str) -> subprocess.CompletedProcess[str]:
+        """`kubectl drain` of the job's workers on `node`, as an operator runs it: cordon, then
+        the Eviction API, waiting until they are gone. --force: workers name the launcher Job
+        as owner but not as their controller (docs/failures-and-policies.md, "Planned
+        disruptions"), which kubectl drain asks for."""
+        return self.kubectl("drain", node, "--pod-selector", "elastic-supervisor/role=worker",
+                            "--ignore-daemonsets", "--delete-emptydir-data", "--force",
+                            "--timeout=120s", namespaced=False, timeout=150)
+
     def nodes_ready(self) -> bool:
         return all(any(c.type == "Ready" and c.status == "True"
                        for c in n.status.conditions or ())

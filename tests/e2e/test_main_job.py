@@ -258,12 +258,7 @@ class TestMainTour:
                          if p["spec"]["nodeName"] == node)
         t0 = time.time()
         try:
-            # --force: workers name the launcher Job as owner but not as their controller
-            # (docs/failures-and-policies.md, "Planned disruptions"), which kubectl drain asks for.
-            drained = job.kubectl("drain", node, "--pod-selector",
-                                  "elastic-supervisor/role=worker", "--ignore-daemonsets",
-                                  "--delete-emptydir-data", "--force", "--timeout=120s",
-                                  namespaced=False, timeout=150)
+            drained = job.drain(node)
             took = time.time() - t0
             evicting = {line.rsplit("/", 1)[-1] for line in drained.stdout.splitlines()
                         if line.startswith("evicting pod ")}
