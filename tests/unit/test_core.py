@@ -273,6 +273,12 @@ def test_a_silent_worker_on_a_held_node_that_the_listing_dropped_is_still_hung()
                              ("kill-ssh", {ip(0): w0})], script(p)
     assert "uid-" + w0 in p.core.hung
     assert "uid-" + pod_name(JOB, 1, 1) not in p.core.failed, "the waiting peer is not judged"
+    # Its node down but its processes heartbeating (a kubelet that has not reported since the
+    # outage; the settling hold keeps such a worker): never Hung, listed or not.
+    alive = beat(0, progress_at=NOW - 1)
+    h = manage(c, seen(beats=(alive, waits), listed_hosts=listed,
+                       published=f"{ip(1)}:1\n"), settings(disruption=0.5))
+    assert ("say", "worker.hung") not in script(h) and "uid-" + w0 not in h.core.hung
     # Not a member of the world any more (the survivors reset without it): not judged.
     alone = replace(WORLD, world=frozenset({ip(1)}), world_seq=2)
     q = manage(c, seen(beats=(frozen, waits), listed_hosts=listed, driver=alone,
