@@ -79,9 +79,17 @@ test-e2e-loopback: $(PY)
 	$(VENV)/bin/pytest $(E2E_LOOPBACK) --maxfail=3 -p no:cacheprovider \
 		--basetemp=/tmp/elastic-supervisor-e2e-loopback $(PYTEST_ARGS)
 
+# The tests on real nodes can run as two pytest runs side by side, on two pools of three nodes of
+# one cluster (tests/conftest.py): NODES_BESIDE names the files of the run beside this one, e.g.
+# `make test-e2e-nodes NODES_BESIDE="tests/e2e/test_sidecar.py tests/e2e/test_sidecar_tf.py"`.
+# Off in `make test`: on two cores both runs then share a saturated machine and the tours' resume
+# bounds fail (docs/local-cluster.md).
+NODES_BESIDE ?=
+
 test-e2e-nodes: $(PY)
-	$(VENV)/bin/pytest tests/e2e --maxfail=5 $(addprefix --ignore=,$(E2E_LOOPBACK)) \
-		$(PYTEST_ARGS)
+	ES_NODES_SIDE="$(if $(strip $(NODES_BESIDE)),$(NODES_BESIDE) --maxfail=5 $(PYTEST_ARGS))" \
+		$(VENV)/bin/pytest tests/e2e --maxfail=5 \
+		$(addprefix --ignore=,$(E2E_LOOPBACK) $(NODES_BESIDE)) $(PYTEST_ARGS)
 
 cluster-up: $(PY)
 	$(PY) -m localcluster up

@@ -38,7 +38,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from localcluster.controlplane import default_bin_dir
-from localcluster.nodes import Cluster, Node
+from localcluster.nodes import POOL_LABEL, Cluster, Node
 
 API_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)
 
@@ -115,6 +115,18 @@ def render(namespace: str, *, args: Sequence[str] | None = None,
         if kind == "Job":
             set_training(doc["spec"]["template"]["spec"], args=args, env=env)
     return docs
+
+
+def on_pool(docs: list[dict[str, Any]], pool: str) -> None:
+    """Keep the launcher and every worker on the nodes of `pool` (a node selector on the Job's
+    pod and on the worker template): a job of tests that run beside others (Cluster.view)."""
+    for doc in docs:
+        if doc["kind"] == "Job":
+            doc["spec"]["template"]["spec"].setdefault("nodeSelector", {})[POOL_LABEL] = pool
+        if doc["kind"] == "ConfigMap" and "worker-template.yaml" in (doc.get("data") or {}):
+            template = yaml.safe_load(doc["data"]["worker-template.yaml"])
+            template["spec"].setdefault("nodeSelector", {})[POOL_LABEL] = pool
+            doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)
 
 
 def _kubectl_path() -> Path:
@@ -245,6 +257,8 @@ class MainJob:
         docs = render(self.namespace, args=self.args, env=self.env, overlay=self.overlay)
         if self.transform is not None:
             self.transform(docs)
+        if self.cluster.pool is not None:
+            on_pool(docs, self.cluster.pool)
         manifest = self.out / f"manifests-{self.namespace}.yaml"
         manifest.write_text(yaml.safe_dump_all(docs))
         # A new job, a new log: an earlier job's in the same place (a second `make demo` writes

@@ -21,11 +21,19 @@ node's or a pod's packets), and anything done to a container's processes.
 Teardown leaves nothing behind (processes, mounts, bridges, iptables chains, netns, cgroups,
 sysctls as they were: see localcluster.hoststate); a failed start keeps its directory and prints
 it. One cluster with nodes per machine at a time (a lock file says whose it is).
+
+Pools: with `pools` > 1 the nodes are split into that many pools of equal size (label
+POOL_LABEL: a, b, ...), so that tests can run side by side on disjoint nodes of the one cluster
+(tests/conftest.py). `Cluster.view(pool)` is a pool's nodes in the owner's process;
+`Cluster.share(path)` writes what another process needs to `Cluster.attach(path, pool)`: the
+kubeconfig, the binaries, and each node's directories, cgroup and kubelet. A view or an attached
+cluster stops nothing: the owner's stop() does, for every node.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -70,6 +78,7 @@ LOCK = Path("/run/elastic-supervisor-nodes.lock")
 # kept while it runs, so that a cluster whose owner was killed is cleaned up by the next one.
 RECORD = Path("/run/elastic-supervisor-nodes.json")
 NODE_LABEL = "elastic-supervisor.io/local-node"
+POOL_LABEL = "elastic-supervisor.io/pool"
 
 
 def image_store(tarballs: Sequence[Path]) -> Path:
@@ -102,6 +111,14 @@ class ClusterSettings:
     extra_apiserver_args: tuple[str, ...] = ()
     # The kubelet's syncFrequency (its default is 60: ConfigMap volumes refresh that slowly).
     kubelet_sync_frequency_s: int = 10
+    # The nodes split into this many pools of equal size (POOL_LABEL a, b, ...).
+    pools: int = 1
+
+    def pool_of(self, index: int) -> str:
+        """The pool of node `index` (1-based)."""
+        if not 1 <= self.pools <= 8 or self.nodes % self.pools:
+            raise ClusterError(f"{self.nodes} nodes do not split into {self.pools} pools")
+        return "abcdefgh"[(index - 1) // (self.nodes // self.pools)]
 
 
 @dataclass
@@ -111,12 +128,18 @@ class _Proc:
     log: Path
     cgroup: str | None = None  # joins this cgroup (every hierarchy) before exec
     proc: subprocess.Popen[bytes] | None = None
+    # Another process's child (an attached cluster's view of the owner's kubelet): by pid.
+    pid: int | None = None
+    # Started by a process that is not the cluster's owner: it must outlive that process (the
+    # owner's stop() kills it with every process of the node's cgroup).
+    detached: bool = False
 
     def start(self, cwd: Path, env: dict[str, str] | None = None) -> None:
-        cgroup = self.cgroup
+        cgroup, detached = self.cgroup, self.detached
 
         def prepare() -> None:
-            _die_with_parent()
+            if not detached:
+                _die_with_parent()
             if cgroup is not None:
                 _join_cgroup(cgroup, os.getpid())
 
@@ -125,13 +148,20 @@ class _Proc:
                                          stderr=subprocess.STDOUT, cwd=cwd,
                                          env=env, start_new_session=True,
                                          preexec_fn=prepare)  # noqa: PLW1509
+        self.pid = None
 
     def alive(self) -> bool:
+        if self.proc is None and self.pid is not None:
+            return Path(f"/proc/{self.pid}").exists()
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, grace_s: float = 5.0) -> None:
         proc, self.proc = self.proc, None
         if proc is None:
+            pid, self.pid = self.pid, None
+            if pid is not None:  # not our child: its process group, SIGKILLed at once
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
             return
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -187,33 +217,34 @@ class NodeSpec:
     bridge: str
     cgroup_root: str
     kubelet_port: int
+    pool: str = "a"
 
     @classmethod
-    def of(cls, index: int, port: int) -> NodeSpec:
+    def of(cls, index: int, port: int, pool: str = "a") -> NodeSpec:
         return cls(index=index, name=f"es-node-{index}", ip=f"{NODE_NET}.{10 + index}",
                    pod_subnet=f"{POD_NET}.{index}.0/24", gateway=f"{POD_NET}.{index}.1",
                    bridge=f"es-cni{index}", cgroup_root=f"/es-node-{index}",
-                   kubelet_port=port)
+                   kubelet_port=port, pool=pool)
 
 
 class Node:
     """One real node: its containerd and kubelet, their files under `workdir`."""
 
     def __init__(self, spec: NodeSpec, workdir: Path, cp: ControlPlane,
-                 settings: ClusterSettings, bin_dir: Path) -> None:
+                 settings: ClusterSettings, bin_dir: Path, *, detached: bool = False) -> None:
         self.spec, self.dir, self.cp, self.settings = spec, workdir, cp, settings
         self.bin_dir = bin_dir
         self.socket = self.dir / "containerd.sock"
         self.containerd = _Proc("containerd", ["containerd", "--config",
                                                str(self.dir / "containerd.toml")],
                                 self.dir / "containerd.log", f"{spec.cgroup_root}/system")
-        self.kubelet = _Proc("kubelet", [
+        self.kubelet = _Proc("kubelet", detached=detached, argv=[
             str(bin_dir / "kubelet"), f"--config={self.dir / 'kubelet.yaml'}",
             f"--kubeconfig={self.dir / 'kubelet.kubeconfig'}",
             f"--root-dir={self.dir / 'kubelet'}", f"--cert-dir={self.dir / 'pki'}",
             f"--hostname-override={spec.name}", f"--node-ip={spec.ip}",
-            f"--node-labels={NODE_LABEL}={spec.name}", "--v=1",
-        ], self.dir / "kubelet.log", f"{spec.cgroup_root}/system")
+            f"--node-labels={NODE_LABEL}={spec.name},{POOL_LABEL}={spec.pool}", "--v=1",
+        ], log=self.dir / "kubelet.log", cgroup=f"{spec.cgroup_root}/system")
         self.frozen = False
 
     @property
@@ -258,6 +289,7 @@ class Node:
               30, f"{self.name}: containerd", self.containerd)
 
     def start_kubelet(self) -> None:
+        """Start the kubelet (again). In an attached cluster it outlives this process."""
         self.kubelet.start(self.dir, env=_env())
 
     def kubelet_up(self) -> None:
@@ -280,10 +312,23 @@ class Node:
 
     def stop_kubelet(self) -> None:
         """Stop the kubelet (SIGKILL, like a crash): pods keep running, the Lease goes stale."""
+        if self.kubelet.proc is None:  # another process's: the one running now
+            self.kubelet.pid = self.running_kubelet()
         if self.kubelet.proc is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.kubelet.proc.pid, signal.SIGKILL)
         self.kubelet.stop(0)
+
+    def running_kubelet(self) -> int | None:
+        """The running kubelet's pid, whoever started it: found in the node's cgroup by its
+        command line (one started again by an attached process is not the owner's child)."""
+        for pid in cgroup_pids(f"{self.spec.cgroup_root}/system"):
+            with contextlib.suppress(OSError):
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if argv[0].endswith(b"/kubelet") and \
+                        f"--hostname-override={self.name}".encode() in argv:
+                    return pid
+        return None
 
     def freeze(self) -> None:
         """Freeze every process of the node (kubelet, containerd, shims, pods)."""
@@ -466,6 +511,9 @@ class Cluster:
     nodes: list[Node] = field(default_factory=list)
     failed: bool = False
     timings: dict[str, float] = field(default_factory=dict)
+    # A view of one pool (`view`, `attach`): its nodes only; it stops nothing.
+    pool: str | None = None
+    owner: bool = True
 
     def __post_init__(self) -> None:
         self._snapshot: HostSnapshot | None = None
@@ -507,7 +555,7 @@ class Cluster:
             t1 = time.monotonic()
             ports = free_ports(self.settings.nodes)
             for i in range(1, self.settings.nodes + 1):
-                spec = NodeSpec.of(i, ports[i - 1])
+                spec = NodeSpec.of(i, ports[i - 1], self.settings.pool_of(i))
                 node = Node(spec, self.workdir / spec.name, self.cp, self.settings, bin_dir)
                 self.nodes.append(node)
                 node.prepare()
@@ -524,6 +572,54 @@ class Cluster:
             self.stop()
             raise
         return self
+
+    def view(self, pool: str) -> Cluster:
+        """Pool `pool`'s nodes of this (started) cluster, for this process's tests."""
+        nodes = [n for n in self.nodes if n.spec.pool == pool]
+        if not nodes:
+            raise ClusterError(f"no node in pool {pool!r}")
+        return Cluster(settings=self.settings, workdir=self.workdir, cp=self.cp, nodes=nodes,
+                       pool=pool, owner=False)
+
+    def share(self, path: Path) -> Path:
+        """Write what `attach` needs to `path` (JSON); return it."""
+        assert self.cp is not None
+        path.write_text(json.dumps({
+            "kubeconfig": str(self.cp.kubeconfig), "workdir": str(self.workdir),
+            "control_plane": str(self.cp.workdir), "bin_dir": str(self.cp.settings.bin_dir),
+            "settings": {"nodes": self.settings.nodes, "pools": self.settings.pools,
+                         "images": [str(p) for p in self.settings.images],
+                         "pause_image": self.settings.pause_image,
+                         "node_monitor_grace_period_s":
+                             self.settings.node_monitor_grace_period_s},
+            "nodes": [{**dataclasses.asdict(n.spec), "dir": str(n.dir)} for n in self.nodes],
+        }, indent=2))
+        return path
+
+    @classmethod
+    def attach(cls, path: Path, pool: str) -> Cluster:
+        """Pool `pool` of the cluster another process started and `share`d to `path`."""
+        record = json.loads(path.read_text())
+        st = record["settings"]
+        settings = ClusterSettings(
+            nodes=st["nodes"], pools=st["pools"], images=tuple(Path(p) for p in st["images"]),
+            pause_image=st["pause_image"],
+            node_monitor_grace_period_s=st["node_monitor_grace_period_s"])
+        cp = ControlPlane(Settings(bin_dir=Path(record["bin_dir"]), bind_address=APISERVER_IP,
+                                   node_monitor_grace_period_s=st["node_monitor_grace_period_s"]))
+        cp.kubeconfig, cp.workdir = Path(record["kubeconfig"]), Path(record["control_plane"])
+        nodes = []
+        for n in record["nodes"]:
+            d = dict(n)
+            node = Node(NodeSpec(**{k: v for k, v in d.items() if k != "dir"}), Path(d["dir"]),
+                        cp, settings, cp.settings.bin_dir, detached=True)
+            if node.spec.pool == pool:
+                node.kubelet.pid = node.running_kubelet()
+                nodes.append(node)
+        if not nodes:
+            raise ClusterError(f"no node in pool {pool!r} in {path}")
+        return cls(settings=settings, workdir=Path(record["workdir"]), cp=cp, nodes=nodes,
+                   pool=pool, owner=False)
 
     def _lock(self) -> None:
         fd = os.open(LOCK, os.O_RDWR | os.O_CREAT, 0o644)
@@ -644,7 +740,10 @@ class Cluster:
                 raise ClusterError(f"{p.name} exited with {p.proc.returncode}:\n{p.tail()}")
 
     def stop(self, keep_dir: bool | None = None) -> list[str]:
-        """Stop everything and put the host back; return what could not be put back."""
+        """Stop everything and put the host back; return what could not be put back. A view
+        stops nothing."""
+        if not self.owner:
+            return []
         if self._proxy is not None:
             self._proxy.stop(3)
         for node in reversed(self.nodes):

@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from localcluster.nodes import Cluster, Node
+from localcluster.nodes import POOL_LABEL, Cluster, Node
 from localcluster.tarimage import TOOLBOX_IMAGE
 from tests.helpers import wait_for
 
@@ -56,6 +56,9 @@ class ClusterPods:
     namespace: str
 
     def create(self, body: Pod) -> Pod:
+        """Create the pod; on the cluster's pool (beside other tests) unless it names a node."""
+        if self.cluster.pool is not None:
+            body["spec"].setdefault("nodeSelector", {}).setdefault(POOL_LABEL, self.cluster.pool)
         resp = self.core.create_namespaced_pod(self.namespace, body, _preload_content=False)
         return json.loads(resp.data)
 

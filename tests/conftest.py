@@ -5,16 +5,28 @@ Tests marked `integration` or `e2e` get a real etcd + kube-apiserver + kube-cont
 kube-scheduler; those that run pods get real nodes (kubelet + containerd each, localcluster.nodes).
 There is no fallback: if the binaries are missing the tests error, they are never skipped
 silently.
+
+Side by side: tests on real nodes mostly wait, so `make test` runs two pytest runs of them at
+once on disjoint nodes of one cluster. The run that starts the cluster (its owner) reads
+SIDE_ENV, the arguments of the other run: it then starts the cluster with two pools of three
+nodes, keeps pool a for itself, and starts the other run on pool b (ATTACH_ENV, POOL_ENV), whose
+output it prints in one piece at its end and whose failure fails it. A test that must have the
+cluster alone (it stops the API server) asks for `cluster_alone`: it waits until the other run
+has ended.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,6 +34,7 @@ from kubernetes import client, config
 
 from localcluster import images
 from localcluster.controlplane import ControlPlane, Settings
+from localcluster.job import ensure_ssh_key
 from localcluster.nodes import Cluster, ClusterError, ClusterSettings, recover_stale
 from tests.cluster import ClusterPods
 from tests.helpers import CLUSTER_NODE_GRACE_S, NODE_GRACE_S, wait_for
@@ -121,19 +134,106 @@ def namespace(core: client.CoreV1Api) -> Iterator[str]:
     core.delete_namespace(name)
 
 
+SIDE_ENV = "ES_NODES_SIDE"  # the other run's pytest arguments (whitespace-separated)
+ATTACH_ENV = "ES_NODES_ATTACH"  # set for the other run: the owner's Cluster.share record
+POOL_ENV = "ES_NODES_POOL"  # set for the other run: its pool
+SIDE_TIMEOUT_S = 40 * 60  # the other run, at most (then killed, and failed)
+
+
+@dataclass
+class SideRun:
+    """The other pytest run on real nodes, beside this one (see the module's docstring)."""
+
+    args: list[str]
+    record: Path
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    returncode: int | None = None
+    took_s: float = 0.0
+
+    def start(self) -> SideRun:
+        env = {k: v for k, v in os.environ.items() if k != SIDE_ENV}
+        env.update({ATTACH_ENV: str(self.record), POOL_ENV: "b"})
+        self._t0 = time.monotonic()
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pytest", *self.args, "-p", "no:cacheprovider",
+                 "--basetemp", str(self.log.parent / "side-basetemp")],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
+        return self
+
+    def wait(self) -> int:
+        """Its exit code, once it ended (killed past SIDE_TIMEOUT_S)."""
+        if self.returncode is None and self.proc is not None:
+            try:
+                self.proc.wait(max(1.0, SIDE_TIMEOUT_S - (time.monotonic() - self._t0)))
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.returncode = self.proc.returncode
+            self.took_s = time.monotonic() - self._t0
+        return self.returncode if self.returncode is not None else 0
+
+
+SIDE = pytest.StashKey[SideRun]()
+
+
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     """A control plane with three real nodes (kubelet + containerd each) and kube-proxy; every
-    node holds the launcher and worker images (built by `make setup`, cached)."""
+    node holds the launcher and worker images (built by `make setup`, cached). Side by side
+    (SIDE_ENV), six nodes in two pools: this run's tests get pool a's three."""
+    if attach := os.environ.get(ATTACH_ENV):
+        yield Cluster.attach(Path(attach), os.environ.get(POOL_ENV, "b"))
+        return
+    side = os.environ.get(SIDE_ENV, "").split()
+    pools = 2 if side else 1
     tarballs = images.build(images.Settings())
-    c = Cluster(ClusterSettings(nodes=3, node_monitor_grace_period_s=CLUSTER_NODE_GRACE_S,
+    c = Cluster(ClusterSettings(nodes=3 * pools, pools=pools,
+                                node_monitor_grace_period_s=CLUSTER_NODE_GRACE_S,
                                 images=tuple(sorted(set(tarballs.values())))))
     c.start()
-    yield c
-    if request.session.testsfailed:
-        c.failed = True
-    problems = c.stop()
+    try:
+        if side:
+            ensure_ssh_key()  # once, before either run makes a job
+            scratch = Path(tempfile.mkdtemp(prefix="es-side-"))
+            run = SideRun(side, c.share(scratch / "cluster.json"), scratch / "side.log")
+            request.config.stash[SIDE] = run.start()
+        yield c.view("a") if side else c
+    finally:
+        if (run := request.config.stash.get(SIDE, None)) is not None and run.wait() not in (0, 5):
+            c.failed = True
+        if request.session.testsfailed:
+            c.failed = True
+        problems = c.stop()
     assert problems == [], f"the cluster's teardown left host state behind: {problems}"
+
+
+@pytest.fixture
+def cluster_alone(request: pytest.FixtureRequest, cluster: Cluster) -> Cluster:
+    """The cluster, once no other run uses it (a test that stops the API server)."""
+    if (run := request.config.stash.get(SIDE, None)) is not None:
+        run.wait()
+    return cluster
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The other run's failure is this run's (its output: pytest_terminal_summary)."""
+    run = session.config.stash.get(SIDE, None)
+    # 5: nothing collected there (a -k that selects this run's tests only)
+    if run is not None and run.wait() not in (0, 5) and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    run = terminalreporter.config.stash.get(SIDE, None)
+    if run is None:
+        return
+    rc = run.wait()
+    terminalreporter.section(f"the run beside this one on pool b: exit {rc} after "
+                             f"{run.took_s:.0f}s ({' '.join(run.args)})")
+    terminalreporter.write(run.log.read_text(errors="replace"))
 
 
 @pytest.fixture(scope="session")

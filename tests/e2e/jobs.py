@@ -39,6 +39,14 @@ STOP_FILE = "stop"  # in it: the step to end training at (--stop-file of both sc
 HANG_FILE = "hang"  # in it: the host whose rank deadlocks (--hang-file of the stock script)
 TRAIN = "/workspace/train.py"  # in the worker image
 Transform = Callable[[list[dict[str, Any]]], None]
+# The stock scripts' extra seconds per batch in the tours. A Horovod rank spends CPU while it
+# waits in a collective (torch's WaitAndClear polls with sched_yield) and in its background
+# loop: two ranks of stock_train.py on loopback took 0.78 cores at --sleep 0.05 and 0.40 at
+# 0.2, the TensorFlow script 1.35 and 0.82 (2026-11-29); the tours run side by side on two cores.
+TOUR_SLEEP = "0.2"
+# worker_image/train.py computes flat out (two ranks took both cores on loopback at its default
+# width): its workers in the tours get this CPU limit, so that the tours beside it run too.
+TRAIN_CPU_LIMIT = "500m"
 
 
 def train_args(steps: int, *extra: str) -> list[str]:
@@ -198,9 +206,13 @@ class Job(MainJob):
                             "--timeout=120s", namespaced=False, timeout=150)
 
     def nodes_ready(self) -> bool:
+        """Every node of the job's cluster (of its pool, beside other tests) is Ready and
+        schedulable."""
+        mine = {n.name for n in self.cluster.nodes}
         return all(any(c.type == "Ready" and c.status == "True"
                        for c in n.status.conditions or ())
-                   and not n.spec.unschedulable for n in self.core.list_node().items)
+                   and not n.spec.unschedulable for n in self.core.list_node().items
+                   if n.metadata.name in mine)
 
     def settled(self, size: int, timeout: float = 240) -> Record:
         """Wait until every node is Ready and the job trains at world size `size` with that
@@ -316,6 +328,16 @@ def shared_checkpoint(docs: list[dict[str, Any]], host_dir: Path) -> None:
         {"name": "checkpoint", "mountPath": CHECKPOINT_MOUNT})
 
 
+def cpu_limited(limit: str) -> Transform:
+    """Every worker's training container gets a CPU limit of `limit` (a CFS quota), and asks
+    for as much (a request may not exceed its limit)."""
+    def change(template: dict[str, Any]) -> None:
+        resources = template["spec"]["containers"][0].setdefault("resources", {})
+        for kind in ("requests", "limits"):
+            resources.setdefault(kind, {})["cpu"] = limit
+    return lambda docs: edit_worker_template(docs, change)
+
+
 def compose(*transforms: Transform) -> Transform:
     """One transform that applies `transforms` in order."""
     def transform(docs: list[dict[str, Any]]) -> None:
@@ -407,7 +429,9 @@ def main_job(cluster: Cluster, api: client.ApiClient, out: Path, *, steps: int,
     of worker_image/train.py's (`steps` and `extra_args` are then not used)."""
     namespace = f"e2e-{uuid.uuid4().hex[:6]}"
     args = list(command) if command is not None else train_args(steps, *extra_args)
-    changes = [workers_avoid_the_launcher, *([transform] if transform is not None else [])]
+    changes = [workers_avoid_the_launcher, *([cpu_limited(TRAIN_CPU_LIMIT)] if command is None
+                                             else []),
+               *([transform] if transform is not None else [])]
     if checkpoint is not None:
         more_args, mount = checkpointed(checkpoint)
         args += [*(more_args if keeps_checkpoint else ()),

@@ -42,6 +42,7 @@ from tests.e2e.jobs import (
     STOCK_DIR,
     STOCK_KERAS,
     STOCK_TF,
+    TOUR_SLEEP,
     TRAINER_TF,
     Job,
     check_training,
@@ -77,7 +78,7 @@ STUCK_BOUND_S = 30.0  # a main thread deadlocked (stuck after STUCK_FLOOR_S=20 s
 
 def tf_command(stock: Path, *extra: str) -> list[str]:
     """The stock TensorFlow script's command (main_job adds --stop-file)."""
-    return ["python", f"{STOCK_DIR}/{stock.name}", "--batches", str(BATCHES), "--sleep", "0.05",
+    return ["python", f"{STOCK_DIR}/{stock.name}", "--batches", str(BATCHES), "--sleep", TOUR_SLEEP,
             *extra]
 
 

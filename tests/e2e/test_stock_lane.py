@@ -43,6 +43,7 @@ from tests.e2e.jobs import (
     SHIPPED_QUARANTINE,
     STOCK,
     STOCK_DIR,
+    TOUR_SLEEP,
     Job,
     Transform,
     alone_on_its_node,
@@ -90,7 +91,7 @@ MakeJob = Callable[..., tuple[Job, PodFaults]]
 
 def stock_command(batches: int, *extra: str) -> list[str]:
     return ["python", f"{STOCK_DIR}/{STOCK.name}", "--batches", str(batches),
-            "--batches-per-commit", "5", "--sleep", "0.05", *extra]
+            "--batches-per-commit", "5", "--sleep", TOUR_SLEEP, *extra]
 
 
 @contextlib.contextmanager
@@ -359,9 +360,11 @@ class TestStockTour:
         assert gaps[59] >= WRITE_S, "the long write happened between batches 59 and 60"
         assert gaps[29] >= PYTHON_S, "the evaluation happened between batches 29 and 30"
         assert gaps[89] >= 3.5, "the GIL was held (silence) past the heartbeat timeout (3 s)"
-        # Silent past the timeout, yet not Hung: its watcher said it runs.
+        # Silent past the timeout, yet not Hung: its watcher said it runs. The hold may read as
+        # two silences (the script sizes it with shorter holds first, and a heartbeat can get
+        # out between them on a loaded machine), each said once; never another host's.
         busy = job.logs("worker.silent_but_running")
-        assert [b["host"] for b in busy] == [steps[89]["host"]], busy
+        assert busy and {b["host"] for b in busy} == {steps[89]["host"]}, busy
         assert job.logs("worker.hung") == [] and job.logs("worker.failed") == []
         assert job.logs("worker.stuck") == [] and "WorkerStuck" not in job.reasons()
         assert [r for r in job.records() if r.get("event") == "reset"] == []
@@ -520,12 +523,12 @@ class TestStockTour:
     # ---- the control plane restarts --------------------------------------------------------------
 
     def test_training_survives_a_kube_apiserver_outage_longer_than_the_leader_lease(
-            self, tour: tuple[Job, PodFaults]) -> None:
+            self, tour: tuple[Job, PodFaults], cluster_alone: Cluster) -> None:
         """Issue 27, item 1: kube-apiserver down for longer than the leader Lease (10 s): the
         supervisor (in its launcher pod, through the `kubernetes` Service) pauses, takes no
         decision, keeps training going, renews, reconnects and relists, and still acts on
         failures afterwards; the kubelets reconnect too (the outage is shorter than the node
-        controller's grace)."""
+        controller's grace). It has the cluster alone: every job on it would pause."""
         job, faults = tour
         job.settled(2)
         launcher = job.launcher()

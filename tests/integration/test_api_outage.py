@@ -116,7 +116,7 @@ def test_supervisor_withdraws_the_file_when_stale_then_recovers(
         # after an API crash that controller lags: register the third node beforehand.
         n3 = job.node("n3")
         sup.start()
-        wait_for(lambda: sup.records("start"), 10, what="horovodrun start")
+        wait_for(lambda: sup.records("start"), 30, what="horovodrun start")
         before = sup.content()
         restartable_control_plane.restart_apiserver(down_s=3, crash=True)
         sup.wait_log("discovery.withdrawn")
