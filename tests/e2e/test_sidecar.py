@@ -239,7 +239,8 @@ class TestSidecarStockTour:
                            lambda: [r for r in job.logs("horovodrun.adopted")
                                     if log_time(r) > t0], 120)
         assert job.logs_since("horovodrun.started", t0) == [], "horovodrun was not restarted"
-        assert "HorovodrunAdopted" in job.reasons()
+        # The Event is posted after the log line, by the event recorder's thread.
+        job.wait("the HorovodrunAdopted Event", lambda: "HorovodrunAdopted" in job.reasons(), 30)
         past = (job.last_step() or {"step": 0})["step"]
         job.wait_training(past=past + 10, size=2, timeout=120)
         steps = [r for r in job.steps() if r["time"] > t0]
