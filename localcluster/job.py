@@ -117,16 +117,26 @@ def render(namespace: str, *, args: Sequence[str] | None = None,
     return docs
 
 
+def edit_worker_template(docs: list[dict[str, Any]],
+                         change: Callable[[dict[str, Any]], None]) -> None:
+    """Apply `change` to the worker template (the pod the supervisor creates each worker from)
+    in the rendered objects `docs`."""
+    for doc in docs:
+        if doc["kind"] == "ConfigMap" and "worker-template.yaml" in (doc.get("data") or {}):
+            template = yaml.safe_load(doc["data"]["worker-template.yaml"])
+            change(template)
+            doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)
+
+
 def on_pool(docs: list[dict[str, Any]], pool: str) -> None:
     """Keep the launcher and every worker on the nodes of `pool` (a node selector on the Job's
     pod and on the worker template): a job of tests that run beside others (Cluster.view)."""
+    def select(spec: dict[str, Any]) -> None:
+        spec.setdefault("nodeSelector", {})[POOL_LABEL] = pool
     for doc in docs:
         if doc["kind"] == "Job":
-            doc["spec"]["template"]["spec"].setdefault("nodeSelector", {})[POOL_LABEL] = pool
-        if doc["kind"] == "ConfigMap" and "worker-template.yaml" in (doc.get("data") or {}):
-            template = yaml.safe_load(doc["data"]["worker-template.yaml"])
-            template["spec"].setdefault("nodeSelector", {})[POOL_LABEL] = pool
-            doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)
+            select(doc["spec"]["template"]["spec"])
+    edit_worker_template(docs, lambda template: select(template["spec"]))
 
 
 def _kubectl_path() -> Path:

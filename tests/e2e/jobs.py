@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from localcluster.job import JOB, OVERLAY, MainJob, Record, log_time
+from localcluster.job import JOB, OVERLAY, MainJob, Record, edit_worker_template, log_time
 from localcluster.nodes import Cluster
 from supervisor.config import Config
 from supervisor.hook.elastic_supervisor_hook import worker
@@ -48,7 +48,8 @@ Transform = Callable[[list[dict[str, Any]]], None]
 # intervals reach back to the stalls of the faults before it (docs/local-cluster.md).
 TOUR_SLEEP = "0.05"
 # worker_image/train.py computes flat out (two ranks took both cores on loopback at its default
-# width): its workers in the tours get this CPU limit, so that the tours beside it run too.
+# width): its workers in the tours get this CPU limit, so that the supervisor, the kubelets and
+# the control plane on the same two cores (and tours beside it, NODES_BESIDE) still get theirs.
 TRAIN_CPU_LIMIT = "500m"
 
 
@@ -76,17 +77,6 @@ STOCK_KERAS = STOCK.with_name("stock_keras_train.py")  # Keras model.fit, elasti
 STOCK_DIR = "/opt/stock"  # where the worker pods find it (a ConfigMap volume)
 TRAINER = "elastic-supervisor-trainer:0.1.0"  # the sidecar overlay's YOUR IMAGE
 TRAINER_TF = "elastic-supervisor-trainer-tf:0.1.0"  # TensorFlow's (trainer_tf_image/)
-
-
-def edit_worker_template(docs: list[dict[str, Any]],
-                         change: Callable[[dict[str, Any]], None]) -> None:
-    """Apply `change` to the worker template (the pod the supervisor creates each worker from)
-    in the rendered objects `docs`."""
-    for doc in docs:
-        if doc["kind"] == "ConfigMap" and "worker-template.yaml" in (doc.get("data") or {}):
-            template = yaml.safe_load(doc["data"]["worker-template.yaml"])
-            change(template)
-            doc["data"]["worker-template.yaml"] = yaml.safe_dump(template)
 
 
 def mount_in_workers(docs: list[dict[str, Any]], volume: dict[str, Any],
