@@ -65,6 +65,10 @@ FENCE_KEEP_S = 600.0  # a dead host stays in the pushed set this long (its peers
 FENCE_MAX = 256  # and at most this many, the most recent
 FORGET_S = 600.0  # a process silent this long (or gone with a bye) is dropped from the store
 GAPS = 64  # progress intervals kept per process (the step time, hang.stuck_threshold)
+# Progress intervals not taken as step times after each init: the state's sync and the new
+# world's first steps wait for its slowest member (a joiner still importing or tracing its
+# tf.function: 7.6 s seen on the TensorFlow tour), which is not a step time.
+WARMUP_GAPS = 3
 SEQ_BLOCK = 1 << 20  # sequence numbers reserved in the state file at a time (one write each)
 
 
@@ -95,11 +99,13 @@ class Beat:
     # when its position, I/O and progress have not changed (None: the hook does not say), its
     # innermost frames while it stands still, and the last GAPS intervals between two
     # heartbeats that showed progress with no init between them (the step time, at the
-    # heartbeat's resolution)
+    # heartbeat's resolution), and how many more of those intervals to leave out because the
+    # world is new (WARMUP_GAPS after each init)
     since_init: int | None = None
     still_since: float | None = None
     where: tuple[str, ...] = ()
     gaps: tuple[float, ...] = ()
+    warmup: int = WARMUP_GAPS
     pos: str = ""
     io: int | None = None
     # what its process watcher (the hook's watch.py) said last: the scheduler state ("R", "S",
@@ -658,14 +664,20 @@ def _update(old: Beat | None, body: Mapping[str, Any], addr: tuple[str, int],
         return Beat(sender=str(body["s"]), first_seen=now, progress_at=None,
                     still_since=now if fields["pos"] else None, **fields)
     progress = now if done != old.done else old.progress_at
-    gaps = old.gaps
-    if done != old.done and old.progress_at is not None and fields["inits"] == old.inits:
-        # A step's time; not a pause that spans a reset (an init: a fault, a worker joining),
-        # which would make the stuck threshold minutes long right after every recovery.
-        gaps = (*old.gaps[-(GAPS - 1):], now - old.progress_at)
+    gaps, warmup = old.gaps, old.warmup
+    if fields["inits"] != old.inits:
+        warmup = WARMUP_GAPS
+    elif done != old.done and old.progress_at is not None:
+        if warmup:
+            warmup -= 1
+        else:
+            # A step's time; not a pause that spans a reset (an init: a fault, a worker
+            # joining), nor the new world's first intervals, which would make the stuck
+            # threshold half a minute or more right after every recovery.
+            gaps = (*old.gaps[-(GAPS - 1):], now - old.progress_at)
     moved = (fields["pos"], fields["io"], done, fields["waiting"]) != (
         old.pos, old.io, old.done, old.waiting)
     still = None if not fields["pos"] else (
         now if moved or old.still_since is None else old.still_since)
-    return replace(old, progress_at=progress, bye_at=None, gaps=gaps, still_since=still,
-                   **fields)
+    return replace(old, progress_at=progress, bye_at=None, gaps=gaps, warmup=warmup,
+                   still_since=still, **fields)

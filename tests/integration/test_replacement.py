@@ -28,12 +28,15 @@ from tests.integration.managed import (  # noqa: F401 (job and supervisor fixtur
 from tests.integration.test_operate import cli
 
 
-def note_of(api: client.ApiClient, namespace: str, reason: str) -> str:
+def note_of(api: client.ApiClient, namespace: str, reason: str, timeout: float = 5) -> str:
+    """The note of the last Event with `reason`, waiting for it: Events are posted from a
+    background thread, after the log line the test waited for (CI once read too early)."""
     from supervisor import kube
-    notes = [e.get("note", "") for e in kube.list_events(api, namespace)
-             if e.get("reason") == reason]
-    assert notes, f"no {reason} Event"
-    return notes[-1]
+
+    def notes() -> list[str]:
+        return [e.get("note", "") for e in kube.list_events(api, namespace)
+                if e.get("reason") == reason]
+    return wait_for(notes, timeout, what=f"a {reason} Event")[-1]
 
 
 def test_killed_worker_is_replaced_under_a_new_name_away_from_its_node(

@@ -198,6 +198,32 @@ def test_the_threshold_follows_the_step_time() -> None:
     assert k.threshold_s == pytest.approx(40, abs=1)
 
 
+def after_a_reset(behaviour: Behaviour, at: float = 10.0, joiner_s: float = 8.0) -> Behaviour:
+    """`behaviour` with a reset at `at` (an init), after which the new world's first collective
+    waits `joiner_s` for a joiner still importing or tracing; it trains on after that."""
+    def at_t(t: float) -> dict[str, Any]:
+        if t < at:
+            return behaviour(t)
+        reset = behaviour(at)
+        if t < at + joiner_s:
+            return {**reset, "inits": 2, "done": reset["done"] + 1, "dc": 0, "pos": ALLREDUCE,
+                    "wait": round(t - at, 3), "in": "c"}
+        now = behaviour(t)
+        return {**now, "inits": 2, "done": now["done"] + 1, "dc": now["dc"] - reset["dc"]}
+    return at_t
+
+
+def test_the_wait_for_a_joiner_after_a_reset_is_not_a_step_time() -> None:
+    """The TensorFlow tour's shape (issue 38): after a reset the new world's first collective
+    waits 8 s for a replacement still tracing its step. That interval has no init inside it,
+    but it is no step time: counted, it made the threshold 32 s and the stuck verdict late."""
+    procs = {HOSTS[0]: after_a_reset(waits_from(STOP + 0.05)),
+             HOSTS[1]: after_a_reset(waits_from(STOP + 0.08)),
+             HOSTS[2]: after_a_reset(stops_at(STOP))}
+    (k,) = stuck(play(procs, STOP + 21), STOP + 21)
+    assert (k.host, k.threshold_s) == (HOSTS[2], STUCK_FLOOR_S)
+
+
 def test_a_fixed_threshold() -> None:
     procs = {HOSTS[0]: waits_from(STOP + 0.05), HOSTS[1]: stops_at(STOP)}
     fixed = HangSettings(silence_s=3.0, stall_s=1800.0, stuck_s=8.0)
