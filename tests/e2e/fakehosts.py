@@ -30,7 +30,7 @@ from localcluster.job import horovod_records
 from localcluster.sshd import FakeHost, KeyPair
 from supervisor.hook import HOOK_DIR
 from supervisor.hook.elastic_supervisor_hook import wire
-from tests.e2e.jobs import STOCK, STOCK_KERAS, STOCK_TF, steps_of
+from tests.e2e.jobs import STOCK, STOCK_KERAS, STOCK_TF, TOUR_SLEEP, steps_of
 from tests.helpers import wait_for
 
 T = TypeVar("T")
@@ -261,10 +261,10 @@ def tour_on_fake_hosts(tmp_path_factory: Any, name: str,
 def training_at_size_3(workdir: Path, hosts: HostSet, runs: list[HorovodRun],
                        listed: Sequence[str], *, batches: int, timeout: float = 180,
                        env: dict[str, str] | None = None, **kw: Any) -> HorovodRun:
-    """A horovodrun of the stock script (np 3, min-np 2, max-np 3, 0.05 s batches) on `listed`,
-    returned once it trains at size 3 past batch 10; `kw` goes to HorovodRun."""
+    """A horovodrun of the stock script (np 3, min-np 2, max-np 3, TOUR_SLEEP s batches) on
+    `listed`, returned once it trains at size 3 past batch 10; `kw` goes to HorovodRun."""
     run = HorovodRun(workdir, hosts, np=3, min_np=2, max_np=3, batches=batches,
-                     script_args=["--sleep", "0.05"], **kw)
+                     script_args=["--sleep", TOUR_SLEEP], **kw)
     run.env.update(env or {})
     runs.append(run)
     run.set_hosts(listed)

@@ -39,14 +39,14 @@ STOP_FILE = "stop"  # in it: the step to end training at (--stop-file of both sc
 HANG_FILE = "hang"  # in it: the host whose rank deadlocks (--hang-file of the stock script)
 TRAIN = "/workspace/train.py"  # in the worker image
 Transform = Callable[[list[dict[str, Any]]], None]
-# The stock scripts' extra seconds per batch in the tours. A Horovod rank spends CPU while it
-# waits in a collective (torch's WaitAndClear polls with sched_yield) and in its background
-# loop: two ranks of stock_train.py on loopback took 0.78 cores at --sleep 0.05 and 0.40 at 0.2,
-# the TensorFlow script 1.35 and 0.82 (2026-11-29). At 0.2 the TensorFlow tours' deadlocked main
-# thread was named stuck only after 30.5 s, over its 30 s bound: the auto stuck threshold is 4
-# times the p99 of each process's recent step intervals, and at a quarter of the step rate those
-# intervals reach back to the stalls of the faults before it (docs/local-cluster.md).
-TOUR_SLEEP = "0.05"
+# The stock scripts' extra seconds per batch in the tours, on real nodes and on loopback. A
+# Horovod rank spends CPU while it waits in a collective (torch's WaitAndClear polls with
+# sched_yield) and in its background loop: two ranks of stock_train.py on loopback took 0.78
+# cores at --sleep 0.05 and 0.40 at 0.2, the TensorFlow script 1.35 and 0.82 (2026-11-29); a
+# step adds at most this much to a measured resume. (At 0.2 the auto stuck threshold once
+# reached 30.5 s: it counted the new world's first intervals, which wait for a joiner still
+# tracing, as step times; channel.WARMUP_GAPS leaves them out now.)
+TOUR_SLEEP = "0.2"
 # worker_image/train.py computes flat out (two ranks took both cores on loopback at its default
 # width): its workers in the tours get this CPU limit, so that the supervisor, the kubelets and
 # the control plane on the same two cores (and tours beside it, NODES_BESIDE) still get theirs.

@@ -36,6 +36,7 @@ from tests.e2e.fakehosts import (
     tour_on_fake_hosts,
     training_at_size_3,
 )
+from tests.e2e.jobs import TOUR_SLEEP
 from tests.faults import freeze, kill, partitioned
 from tests.helpers import wait_for
 
@@ -153,7 +154,7 @@ def test_pinned_host_keys_keep_an_impostor_out_and_let_the_jobs_hosts_in(
     channel = Channel()
     try:
         run = HorovodRun(tmp_path, hosts, np=1, min_np=1, max_np=2, batches=BATCHES,
-                         channel=channel, worker_hook=False, script_args=["--sleep", "0.05"])
+                         channel=channel, worker_hook=False, script_args=["--sleep", TOUR_SLEEP])
         run.env[KNOWN_HOSTS_ENV] = str(secret / "known_hosts")
         runs.append(run)
         run.set_hosts([first])

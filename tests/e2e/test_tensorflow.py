@@ -19,7 +19,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from tests.e2e.fakehosts import (
     HostSet,
     horovod_on_fake_hosts,
 )
-from tests.e2e.jobs import check_steps, step_after_reset
+from tests.e2e.jobs import TOUR_SLEEP, check_steps, step_after_reset
 from tests.faults import freeze, thaw
 from tests.helpers import wait_for
 
@@ -133,12 +133,14 @@ def channel(tmp_path: Path) -> Iterator[HookChannel]:
 
 
 def tf_training(tmp_path: Path, hosts: HostSet, runs: list[HorovodRun], channel: HookChannel, *,
-                script: Path, n: int, **kw: Any) -> tuple[HorovodRun, list[str]]:
-    """horovodrun of `script` on `n` new hosts, with the hook as the supervisor sets it up;
-    returned once rank 0 trained past batch 5 at size n."""
+                script: Path, n: int, script_args: Sequence[str] = (),
+                **kw: Any) -> tuple[HorovodRun, list[str]]:
+    """horovodrun of `script` on `n` new hosts (TOUR_SLEEP s batches), with the hook as the
+    supervisor sets it up; returned once rank 0 trained past batch 5 at size n."""
     listed = hosts.start(n)
     run = HorovodRun(tmp_path, hosts, np=n, min_np=1, max_np=n, batches=100_000,
-                     channel=None, python=TF_PYTHON, script=script, **kw)
+                     channel=None, python=TF_PYTHON, script=script,
+                     script_args=["--sleep", TOUR_SLEEP, *script_args], **kw)
     run.dead_file = channel.dead_file
     run.env.update(channel.new_run(os.environ.get("PYTHONPATH")))
     runs.append(run)
