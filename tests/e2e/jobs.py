@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -51,6 +52,10 @@ TOUR_SLEEP = "0.2"
 # width): its workers in the tours get this CPU limit, so that the supervisor, the kubelets and
 # the control plane on the same two cores (and tours beside it, NODES_BESIDE) still get theirs.
 TRAIN_CPU_LIMIT = "500m"
+# A tour ends this far ahead of rank 0's last printed step: every rank must read the stop file
+# before it passes that step (it reads it at every batch; rank 0's lines reach the launcher's
+# log within a second). 100 steps were 25-40 s of a tour's end at --sleep 0.2.
+STOP_AHEAD_S = 6.0
 
 
 def train_args(steps: int, *extra: str) -> list[str]:
@@ -161,13 +166,17 @@ class Job(MainJob):
     # checkpoint directory every worker mounts; None for a job without one.
     stop_file: Path | None = None
 
-    def stop_at(self, ahead: int = 100) -> int:
-        """End training `ahead` steps past rank 0's last reported one (every rank reads the
-        same number, so all stop at that step); return that step."""
+    def stop_at(self, ahead_s: float = STOP_AHEAD_S) -> int:
+        """End training about `ahead_s` seconds of steps (at least 10) past rank 0's last
+        reported one, at its recent step rate (every rank reads the same number, so all stop
+        at that step); return that step."""
         assert self.stop_file is not None, "the job was started without a checkpoint directory"
-        last = self.last_step()
-        assert last is not None, "rank 0 reported no step yet"
-        target = int(last["step"]) + ahead
+        recent = self.steps()[-20:]
+        assert recent, "rank 0 reported no step yet"
+        first, last = recent[0], recent[-1]
+        took = float(last["time"]) - float(first["time"])
+        rate = max(0.0, (int(last["step"]) - int(first["step"])) / took) if took > 0 else 0.0
+        target = int(last["step"]) + max(10, math.ceil(rate * ahead_s))
         shared_write(self.stop_file, str(target))
         return target
 

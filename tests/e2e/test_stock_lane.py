@@ -73,18 +73,18 @@ METRICS_PORT = 9400  # the manifests' SUPERVISOR_METRICS_PORT, on the launcher p
 # always, and the node controller marked nodes NotReady after the outage.
 OUTAGE_S = 11
 # The tour's first batch sleeps FIRST_BATCH_S; rank 0 computes in Python only for PYTHON_S after
-# batch 30 (an evaluation) and writes for WRITE_S after batch 60 (a long checkpoint) while the
+# batch 15 (an evaluation) and writes for WRITE_S after batch 25 (a long checkpoint) while the
 # other waits in the next allreduce: all longer than the heartbeat timeout (3 s), during which
 # no collective completes; the evaluation and the write are longer than the tour's stuck
 # threshold (STUCK_S), for which only the position and the I/O of rank 0's main thread move.
-# After batch 90 rank 0 holds the GIL for about GIL_S in one C call (a long
+# After batch 35 rank 0 holds the GIL for about GIL_S in one C call (a long
 # garbage-collector pass): its heartbeat thread cannot run, it is silent past the heartbeat
 # timeout, but its process watcher says it runs (given STUCK_S before it would be Hung). One
 # CPU-bound C call's wall time varies with what else runs on the two cores (5.1-6.2 s measured
 # alone, 8.6 s once on the nodes): STUCK_S leaves room above it.
 FIRST_BATCH_S, PYTHON_S, WRITE_S, GIL_S, STUCK_S = 4, 12, 12, 6, 10
-SLOW = ("--slow-step", f"1:{FIRST_BATCH_S}:sleep", "--slow-step", f"30:{PYTHON_S}:python",
-        "--slow-step", f"60:{WRITE_S}:write", "--slow-step", f"90:{GIL_S}:gil",
+SLOW = ("--slow-step", f"1:{FIRST_BATCH_S}:sleep", "--slow-step", f"15:{PYTHON_S}:python",
+        "--slow-step", f"25:{WRITE_S}:write", "--slow-step", f"35:{GIL_S}:gil",
         "--hang-file", f"{CHECKPOINT_MOUNT}/{HANG_FILE}")
 MakeJob = Callable[..., tuple[Job, PodFaults]]
 
@@ -350,21 +350,21 @@ class TestStockTour:
         is held, runs: its watcher says so), so nothing is Hung; rank 0's main thread moves
         (Python) or writes, so nothing is stuck either; and nothing is restarted."""
         job, _ = tour
-        job.wait_training(past=95, size=2, timeout=240)
+        job.wait_training(past=40, size=2, timeout=240)
         steps = steps_of(job.records())
         # The slow part of batch N comes before rank 0 prints it: the first batch's sleep lies
-        # between horovodrun's start and batch 1, the write between batches 59 and 60.
+        # between horovodrun's start and batch 1, the write between batches 24 and 25.
         started = log_time(job.logs("horovodrun.started")[0])
         assert steps[0]["step"] == 1 and steps[0]["time"] - started >= FIRST_BATCH_S, steps[0]
         gaps = {a["step"]: b["time"] - a["time"] for a, b in itertools.pairwise(steps)}
-        assert gaps[59] >= WRITE_S, "the long write happened between batches 59 and 60"
-        assert gaps[29] >= PYTHON_S, "the evaluation happened between batches 29 and 30"
-        assert gaps[89] >= 3.5, "the GIL was held (silence) past the heartbeat timeout (3 s)"
+        assert gaps[24] >= WRITE_S, "the long write happened between batches 24 and 25"
+        assert gaps[14] >= PYTHON_S, "the evaluation happened between batches 14 and 15"
+        assert gaps[34] >= 3.5, "the GIL was held (silence) past the heartbeat timeout (3 s)"
         # Silent past the timeout, yet not Hung: its watcher said it runs. The hold may read as
         # two silences (the script sizes it with shorter holds first, and a heartbeat can get
         # out between them on a loaded machine), each said once; never another host's.
         busy = job.logs("worker.silent_but_running")
-        assert busy and {b["host"] for b in busy} == {steps[89]["host"]}, busy
+        assert busy and {b["host"] for b in busy} == {steps[34]["host"]}, busy
         assert job.logs("worker.hung") == [] and job.logs("worker.failed") == []
         assert job.logs("worker.stuck") == [] and "WorkerStuck" not in job.reasons()
         assert [r for r in job.records() if r.get("event") == "reset"] == []
@@ -668,9 +668,9 @@ def test_a_job_that_stalls_is_restarted_then_failed(make_job: MakeJob) -> None:
 
 def test_without_the_worker_hook_the_job_trains_and_says_hang_detection_is_off(
         make_job: MakeJob) -> None:
-    job, _ = make_job(batches=60, SUPERVISOR_WORKER_HOOK="false")
+    job, _ = make_job(batches=30, SUPERVISOR_WORKER_HOOK="false")
     assert job.wait_exit(300) == 0, job.tail()
-    check_training(job.records(), 60, final_size=2)
+    check_training(job.records(), 30, final_size=2)
     off = job.notes("HangDetectionOff")
     assert len(off) == 1 and "SUPERVISOR_WORKER_HOOK=false" in off[0], off
     assert "DriverNotHardened" not in job.reasons(), "the driver half stays on"
