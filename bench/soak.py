@@ -25,7 +25,10 @@ file (read on the node's disk, from the launcher pod's emptyDir):
   host counts only if it is unusable in two samples in a row). Hosts the supervisor keeps by
   design are usable: on a node NotReady for less than its node grace, or on nodes that went
   down together (the disruption brake, as kube-controller-manager's zones: after an API outage
-  the node controller marks every node NotReady), until a node grace after the brake let go;
+  the node controller marks every node NotReady), until a node grace after the brake let go, or
+  on a node down within a minute of the API server's return whose workers all heartbeat (the
+  settling hold: supervisor.core.settling_nodes; a worker the plan froze or partitioned does
+  not);
 - the budgets (the ledger in the state ConfigMap) never go backwards;
 - no hang: no interval without a step longer than GAP_S (from rank 0's step times; the
   harness gives up after HANG_S);
@@ -62,6 +65,7 @@ from bench import store
 from localcluster import demo
 from localcluster.job import API_ERRORS, JOB, SIDECAR_OVERLAY, MainJob, log_time
 from supervisor.classify import held_nodes
+from supervisor.core import OUTAGE_SETTLE_S
 from tests.e2e.jobs import (
     CHECKPOINT_MOUNT,
     COMMIT_EVERY,
@@ -122,6 +126,7 @@ class Sample:
     ledger: Mapping[str, Any]
     held: frozenset[str] = frozenset()  # nodes braked now or within NODE_KEPT_S (Watch)
     recent: frozenset[str] = frozenset()  # nodes NotReady now or within NODE_KEPT_S (Watch)
+    settling: frozenset[str] = frozenset()  # nodes the settling hold keeps (settling)
 
 
 def braked(pods: Sequence[Mapping[str, Any]],
@@ -133,6 +138,24 @@ def braked(pods: Sequence[Mapping[str, Any]],
                  and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")}
     down = {n for n, s in nodes.items() if s is not None}
     return held_nodes(frozenset(job_nodes), frozenset(nodes), frozenset(down), BRAKE_THRESHOLD)
+
+
+def settling(pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, float | None], now: float,
+             api_back: float | None, quiet: frozenset[str]) -> frozenset[str]:
+    """The down nodes the supervisor's settling hold keeps: the rule of
+    supervisor.core.settling_nodes, seen from outside. Within OUTAGE_SETTLE_S of the API
+    server's return (`api_back`, when the soak started it again; plus NODE_KEPT_S for its
+    watches to come back and the file to follow) a down node stays while every live worker on
+    it heartbeats: here, while none is `quiet` (a pod the plan froze or partitioned, which sends
+    no heartbeat)."""
+    if api_back is None or now - api_back > OUTAGE_SETTLE_S + NODE_KEPT_S:
+        return frozenset()
+    on: dict[str, list[str]] = {}
+    for pod in pods:
+        node = pod.get("spec", {}).get("nodeName")
+        if nodes.get(node or "") is not None and _live(pod):
+            on.setdefault(node, []).append(pod["metadata"]["name"])
+    return frozenset(n for n, names in on.items() if not quiet.intersection(names))
 
 
 def not_ready_for(node: Any, now: float) -> float | None:
@@ -170,7 +193,8 @@ def unusable_hosts(s: Sample) -> set[str]:
         # kubelet posts them again, and the supervisor keeps their heartbeating hosts meanwhile
         # (13 s after the node came back, in the soak of seed 1 on 2026-11-29).
         node = pod.get("spec", {}).get("nodeName", "")
-        kept = (down_s is not None and (down_s < NODE_KEPT_S or node in s.held)) or (
+        kept = (down_s is not None and (down_s < NODE_KEPT_S or node in s.held
+                                        or node in s.settling)) or (
             down_s is None and node in s.recent)
         if _live(pod) and ((down_s is None and ready) or kept) and status.get("podIP"):
             usable.add(status["podIP"])
@@ -244,6 +268,10 @@ class Watch:
     stop: threading.Event = field(default_factory=threading.Event)
     braked_at: dict[str, float] = field(default_factory=dict)  # node -> last seen braked
     down_at: dict[str, float] = field(default_factory=dict)  # node -> last seen NotReady
+    api_back: float | None = None  # when the plan's last API outage ended (time.time())
+    # pods the plan froze or partitioned now (rebound, never changed in place: the checker's
+    # thread reads it)
+    quiet: frozenset[str] = frozenset()
 
     def ledger_total(self) -> int:
         """The restart budget charged so far (retried through an API outage)."""
@@ -278,7 +306,8 @@ class Watch:
         held = frozenset(n for n, t in self.braked_at.items() if now - t < NODE_KEPT_S)
         self.down_at.update({n: now for n, down in nodes.items() if down is not None})
         recent = frozenset(n for n, t in self.down_at.items() if now - t < NODE_KEPT_S)
-        return Sample(pods, nodes, hosts, ledger, held, recent)
+        return Sample(pods, nodes, hosts, ledger, held, recent,
+                      settling(pods, nodes, now, self.api_back, self.quiet))
 
     def run(self) -> None:
         before: Sample | None = None
@@ -335,6 +364,11 @@ def drive(job: Job, steps: list[Step], watch: Watch, stop_file: Path) -> dict[st
         cm.__enter__()
         undo.append(lambda: cm.__exit__(None, None, None))
 
+    def quiet(*pods: str) -> None:
+        """Pods that send no heartbeat until the fault is undone (the settling hold's rule)."""
+        watch.quiet = watch.quiet | set(pods)
+        undo.append(lambda: setattr(watch, "quiet", watch.quiet - set(pods)))
+
     def kill_then(pod: str, then: Callable[[], None]) -> None:
         """Kill `pod`'s container, then do `then` while its replacement joins (a recovery under
         way: the faults that strike one)."""
@@ -374,6 +408,8 @@ def drive(job: Job, steps: list[Step], watch: Watch, stop_file: Path) -> dict[st
             job.drain(node.name)
         elif fault == "freeze":
             job.silence_node(node)
+            quiet(*(name for name, p in job.workers().items()
+                    if p["spec"].get("nodeName") == node.name))
             node.freeze()
             undo.append(node.thaw)
         elif fault == "kubelet":
@@ -381,12 +417,14 @@ def drive(job: Job, steps: list[Step], watch: Watch, stop_file: Path) -> dict[st
             node.stop_kubelet()
             undo.append(node.start_kubelet)
         elif fault == "partition":
+            quiet(pod)
             hold(job.partitioned(pod))
         elif fault == "api-outage":
             # On this (main) thread: the control plane's children die with the thread that
             # started them. Training must go on meanwhile, nothing decided.
             assert job.cluster.cp is not None
             job.cluster.cp.restart_apiserver(down_s=OUTAGE_S)
+            watch.api_back = time.time()
         elif fault == "launcher-exit":
             launcher = job.launcher()
             assert launcher is not None

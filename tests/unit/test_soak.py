@@ -16,6 +16,7 @@ from bench.soak import (
     longest_gap,
     merged,
     plan,
+    settling,
     unusable_hosts,
     violations,
 )
@@ -126,6 +127,39 @@ def test_a_node_back_ready_keeps_its_not_ready_pods_usable_for_a_node_grace() ->
     assert unusable_hosts(Sample(pods, back, frozenset(listed), {}, recent=frozenset(
         {"node-a"}))) == set()
     assert unusable_hosts(Sample(pods, back, frozenset(listed), {})) == {"10.244.1.5"}
+
+
+BACK = 1_000.0  # when the API server came back (time.time())
+
+
+@pytest.mark.parametrize(("now", "quiet", "held"), [
+    pytest.param(BACK + 20, frozenset(), {"node-a"},
+                 id="down within a minute of the API's return, its worker heartbeats: held"),
+    pytest.param(BACK + 74, frozenset(), {"node-a"},
+                 id="still held at the window's end (its watches may come back 10 s late)"),
+    pytest.param(BACK + 76, frozenset(), set(), id="not after it"),
+    pytest.param(BACK + 20, frozenset({"elastic-train-w0-1"}), set(),
+                 id="its worker frozen or partitioned by the plan (no heartbeat): not held"),
+])
+def test_the_settling_hold_keeps_a_down_nodes_heartbeating_hosts_usable(
+        now: float, quiet: frozenset[str], held: set[str]) -> None:
+    """Seen in the soak of seed 2 (2026-11-29): a kubelet stopped right as an API outage ended;
+    the supervisor held its node (node.settling) and the worker trained on at full size, and the
+    checker, which did not model that hold, counted 84 samples of "unusable hosts"."""
+    pods = [with_condition(GOOD[0], "Ready", "False"), GOOD[1]]
+    down = {"node-a": 30.0, "node-b": None}
+    listed = {"10.244.1.5", "10.244.2.5"}
+    assert settling(pods, down, now, BACK, quiet) == held
+    s = Sample(pods, down, frozenset(listed), {},
+               settling=settling(pods, down, now, BACK, quiet))
+    assert unusable_hosts(s) == (set() if held else {"10.244.1.5"})
+
+
+def test_no_settling_hold_without_an_outage_nor_for_a_node_without_live_workers() -> None:
+    pods = [with_condition(GOOD[0], "Ready", "False"), GOOD[1]]
+    down = {"node-a": 30.0, "node-b": None}
+    assert settling(pods, down, BACK, None, frozenset()) == frozenset()
+    assert settling([ended(pods[0]), GOOD[1]], down, BACK + 5, BACK, frozenset()) == frozenset()
 
 
 def test_the_captured_shape_is_running_and_ready() -> None:
