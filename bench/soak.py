@@ -26,9 +26,11 @@ file (read on the node's disk, from the launcher pod's emptyDir):
   design are usable: on a node NotReady for less than its node grace, or on nodes that went
   down together (the disruption brake, as kube-controller-manager's zones: after an API outage
   the node controller marks every node NotReady), until a node grace after the brake let go, or
-  on a node down within a minute of the API server's return whose workers all heartbeat (the
-  settling hold: supervisor.core.settling_nodes; a worker the plan froze or partitioned does
-  not);
+  on a node down within a minute of the supervisor's view coming back from an API outage whose
+  workers all heartbeat (the settling hold: supervisor.core.settling_nodes; a worker the plan
+  froze or partitioned does not). The node grace and that minute count from when the
+  supervisor's node watch came back (its log says when), which after a restart of the only API
+  server trails it by up to a minute: pods reach the API through the `kubernetes` Service;
 - the budgets (the ledger in the state ConfigMap) never go backwards;
 - no hang: no interval without a step longer than GAP_S (from rank 0's step times; the
   harness gives up after HANG_S);
@@ -63,9 +65,16 @@ from kubernetes import client, config
 
 from bench import store
 from localcluster import demo
-from localcluster.job import API_ERRORS, JOB, SIDECAR_OVERLAY, MainJob, log_time
+from localcluster.job import (
+    API_ERRORS,
+    JOB,
+    SIDECAR_OVERLAY,
+    MainJob,
+    log_time,
+    supervisor_records,
+)
 from supervisor.classify import held_nodes
-from supervisor.core import OUTAGE_SETTLE_S
+from supervisor.core import OUTAGE_MIN_S, OUTAGE_SETTLE_S
 from tests.e2e.jobs import (
     CHECKPOINT_MOUNT,
     COMMIT_EVERY,
@@ -143,11 +152,10 @@ def braked(pods: Sequence[Mapping[str, Any]],
 def settling(pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, float | None], now: float,
              api_back: float | None, quiet: frozenset[str]) -> frozenset[str]:
     """The down nodes the supervisor's settling hold keeps: the rule of
-    supervisor.core.settling_nodes, seen from outside. Within OUTAGE_SETTLE_S of the API
-    server's return (`api_back`, when the soak started it again; plus NODE_KEPT_S for its
-    watches to come back and the file to follow) a down node stays while every live worker on
-    it heartbeats: here, while none is `quiet` (a pod the plan froze or partitioned, which sends
-    no heartbeat)."""
+    supervisor.core.settling_nodes, seen from outside. Within OUTAGE_SETTLE_S of the
+    supervisor's view coming back after an API outage (`api_back`: view_back's; plus NODE_KEPT_S
+    for the file to follow) a down node stays while every live worker on it heartbeats: here,
+    while none is `quiet` (a pod the plan froze or partitioned, which sends no heartbeat)."""
     if api_back is None or now - api_back > OUTAGE_SETTLE_S + NODE_KEPT_S:
         return frozenset()
     on: dict[str, list[str]] = {}
@@ -156,6 +164,26 @@ def settling(pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, float | None
         if nodes.get(node or "") is not None and _live(pod):
             on.setdefault(node, []).append(pod["metadata"]["name"])
     return frozenset(n for n, names in on.items() if not quiet.intersection(names))
+
+
+def view_back(records: Sequence[Mapping[str, Any]]) -> float | None:
+    """When the supervisor's node watch last came back from an outage (a `watch.connected` line
+    after OUTAGE_MIN_S or more broken; wall time), or None. Its settling hold and its node grace
+    count from there, not from the API server's return: a pod reaches the API through the
+    `kubernetes` Service, and after a restart of the only API server kube-proxy routes to it
+    again only once its own watch is back (50 s after the API server, in seed 2 on 2026-11-29)."""
+    back = [log_time(r) for r in records if r.get("event") == "watch.connected"
+            and r.get("kind") == "node" and float(r.get("broken_s") or 0) >= OUTAGE_MIN_S]
+    return max(back, default=None)
+
+
+def as_seen(nodes: Mapping[str, float | None], now: float,
+            back: float | None) -> dict[str, float | None]:
+    """How long each node has been NotReady as the supervisor could see it: not longer than
+    its view has been back (`back`, view_back's)."""
+    if back is None:
+        return dict(nodes)
+    return {n: None if s is None else min(s, max(0.0, now - back)) for n, s in nodes.items()}
 
 
 def not_ready_for(node: Any, now: float) -> float | None:
@@ -268,7 +296,8 @@ class Watch:
     stop: threading.Event = field(default_factory=threading.Event)
     braked_at: dict[str, float] = field(default_factory=dict)  # node -> last seen braked
     down_at: dict[str, float] = field(default_factory=dict)  # node -> last seen NotReady
-    api_back: float | None = None  # when the plan's last API outage ended (time.time())
+    back: float | None = None  # when the supervisor's view came back (view_back)
+    log_at: int = 0  # how far the launcher's log has been read for it
     # pods the plan froze or partitioned now (rebound, never changed in place: the checker's
     # thread reads it)
     quiet: frozenset[str] = frozenset()
@@ -306,8 +335,23 @@ class Watch:
         held = frozenset(n for n, t in self.braked_at.items() if now - t < NODE_KEPT_S)
         self.down_at.update({n: now for n, down in nodes.items() if down is not None})
         recent = frozenset(n for n, t in self.down_at.items() if now - t < NODE_KEPT_S)
-        return Sample(pods, nodes, hosts, ledger, held, recent,
-                      settling(pods, nodes, now, self.api_back, self.quiet))
+        self.back = max(filter(None, (self.back, view_back(self.new_records()))), default=None)
+        seen = as_seen(nodes, now, self.back)
+        return Sample(pods, seen, hosts, ledger, held, recent,
+                      settling(pods, seen, now, self.back, self.quiet))
+
+    def new_records(self) -> list[dict[str, Any]]:
+        """The supervisor's log lines the launcher's log got since the last call (this thread's
+        own reading: the job's parser belongs to the main thread)."""
+        try:
+            with self.job.log.open("rb") as f:
+                f.seek(self.log_at)
+                new = f.read()
+        except FileNotFoundError:
+            return []
+        end = new.rfind(b"\n") + 1
+        self.log_at += end
+        return supervisor_records(new[:end].decode(errors="replace"))
 
     def run(self) -> None:
         before: Sample | None = None
@@ -424,7 +468,6 @@ def drive(job: Job, steps: list[Step], watch: Watch, stop_file: Path) -> dict[st
             # started them. Training must go on meanwhile, nothing decided.
             assert job.cluster.cp is not None
             job.cluster.cp.restart_apiserver(down_s=OUTAGE_S)
-            watch.api_back = time.time()
         elif fault == "launcher-exit":
             launcher = job.launcher()
             assert launcher is not None

@@ -11,6 +11,7 @@ from bench.soak import (
     FAULTS,
     SLOT_LABEL,
     Sample,
+    as_seen,
     braked,
     gaps,
     longest_gap,
@@ -18,6 +19,7 @@ from bench.soak import (
     plan,
     settling,
     unusable_hosts,
+    view_back,
     violations,
 )
 from tests.unit.shapes import load, pod, with_condition
@@ -129,14 +131,14 @@ def test_a_node_back_ready_keeps_its_not_ready_pods_usable_for_a_node_grace() ->
     assert unusable_hosts(Sample(pods, back, frozenset(listed), {})) == {"10.244.1.5"}
 
 
-BACK = 1_000.0  # when the API server came back (time.time())
+BACK = 1_000.0  # when the supervisor's view came back after an outage (view_back)
 
 
 @pytest.mark.parametrize(("now", "quiet", "held"), [
     pytest.param(BACK + 20, frozenset(), {"node-a"},
                  id="down within a minute of the API's return, its worker heartbeats: held"),
     pytest.param(BACK + 74, frozenset(), {"node-a"},
-                 id="still held at the window's end (its watches may come back 10 s late)"),
+                 id="still held at the window's end (60 s, and 15 s for the file to follow)"),
     pytest.param(BACK + 76, frozenset(), set(), id="not after it"),
     pytest.param(BACK + 20, frozenset({"elastic-train-w0-1"}), set(),
                  id="its worker frozen or partitioned by the plan (no heartbeat): not held"),
@@ -153,6 +155,28 @@ def test_the_settling_hold_keeps_a_down_nodes_heartbeating_hosts_usable(
     s = Sample(pods, down, frozenset(listed), {},
                settling=settling(pods, down, now, BACK, quiet))
     assert unusable_hosts(s) == (set() if held else {"10.244.1.5"})
+
+
+def connected(kind: str, broken_s: float, at: str) -> dict[str, Any]:
+    return {"event": "watch.connected", "kind": kind, "broken_s": broken_s,
+            "timestamp": f"2026-11-29T{at}Z"}
+
+
+def test_the_supervisors_view_comes_back_with_its_node_watch_after_an_outage() -> None:
+    """Seed 2, 2026-11-29: the API server was back at 18:19:45, the supervisor's watches at
+    18:20:35 (through the `kubernetes` Service, which kube-proxy routes again only once its own
+    watch is back); a reconnect after a routine break (0.02 s) is no outage's end."""
+    records = [connected("pod", 429.5, "18:20:35.458"), connected("node", 429.9, "18:20:35.897"),
+               connected("node", 0.019, "18:20:35.919"), {"event": "worker.created"}]
+    back = view_back(records)
+    assert back is not None and abs(back - view_back([records[1]])) < 1e-9
+    assert view_back(records[2:]) is None
+    # A node the node controller marked NotReady 45 s before: the supervisor has seen it down
+    # for as long as its view has been back (its node grace counts from there).
+    assert as_seen({"node-a": 45.0, "node-b": None}, back + 5, back) == {"node-a": 5.0,
+                                                                         "node-b": None}
+    assert as_seen({"node-a": 3.0}, back + 5, back) == {"node-a": 3.0}
+    assert as_seen({"node-a": 45.0}, back + 5, None) == {"node-a": 45.0}
 
 
 def test_no_settling_hold_without_an_outage_nor_for_a_node_without_live_workers() -> None:
