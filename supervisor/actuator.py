@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from supervisor import hostkeys
 from supervisor.kube import (
     AlreadyExists,
     Backoff,
@@ -54,6 +55,10 @@ class BudgetsApi(Protocol):
 class PodsApi(Protocol):
     def create(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
     def delete(self, name: str, uid: str | None, grace_s: int | None) -> None: ...
+
+
+class SecretsApi(Protocol):
+    def create(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
 
 
 class StateApi(Protocol):
@@ -101,6 +106,9 @@ class Pending:
     reported: bool = False  # its retryable error was reported
     note: str = ""
     running: bool = False
+    # A pod's own ssh host key (hostkeys.py), made at its first try: the same on every retry.
+    host_key: hostkeys.HostKey | None = None
+    created: Mapping[str, Any] | None = None  # the pod as created, while its Secret is not
 
     @property
     def key(self) -> str:
@@ -146,9 +154,12 @@ class Actuator:
                  clock: Callable[[], float] = time.monotonic,
                  backoff_initial_s: float = 0.2, backoff_max_s: float = 5.0,
                  may_act: Callable[[], bool] = lambda: True, workers: int = WORKERS,
-                 budgets: BudgetsApi | None = None) -> None:
+                 budgets: BudgetsApi | None = None, secrets: SecretsApi | None = None,
+                 keygen: Callable[[str], hostkeys.HostKey] = hostkeys.generate) -> None:
         self.pods, self.store, self.rv, self.writer = pods, store, resource_version, writer
         self.budgets = budgets
+        # Given: every pod created gets a host key of its own and a Secret holding it.
+        self.secrets, self.keygen = secrets, keygen
         self.sink, self.clock, self.may_act = sink, clock, may_act
         self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
         self._q = _Queue()
@@ -238,7 +249,7 @@ class Actuator:
         op = item.op
         what, name = _describe(op)
         try:
-            self._once(op)
+            self._once(item)
             return ActionDone(what, name, at=self.clock(), started_at=item.submitted_at,
                               note=item.note)
         except KubeError as e:
@@ -260,10 +271,13 @@ class Actuator:
         item.not_before = self.clock() + item.backoff.next()
         return _RETRY
 
-    def _once(self, op: Op) -> None:
+    def _once(self, item: Pending) -> None:
+        op = item.op
         if isinstance(op, SaveState):
             state = {**op.state, self.WRITER_KEY: self.writer}
             self.rv = self.store.save(state, self.rv)
+        elif isinstance(op, CreatePod) and self.secrets is not None:
+            self._create_with_host_key(item, op, self.secrets)
         elif isinstance(op, CreatePod):
             self.pods.create(op.body)
         elif isinstance(op, KeepBudget):
@@ -272,6 +286,21 @@ class Actuator:
             self.budgets.keep(op.body)
         else:
             self.pods.delete(op.name, op.uid, op.grace_s)
+
+    def _create_with_host_key(self, item: Pending, op: CreatePod, secrets: SecretsApi) -> None:
+        """The pod, showing its own host key, then the Secret holding that key, owned by the
+        pod (its uid): a retry after the pod was created makes only the Secret. The kubelet
+        waits for a Secret volume that is not there yet, so the pod starts once it is."""
+        if item.host_key is None:
+            item.host_key = self.keygen(op.body["metadata"]["name"])
+        if item.created is None:
+            item.created = self.pods.create(hostkeys.with_host_key(op.body, item.host_key.public))
+        try:
+            secrets.create(hostkeys.secret_body(item.created, item.host_key.private))
+        except AlreadyExists:
+            pass  # an earlier try's, whose answer was lost: the same key
+        except Refused as e:  # a quota on Secrets: the pod waits for it; try again
+            raise KubeError(f"{e}; the pod waits for its host key's Secret", e.status) from e
 
     def _classify(self, op: Op, e: KubeError) -> ActionDone | None:
         """Return the final outcome of error `e`, or None to retry."""

@@ -75,6 +75,14 @@ class Mode(StrEnum):
     SIDECAR = "sidecar"  # a native sidecar; horovodrun in the user's container, under es-run
 
 
+class SshHostKeys(StrEnum):
+    """Which ssh host keys the driver's ssh accepts from the workers (supervisor/hostkeys.py)."""
+
+    WORKER = "worker"  # each worker its own key, made by the supervisor, pinned to its address
+    JOB = "job"  # the job's one key, in SSH_KNOWN_HOSTS_FILE (every worker can read it)
+    UNCHECKED = "unchecked"  # Horovod's own StrictHostKeyChecking=no
+
+
 class HostMode(StrEnum):
     """What a worker is called in the discovery file (and so by Horovod, ssh and its blacklist)."""
 
@@ -119,6 +127,7 @@ class Config:
     fence_port: int = 0
     hook_key_file: tuple[Path, bytes] | None = None  # (path, the key it holds)
     ssh_known_hosts_file: Path | None = None  # the workers' pinned host key(s)
+    ssh_host_keys: SshHostKeys = SshHostKeys.UNCHECKED
     # Failure handling: the effective rules and budgets, the worker pod template (validated;
     # None: the supervisor does not create workers, so Restart decisions cannot be carried
     # out) and how long a node must be down before its workers count as lost.
@@ -492,11 +501,16 @@ VARIABLES: tuple[Var, ...] = (
         "ssh port of the workers (horovodrun -p)."),
     Var("SSH_IDENTITY_FILE", None, _abs_path, "ssh_identity_file",
         "Private key for ssh to the workers (horovodrun -i)."),
+    Var("SSH_HOST_KEYS", None, _enum(SshHostKeys), "ssh_host_keys",
+        "The workers' ssh host keys, which horovodrun's ssh checks strictly: `worker` (each "
+        "worker pod its own key, made by the supervisor in a Secret of the pod's own, "
+        "`<pod>-ssh`, and pinned to the pod's address: no worker can answer at another's; "
+        "needs WORKER_TEMPLATE), `job` (the one key of SSH_KNOWN_HOSTS_FILE) or `unchecked` "
+        "(Horovod's own StrictHostKeyChecking=no). Default: `job` with SSH_KNOWN_HOSTS_FILE, "
+        "else `worker` with WORKER_TEMPLATE, else `unchecked`."),
     Var("SSH_KNOWN_HOSTS_FILE", None, _known_hosts, "ssh_known_hosts_file",
-        "known_hosts file with the workers' ssh host key (the job's Secret: every worker's sshd "
-        "shows that key): horovodrun's ssh then checks it strictly, so nothing at a worker's "
-        "address gets the training command without the job's host key. Unset: not checked "
-        "(Horovod's own StrictHostKeyChecking=no).", reads=True),
+        "known_hosts file with the job's one ssh host key (SSH_HOST_KEYS=job; every worker's "
+        "sshd shows that key, and every worker can read it).", reads=True),
     Var("NETWORK_INTERFACE", None, _nonempty, "network_interface",
         "NIC for Horovod traffic (--network-interface), e.g. eth0. Recommended: without it "
         "horovodrun probes NICs over ssh."),
@@ -806,6 +820,7 @@ def parse_config(
             except TemplateError as e:
                 problems += [f"{PREFIX}WORKER_TEMPLATE={str(template_file)!r}: {p}"
                              for p in e.problems]
+    _ssh_host_keys(values, sources, problems)
     container = values["WORKER_CONTAINER"]
     if isinstance(container, str) and template is not None:
         names = [c.get("name") for c in template["spec"]["containers"]]
@@ -820,6 +835,40 @@ def parse_config(
         raise ConfigError(unknown + problems)
     return Config(**{v.field: values[v.name] for v in VARIABLES if v.field and "." not in v.field},
                   policy=policy, worker_template=template, sources=dict(sources))
+
+
+def _ssh_host_keys(values: dict[str, Any], sources: dict[str, str],
+                   problems: list[str]) -> None:
+    """SSH_HOST_KEYS: its default from SSH_KNOWN_HOSTS_FILE and WORKER_TEMPLATE, and what
+    each mode needs."""
+    mode, known = values["SSH_HOST_KEYS"], values["SSH_KNOWN_HOSTS_FILE"]
+    full, known_var = f"{PREFIX}SSH_HOST_KEYS", f"{PREFIX}SSH_KNOWN_HOSTS_FILE"
+    if mode is None and full not in sources:
+        if known is not None or known_var in sources:
+            mode, how = SshHostKeys.JOB, "derived: SSH_KNOWN_HOSTS_FILE"
+        elif values["WORKER_TEMPLATE"] is not None:
+            mode, how = SshHostKeys.WORKER, "derived: WORKER_TEMPLATE"
+        else:
+            mode, how = SshHostKeys.UNCHECKED, "default"
+        values["SSH_HOST_KEYS"], sources[full] = mode, how
+    if mode == SshHostKeys.JOB and known_var not in sources:
+        problems.append(f"{full}=job: needs {known_var} (the known_hosts line of the job's "
+                        "host key)")
+    if mode in (SshHostKeys.WORKER, SshHostKeys.UNCHECKED) and known_var in sources:
+        problems.append(f"{full}={mode}: {known_var} is set too; expected {full}=job with it, "
+                        "or no known_hosts file")
+    if mode == SshHostKeys.WORKER and values["WORKER_TEMPLATE"] is None:
+        problems.append(f"{full}=worker: needs {PREFIX}WORKER_TEMPLATE (the supervisor makes "
+                        "each worker's key when it creates the pod); expected job or unchecked "
+                        "without one")
+
+
+def known_hosts_path(cfg: Config) -> Path | None:
+    """The known_hosts file the driver's ssh checks: the one the supervisor writes beside the
+    discovery file (SSH_HOST_KEYS=worker), the job's (job), or None (unchecked)."""
+    if cfg.ssh_host_keys == SshHostKeys.WORKER:
+        return cfg.discovery_file.with_name(cfg.discovery_file.name + ".known_hosts")
+    return cfg.ssh_known_hosts_file if cfg.ssh_host_keys == SshHostKeys.JOB else None
 
 
 # Digits kept free for a slot's incarnation in its pod name (a million replacements).

@@ -793,9 +793,8 @@ def list_events(api: client.ApiClient, namespace: str, timeout_s: float = 30.0, 
         raise map_error(e, f"list events in {namespace}") from e
 
 
-class Pods:
-    """Creates, deletes and re-owns worker pods (bodies are API-shaped dicts); raises
-    KubeError."""
+class _CoreWriter:
+    """The core API in `namespace`, each write's timeout cut to the leader's time left."""
 
     def __init__(self, api: client.ApiClient, namespace: str,
                  request_timeout_s: float = 30.0,
@@ -803,6 +802,11 @@ class Pods:
         self.core = client.CoreV1Api(api)
         self.namespace, self.timeout = namespace, request_timeout(request_timeout_s)
         self.window = window  # the leader's time left to write (write_timeout)
+
+
+class Pods(_CoreWriter):
+    """Creates, deletes and re-owns worker pods (bodies are API-shaped dicts); raises
+    KubeError."""
 
     def create(self, body: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
         """Create the pod (`dry_run`: only validated and admitted by the API server, all its
@@ -888,6 +892,21 @@ class Budgets:
                 _request_timeout=write_timeout(self.timeout, self.window, what))
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
             raise map_error(e, f"patch poddisruptionbudget {self.namespace}/{name}") from e
+
+
+class Secrets(_CoreWriter):
+    """Creates the Secret holding a worker's own ssh host key (supervisor/hostkeys.py): create
+    only, never read (the pod owns it, and it goes with the pod); raises KubeError."""
+
+    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        what = f"create secret {self.namespace}/{body['metadata']['name']}"
+        try:
+            resp = self.core.create_namespaced_secret(
+                self.namespace, body, _preload_content=False,
+                _request_timeout=write_timeout(self.timeout, self.window, what))
+            return {"metadata": json.loads(resp.data)["metadata"]}  # never the key
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            raise map_error(e, what) from e
 
 
 # ---- the leader Lease ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from supervisor.config import Config
+from supervisor.config import Config, known_hosts_path
 from supervisor.hook.elastic_supervisor_hook import KNOWN_HOSTS_ENV
 
 
@@ -58,7 +58,7 @@ def horovodrun_env(cfg: Config, base: Mapping[str, str],
     horovodrun forwards its environment to every worker."""
     env = dict(base)
     env["SUPERVISOR_DISCOVERY_FILE"] = str(cfg.discovery_file)
-    if cfg.ssh_known_hosts_file is not None:
-        env[KNOWN_HOSTS_ENV] = str(cfg.ssh_known_hosts_file)
+    if (known_hosts := known_hosts_path(cfg)) is not None:
+        env[KNOWN_HOSTS_ENV] = str(known_hosts)
     env.update(hook or {})
     return env

@@ -35,7 +35,18 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from supervisor import admission, core, discovery, fleet, hang, incidents, plan, progress, reload
+from supervisor import (
+    admission,
+    core,
+    discovery,
+    fleet,
+    hang,
+    hostkeys,
+    incidents,
+    plan,
+    progress,
+    reload,
+)
 from supervisor.actuator import CreatePod, KeepBudget, Op, SaveState
 from supervisor.channel import HookChannel, Snapshot, heartbeating, unbound_note
 from supervisor.classify import (
@@ -47,7 +58,7 @@ from supervisor.classify import (
     remember,
     uncounted_exits,
 )
-from supervisor.config import Config
+from supervisor.config import Config, SshHostKeys, known_hosts_path
 from supervisor.core import Core
 from supervisor.discovery import Publish, Rendered
 from supervisor.fleet import Fleet
@@ -127,6 +138,7 @@ class LoopState:
     # (pod UID, container, its restartCount): exits of helper containers already reported
     reported_exits: set[tuple[str, str, int]] = field(default_factory=set)
     published: str | None = None  # current discovery content; None while withdrawn
+    known_hosts: str | None = None  # the host keys last written (SSH_HOST_KEYS=worker)
     # the view's last render (discovery.render): its usable hosts, why the others are left out
     view_render: Rendered | None = None
     view_render_from: tuple[object, ...] = ()  # what it was made of (view version, ...)
@@ -1018,6 +1030,7 @@ class Supervisor:
         if isinstance(decision, Publish):
             if decision.content == st.published:
                 return
+            self._write_known_hosts(host_list)  # before the list that names the hosts
             discovery.write_atomic(cfg.discovery_file, decision.content)
             written = self.clock()
             # Only hosts never published before (a set difference, not 10,000 lookups).
@@ -1039,6 +1052,22 @@ class Supervisor:
                 self.events(EventSpec("Warning", "DiscoveryWithdrawn", "Discovery",
                                       f"host list withdrawn: {decision.reason}"))
             st.published = None
+
+    def _write_known_hosts(self, host_list: Rendered) -> None:
+        """SSH_HOST_KEYS=worker: pin each listed host to its pod's own key (hostkeys.py)."""
+        st, path = self.state, known_hosts_path(self.cfg)
+        if self.cfg.ssh_host_keys != SshHostKeys.WORKER or path is None:
+            return
+        text, missing = hostkeys.known_hosts(
+            {host: st.view.pods[key] for host, key in host_list.hosts.items()},
+            self.cfg.ssh_port)
+        if text == st.known_hosts:
+            return
+        discovery.write_atomic(path, text)
+        if missing:
+            self.log.warning("ssh.host_key_missing", hosts=list(missing),
+                             note="no host key annotation: the driver's ssh refuses them")
+        st.known_hosts = text
 
     def _kept_while_heartbeating(self, now: float) -> frozenset[str]:
         """discovery.kept_while_heartbeating with the hosts heartbeating now (empty without the

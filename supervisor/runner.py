@@ -30,6 +30,7 @@ from supervisor import (
     cleanup,
     discovery,
     fleet,
+    hostkeys,
     incidents,
     kube,
     proc,
@@ -43,6 +44,7 @@ from supervisor.config import (
     Config,
     ConfigError,
     Mode,
+    SshHostKeys,
     effective_values,
     parse_config,
 )
@@ -540,6 +542,8 @@ def _dry_run_template(cfg: Config, pods: kube.Pods, *, owner: Mapping[str, str] 
     # Incarnation 0: a name no worker ever has (they count from 1), so no AlreadyExists.
     body = worker_pod(cfg.worker_template, job=cfg.job_name, slot=0, incarnation=0,
                       owner=owner)
+    if cfg.ssh_host_keys == SshHostKeys.WORKER:  # the shape admission sees at each create
+        body = hostkeys.with_host_key(body, hostkeys.generate("dry-run").public)
 
     def dry_run() -> str | None:
         """None, or what admission refused (it may admit later: not retried here)."""
@@ -620,7 +624,10 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
                         resource_version=rv, writer=identity, sink=lambda _: None,
                         may_act=elector.is_leader,
                         budgets=kube.Budgets(api, cfg.namespace, cfg.api_timeout_s,
-                                             elector.window))
+                                             elector.window),
+                        secrets=(kube.Secrets(api, cfg.namespace, cfg.api_timeout_s,
+                                              elector.window)
+                                 if cfg.ssh_host_keys == SshHostKeys.WORKER else None))
     proc.become_subreaper()
     leases = NodeLeases() if cfg.node_lease_s is not None else None
     sup = Supervisor(cfg, log=log, metrics=metrics, events=recorder.record,

@@ -5,8 +5,10 @@
 #   SSHD_PORT            port to listen on (default 2222; the launcher's SUPERVISOR_SSH_PORT)
 #   SSH_AUTHORIZED_KEYS  the mounted public key (default /etc/edl/ssh/authorized_keys)
 #   SSH_HOST_KEY         the mounted host key (default /etc/edl/ssh/host-key), the one the
-#                        launcher pins (SUPERVISOR_SSH_KNOWN_HOSTS_FILE). Missing: this worker
-#                        makes a key of its own, which a launcher that pins refuses (said here).
+#                        launcher pins for this worker's address: set by the supervisor to the
+#                        key it made for this pod (SUPERVISOR_SSH_HOST_KEYS=worker). Missing:
+#                        this worker makes a key of its own, which a launcher that pins refuses
+#                        (said here).
 #   SSH_RUNTIME_DIR      where authorized_keys, the host key and the pid file go ($HOME/.ssh)
 #   SSHD_CONFIG          sshd's configuration (default /etc/ssh/sshd_config)
 #   ELASTIC_SUPERVISOR_LEAVE_HOLD_SECONDS  set by the supervisor in the workers it creates: on

@@ -19,7 +19,6 @@ of the hook is off), so the driver alone is what is tested.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor import hostkeys
 from supervisor.hook.elastic_supervisor_hook import KNOWN_HOSTS_ENV
 from supervisor.proc import kill_ssh_clients
 from tests.e2e.fakehosts import (
@@ -45,7 +45,6 @@ BATCHES = 100_000  # a bound: training ends through the stop file once it resume
 # Gloo timeout + the driver's notification (at most 3 attempts x 2 s) + the replacement's start
 # (ssh, Python, torch, hvd.init: 5-10 s on 2 loaded cores) + the reset.
 RESUME_BOUND_S = GLOO_TIMEOUT_S + 6 + 25
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def training(tmp_path: Path, hosts: HostSet, runs: list[HorovodRun],
@@ -140,38 +139,58 @@ class TestHardenedDriver:
         assert steps[-1]["step"] == target and steps[-1]["size"] == 3
 
 
-def test_pinned_host_keys_keep_an_impostor_out_and_let_the_jobs_hosts_in(
+def test_each_host_is_pinned_to_its_own_key_and_no_host_answers_for_another(
         tmp_path: Path, fake_hosts: tuple[HostSet, list[HorovodRun]]) -> None:
-    """The job's hosts show the job's host key (manifests/ssh-keygen.sh, as the Secret has it);
-    the driver's ssh checks it strictly (ELASTIC_SUPERVISOR_HOOK_KNOWN_HOSTS). An impostor (an
-    sshd that accepts the job's login key, at an address the discovery file lists) gets no
-    training process; a host with the job's key joins."""
+    """SUPERVISOR_SSH_HOST_KEYS=worker as the supervisor does it (supervisor/hostkeys.py):
+    every host shows a key of its own, and the known_hosts file the driver's ssh checks
+    strictly (ELASTIC_SUPERVISOR_HOOK_KNOWN_HOSTS) pins each listed address to its host's key
+    (hostkeys.known_hosts, `[address]:port` as horovodrun -p connects). An impostor at a listed
+    address that shows another host's key, a valid key of the job, gets no training process; a
+    host with its own key joins."""
     hosts, runs = fake_hosts
-    secret = tmp_path / "secret"
-    subprocess.run(["sh", str(ROOT / "manifests" / "ssh-keygen.sh"), str(secret)], check=True,
-                   capture_output=True, timeout=60)
-    [first] = hosts.start(1, host_key=secret / "host_ed25519")
+
+    def made(name: str) -> tuple[hostkeys.HostKey, Path]:
+        key = hostkeys.generate(name)
+        path = tmp_path / f"{name}.key"
+        path.write_text(key.private)
+        path.chmod(0o600)
+        return key, path
+
+    known = tmp_path / "hostfile.known_hosts"
+
+    def pin(by_host: dict[str, hostkeys.HostKey]) -> None:
+        text, missing = hostkeys.known_hosts(
+            {h: {"metadata": {"annotations": {hostkeys.ANNOTATION: k.public}}}
+             for h, k in by_host.items()}, hosts.port)
+        assert not missing and text.count("\n") == len(by_host)
+        known.write_text(text)
+
+    (key_a, path_a), (key_b, _), (key_c, path_c) = made("a"), made("b"), made("c")
+    [first] = hosts.start(1, host_key=path_a)
+    pin({first: key_a})
     channel = Channel()
     try:
         run = HorovodRun(tmp_path, hosts, np=1, min_np=1, max_np=2, batches=BATCHES,
                          channel=channel, worker_hook=False, script_args=["--sleep", TOUR_SLEEP])
-        run.env[KNOWN_HOSTS_ENV] = str(secret / "known_hosts")
+        run.env[KNOWN_HOSTS_ENV] = str(known)
         runs.append(run)
         run.set_hosts([first])
         run.start()
         wait_for(lambda: (s := run.last_step()) and s["step"] > 10, 120,
-                 what=f"training on the job's host:\n{run.tail()}")
-        [impostor] = hosts.start(1)  # its own host key
+                 what=f"training on the first host:\n{run.tail()}")
+        [impostor] = hosts.start(1, host_key=path_a)  # the first host's key, at its own address
+        pin({first: key_a, impostor: key_b})
         run.set_hosts([first, impostor])
         wait_for(lambda: "Host key verification failed" in run.output(), 60,
                  what=f"the impostor refused:\n{run.tail()}")
-        [joined] = hosts.start(1, host_key=secret / "host_ed25519")
+        [joined] = hosts.start(1, host_key=path_c)
+        pin({first: key_a, joined: key_c})
         run.set_hosts([first, joined])
         wait_for(lambda: (s := run.last_step()) and s["size"] == 2, 120,
-                 what=f"training at size 2 with the job's second host:\n{run.tail()}")
+                 what=f"training at size 2 with the second host:\n{run.tail()}")
         assert not hosts.training(impostor), "the impostor never ran a training process"
         assert impostor not in {s["host"] for s in run.steps()}
-        assert hosts.training(joined), "the job's host did"
+        assert hosts.training(joined), "the host with its own key did"
         target = run.stop_at()
         assert run.wait(120) == 0, run.tail()
         assert run.steps()[-1]["step"] == target

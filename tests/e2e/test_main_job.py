@@ -34,7 +34,7 @@ from kubernetes import client
 
 from localcluster.job import JOB, REPO
 from localcluster.nodes import Cluster
-from supervisor import timeline
+from supervisor import hostkeys, timeline
 from supervisor.hook.elastic_supervisor_hook.owner import OWNER_ENV
 from supervisor.leader import lease_name
 from tests.e2e.jobs import (
@@ -193,8 +193,20 @@ class TestMainTour:
         assert ssh, "no ssh client in the launcher"
         for argv in ssh:
             assert "StrictHostKeyChecking=yes" in argv, argv
-            assert "UserKnownHostsFile=/etc/edl/ssh/known_hosts" in argv, argv
+            assert "UserKnownHostsFile=/etc/edl/hostfile.known_hosts" in argv, argv
             assert "StrictHostKeyChecking=no" not in argv, argv
+        # Issue 39, item 9: each worker its own host key, its address pinned to that key only
+        # (SUPERVISOR_SSH_HOST_KEYS=worker): the file the launcher's ssh reads, one line per
+        # listed worker, `[IP]:2222 <the key its pod shows>`, the key of its own Secret.
+        workers = job.workers()
+        want = sorted(f"[{workers[w]['status']['podIP']}]:2222 "
+                      f"{workers[w]['metadata']['annotations'][hostkeys.ANNOTATION]}"
+                      for w in job.live_workers())
+        in_launcher = job.processes(pods[0], lambda argv: bool(argv) and argv[0] != "/pause")
+        known = Path(f"/proc/{in_launcher[0]}/root"
+                     "/etc/edl/hostfile.known_hosts")
+        assert sorted(known.read_text().splitlines()) == want
+        assert len({line.split()[-1] for line in want}) == len(want), "one key per worker"
 
     def test_a_worker_whose_container_is_killed_is_replaced_on_a_real_node(
             self, tour: Job) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import queue
 import threading
@@ -11,7 +12,7 @@ from pathlib import Path
 from kubernetes import client
 
 from localcluster.controlplane import ControlPlane
-from supervisor import kube
+from supervisor import hostkeys, kube
 from supervisor.actuator import Actuator, CreatePod, DeletePod, SaveState
 from supervisor.model import ActionDone
 from tests.integration.harness import service_account_kubeconfig
@@ -239,3 +240,53 @@ def test_nothing_is_written_while_leadership_is_paused_and_nothing_is_given_up(
         client.AdmissionregistrationV1Api(api_client).delete_validating_webhook_configuration(
             webhook)
     assert store.load()[0] == {"n": 1, "writer": "a"}
+
+
+def test_a_worker_gets_its_own_host_key_in_a_secret_that_goes_with_it(
+        api_client: client.ApiClient, namespace: str) -> None:
+    """SUPERVISOR_SSH_HOST_KEYS=worker: the pod shows its public key, its Secret holds the
+    private one and is owned by the pod (the garbage collector deletes it with the pod). A
+    Secret that a quota refuses is tried again, without creating the pod twice."""
+    core = client.CoreV1Api(api_client)
+    core.create_namespaced_resource_quota(namespace, {
+        "metadata": {"name": "no-secrets"}, "spec": {"hard": {"count/secrets": "0"}}})
+    done: queue.Queue[ActionDone] = queue.Queue()
+    keys: list[hostkeys.HostKey] = []
+
+    def keygen(comment: str) -> hostkeys.HostKey:
+        keys.append(hostkeys.generate(comment))
+        return keys[-1]
+
+    store = kube.StateStore(api_client, namespace, "job1-supervisor-state", None)
+    act = Actuator(kube.Pods(api_client, namespace), store, resource_version=None, writer="a",
+                   sink=done.put, secrets=kube.Secrets(api_client, namespace), keygen=keygen,
+                   backoff_initial_s=0.2, backoff_max_s=0.5).start()
+    try:
+        act.submit(CreatePod(pod_body("w1")))
+        refused = done.get(timeout=10)
+        assert refused.retrying and "exceeded quota" in (refused.error or ""), refused
+        pod = core.read_namespaced_pod("w1", namespace)
+        core.delete_namespaced_resource_quota("no-secrets", namespace)
+        result = done.get(timeout=30)
+    finally:
+        act.close()
+    assert (result.what, result.error, result.note) == ("create", None, "")
+    assert len(keys) == 1, "one key for the pod, whatever the retries"
+    again = core.read_namespaced_pod("w1", namespace)
+    assert again.metadata.uid == pod.metadata.uid, "the pod was created once"
+    assert again.metadata.annotations[hostkeys.ANNOTATION] == keys[0].public
+    [volume] = [v for v in again.spec.volumes if v.name == hostkeys.VOLUME]
+    assert volume.secret.secret_name == "w1-ssh"
+    secret = core.read_namespaced_secret("w1-ssh", namespace)
+    assert base64.b64decode(secret.data["host-key"]).decode() == keys[0].private
+    assert [(o.kind, o.name, o.uid) for o in secret.metadata.owner_references] == [
+        ("Pod", "w1", pod.metadata.uid)]
+    core.delete_namespaced_pod("w1", namespace, grace_period_seconds=0)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if not core.list_namespaced_secret(
+                namespace, field_selector="metadata.name=w1-ssh").items:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the Secret outlived its pod by 30 s")

@@ -32,7 +32,7 @@ from kubernetes import client, config
 
 from localcluster.controlplane import ControlPlane, Settings, read_versions
 from localcluster.kubelet import pod_status_running
-from supervisor import cleanup, kube
+from supervisor import cleanup, hostkeys, kube
 from supervisor.config import (
     DEFAULT_SELECTOR,
     KNOWN,
@@ -40,6 +40,8 @@ from supervisor.config import (
     SHARED_DIR,
     CleanPodPolicy,
     ConfigError,
+    SshHostKeys,
+    known_hosts_path,
     parse_config,
 )
 from supervisor.fleet import budget_name, scale_name, state_name
@@ -103,6 +105,7 @@ KUBE_CALLS: dict[str, list[Permission] | None] = {
     "create_namespaced_lease": [("coordination.k8s.io", "leases", "create", JOB, None)],
     "replace_namespaced_lease": [("coordination.k8s.io", "leases", "update", JOB, LEADER)],
     "list_namespaced_event": None,
+    "create_namespaced_secret": [("", "secrets", "create", JOB, None)],
     "create_namespaced_pod_disruption_budget": [
         ("policy", "poddisruptionbudgets", "create", JOB, None)],
     "patch_namespaced_pod_disruption_budget": [
@@ -304,16 +307,15 @@ def test_the_launcher_env_is_a_valid_supervisor_configuration(
     assert volume["secret"]["secretName"] == secret["metadata"]["name"]
     paths = {i["key"]: i["path"] for i in volume["secret"]["items"]}
     assert Path(worker_mounts[volume["name"]]) / paths["hook-key"] == cfg.hook_key_file[0]
-    # The workers' sshd gets the job's host key at the entrypoint's default path, and the
-    # launcher pins exactly that key.
-    assert Path(worker_mounts[volume["name"]]) / paths["host-key"] == Path(
-        "/etc/edl/ssh/host-key")
-    assert cfg.ssh_known_hosts_file is not None
-    assert str(cfg.ssh_known_hosts_file.parent) in mounts
-    host_key = base64.b64decode(secret["data"]["host-key"]).decode()
-    public = subprocess.run(["ssh-keygen", "-y", "-f", "/dev/stdin"], input=host_key,
-                            capture_output=True, text=True, check=True, timeout=30).stdout
-    assert ssh[cfg.ssh_known_hosts_file.name].split() == ["*", *public.split()[:2]]
+    # No worker gets a job-wide host key: each worker's is its own (SSH_HOST_KEYS=worker),
+    # and the known_hosts file the driver checks is the one the supervisor writes, on the
+    # launcher's writable volume, beside the host list (in sidecar mode, the shared one that
+    # horovodrun's container mounts too).
+    assert "host-key" not in paths and "host-key" not in secret["data"]
+    assert "known-hosts" not in secret["data"]
+    assert (cfg.ssh_host_keys, cfg.ssh_known_hosts_file) == (SshHostKeys.WORKER, None)
+    known_hosts = known_hosts_path(cfg)
+    assert known_hosts is not None and known_hosts.parent == cfg.discovery_file.parent
 
 
 def test_an_unknown_variable_in_an_overlay_is_caught(manifests: Path) -> None:
@@ -877,7 +879,9 @@ def worker_from(docs: list[dict[str, Any]], slot: int = 0,
         files = hook_files()
         template = with_hook(template, HOOK_CONFIGMAP, [*files, *hook_bytecode(files)],
                              SHARED_DIR)
-    return worker_pod(template, job="elastic-train", slot=slot, incarnation=1, owner=owner)
+    pod = worker_pod(template, job="elastic-train", slot=slot, incarnation=1, owner=owner)
+    assert resolved_env(launcher(docs))["SUPERVISOR_SSH_HOST_KEYS"] == "worker"
+    return hostkeys.with_host_key(pod, hostkeys.from_seed(bytes(32), "w", 1).public)
 
 
 HOOK_CONFIGMAP = "elastic-train-supervisor-hook-x7k2p"
@@ -1029,8 +1033,9 @@ def _append(*path: str, value: Any) -> Callable[[Pod], None]:
 
 C0 = ("spec", "containers", "0")
 OTHER_SECRET = "someone-elses"
-SECRETS = "a worker reads no Secret but the job's (elastic-supervisor-ssh) through a volume, " \
-          "a projected volume, env or envFrom"
+SECRETS = ("a worker reads no Secret but the job's (elastic-supervisor-ssh) through a volume, "
+           "a projected volume, env or envFrom, and its own host key's (elastic-train-w1-1-ssh) "
+           "through a volume")
 ROOT_ONLY = ("a worker runs as root (runAsUser: 0) only when its template sets runAsUser: 0, "
              "which it does not")
 UNCONFINED = "a worker runs under a seccomp profile (RuntimeDefault or Localhost), not Unconfined"
@@ -1073,6 +1078,10 @@ CREATES_REFUSED: list[tuple[str, Callable[[Pod], None], str]] = [
     ("another Secret as a volume",
      _append("spec", "volumes", value={"name": "s", "secret": {"secretName": OTHER_SECRET}}),
      SECRETS),
+    ("another worker's host key", _append("spec", "volumes", value={
+        "name": "s", "secret": {"secretName": "elastic-train-w0-1-ssh"}}), SECRETS),
+    ("its own host key through env", _append(*C0, "env", value={"name": "K", "valueFrom": {
+        "secretKeyRef": {"name": "elastic-train-w1-1-ssh", "key": "host-key"}}}), SECRETS),
     ("another Secret in a projected volume",
      _append("spec", "volumes", value={"name": "s", "projected": {"sources": [
          {"configMap": {"name": TEMPLATE_CM}}, {"secret": {"name": OTHER_SECRET}}]}}),

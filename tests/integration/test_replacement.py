@@ -8,18 +8,27 @@ the real controller-manager marks it NotReady).
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 from kubernetes import client
 
 from localcluster.controlplane import ControlPlane, free_ports
+from supervisor import hostkeys
 from supervisor.fleet import state_name
 from supervisor.model import ExitCode
 from tests.helpers import NODE_GRACE_S, wait_for
-from tests.integration.harness import Job, event_reasons, scrape, wait_reason
+from tests.integration.harness import (
+    Job,
+    SupervisorProcess,
+    event_reasons,
+    scrape,
+    wait_reason,
+)
 from tests.integration.managed import (  # noqa: F401 (job and supervisor fixtures)
     job_fixture,
     running,
@@ -39,6 +48,31 @@ def note_of(api: client.ApiClient, namespace: str, reason: str, timeout: float =
     return wait_for(notes, timeout, what=f"a {reason} Event")[-1]
 
 
+def pinned(sup: SupervisorProcess, job: Job) -> list[tuple[str, str]]:
+    """The known_hosts file the supervisor writes beside the host list (SSH_HOST_KEYS=worker,
+    the default with a worker template): (address, key) lines."""
+    path = sup.discovery_file.with_name(sup.discovery_file.name + ".known_hosts")
+    return [(line.split(" ", 1)[0], line.split(" ", 1)[1])
+            for line in path.read_text().splitlines()]
+
+
+def pinned_keys(job: Job, names: list[str]) -> list[tuple[str, str]]:
+    """What pinned() must be for the workers `names`: each one's address and the key its pod
+    shows, which is the public half of the private key in the pod's own Secret."""
+    pods, out = job.pods(), []
+    for name in names:
+        public = pods[name]["metadata"]["annotations"][hostkeys.ANNOTATION]
+        secret = job.core.read_namespaced_secret(f"{name}-ssh", job.namespace)
+        assert [(o.kind, o.name, o.uid) for o in secret.metadata.owner_references] == [
+            ("Pod", name, pods[name]["metadata"]["uid"])]
+        private = base64.b64decode(secret.data["host-key"]).decode()
+        derived = subprocess.run(["ssh-keygen", "-y", "-f", "/dev/stdin"], input=private,
+                                 capture_output=True, text=True, check=True, timeout=30).stdout
+        assert " ".join(derived.split()[:2]) == public
+        out.append((job.ips[name], public))
+    return sorted(out)
+
+
 def test_killed_worker_is_replaced_under_a_new_name_away_from_its_node(
         job: Job, supervisor, api_client: client.ApiClient, namespace: str) -> None:
     job.node("n1"), job.node("n2")
@@ -47,6 +81,7 @@ def test_killed_worker_is_replaced_under_a_new_name_away_from_its_node(
     first = running(job, 2)
     assert first == ["job1-w0-1", "job1-w1-1"]
     sup.wait_content([job.line(n) for n in first])
+    assert pinned(sup, job) == pinned_keys(job, first)  # each address to its own pod's key
     sup.wait_log("horovodrun.started")
     victim = job.pods()["job1-w0-1"]
     job.terminate("job1-w0-1", 137)
@@ -59,6 +94,8 @@ def test_killed_worker_is_replaced_under_a_new_name_away_from_its_node(
     assert avoid == [{"key": "metadata.name", "operator": "NotIn",
                       "values": [victim["spec"]["nodeName"]]}]
     sup.wait_content([job.line(n) for n in after])
+    assert pinned(sup, job) == pinned_keys(job, after)
+    assert len({key for _, key in pinned(sup, job)}) == 2, "two workers, two keys"
     decision = sup.wait_log("worker.failed", pod="job1-w0-1")
     assert (decision["cause"], decision["exit_code"], decision["action"]) == (
         "ExitCode", 137, "Restart")

@@ -19,7 +19,9 @@ from supervisor.config import (
     LogFormat,
     LogLevel,
     Mode,
+    SshHostKeys,
     effective_values,
+    known_hosts_path,
     packaged_discovery_script,
     parse_config,
 )
@@ -104,11 +106,13 @@ def test_every_variable_set_explicitly() -> None:
         "SUPERVISOR_NODE_BAD_CONDITIONS": "none", "SUPERVISOR_QUARANTINE_FAILURES": "3",
         "SUPERVISOR_QUARANTINE_WINDOW_SECONDS": "600", "SUPERVISOR_QUARANTINE_SECONDS": "120",
         "SUPERVISOR_MODE": "baked", "SUPERVISOR_SHARED_DIR": "/run/es",
+        "SUPERVISOR_SSH_HOST_KEYS": "Worker",
     }, read_text=lambda _: TEMPLATE.replace("app: x", "app: bert\n    role: worker"))
     assert (cfg.worker_selector, cfg.slots_per_worker, cfg.np, cfg.min_np, cfg.max_np) == (
         "app=bert,role=worker", 2, 4, 2, 8)
     assert (cfg.host_mode, cfg.staleness_s, cfg.start_timeout_s, cfg.shutdown_grace_s) == (
         HostMode.POD_DNS, 30.0, 120.5, 0.0)
+    assert cfg.ssh_host_keys == SshHostKeys.WORKER
     assert (cfg.ssh_port, cfg.ssh_identity_file, cfg.network_interface, cfg.gloo_timeout_s) == (
         2222, Path("/etc/ssh-key/id"), "eth0", 120)
     assert cfg.extra_args == ("--verbose", "--blacklist-cooldown-range", "10", "100")
@@ -209,6 +213,8 @@ BAD = [
     ("SUPERVISOR_HOOK_KEY_FILE", "/nonexistent/hook-key", "SUPERVISOR_HOOK_KEY_FILE="
      "'/nonexistent/hook-key': expected a readable file with the hook's key (No such file or"
      " directory)"),
+    ("SUPERVISOR_SSH_HOST_KEYS", "pod", "SUPERVISOR_SSH_HOST_KEYS='pod': expected one of "
+     "worker|job|unchecked"),
     ("SUPERVISOR_SSH_KNOWN_HOSTS_FILE", "/nonexistent/known_hosts",
      "SUPERVISOR_SSH_KNOWN_HOSTS_FILE='/nonexistent/known_hosts': expected a readable "
      "known_hosts file (No such file or directory)"),
@@ -355,6 +361,46 @@ def test_the_known_hosts_file_holds_a_host_key(tmp_path: Path, content: str, ok:
             f"SUPERVISOR_SSH_KNOWN_HOSTS_FILE='{known}': expected a known_hosts file with at "
             "least one host key line, like '* ssh-ed25519 AAAA...' (manifests/ssh-keygen.sh "
             "writes one)"]
+
+
+def test_the_host_keys_default_follows_the_known_hosts_file_then_the_template(
+        tmp_path: Path) -> None:
+    """Each worker its own key when the supervisor makes the workers; the job's one key when a
+    known_hosts file is given; unchecked only when neither (no pod of ours to give a key)."""
+    known = tmp_path / "known_hosts"
+    known.write_text(f"* ssh-ed25519 {PUB}\n")
+    template = {"SUPERVISOR_WORKER_TEMPLATE": "/etc/edl/worker.yaml"}
+    read = {"read_text": lambda _: TEMPLATE}
+    cases = [
+        ({}, SshHostKeys.UNCHECKED, "default", None),
+        (template, SshHostKeys.WORKER, "derived: WORKER_TEMPLATE", "/etc/edl/hostfile.known_hosts"),
+        ({"SUPERVISOR_SSH_KNOWN_HOSTS_FILE": str(known)}, SshHostKeys.JOB,
+         "derived: SSH_KNOWN_HOSTS_FILE", str(known)),
+        ({**template, "SUPERVISOR_SSH_HOST_KEYS": "unchecked"}, SshHostKeys.UNCHECKED, "env",
+         None),
+    ]
+    for env, mode, source, path in cases:
+        cfg = parse_config({**BASE, **env}, **read) if env.get(
+            "SUPERVISOR_WORKER_TEMPLATE") else parse(**env)
+        assert (cfg.ssh_host_keys, cfg.sources["SUPERVISOR_SSH_HOST_KEYS"]) == (mode, source), env
+        got = known_hosts_path(cfg)
+        assert (str(got) if got else None) == path, env
+
+
+def test_a_host_key_mode_without_what_it_needs_is_refused(tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text(f"* ssh-ed25519 {PUB}\n")
+    assert problems({**BASE, "SUPERVISOR_SSH_HOST_KEYS": "job"}) == [
+        "SUPERVISOR_SSH_HOST_KEYS=job: needs SUPERVISOR_SSH_KNOWN_HOSTS_FILE (the known_hosts "
+        "line of the job's host key)"]
+    assert problems({**BASE, "SUPERVISOR_SSH_HOST_KEYS": "worker"}) == [
+        "SUPERVISOR_SSH_HOST_KEYS=worker: needs SUPERVISOR_WORKER_TEMPLATE (the supervisor "
+        "makes each worker's key when it creates the pod); expected job or unchecked without "
+        "one"]
+    assert problems({**BASE, "SUPERVISOR_SSH_HOST_KEYS": "unchecked",
+                     "SUPERVISOR_SSH_KNOWN_HOSTS_FILE": str(known)}) == [
+        "SUPERVISOR_SSH_HOST_KEYS=unchecked: SUPERVISOR_SSH_KNOWN_HOSTS_FILE is set too; "
+        "expected SUPERVISOR_SSH_HOST_KEYS=job with it, or no known_hosts file"]
 
 
 def test_every_variable_is_covered_by_the_bad_value_table() -> None:
