@@ -431,7 +431,7 @@ def drive(job: Job, steps: list[Step], watch: Watch, stop_file: Path) -> dict[st
             demo.scale(job, target)
             return target
         if fault == "supervisor-kill":
-            os.kill(job.supervisor_pid(), signal.SIGKILL)  # the kubelet starts the sidecar again
+            os.kill(job.supervisor_pid(), signal.SIGKILL)  # its keeper starts it again
             return desired
         pod = victim()
         node = job.node_of(pod)

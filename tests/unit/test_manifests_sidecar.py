@@ -122,8 +122,10 @@ def problems(sidecar: list[Doc], local: list[Doc]) -> list[str]:
         found.append(f"elastic-supervisor-install does not mount the shared directory at {SHARED}")
     if sidecar_c.get("restartPolicy") != "Always":
         found.append("elastic-supervisor is not a native sidecar (restartPolicy Always)")
-    if (sidecar_c.get("image"), sidecar_c.get("args")) != (NAMES.sidecar, ["run"]):
-        found.append(f"elastic-supervisor does not run `run` from {NAMES.sidecar}")
+    if (sidecar_c.get("image"), sidecar_c.get("args")) != (
+            NAMES.sidecar, ["keep", "--", "elastic-supervisor", "run"]):
+        found.append("elastic-supervisor does not run `keep -- elastic-supervisor run` from "
+                     f"{NAMES.sidecar}")
     expected_env = {k: v for k, v in env_of(base).items() if k != "SUPERVISOR_DISCOVERY_FILE"}
     expected_env["SUPERVISOR_MODE"] = "sidecar"
     if env_of(sidecar_c) != expected_env:
@@ -287,9 +289,9 @@ DOCTORED: list[tuple[str, Callable[[list[Doc]], Doc], Callable[[Doc], None], str
     ("an install that is a sidecar too", _init("elastic-supervisor-install"),
      _set("restartPolicy", "Always"), "not a regular init container"),
     ("a sidecar still running the training command", _init("elastic-supervisor"),
-     _set("args", ["run", "--", "python", "/workspace/train.py"]), "does not run `run`"),
+     _set("args", ["run", "--", "python", "/workspace/train.py"]), "does not run `keep -- elastic-supervisor run`"),
     ("a sidecar from the launcher image", _init("elastic-supervisor"),
-     _set("image", NAMES.launcher), "does not run `run`"),
+     _set("image", NAMES.launcher), "does not run `keep -- elastic-supervisor run`"),
     ("no SUPERVISOR_MODE", _init("elastic-supervisor"), _drop_env("SUPERVISOR_MODE"),
      "missing ['SUPERVISOR_MODE']"),
     ("a base variable lost", _init("elastic-supervisor"), _drop_env("SUPERVISOR_FENCE_PORT"),
