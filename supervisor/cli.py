@@ -1,7 +1,6 @@
 """Command line: parses arguments, maps outcomes to exit codes; `status` and `scale` here.
 
 `run -- CMD...`  supervise horovodrun running CMD (the launcher container's entrypoint);
-`keep -- CMD...`  run CMD and start it again when a signal kills it (the sidecar's first process);
 `explain [-- CMD...]`  print the effective configuration and the exact horovodrun argv;
 `status` / `scale`  read a job's state / record its desired size, with the user's kubeconfig;
 `timeline`  draw a job's world size, step rate and incidents into a PNG (supervisor.timeline).
@@ -39,9 +38,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run horovodrun with CMD and supervise it")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the training command")
-    keep = sub.add_parser("keep", help="sidecar mode: run CMD (the supervisor) and start it "
-                          "again at once when a signal kills it (supervisor.keeper)")
-    keep.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command to keep")
     explain = sub.add_parser("explain", help="print the effective configuration and argv")
     explain.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the training command")
     install = sub.add_parser("install", help="sidecar mode: put the wrapper es-run, the "
@@ -75,9 +71,6 @@ def main(argv: list[str] | None = None) -> int:
         return operate_command(args)
     if args.command == "install":
         return install_command(args.dir)
-    if args.command == "keep":
-        from supervisor import keeper  # noqa: PLC0415
-        return keeper.main(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
     # The supervisor proper is imported for run and explain only: `status` answers within a
     # second at 1,000 workers, a fifth of which its modules took to import (bench/status.py).
     from supervisor import runner  # noqa: PLC0415

@@ -226,7 +226,7 @@ class TestSidecarStockTour:
 
     def test_a_killed_supervisor_is_started_again_and_adopts_the_running_horovodrun(
             self, sidecar_tour: tuple[Job, PodFaults]) -> None:
-        """The keeper (`keep -- elastic-supervisor run`, supervisor/keeper.py) starts the
+        """The keeper (`python -m supervisor.keeper`, supervisor/keeper.py) starts the
         supervisor again in its container at once, twice in a row, where the kubelet's
         CrashLoopBackOff would hold the second restart 10 s; the new supervisor finds the
         horovodrun es-run runs for the old one and supervises it as it is: no restart of

@@ -1,4 +1,4 @@
-"""`elastic-supervisor keep` (supervisor/keeper.py): the sidecar's supervisor is started again
+"""`python -m supervisor.keeper` (supervisor/keeper.py): the sidecar's supervisor is started again
 at once when a signal kills it, not after the kubelet's CrashLoopBackOff; its own exit codes
 and a stop signal end the keeping. The decision as a table, then the real process."""
 
@@ -51,7 +51,7 @@ def pids(path: Path) -> list[int]:
 def test_a_killed_child_is_back_at_once_and_a_stop_is_forwarded(tmp_path: Path) -> None:
     started = tmp_path / "pids"
     keeper = subprocess.Popen(
-        [sys.executable, "-m", "supervisor", "keep", "--", sys.executable, "-c", CHILD,
+        [sys.executable, "-m", "supervisor.keeper", "--", sys.executable, "-c", CHILD,
          str(started), "7"], stderr=subprocess.PIPE, text=True)
     try:
         [first] = wait_for(lambda: pids(started), 10, what="the first child")
@@ -72,12 +72,13 @@ def test_a_killed_child_is_back_at_once_and_a_stop_is_forwarded(tmp_path: Path) 
 
 
 def test_an_exit_code_ends_the_keeping_and_no_command_is_bad_input(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "supervisor", "keep", "--", sys.executable,
+    done = subprocess.run([sys.executable, "-m", "supervisor.keeper", "--", sys.executable,
                            "-c", "raise SystemExit(3)"], capture_output=True, text=True,
                           timeout=30, check=False)
     assert done.returncode == 3 and "keeper.restarting" not in done.stderr
-    bad = subprocess.run([sys.executable, "-m", "supervisor", "keep"], capture_output=True,
+    bad = subprocess.run([sys.executable, "-m", "supervisor.keeper"], capture_output=True,
                          text=True, timeout=30, check=False)
     assert bad.returncode == 2
-    assert bad.stderr.strip() == ("elastic-supervisor keep: no command: expected "
-                                  "`keep -- CMD...`, e.g. `keep -- elastic-supervisor run`")
+    assert bad.stderr.strip() == (
+        "supervisor.keeper: no command: expected `python -m supervisor.keeper -- CMD...`, e.g. "
+        "`python -m supervisor.keeper -- elastic-supervisor run`")

@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
 NAMES = image_names(project_version((ROOT / "pyproject.toml").read_text()))
 OURS = {NAMES.launcher, NAMES.worker, NAMES.sidecar}  # the images holding the supervisor
 SHARED = "/opt/elastic-supervisor"
+KEEPER = ["python", "-m", "supervisor.keeper", "--", "elastic-supervisor", "run"]
+NOT_KEPT = "does not run `python -m supervisor.keeper -- elastic-supervisor run`"
 TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where the client looks (in-cluster)
 TOKEN_MOUNT = {"name": "elastic-supervisor-token", "mountPath": TOKEN_DIR, "readOnly": True}
 SSH_FILES = ("id_ed25519", "id_ed25519.pub", "hook.key", "host_ed25519", "known_hosts")
@@ -122,10 +124,10 @@ def problems(sidecar: list[Doc], local: list[Doc]) -> list[str]:
         found.append(f"elastic-supervisor-install does not mount the shared directory at {SHARED}")
     if sidecar_c.get("restartPolicy") != "Always":
         found.append("elastic-supervisor is not a native sidecar (restartPolicy Always)")
-    if (sidecar_c.get("image"), sidecar_c.get("args")) != (
-            NAMES.sidecar, ["keep", "--", "elastic-supervisor", "run"]):
-        found.append("elastic-supervisor does not run `keep -- elastic-supervisor run` from "
-                     f"{NAMES.sidecar}")
+    if (sidecar_c.get("image"), sidecar_c.get("command"), sidecar_c.get("args")) != (
+            NAMES.sidecar, KEEPER, None):
+        found.append("elastic-supervisor does not run `python -m supervisor.keeper -- "
+                     f"elastic-supervisor run` from {NAMES.sidecar}")
     expected_env = {k: v for k, v in env_of(base).items() if k != "SUPERVISOR_DISCOVERY_FILE"}
     expected_env["SUPERVISOR_MODE"] = "sidecar"
     if env_of(sidecar_c) != expected_env:
@@ -289,9 +291,9 @@ DOCTORED: list[tuple[str, Callable[[list[Doc]], Doc], Callable[[Doc], None], str
     ("an install that is a sidecar too", _init("elastic-supervisor-install"),
      _set("restartPolicy", "Always"), "not a regular init container"),
     ("a sidecar still running the training command", _init("elastic-supervisor"),
-     _set("args", ["run", "--", "python", "/workspace/train.py"]), "does not run `keep -- elastic-supervisor run`"),
+     _set("args", ["run", "--", "python", "/workspace/train.py"]), NOT_KEPT),
     ("a sidecar from the launcher image", _init("elastic-supervisor"),
-     _set("image", NAMES.launcher), "does not run `keep -- elastic-supervisor run`"),
+     _set("image", NAMES.launcher), NOT_KEPT),
     ("no SUPERVISOR_MODE", _init("elastic-supervisor"), _drop_env("SUPERVISOR_MODE"),
      "missing ['SUPERVISOR_MODE']"),
     ("a base variable lost", _init("elastic-supervisor"), _drop_env("SUPERVISOR_FENCE_PORT"),
