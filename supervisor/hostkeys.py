@@ -4,14 +4,14 @@ Why: with one host key for the whole job (in the job's Secret, readable by every
 worker can answer at another worker's address and get that worker's training command. Here the
 supervisor makes a key pair for every worker pod it creates:
 - the public key goes into the pod's annotation ANNOTATION (the pod's own record, which workers
-  cannot change: they have no API token, and the admission policy refuses updates of a pod's
-  spec), the private key into a Secret of the pod's own, `<pod>-ssh`, owned by the pod (the
-  garbage collector deletes it with the pod), mounted read-only in that pod only;
+  cannot change: they have no API token), the private key into a Secret of the pod's own,
+  `<pod>-ssh`, owned by the pod (the garbage collector deletes it with the pod), mounted
+  read-only in that pod only;
 - every container gets SSH_HOST_KEY_ENV, the key's path, which the worker entrypoint hands to
   sshd (worker_image/entrypoint.sh);
 - the supervisor writes the known_hosts file the driver's ssh checks strictly (the hook's
-  ELASTIC_SUPERVISOR_HOOK_KNOWN_HOSTS): one line per published host, `<address> <that pod's
-  key>`, written before the host list that names the address.
+  ELASTIC_SUPERVISOR_HOOK_KNOWN_HOSTS): one line per published host, `[<address>]:<port> <that
+  pod's key>` (`<address>` alone on port 22), written before the host list that names it.
 
 PURE: the pod and Secret bodies, the known_hosts text and the key pair of a seed (Ed25519 in
 OpenSSH's formats: the sidecar image has no ssh-keygen). ADAPTER: `generate` (randomness).
@@ -28,6 +28,8 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from supervisor.workers import LABEL_JOB
 
 ANNOTATION = "elastic-supervisor/ssh-host-key"
 VOLUME = "elastic-supervisor-host-key"
@@ -78,8 +80,7 @@ def secret_body(pod: Mapping[str, Any], private: str) -> dict[str, Any]:
     """PURE: the Secret holding the private key of `pod` (as the API returned it: its uid),
     owned by the pod, so that it goes with the pod; immutable."""
     meta = pod["metadata"]
-    labels = {k: v for k, v in (meta.get("labels") or {}).items()
-              if k == "elastic-supervisor/job"}
+    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k == LABEL_JOB}
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "immutable": True,
             "metadata": {"name": secret_name(meta["name"]),
                          "labels": {**labels, LABEL_HOST_KEY_OF: meta["name"]},

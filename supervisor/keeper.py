@@ -7,13 +7,14 @@ kubelet stops the pod has no time to lose.
 Why: a native sidecar's container is restarted by the kubelet, with its CrashLoopBackOff: at
 once the first time, then after 10 s, 20 s, ... until it has run 10 minutes. A supervisor
 SIGKILLed twice within 10 minutes was back only after the kubelet's 10 s (the soak, seed 2:
-the job's longest interval without a step). The keeper starts it again at once instead; the
-restarted supervisor adopts the run (sidecar mode: it takes over the Lease of a holder of this
-pod that is gone, and finds horovodrun through es-run).
+its one violation, a host list that still named a killed worker meanwhile). The keeper starts
+it again at once instead; the restarted supervisor adopts the run (sidecar mode: it takes over
+the Lease of a holder of this pod that is gone, and finds horovodrun through es-run).
 
 PURE: `decide`, what to do when CMD ended. ADAPTER: `keep`, the process: it starts CMD, forwards
-SIGTERM, SIGINT and SIGHUP to it, reaps every orphan that ends up with it (it is PID 1), and
-carries out `decide`.
+SIGTERM, SIGINT and SIGHUP to it, reaps every orphan that ends up with it (none in the sidecar,
+whose pod shares one process namespace under the pause process; all of CMD's where the keeper is
+a container's PID 1), and carries out `decide`.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def keep(cmd: Sequence[str], *, log: Callable[..., None],
 
 def _wait_reaping(proc: subprocess.Popen[bytes]) -> int:
     """Wait for `proc`, reaping any other child that ends meanwhile (orphans of CMD are the
-    keeper's when it is PID 1); return proc's returncode."""
+    keeper's where it is a container's PID 1); return proc's returncode."""
     while True:
         try:
             pid, status = os.waitpid(-1, 0)
