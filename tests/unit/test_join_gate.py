@@ -244,10 +244,8 @@ def test_a_new_worker_that_arrives_releases_the_survivors_at_once(patched: Any,
     make, _, _ = patched
     job = make(["a", "b", "c"])
     a, b, _ = replacement_joining(job)
-    t0 = time.monotonic()
     job.publish(2)
-    assert job.answered(a, b) == [3, 3]
-    assert time.monotonic() - t0 < 0.5
+    assert job.answered(a, b) == [3, 3], "released within answered()'s 2 s, not the 30 s timeout"
     assert "re-planning" not in capsys.readouterr().err
     res = job.finish()
     assert {k: v[0] for k, v in res.worker_results.items()} == {"a[0]": 0, "b[0]": 0, "d[0]": 0}
