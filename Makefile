@@ -36,6 +36,7 @@ $(PY):
 
 lint: $(PY)
 	$(VENV)/bin/ruff check .
+	$(PY) scripts/layers.py
 
 # The end-to-end tests that run real horovodrun over ssh to loopback hosts (no cluster).
 E2E_LOOPBACK := tests/e2e/test_driver_hardening.py tests/e2e/test_join_gate.py \

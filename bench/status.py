@@ -45,8 +45,9 @@ from kubernetes import client
 from bench.discovery import list_pods, running_ready
 from localcluster import kwok
 from localcluster.controlplane import ControlPlane, Settings
-from supervisor import cli, core, eventseries, fleet, kube, operate, policy, workers
+from supervisor import cli, eventseries, kube, operate, workers
 from supervisor.config import parse_config
+from supervisor.decide import core, fleet, policy
 from supervisor.model import EventSpec
 from tests.conftest import make_namespace
 

@@ -37,7 +37,8 @@ from bench import store
 from localcluster import images
 from localcluster.job import BASE_NAMESPACE, MainJob
 from localcluster.nodes import Cluster, ClusterSettings
-from supervisor import cli, kube, progress
+from supervisor import cli, kube
+from supervisor.decide import progress
 
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE, JOB = BASE_NAMESPACE, "elastic-train"
@@ -337,7 +338,7 @@ def measure(run: Run, faults: list[Fault]) -> None:
 def goodput_from_steps(steps: list[dict[str, Any]], decisions: list[dict[str, Any]],
                        since: float, at: float, initial: int = 2) -> tuple[float, float]:
     """The job's goodput (training at the size asked for, training at all) over [since, at]
-    from rank 0's printed steps alone, by supervisor.progress's rule: a pause between two new
+    from rank 0's printed steps alone, by supervisor.decide.progress's rule: a pause between two new
     steps (a step past every one before) of at most max(MIN_PAUSE_S, PAUSE_STEPS x the median
     step time) was training; the size asked for is the last `scale.applied` before it."""
     points, high = [], -1

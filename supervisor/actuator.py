@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from supervisor import hostkeys
+from supervisor.decide.script import CreatePod, DeletePod, KeepBudget, Op, SaveState
 from supervisor.kube import (
     AlreadyExists,
     Backoff,
@@ -64,34 +65,6 @@ class SecretsApi(Protocol):
 class StateApi(Protocol):
     def load(self) -> tuple[dict[str, Any] | None, str | None]: ...
     def save(self, state: Mapping[str, Any], resource_version: str | None) -> str: ...
-
-
-@dataclass(frozen=True)
-class SaveState:
-    state: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class CreatePod:
-    body: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class DeletePod:
-    name: str
-    uid: str | None
-    grace_s: int | None
-
-
-@dataclass(frozen=True)
-class KeepBudget:
-    """Create or update the workers' PodDisruptionBudget: not fatal when refused (the job
-    trains without it; the loop says so)."""
-
-    body: Mapping[str, Any]
-
-
-Op = SaveState | CreatePod | DeletePod | KeepBudget
 
 
 @dataclass

@@ -49,6 +49,7 @@ from typing import Any
 import structlog
 
 from supervisor import datagrams, discovery
+from supervisor.decide.beats import WARMUP_GAPS, Beat, Driver
 from supervisor.hook import HOOK_DIR
 from supervisor.hook.elastic_supervisor_hook import (
     DEAD_ENV,
@@ -57,6 +58,7 @@ from supervisor.hook.elastic_supervisor_hook import (
     PORT_ENV,
     RUN_ENV,
     WORKER_ENV,
+    unfenced_framework,
     wire,
 )
 from supervisor.hook.elastic_supervisor_hook.wire import brief
@@ -65,92 +67,7 @@ FENCE_KEEP_S = 600.0  # a dead host stays in the pushed set this long (its peers
 FENCE_MAX = 256  # and at most this many, the most recent
 FORGET_S = 600.0  # a process silent this long (or gone with a bye) is dropped from the store
 GAPS = 64  # progress intervals kept per process (the step time, hang.stuck_threshold)
-# Progress intervals not taken as step times after each init: the state's sync and the new
-# world's first steps wait for its slowest member (a joiner still importing or tracing its
-# tf.function: 7.6 s seen on the TensorFlow tour), which is not a step time.
-WARMUP_GAPS = 3
 SEQ_BLOCK = 1 << 20  # sequence numbers reserved in the state file at a time (one write each)
-
-
-@dataclass(frozen=True)
-class Beat:
-    """One training process as its last heartbeat showed it; times are the supervisor's
-    monotonic receipt times."""
-
-    sender: str
-    host: str
-    pid: int
-    local_rank: int
-    first_seen: float
-    last_seen: float
-    progress_at: float | None  # when `done` was last seen to grow (None: not yet)
-    rank: int | None = None
-    size: int | None = None
-    inits: int = 0
-    done: int = 0
-    wait_s: float | None = None  # inside a collective ("c") or an init ("i") this long
-    waiting: str | None = None
-    addrs: tuple[str, ...] = ()
-    ports: tuple[int, ...] = ()
-    problems: tuple[str, ...] = ()
-    bye_at: float | None = None
-    source: tuple[str, int] = ("", 0)
-    # the main thread: collectives completed since the last init (None: an older hook), since
-    # when its position, I/O and progress have not changed (None: the hook does not say), its
-    # innermost frames while it stands still, and the last GAPS intervals between two
-    # heartbeats that showed progress with no init between them (the step time, at the
-    # heartbeat's resolution), and how many more of those intervals to leave out because the
-    # world is new (WARMUP_GAPS after each init)
-    since_init: int | None = None
-    still_since: float | None = None
-    where: tuple[str, ...] = ()
-    gaps: tuple[float, ...] = ()
-    warmup: int = WARMUP_GAPS
-    pos: str = ""
-    io: int | None = None
-    # what its process watcher (the hook's watch.py) said last: the scheduler state ("R", "S",
-    # "D", "T", ...), when it said it, and when the process's CPU time last grew
-    proc_state: str | None = None
-    proc_seen: float | None = None
-    proc_cpu: int | None = None
-    proc_cpu_at: float | None = None
-    # training progress (None: an older hook): optimizer steps, commits, steps computed again
-    steps: int | None = None
-    commits: int | None = None
-    redone: int | None = None
-    trained_s: float | None = None  # seconds training, judged by the hook at each step
-
-
-def heartbeating(b: Beat, now: float, within_s: float, *, inclusive: bool = False) -> bool:
-    """PURE: whether b's process heartbeats at `now`: it said no bye and its last heartbeat
-    came less than `within_s` ago (`inclusive`: at most `within_s` ago).
-
-    The one "fresh heartbeat" rule. Its callers differ only at the boundary: the hang watch,
-    the settling nodes, the hosts kept on down nodes and the heartbeating metric take
-    within_s=silence_s, exclusive (a process silent for exactly silence_s is silent: hang.py);
-    progress.rank0 and the hosts that joined an incident's world take progress.FRESH_S,
-    inclusive. `HookChannel.next_silence` is the deadline of the exclusive rule."""
-    if b.bye_at is not None:
-        return False
-    age = now - b.last_seen
-    return age <= within_s if inclusive else age < within_s
-
-
-@dataclass(frozen=True)
-class Driver:
-    """What horovodrun's driver hook said last (None: nothing yet): its state, and the hosts of
-    the last assignment it made (the world of the next rendezvous) with when it came."""
-
-    ok: bool
-    at: float
-    problems: tuple[str, ...] = ()
-    world: frozenset[str] = frozenset()
-    world_seq: int = 0
-    world_at: float = 0.0
-    # host -> (exit code, when first reported) of workers the driver recorded as failed
-    exited: Mapping[str, tuple[int, float]] = field(default_factory=dict)
-    # the driver waits for hosts to assign the next world (fewer listed slots than --min-np)
-    waits_for_hosts: bool = False
 
 
 @dataclass(frozen=True)
@@ -624,6 +541,15 @@ def watched(b: Beat, body: Mapping[str, Any], now: float) -> Beat:
                    proc_cpu_at=now if grew and b.proc_cpu is not None else b.proc_cpu_at)
 
 
+def _problems(said: Any) -> dict[str, Any]:
+    """The problems a heartbeat reports: the one that names a framework the hook does not fence
+    apart (`unfenced`: the hook's own wording, parsed here at the edge), the others as said."""
+    texts = tuple(str(p) for p in said or ())
+    unfenced = next((f for p in texts if (f := unfenced_framework(p)) is not None), None)
+    return {"problems": tuple(p for p in texts if unfenced_framework(p) is None),
+            "unfenced": unfenced}
+
+
 def _int(v: Any, default: int = 0) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else default
 
@@ -651,7 +577,7 @@ def _update(old: Beat | None, body: Mapping[str, Any], addr: tuple[str, int],
         waiting=body.get("in") if body.get("in") in ("c", "i") else None,
         addrs=tuple(str(a) for a in body.get("addrs") or ()),
         ports=tuple(p for p in body.get("ports") or () if isinstance(p, int)),
-        problems=tuple(str(p) for p in body.get("problems") or ()),
+        **_problems(body.get("problems")),
         last_seen=now, source=(addr[0], int(addr[1])),
         since_init=body["dc"] if isinstance(body.get("dc"), int) else None,
         steps=_count(body.get("st")), commits=_count(body.get("cm")),

@@ -23,8 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from supervisor import __version__, fleet, kube, operate
+from supervisor import __version__, kube, operate
 from supervisor.config import DEFAULT_SELECTOR
+from supervisor.decide import fleet
 from supervisor.model import ExitCode
 
 

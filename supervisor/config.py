@@ -27,9 +27,9 @@ from typing import Any
 
 import yaml
 
-from supervisor import disruption
-from supervisor.hook.elastic_supervisor_hook import wire
-from supervisor.policy import (
+from supervisor.decide import disruption
+from supervisor.decide.hostlist import HostMode
+from supervisor.decide.policy import (
     Policy,
     PolicyError,
     Rule,
@@ -39,6 +39,7 @@ from supervisor.policy import (
     parse_events,
     policy_from_document,
 )
+from supervisor.hook.elastic_supervisor_hook import wire
 from supervisor.workers import DNS_LABEL, TemplateError, validate_template
 
 PREFIX = "SUPERVISOR_"
@@ -81,13 +82,6 @@ class SshHostKeys(StrEnum):
     WORKER = "worker"  # each worker its own key, made by the supervisor, pinned to its address
     JOB = "job"  # the job's one key, in SSH_KNOWN_HOSTS_FILE (every worker can read it)
     UNCHECKED = "unchecked"  # Horovod's own StrictHostKeyChecking=no
-
-
-class HostMode(StrEnum):
-    """What a worker is called in the discovery file (and so by Horovod, ssh and its blacklist)."""
-
-    POD_IP = "ip"  # the pod IP: resolvable at once, no DNS needed
-    POD_DNS = "dns"  # <hostname>.<subdomain>.<namespace>.svc: needs a headless Service
 
 
 def packaged_discovery_script() -> Path:

@@ -105,7 +105,7 @@ class LeadershipResumed:
 
 @dataclass(frozen=True)
 class PolicyChanged:
-    """The policy file changed: the new policy (a supervisor.policy.Policy), or why not."""
+    """The policy file changed: the new policy (a supervisor.decide.policy.Policy), or why not."""
 
     at: float
     policy: Any | None  # None: rejected, `problems` say why

@@ -5,7 +5,7 @@ child's exit, signal handlers put signals. Each pass drains everything queued (c
 applies it to the view, and then, level-triggered from the whole view: renders the discovery
 lines, decides the hosts to publish (pure `plan.listing`: new ones held back while survivors
 regroup, one Horovod missed re-announced), publishes or withdraws the file (pure
-`discovery.decide`), starts horovodrun once the view
+`hostlist.decide`), starts horovodrun once the view
 is synced and MIN_NP slots are usable, forwards signals and kills the tree after the grace period.
 A pass runs at least every RESYNC_SECONDS even without events (staleness, start timeout, reaping).
 
@@ -35,21 +35,12 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from supervisor import (
-    admission,
-    core,
-    discovery,
-    fleet,
-    hang,
-    hostkeys,
-    incidents,
-    plan,
-    progress,
-    reload,
-)
-from supervisor.actuator import CreatePod, KeepBudget, Op, SaveState
-from supervisor.channel import HookChannel, Snapshot, heartbeating, unbound_note
-from supervisor.classify import (
+from supervisor import admission, discovery, hostkeys, reload
+from supervisor.channel import HookChannel, Snapshot, unbound_note
+from supervisor.config import Config, SshHostKeys, known_hosts_path
+from supervisor.decide import core, fleet, hang, hostlist, incidents, plan, progress
+from supervisor.decide.beats import heartbeating
+from supervisor.decide.classify import (
     ClassifySettings,
     NodeState,
     PodMemory,
@@ -58,11 +49,11 @@ from supervisor.classify import (
     remember,
     uncounted_exits,
 )
-from supervisor.config import Config, SshHostKeys, known_hosts_path
-from supervisor.core import Core
-from supervisor.discovery import Publish, Rendered
-from supervisor.fleet import Fleet
-from supervisor.hang import Verdict
+from supervisor.decide.core import Core
+from supervisor.decide.fleet import Fleet
+from supervisor.decide.hang import Verdict
+from supervisor.decide.hostlist import Publish, Rendered
+from supervisor.decide.script import CreatePod, KeepBudget, Op, SaveState
 from supervisor.launch import horovodrun_argv, horovodrun_env, start_np
 from supervisor.metrics import Metrics
 from supervisor.model import (
@@ -139,13 +130,13 @@ class LoopState:
     reported_exits: set[tuple[str, str, int]] = field(default_factory=set)
     published: str | None = None  # current discovery content; None while withdrawn
     known_hosts: str | None = None  # the host keys last written (SSH_HOST_KEYS=worker)
-    # the view's last render (discovery.render): its usable hosts, why the others are left out
+    # the view's last render (hostlist.render): its usable hosts, why the others are left out
     view_render: Rendered | None = None
     view_render_from: tuple[object, ...] = ()  # what it was made of (view version, ...)
     # the host list: view_render less the hosts held back for now (plan.listing); what is
     # published while the file is not withdrawn
     host_list: Rendered | None = None
-    memo: discovery.Memo = field(default_factory=discovery.Memo)
+    memo: hostlist.Memo = field(default_factory=hostlist.Memo)
     child: ChildProcess | None = None
     stop_signal: int | None = None
     kill_at: float | None = None
@@ -243,7 +234,7 @@ class Supervisor:
                 self.channel.revive()  # its receiver thread, if it ended: said, started again
             earliest, exited = self._apply(batch, now)
             if earliest is not None and self.channel is not None:
-                self.channel.bind_hosts(discovery.addresses(self.state.view.pods.values(),
+                self.channel.bind_hosts(hostlist.addresses(self.state.view.pods.values(),
                                                             cfg.host_mode))
             if batch:
                 self.log.debug("loop.batch", items=len(batch), pods=len(self.state.view.pods),
@@ -635,7 +626,7 @@ class Supervisor:
             if note.k8s is not None:
                 self.events(note.k8s)
 
-    # -- hangs (the hook's heartbeats: channel.py, hang.py; decided in core.manage) -----------
+    # -- hangs (the hook's heartbeats: channel.py, decide/hang.py; decided in core.manage) ----
 
     def _report_hangs(self, snap: Snapshot, verdict: Verdict, *, restarting: bool,
                       now: float) -> None:
@@ -1010,7 +1001,7 @@ class Supervisor:
         inputs = (st.view.version, retiring, len(st.first_owner), hung, declared, active,
                   talking, staying)
         if st.view_render is None or inputs != st.view_render_from:
-            st.view_render = discovery.render(st.view, cfg.slots_per_worker, cfg.host_mode,
+            st.view_render = hostlist.render(st.view, cfg.slots_per_worker, cfg.host_mode,
                                               st.first_owner, retiring=retiring, hung=hung,
                                               declared=declared, active=active,
                                               heartbeating=talking, staying=staying,
@@ -1025,7 +1016,7 @@ class Supervisor:
             st.host_list = host_list
             self.metrics.workers_usable.set(len(host_list.lines))
         self.metrics.workers_desired.set(len(fl.active()) if fl is not None else 0)
-        decision = discovery.decide(st.view.synced, st.view.broken_for(now), cfg.staleness_s,
+        decision = hostlist.decide(st.view.synced, st.view.broken_for(now), cfg.staleness_s,
                                     host_list)
         if isinstance(decision, Publish):
             if decision.content == st.published:
@@ -1070,13 +1061,13 @@ class Supervisor:
         st.known_hosts = text
 
     def _kept_while_heartbeating(self, now: float) -> frozenset[str]:
-        """discovery.kept_while_heartbeating with the hosts heartbeating now (empty without the
+        """hostlist.kept_while_heartbeating with the hosts heartbeating now (empty without the
         hook or horovodrun)."""
         st = self.state
         if self.channel is None or st.child is None:
             return frozenset()
         channel, silence = self.channel, self.hang_settings.silence_s
-        return discovery.kept_while_heartbeating(st.view, self.cfg.host_mode, lambda: [
+        return hostlist.kept_while_heartbeating(st.view, self.cfg.host_mode, lambda: [
             b.host for b in channel.snapshot().beats.values() if heartbeating(b, now, silence)])
 
     def _listing(self, view_render: Rendered, now: float) -> Rendered:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import watchfiles
 
+from supervisor.decide.policy import Policy, Rule
 from supervisor.model import PolicyChanged
-from supervisor.policy import Policy, Rule
 
 
 def _rule_text(rule: Rule) -> str:

@@ -25,19 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from supervisor import (
-    __version__,
-    cleanup,
-    discovery,
-    fleet,
-    hostkeys,
-    incidents,
-    kube,
-    proc,
-    progress,
-    sidecar,
-    startup,
-)
+from supervisor import __version__, cleanup, discovery, hostkeys, kube, proc, sidecar, startup
 from supervisor.actuator import Actuator
 from supervisor.channel import HookChannel
 from supervisor.config import (
@@ -48,6 +36,8 @@ from supervisor.config import (
     effective_values,
     parse_config,
 )
+from supervisor.decide import fleet, incidents, progress
+from supervisor.decide.policy import DEFAULT_RULES
 from supervisor.hook.elastic_supervisor_hook import KEY_ENV, PORT_ENV, RUN_ENV
 from supervisor.hook.elastic_supervisor_hook.owner import OWNER_ENV
 from supervisor.launch import horovodrun_argv
@@ -64,7 +54,6 @@ from supervisor.model import (
 )
 from supervisor.nodeleases import NodeLeases
 from supervisor.observe import Kind, slim
-from supervisor.policy import DEFAULT_RULES
 from supervisor.reconcile import Supervisor
 from supervisor.reload import PolicyWatcher
 from supervisor.workers import worker_pod

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from supervisor.fleet import slot_of
+from supervisor.decide.fleet import slot_of
 from supervisor.kube import KubeError
 from supervisor.observe import Obj
 from supervisor.workers import owner_reference

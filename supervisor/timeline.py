@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor.incidents import PHASES
+from supervisor.decide.incidents import PHASES
 from supervisor.operate import duration, percent
 
 OPEN = "open"  # the stretch of an open incident from its last phase to the end of the record

@@ -46,7 +46,7 @@ Transform = Callable[[list[dict[str, Any]]], None]
 # cores at --sleep 0.05 and 0.40 at 0.2, the TensorFlow script 1.35 and 0.82 (2026-11-29); a
 # step adds at most this much to a measured resume. (At 0.2 the auto stuck threshold once
 # reached 30.5 s: it counted the new world's first intervals, which wait for a joiner still
-# tracing, as step times; channel.WARMUP_GAPS leaves them out now.)
+# tracing, as step times; beats.WARMUP_GAPS leaves them out now.)
 TOUR_SLEEP = "0.2"
 # worker_image/train.py computes flat out (two ranks took both cores on loopback at its default
 # width): its workers in the tours get this CPU limit, so that the supervisor, the kubelets and

@@ -34,7 +34,7 @@ from kubernetes import client
 
 from localcluster.job import SIDECAR_OVERLAY
 from localcluster.nodes import Cluster
-from supervisor.hang import STUCK_FLOOR_S
+from supervisor.decide.hang import STUCK_FLOOR_S
 from tests.e2e.jobs import (
     CHECKPOINT_MOUNT,
     HANG_FILE,

@@ -28,7 +28,7 @@ import pytest
 from localcluster.job import horovod_records
 from supervisor.channel import HookChannel
 from supervisor.config import Config
-from supervisor.hang import HangSettings, Verdict, assess
+from supervisor.decide.hang import HangSettings, Verdict, assess
 from supervisor.proc import kill_ssh_clients
 from tests.e2e.fakehosts import (
     STOCK_KERAS,

@@ -13,7 +13,8 @@ from kubernetes import client
 
 from localcluster.controlplane import ControlPlane
 from supervisor import hostkeys, kube
-from supervisor.actuator import Actuator, CreatePod, DeletePod, SaveState
+from supervisor.actuator import Actuator
+from supervisor.decide.script import CreatePod, DeletePod, SaveState
 from supervisor.model import ActionDone
 from tests.integration.harness import service_account_kubeconfig
 

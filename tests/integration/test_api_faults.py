@@ -17,7 +17,7 @@ from kubernetes import client
 
 from localcluster.controlplane import ControlPlane
 from supervisor import kube
-from supervisor.fleet import state_name
+from supervisor.decide.fleet import state_name
 from supervisor.model import ExitCode
 from tests.helpers import wait_for
 from tests.integration.harness import Job

@@ -19,7 +19,8 @@ from kubernetes.client.rest import ApiException
 
 from localcluster.controlplane import ControlPlane
 from supervisor import kube
-from supervisor.actuator import Actuator, CreatePod, SaveState
+from supervisor.actuator import Actuator
+from supervisor.decide.script import CreatePod, SaveState
 from supervisor.model import ActionDone, SourceState, WatchEvent
 from supervisor.observe import EventType
 from tests.conftest import make_namespace

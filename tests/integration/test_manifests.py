@@ -44,10 +44,10 @@ from supervisor.config import (
     known_hosts_path,
     parse_config,
 )
-from supervisor.fleet import budget_name, scale_name, state_name
+from supervisor.decide.fleet import budget_name, scale_name, state_name
+from supervisor.decide.policy import Action, PolicyError, policy_from_document
 from supervisor.leader import lease_name
 from supervisor.model import ExitCode
-from supervisor.policy import Action, PolicyError, policy_from_document
 from supervisor.sidecar import (
     hook_bytecode,
     hook_configmap,

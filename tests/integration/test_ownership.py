@@ -22,7 +22,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from localcluster.controlplane import ControlPlane
-from supervisor.fleet import state_name
+from supervisor.decide.fleet import state_name
 from tests.helpers import wait_for
 from tests.integration.harness import AutoKubelet, Job, SupervisorProcess
 from tests.integration.test_manifests import (  # noqa: F401 (module fixture)

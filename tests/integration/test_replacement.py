@@ -19,7 +19,7 @@ from kubernetes import client
 
 from localcluster.controlplane import ControlPlane, free_ports
 from supervisor import hostkeys
-from supervisor.fleet import state_name
+from supervisor.decide.fleet import state_name
 from supervisor.model import ExitCode
 from tests.helpers import NODE_GRACE_S, wait_for
 from tests.integration.harness import (

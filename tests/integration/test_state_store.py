@@ -9,7 +9,7 @@ from kubernetes import client
 
 from localcluster.controlplane import ControlPlane
 from supervisor import kube
-from supervisor.policy import Ledger, ledger_from_dict, ledger_to_dict
+from supervisor.decide.policy import Ledger, ledger_from_dict, ledger_to_dict
 from tests.integration.harness import service_account_kubeconfig
 
 

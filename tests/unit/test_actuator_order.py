@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.actuator import CreatePod, DeletePod, KeepBudget, Pending, SaveState, runnable
+from supervisor.actuator import Pending, runnable
+from supervisor.decide.script import CreatePod, DeletePod, KeepBudget, SaveState
 
 
 def create(name: str) -> CreatePod:

@@ -24,9 +24,10 @@ from typing import Any
 
 import pytest
 
-from supervisor import datagrams, hang
+from supervisor import datagrams
 from supervisor.channel import HookChannel
 from supervisor.config import LogFormat, LogLevel
+from supervisor.decide import hang
 from supervisor.hook.elastic_supervisor_hook import RUN_ENV, DriverHook, watch, wire
 from supervisor.hook.elastic_supervisor_hook.worker import Beater, Progress
 from supervisor.logs import make_logger

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.classify import (
+from supervisor.decide.classify import (
     Cause,
     ClassifySettings,
     Failure,

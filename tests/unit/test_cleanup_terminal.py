@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from supervisor import fleet
 from supervisor.cleanup import already_succeeded, success_mark, terminal
-from supervisor.fleet import Fleet, Slot
+from supervisor.decide import fleet
+from supervisor.decide.fleet import Fleet, Slot
 
 FAIL_JOB = {"rules": [
     {"action": "FailJob", "onExitCodes": {"containerName": "launcher", "operator": "In",

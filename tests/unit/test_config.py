@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.classify import Cause, Failure
 from supervisor.config import (
     OWNED_OPTIONS,
     VARIABLES,
@@ -25,8 +24,9 @@ from supervisor.config import (
     packaged_discovery_script,
     parse_config,
 )
+from supervisor.decide.classify import Cause, Failure
+from supervisor.decide.policy import Action, Budgets, Ledger, decide, match
 from supervisor.launch import horovodrun_argv
-from supervisor.policy import Action, Budgets, Ledger, decide, match
 
 BASE = {"SUPERVISOR_JOB_NAME": "job1", "SUPERVISOR_NAMESPACE": "team-a", "SUPERVISOR_NP": "4"}
 TEMPLATE = """\

@@ -10,9 +10,9 @@ import copy
 from dataclasses import replace
 from typing import Any
 
-from supervisor.classify import Cause, Failure
-from supervisor.core import CreateWorker, manage
-from supervisor.plan import Failed, Note
+from supervisor.decide.classify import Cause, Failure
+from supervisor.decide.core import CreateWorker, manage
+from supervisor.decide.plan import Failed, Note
 from supervisor.workers import pod_name
 from tests.unit import shapes
 from tests.unit.test_core import (

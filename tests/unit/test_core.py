@@ -16,12 +16,10 @@ from typing import Any
 
 import pytest
 
-from supervisor import core, fleet, plan
-from supervisor.actuator import DeletePod, SaveState
-from supervisor.channel import Beat, Driver
-from supervisor.classify import Cause, ClassifySettings, Failure
-from supervisor.config import HostMode
-from supervisor.core import (
+from supervisor.decide import core, fleet, plan
+from supervisor.decide.beats import Beat, Driver
+from supervisor.decide.classify import Cause, ClassifySettings, Failure
+from supervisor.decide.core import (
     HUNG_NODE_AVOID_S,
     Core,
     CreateWorker,
@@ -32,13 +30,15 @@ from supervisor.core import (
     Seen,
     manage,
 )
-from supervisor.hang import HangSettings
+from supervisor.decide.hang import HangSettings
+from supervisor.decide.hostlist import HostMode
+from supervisor.decide.plan import Failed, Note
+from supervisor.decide.plan import Settings as PlanSettings
+from supervisor.decide.policy import Action, Policy, Rule
+from supervisor.decide.quarantine import Quarantine
+from supervisor.decide.regroup import Pending
+from supervisor.decide.script import DeletePod, SaveState
 from supervisor.model import ExitCode
-from supervisor.plan import Failed, Note
-from supervisor.plan import Settings as PlanSettings
-from supervisor.policy import Action, Policy, Rule
-from supervisor.quarantine import Quarantine
-from supervisor.regroup import Pending
 from supervisor.workers import LABEL_INCARNATION, LABEL_JOB, LABEL_ROLE, LABEL_SLOT, pod_name
 from tests.unit import shapes
 

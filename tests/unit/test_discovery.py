@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from supervisor import discovery
-from supervisor.config import HostMode
-from supervisor.discovery import Publish, Withdraw
+from supervisor.decide import hostlist
+from supervisor.decide.hostlist import HostMode, Publish, Withdraw
 from supervisor.observe import ClusterView, EventType, Kind, Unusable, pod_problem, slim
 from tests.unit.shapes import load, node, pod, with_condition
 
@@ -72,7 +72,7 @@ CASES = [
 
 @pytest.mark.parametrize(("objs", "problem"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_usability_rules(objs: list[dict], problem: Unusable | None) -> None:
-    r = discovery.render(view_of(*objs), 2, HostMode.POD_IP, {})
+    r = hostlist.render(view_of(*objs), 2, HostMode.POD_IP, {})
     name = objs[0]["metadata"]["name"]
     if problem is None:
         assert r.lines == (f"{objs[0]['status']['podIP']}:2",)
@@ -96,14 +96,14 @@ def test_a_host_on_a_down_node_stays_while_its_processes_heartbeat(
     processes still heartbeat; one that does not heartbeat (or the hook off) leaves."""
     p, other = pod("w-0", "10.1.0.10"), pod("w-1", "10.1.0.11", "b")
     v = view_of(p, other, down, node("b"))
-    talking = discovery.render(v, 1, HostMode.POD_IP, {}, heartbeating=frozenset({"10.1.0.10"}))
+    talking = hostlist.render(v, 1, HostMode.POD_IP, {}, heartbeating=frozenset({"10.1.0.10"}))
     assert talking.lines == ("10.1.0.10:1", "10.1.0.11:1") and talking.left_out == {}
-    silent = discovery.render(v, 1, HostMode.POD_IP, {})
+    silent = hostlist.render(v, 1, HostMode.POD_IP, {})
     assert silent.lines == ("10.1.0.11:1",) and silent.left_out == {"w-0": problem}
-    elsewhere = discovery.render(v, 1, HostMode.POD_IP, {},
+    elsewhere = hostlist.render(v, 1, HostMode.POD_IP, {},
                                  heartbeating=frozenset({"10.1.0.11"}))
     assert elsewhere.left_out == {"w-0": problem}
-    failed = discovery.render(v, 1, HostMode.POD_IP, {}, heartbeating=frozenset({"10.1.0.10"}),
+    failed = hostlist.render(v, 1, HostMode.POD_IP, {}, heartbeating=frozenset({"10.1.0.10"}),
                               declared=frozenset({p["metadata"]["uid"]}))
     assert failed.left_out == {"w-0": Unusable.FOUND_FAILED}, "past the grace: failed, out"
 
@@ -115,32 +115,32 @@ def test_a_pod_the_node_controller_marked_not_ready_stays_while_its_processes_he
     down = with_condition(READY_NODE, "Ready", "Unknown")
     marked = with_condition(pod("w-0", "10.1.0.10"), "Ready", "False")
     v = view_of(marked, pod("w-1", "10.1.0.11", "b"), down, node("b"))
-    talking = discovery.render(v, 1, HostMode.POD_IP, {}, heartbeating=frozenset({"10.1.0.10"}))
+    talking = hostlist.render(v, 1, HostMode.POD_IP, {}, heartbeating=frozenset({"10.1.0.10"}))
     assert talking.lines == ("10.1.0.10:1", "10.1.0.11:1") and talking.left_out == {}
-    silent = discovery.render(v, 1, HostMode.POD_IP, {})
+    silent = hostlist.render(v, 1, HostMode.POD_IP, {})
     assert silent.left_out == {"w-0": Unusable.NOT_READY}
     # The node Ready again, the pod still marked (the kubelet clears it at its next update:
     # seen in the stock tour, where the other worker's kill then left the driver no host of
     # the last world): kept while it heartbeats.
     up = view_of(marked, pod("w-1", "10.1.0.11", "b"), READY_NODE, node("b"))
-    assert discovery.kept_while_heartbeating(up, HostMode.POD_IP, lambda: ["10.1.0.10"]) == {
+    assert hostlist.kept_while_heartbeating(up, HostMode.POD_IP, lambda: ["10.1.0.10"]) == {
         "10.1.0.10"}
-    assert discovery.kept_while_heartbeating(up, HostMode.POD_IP, list) == frozenset()
+    assert hostlist.kept_while_heartbeating(up, HostMode.POD_IP, list) == frozenset()
     # A container not ready while the pod has no readiness probe (the kubelet's status of the
     # moment after an outage: seen in the stock tour, both workers out while they trained):
     # kept while it heartbeats, out when it does not (a container that does not run).
     unprobed = copy.deepcopy(marked)
     unprobed["status"]["containerStatuses"][0]["ready"] = False
     after = view_of(unprobed, pod("w-1", "10.1.0.11", "b"), READY_NODE, node("b"))
-    assert discovery.kept_while_heartbeating(after, HostMode.POD_IP, lambda: ["10.1.0.10"]) == {
+    assert hostlist.kept_while_heartbeating(after, HostMode.POD_IP, lambda: ["10.1.0.10"]) == {
         "10.1.0.10"}
-    assert discovery.kept_while_heartbeating(after, HostMode.POD_IP, list) == frozenset()
+    assert hostlist.kept_while_heartbeating(after, HostMode.POD_IP, list) == frozenset()
     # A pod not Ready because its own readiness probe says so (its sshd down) on a Ready node
     # is out, heartbeats or not.
     probe = copy.deepcopy(unprobed)
     probe["spec"]["containers"][0]["readinessProbe"] = {"tcpSocket": {"port": 2222}}
     sshd_down = view_of(probe, pod("w-1", "10.1.0.11", "b"), READY_NODE, node("b"))
-    assert discovery.kept_while_heartbeating(sshd_down, HostMode.POD_IP,
+    assert hostlist.kept_while_heartbeating(sshd_down, HostMode.POD_IP,
                                            lambda: ["10.1.0.10"]) == set()
 
 
@@ -148,20 +148,20 @@ def test_the_hosts_kept_on_down_nodes_are_those_that_heartbeat() -> None:
     down = with_condition(READY_NODE, "Ready", "False")
     v = view_of(pod("w-0", "10.1.0.10"), pod("w-1", "10.1.0.11", "b"), down, node("b"))
     talking = lambda: ["10.1.0.10", "10.1.0.11"]  # noqa: E731
-    assert discovery.kept_while_heartbeating(v, HostMode.POD_IP, talking) == {"10.1.0.10"}
-    assert discovery.kept_while_heartbeating(v, HostMode.POD_IP, list) == frozenset()
+    assert hostlist.kept_while_heartbeating(v, HostMode.POD_IP, talking) == {"10.1.0.10"}
+    assert hostlist.kept_while_heartbeating(v, HostMode.POD_IP, list) == frozenset()
     up = view_of(pod("w-0", "10.1.0.10"), READY_NODE)
 
     def never() -> list[str]:
         raise AssertionError("heartbeats are read only while a node is down")
 
-    assert discovery.kept_while_heartbeating(up, HostMode.POD_IP, never) == frozenset()
+    assert hostlist.kept_while_heartbeating(up, HostMode.POD_IP, never) == frozenset()
 
 
 def test_lines_are_sorted_and_carry_slots() -> None:
     v = view_of(pod("w-2", "10.1.0.9"), pod("w-0", "10.1.0.10"), pod("w-1", "10.1.0.11", "b"),
                 READY_NODE, node("b"))
-    r = discovery.render(v, 4, HostMode.POD_IP, {})
+    r = hostlist.render(v, 4, HostMode.POD_IP, {})
     assert r.lines == ("10.1.0.10:4", "10.1.0.11:4", "10.1.0.9:4")
     assert r.content == "10.1.0.10:4\n10.1.0.11:4\n10.1.0.9:4\n"
     assert r.slots(4) == 12
@@ -170,10 +170,10 @@ def test_lines_are_sorted_and_carry_slots() -> None:
 
 def test_a_host_string_is_never_reused_by_a_later_pod() -> None:
     v = view_of(pod("w-3", "10.1.0.10", uid="new-uid"), READY_NODE)
-    r = discovery.render(v, 1, HostMode.POD_IP, {"10.1.0.10": "old-uid"})
+    r = hostlist.render(v, 1, HostMode.POD_IP, {"10.1.0.10": "old-uid"})
     assert r.lines == ()
     assert r.left_out == {"w-3": Unusable.HOST_REUSED}
-    same = discovery.render(v, 1, HostMode.POD_IP, {"10.1.0.10": "new-uid"})
+    same = hostlist.render(v, 1, HostMode.POD_IP, {"10.1.0.10": "new-uid"})
     assert same.lines == ("10.1.0.10:1",)
 
 
@@ -181,11 +181,11 @@ def test_dns_mode_names_pods_by_hostname_and_subdomain() -> None:
     p = pod("w-0")
     p["spec"]["subdomain"] = "job1-workers"
     plain = pod("w-1", "10.1.0.11")  # no subdomain: no resolvable name
-    r = discovery.render(view_of(p, plain, READY_NODE), 1, HostMode.POD_DNS, {})
+    r = hostlist.render(view_of(p, plain, READY_NODE), 1, HostMode.POD_DNS, {})
     assert r.lines == ("w-0.job1-workers.default.svc:1",)
     assert r.left_out == {"w-1": Unusable.NO_ADDRESS}
     p["spec"]["hostname"] = "worker-zero"
-    r = discovery.render(view_of(p, READY_NODE), 1, HostMode.POD_DNS, {})
+    r = hostlist.render(view_of(p, READY_NODE), 1, HostMode.POD_DNS, {})
     assert r.lines == ("worker-zero.job1-workers.default.svc:1",)
 
 
@@ -202,8 +202,8 @@ def test_view_ignores_replayed_resource_versions_and_applies_deletes() -> None:
     assert v.pods == {}
 
 
-RENDERED = discovery.render(view_of(pod(), READY_NODE), 1, HostMode.POD_IP, {})
-EMPTY = discovery.render(ClusterView(), 1, HostMode.POD_IP, {})
+RENDERED = hostlist.render(view_of(pod(), READY_NODE), 1, HostMode.POD_IP, {})
+EMPTY = hostlist.render(ClusterView(), 1, HostMode.POD_IP, {})
 
 
 @pytest.mark.parametrize(("synced", "broken_for", "rendered", "expected"), [
@@ -217,7 +217,7 @@ EMPTY = discovery.render(ClusterView(), 1, HostMode.POD_IP, {})
                  id="never an empty list: withdraw instead"),
 ])
 def test_publish_or_withdraw(synced: bool, broken_for: float, rendered, expected) -> None:
-    assert discovery.decide(synced, broken_for, 60.0, rendered) == expected
+    assert hostlist.decide(synced, broken_for, 60.0, rendered) == expected
 
 
 def test_view_staleness_is_the_longest_broken_source() -> None:
@@ -346,11 +346,11 @@ def test_slim_keeps_exit_codes_and_shares_what_pods_have_alike() -> None:
 def test_a_memo_gives_the_same_result_as_judging_every_pod_again() -> None:
     pods = [pod(f"w-{i}", ip=f"10.1.0.{i}", node=f"node-{i % 2}") for i in range(6)]
     v = view_of(*pods, node("node-0"), node("node-1"))
-    memo = discovery.Memo()
+    memo = hostlist.Memo()
 
-    def both() -> tuple[discovery.Rendered, discovery.Rendered]:
-        return (discovery.render(v, 1, HostMode.POD_IP, {}, memo=memo),
-                discovery.render(v, 1, HostMode.POD_IP, {}))
+    def both() -> tuple[hostlist.Rendered, hostlist.Rendered]:
+        return (hostlist.render(v, 1, HostMode.POD_IP, {}, memo=memo),
+                hostlist.render(v, 1, HostMode.POD_IP, {}))
 
     first, fresh = both()
     assert first == fresh and len(first.lines) == 6
@@ -380,7 +380,7 @@ def test_incremental_renders_equal_full_ones_over_random_changes(seed: int) -> N
 
     rng = random.Random(seed)
     v = ClusterView()
-    memo = discovery.Memo()
+    memo = hostlist.Memo()
     first_owner: dict[str, str] = {}
     retiring: frozenset[str] = frozenset()
     rv = iter(range(10, 10**6))
@@ -409,12 +409,12 @@ def test_incremental_renders_equal_full_ones_over_random_changes(seed: int) -> N
         elif op < 0.85:
             retiring = frozenset(rng.sample(sorted(v.pods), min(2, len(v.pods))))
         else:
-            for host, owner in discovery.render(v, 1, HostMode.POD_IP, first_owner,
+            for host, owner in hostlist.render(v, 1, HostMode.POD_IP, first_owner,
                                                 retiring=retiring).hosts.items():
                 first_owner.setdefault(host, v.pods[owner]["metadata"]["uid"])
-        got = discovery.render(v, 1, HostMode.POD_IP, first_owner, retiring=retiring,
+        got = hostlist.render(v, 1, HostMode.POD_IP, first_owner, retiring=retiring,
                                memo=memo)
-        want = discovery.render(v, 1, HostMode.POD_IP, first_owner, retiring=retiring)
+        want = hostlist.render(v, 1, HostMode.POD_IP, first_owner, retiring=retiring)
         assert got == want, f"step {step}"
 
 
@@ -446,14 +446,14 @@ def test_the_file_follows_the_supervisors_own_decisions(
     v = view_of(slotted("job1-w0-1", 0, 1, "10.1.0.10"), slotted("job1-w1-1", 1, 1, "10.1.0.11"),
                 slotted("job1-w0-2", 0, 2, "10.1.0.12"), pod("stranger", ip="10.1.0.13"),
                 READY_NODE)
-    r = discovery.render(v, 1, HostMode.POD_IP, {}, declared=declared, active=active)
+    r = hostlist.render(v, 1, HostMode.POD_IP, {}, declared=declared, active=active)
     assert r.left_out == left_out
     # A pod without the supervisor's labels (not created from its template) is never judged
     # by slot.
     assert "10.1.0.13:1" in r.lines
-    memo = discovery.Memo()
-    discovery.render(v, 1, HostMode.POD_IP, {}, memo=memo)
-    again = discovery.render(v, 1, HostMode.POD_IP, {}, declared=declared, active=active,
+    memo = hostlist.Memo()
+    hostlist.render(v, 1, HostMode.POD_IP, {}, memo=memo)
+    again = hostlist.render(v, 1, HostMode.POD_IP, {}, declared=declared, active=active,
                              memo=memo)
     assert again.lines == r.lines, "a change of the decisions renders again"
 
@@ -462,8 +462,8 @@ def test_an_evicted_worker_that_must_stay_for_a_while_stays_listed() -> None:
     """Evicted (its entrypoint holds SIGTERM) while it is the last of Horovod's world: it
     stays in the file until another worker joined (core's leave step names it)."""
     v = view_of(deleting(pod()), READY_NODE)
-    assert discovery.render(v, 1, HostMode.POD_IP, {}).lines == ()
-    stays = discovery.render(v, 1, HostMode.POD_IP, {}, staying=frozenset({"w-0"}))
+    assert hostlist.render(v, 1, HostMode.POD_IP, {}).lines == ()
+    stays = hostlist.render(v, 1, HostMode.POD_IP, {}, staying=frozenset({"w-0"}))
     assert stays.lines == ("10.1.0.10:1",)
-    other = discovery.render(v, 1, HostMode.POD_IP, {}, staying=frozenset({"w-1"}))
+    other = hostlist.render(v, 1, HostMode.POD_IP, {}, staying=frozenset({"w-1"}))
     assert other.lines == ()

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.classify import Cause, ClassifySettings
-from supervisor.disruption import (
+from supervisor.decide.classify import Cause, ClassifySettings
+from supervisor.decide.disruption import (
     Settings,
     Why,
     going_nodes,

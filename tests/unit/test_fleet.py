@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from supervisor import fleet
-from supervisor.classify import Cause, Failure
-from supervisor.fleet import Create, Fleet, Slot
-from supervisor.policy import Action, Budgets, Policy, Rule
+from supervisor.decide import fleet
+from supervisor.decide.classify import Cause, Failure
+from supervisor.decide.fleet import Create, Fleet, Slot
+from supervisor.decide.policy import Action, Budgets, Policy, Rule
 from supervisor.workers import pod_name
 
 JOB = "job1"

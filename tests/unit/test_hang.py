@@ -1,6 +1,6 @@
 """hang.assess: who blocks training, from the hook's heartbeats, on a fake clock.
 
-Each scenario is a few processes as the supervisor's store holds them (channel.Beat: receipt
+Each scenario is a few processes as the supervisor's store holds them (beats.Beat: receipt
 times of the last heartbeat and of the last growth of the completed-collectives counter) at
 `now`; the whole Verdict is compared.
 """
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.channel import Beat
-from supervisor.hang import (
+from supervisor.decide.beats import Beat
+from supervisor.decide.hang import (
     STUCK_AFTER_S,
     Broken,
     HangSettings,
@@ -24,7 +24,6 @@ from supervisor.hang import (
     assess,
     run_progress,
 )
-from supervisor.hook.elastic_supervisor_hook import unfenced_problem
 
 S = HangSettings(silence_s=3.0, stall_s=600.0)
 NOW = 1000.0
@@ -33,11 +32,12 @@ LISTED = {"10.0.0.1": 0.0, "10.0.0.2": 0.0, "10.0.0.3": 0.0}
 
 def beat(host: str, *, last: float = NOW - 0.2, progress: float | None = NOW - 0.3,
          wait: float | None = None, kind: str | None = None, bye: float | None = None,
-         pid: int = 100, rank: int = 0, problems: tuple[str, ...] = ()) -> Beat:
+         pid: int = 100, rank: int = 0, problems: tuple[str, ...] = (),
+         unfenced: str | None = None) -> Beat:
     return Beat(sender=f"{host}/{pid}", host=host, pid=pid, local_rank=0, first_seen=NOW - 60,
                 last_seen=last, progress_at=progress, rank=rank, size=3, inits=1, done=10,
                 wait_s=wait, waiting=kind if wait is not None else None, bye_at=bye,
-                problems=problems)
+                problems=problems, unfenced=unfenced)
 
 
 def waiting(host: str, seconds: float, **kw: object) -> Beat:
@@ -48,7 +48,6 @@ def waiting(host: str, seconds: float, **kw: object) -> Beat:
 
 
 FROZEN_AT = NOW - 3.4  # its last heartbeat
-TF = unfenced_problem("horovod.mxnet")
 
 
 def frozen(host: str = "10.0.0.3", **kw: object) -> Beat:
@@ -95,14 +94,15 @@ def hung(host: str = "10.0.0.3", peers: int = 2, longest: float = 3.0,
                   frozen(problems=("Horovod 0.27.0 is not 0.28.x: not patched",))],
                  Verdict(problems=(("10.0.0.3", "Horovod 0.27.0 is not 0.28.x: not patched"),)),
                  id="a process whose hook reported a problem is not judged, it is reported"),
-    pytest.param([replace(beat(h, progress=None, problems=(TF,)), first_seen=NOW - 700)
+    pytest.param([replace(beat(h, progress=None, unfenced="horovod.mxnet"), first_seen=NOW - 700)
                   for h in ("10.0.0.1", "10.0.0.2")],
                  Verdict(unfenced=(("10.0.0.1", "horovod.mxnet"),
                                    ("10.0.0.2", "horovod.mxnet"))),
                  id="TensorFlow processes heartbeat, never progress: reported apart, no stall"),
     pytest.param([beat("10.0.0.1", wait=500.0, kind="c", progress=NOW - 700),
                   beat("10.0.0.2", progress=NOW - 700),
-                  replace(beat("10.0.0.3", progress=None, problems=(TF,)), first_seen=NOW - 5)],
+                  replace(beat("10.0.0.3", progress=None, unfenced="horovod.mxnet"),
+                          first_seen=NOW - 5)],
                  Verdict(stall=Stall(700.0, 2), unfenced=(("10.0.0.3", "horovod.mxnet"),)),
                  id="an unfenced process that just started does not hide the others' stall"),
     pytest.param([waiting("10.0.0.1", 5.0), frozen(host="10.0.0.2"), frozen()],

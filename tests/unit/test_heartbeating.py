@@ -1,4 +1,4 @@
-"""channel.heartbeating, the one "fresh heartbeat" rule, on records of real heartbeats.
+"""beats.heartbeating, the one "fresh heartbeat" rule, on records of real heartbeats.
 
 Each record is a datagram a training process sent on an H200 (shapes/h200_stuck_work0.jsonl.gz:
 rank 0 mid-training, and its process watcher's report), folded through the supervisor's own
@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from supervisor.channel import Beat, _update, heartbeating, watched
-from supervisor.hang import HangSettings
-from supervisor.progress import FRESH_S
+from supervisor.channel import _update, watched
+from supervisor.decide.beats import Beat, heartbeating
+from supervisor.decide.hang import HangSettings
+from supervisor.decide.progress import FRESH_S
 
 SILENCE_S = HangSettings().silence_s  # SUPERVISOR_HEARTBEAT_TIMEOUT_SECONDS's default, 3 s
 HEARD = 100.0  # when the supervisor received the heartbeat (monotonic)

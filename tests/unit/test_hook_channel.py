@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.channel import Beat, HookChannel, bound, dead_entries
+from supervisor.channel import HookChannel, bound, dead_entries
+from supervisor.decide.beats import Beat
 from supervisor.hook import elastic_supervisor_hook as hook
 from supervisor.hook.elastic_supervisor_hook import wire
 from supervisor.hook.elastic_supervisor_hook.worker import (
@@ -202,6 +203,21 @@ def test_heartbeats_reach_the_store_and_forgeries_and_replays_change_nothing(
                  what="the bye recorded")
     finally:
         b.close()
+
+
+def test_the_framework_the_hook_does_not_fence_is_read_apart_from_the_problems(
+        channel: HookChannel) -> None:
+    """The channel parses the hook's wording at the edge: decide/ reads `Beat.unfenced` and
+    never imports the hook (scripts/layers.py)."""
+    run = channel.new_run(None)["ELASTIC_SUPERVISOR_HOOK_RUN"]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.sendto(wire.encode(channel.key, {
+            "t": "hb", "s": "mx", "n": 1, "run": run, "host": "10.0.0.5", "pid": 5, "lr": 0,
+            "problems": ["Horovod 0.27.0 is not 0.28.x", hook.unfenced_problem("horovod.mxnet")]}),
+            ("127.0.0.1", channel.port))
+        beat = wait_for(lambda: channel.snapshot().beats.get("mx"), 5, what="the heartbeat")
+    assert (beat.unfenced, beat.problems) == ("horovod.mxnet", ("Horovod 0.27.0 is not 0.28.x",))
 
 
 def pair() -> tuple[socket.socket, socket.socket, socket.socket]:

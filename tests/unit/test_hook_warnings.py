@@ -5,7 +5,7 @@ HookFrameworkUnfenced Event per framework and run, whatever the number of hosts 
 from __future__ import annotations
 
 from supervisor.config import parse_config
-from supervisor.hang import Verdict
+from supervisor.decide.hang import Verdict
 from supervisor.metrics import make_metrics
 from supervisor.model import EventSpec
 from supervisor.reconcile import Supervisor

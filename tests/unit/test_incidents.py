@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from supervisor import core, incidents
-from supervisor.discovery import HostMode
-from supervisor.fleet import Create
-from supervisor.incidents import Book, Tick
-from supervisor.plan import Note
-from supervisor.progress import Progress
+from supervisor.decide import core, incidents
+from supervisor.decide.fleet import Create
+from supervisor.decide.hostlist import HostMode
+from supervisor.decide.incidents import Book, Tick
+from supervisor.decide.plan import Note
+from supervisor.decide.progress import Progress
 from supervisor.workers import LABEL_INCARNATION, LABEL_SLOT
 from tests.unit.shapes import pod as shaped_pod
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.core import judge_exit
+from supervisor.decide.core import judge_exit
 
 
 @pytest.mark.parametrize(("held", "exited", "paused", "expected"), [

@@ -1,5 +1,5 @@
 """plan.listing: the hosts to publish, from the view's render, the hook's heartbeats and the
-driver's last world (fake clock). Renders are what discovery.render makes of Ready workers."""
+driver's last world (fake clock). Renders are what hostlist.render makes of Ready workers."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from supervisor.channel import Beat, Driver
-from supervisor.discovery import Rendered
+from supervisor.decide.beats import Beat, Driver
+from supervisor.decide.hostlist import Rendered
+from supervisor.decide.plan import Listing, listing
+from supervisor.decide.regroup import MAX_HOLD_S, MISSED_AFTER_S, REANNOUNCE_OUT_S, pending
 from supervisor.observe import Unusable
-from supervisor.plan import Listing, listing
-from supervisor.regroup import MAX_HOLD_S, MISSED_AFTER_S, REANNOUNCE_OUT_S, pending
 
 NOW = 500.0
 SURVIVOR, NEW, OTHER = "10.0.0.1", "10.0.0.7", "10.0.0.8"

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from supervisor import quarantine, starts
-from supervisor.core import Core, CreateWorker, manage
-from supervisor.plan import Note
-from supervisor.policy import Budgets, Policy
+from supervisor.decide import quarantine, starts
+from supervisor.decide.core import Core, CreateWorker, manage
+from supervisor.decide.plan import Note
+from supervisor.decide.policy import Budgets, Policy
 from supervisor.workers import LABEL_INCARNATION, LABEL_JOB, LABEL_ROLE, LABEL_SLOT, pod_name
 from tests.unit import shapes
 from tests.unit.test_core import JOB, NOW, PODS, STEADY, script, seen, worker

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from supervisor import fleet
-from supervisor.actuator import CreatePod, DeletePod, SaveState
 from supervisor.config import parse_config
+from supervisor.decide import fleet
+from supervisor.decide.script import CreatePod, DeletePod, SaveState
 from supervisor.metrics import make_metrics
 from supervisor.model import ActionDone, EventSpec, SourceState, WatchEvent
 from supervisor.observe import EventType, Kind, slim

@@ -11,14 +11,11 @@ from typing import Any
 
 import pytest
 
-from supervisor import fleet
-from supervisor.actuator import DeletePod
-from supervisor.classify import Cause, Failure
-from supervisor.config import HostMode
-from supervisor.discovery import Rendered
-from supervisor.fleet import HUNG_HOLD_S, Create, Fleet, Slot
-from supervisor.observe import Kind, Unusable, slim
-from supervisor.plan import (
+from supervisor.decide import fleet
+from supervisor.decide.classify import Cause, Failure
+from supervisor.decide.fleet import HUNG_HOLD_S, Create, Fleet, Slot
+from supervisor.decide.hostlist import HostMode, Rendered
+from supervisor.decide.plan import (
     EXPECTATION_TIMEOUT_S,
     HUNG_GRACE_S,
     REUSED_LIMIT,
@@ -28,7 +25,9 @@ from supervisor.plan import (
     on_failures,
     plan,
 )
-from supervisor.policy import Action, Budgets, Policy, Rule
+from supervisor.decide.policy import Action, Budgets, Policy, Rule
+from supervisor.decide.script import DeletePod
+from supervisor.observe import Kind, Unusable, slim
 from supervisor.workers import (
     LABEL_INCARNATION,
     LABEL_JOB,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from supervisor.classify import Cause, Failure
-from supervisor.policy import (
+from supervisor.decide.classify import Cause, Failure
+from supervisor.decide.policy import (
     Action,
     Budgets,
     Ledger,

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from supervisor import progress
-from supervisor.channel import Beat
-from supervisor.progress import Progress, observe
+from supervisor.decide import progress
+from supervisor.decide.beats import Beat
+from supervisor.decide.progress import Progress, observe
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from supervisor import fleet
-from supervisor.actuator import DeletePod, SaveState
-from supervisor.classify import Cause, Failure
-from supervisor.core import Core, CreateWorker, manage, quarantine_signs
-from supervisor.plan import Failed, Leaving, Note
-from supervisor.quarantine import STARVED_S, Kind, Quarantine, Settings, Sign, room, step
+from supervisor.decide import fleet
+from supervisor.decide.classify import Cause, Failure
+from supervisor.decide.core import Core, CreateWorker, manage, quarantine_signs
+from supervisor.decide.plan import Failed, Leaving, Note
+from supervisor.decide.quarantine import STARVED_S, Kind, Quarantine, Settings, Sign, room, step
+from supervisor.decide.script import DeletePod, SaveState
 from supervisor.workers import not_on, pod_name
 from tests.unit import shapes
 from tests.unit.test_core import JOB, NOW, PODS, STEADY, WALL, died, exited, seen, worker

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.channel import Beat
-from supervisor.regroup import (
+from supervisor.decide.beats import Beat
+from supervisor.decide.regroup import (
     MAX_HOLD_S,
     MISSED_AFTER_S,
     Pending,
@@ -21,10 +21,11 @@ FAILED_AT = NOW - 0.5
 
 
 def beat(sender: str, *, inits: int = 1, progress: float | None = NOW - 2.0,
-         bye: float | None = None, problems: tuple[str, ...] = ()) -> Beat:
+         bye: float | None = None, problems: tuple[str, ...] = (),
+         unfenced: str | None = None) -> Beat:
     return Beat(sender=sender, host=f"10.0.0.{sender[-1]}", pid=1, local_rank=0,
                 first_seen=NOW - 60, last_seen=NOW - 0.1, progress_at=progress, inits=inits,
-                bye_at=bye, problems=problems)
+                bye_at=bye, problems=problems, unfenced=unfenced)
 
 
 BEFORE = [beat("p1"), beat("p2")]
@@ -53,8 +54,7 @@ def test_pending_remembers_each_processs_inits() -> None:
     pytest.param(PENDING, [beat("p1")], NOW, 2, frozenset(),
                  id="the survivors alone cannot reach MIN_NP: never held"),
     pytest.param(PENDING, [], NOW, 1, frozenset(), id="nobody heartbeats (no hook): never held"),
-    pytest.param(PENDING, [beat("p1", progress=None, problems=(
-        "horovod.mxnet is not fenced by the hook (horovod.torch and horovod.tensorflow are)",))],
+    pytest.param(PENDING, [beat("p1", progress=None, unfenced="horovod.mxnet")],
         NOW, 1, frozenset(), id="only processes whose hook cannot see collectives (MXNet): never"),
 ])
 def test_held(p: Pending | None, beats: list[Beat], now: float, min_np: int,

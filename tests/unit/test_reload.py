@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.classify import Cause
 from supervisor.config import ConfigError, parse_config
+from supervisor.decide.classify import Cause
+from supervisor.decide.policy import Action, Budgets, Policy, Rule
 from supervisor.model import PolicyChanged
-from supervisor.policy import Action, Budgets, Policy, Rule
 from supervisor.reload import PolicyWatcher, summary
 
 KILL = Rule("r0", Action.RESTART, exit_codes=((137, 137), (143, 143)))

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from supervisor import fleet
 from supervisor.config import parse_config
+from supervisor.decide import fleet
 from supervisor.metrics import make_metrics
 from supervisor.model import EventSpec, WatchEvent
 from supervisor.observe import EventType, Kind, slim

@@ -8,8 +8,8 @@ import copy
 
 import pytest
 
+from supervisor.decide.starts import Fault, Stuck, stuck
 from supervisor.observe import Kind, slim
-from supervisor.starts import Fault, Stuck, stuck
 from tests.unit import shapes
 
 NODE, TEMPLATE, UNKNOWN = Fault.NODE, Fault.TEMPLATE, Fault.UNKNOWN

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from supervisor import fleet, kube, startup
+from supervisor import kube, startup
 from supervisor.config import parse_config
+from supervisor.decide import fleet
 from supervisor.runner import load_fleet
 from tests.helpers import Log
 

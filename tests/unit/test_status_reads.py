@@ -17,7 +17,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from supervisor import cli, eventseries, fleet, kube
+from supervisor import cli, eventseries, kube
+from supervisor.decide import fleet
 from supervisor.model import EventSpec
 
 ROOT = Path(__file__).resolve().parents[2]

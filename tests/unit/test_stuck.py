@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from supervisor.channel import Beat, _update
-from supervisor.hang import STUCK_FLOOR_S, HangSettings, Stuck, assess
+from supervisor.channel import _update
+from supervisor.decide.beats import Beat
+from supervisor.decide.hang import STUCK_FLOOR_S, HangSettings, Stuck, assess
 
 S = HangSettings(silence_s=3.0, stall_s=1800.0)
 HOSTS = ("10.0.0.1", "10.0.0.2", "10.0.0.3")

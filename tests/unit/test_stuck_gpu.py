@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from supervisor.channel import Beat, _update, watched
-from supervisor.hang import HangSettings, Verdict, assess
+from supervisor.channel import _update, watched
+from supervisor.decide.beats import Beat
+from supervisor.decide.hang import HangSettings, Verdict, assess
 
 S = HangSettings(silence_s=3.0, stall_s=1800.0)
 SHAPES = Path(__file__).parent / "shapes"

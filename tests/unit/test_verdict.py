@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.classify import Cause
-from supervisor.hang import Broken, Hung, RendezvousStuck, Stall, Stuck, Verdict
-from supervisor.plan import EXITED_GRACE_S, on_verdict
+from supervisor.decide.classify import Cause
+from supervisor.decide.hang import Broken, Hung, RendezvousStuck, Stall, Stuck, Verdict
+from supervisor.decide.plan import EXITED_GRACE_S, on_verdict
 from tests.unit import shapes
 
 NOW = 500.0

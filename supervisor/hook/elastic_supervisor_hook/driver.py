@@ -23,7 +23,7 @@ dead or partitioned host waits for the OS's SYN timeout, attempt after attempt.
   reported to the supervisor, which can then tell a rendezvous a dead member broke.
 - `report_waits`: when the driver must wait for hosts to assign the next world (fewer
   listed slots than --min-np, less Horovod's blacklist), it says so, with the hosts, on stderr
-  and to the supervisor, which then holds no new host back (`supervisor/regroup.py`).
+  and to the supervisor, which then holds no new host back (`supervisor/decide/regroup.py`).
 - `report_exits`: each worker process the driver records as failed (a non-zero exit of a worker
   with a rank) is reported with its exit code, before Horovod records it (that call blocks in
   the registry's barrier until the round completes): the process can die while its pod runs on

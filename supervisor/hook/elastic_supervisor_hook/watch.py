@@ -8,7 +8,7 @@ training process's /proc/<pid>/stat every BEAT_S, whatever its GIL does, and sen
 its scheduler state and CPU time ("ps" datagrams, the run's key). The supervisor takes a silent
 process for Hung at once only when its watcher is silent too (a frozen node, a partition, a
 vanished pod) or says it is not running (stopped, or sleeping without CPU: a deadlock with the
-GIL held); a silent process that runs is given longer (supervisor/hang.py).
+GIL held); a silent process that runs is given longer (supervisor/decide/hang.py).
 
 It ends when the process it watches is gone (or is no longer its parent).
 Standard library only, Python >= 3.8: it runs inside users' training images.

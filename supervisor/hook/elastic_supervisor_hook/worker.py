@@ -14,11 +14,11 @@ Python frame, sampled with sys._current_frames()), its innermost frames when the
 change since the last heartbeat, and the I/O bytes of the process (storage) and of the main
 thread (reads and writes). The heartbeat thread runs while the main thread waits in a C call, a
 GPU kernel, a lock or a read that never returns: the supervisor sees it stand still while its
-peers wait for it in a collective (a stuck rank, supervisor/hang.py). The supervisor answers a
-heartbeat that shows an old fence version, and pushes to every process when the set changes,
-the hosts it
-declared dead: for each, its addresses, with the TCP ports its processes reported when the
-address is a loopback one (shared by every process of the machine: loopback test hosts).
+peers wait for it in a collective (a stuck rank, supervisor/decide/hang.py). The supervisor
+answers a heartbeat that shows an old fence version, and pushes to every process when the set
+changes, the hosts it declared dead: for each, its addresses, with the TCP ports its processes
+reported when the address is a loopback one (shared by every process of the machine: loopback
+test hosts).
 
 The fence: when a new dead set arrives, and again once the process has been inside a collective
 for STALL_S while a dead host is known (once per stalled collective), it shuts down the
@@ -59,7 +59,7 @@ BEAT_S = 0.5  # heartbeat period
 ENDPOINTS_S = 10.0
 STALL_S = 1.0  # inside one collective this long: a dead host's connections are cut
 # Training time (Progress.stepped): a pause between two new steps longer than
-# max(MIN_PAUSE_S, PAUSE_STEPS x the step time) is not training (supervisor/progress.py).
+# max(MIN_PAUSE_S, PAUSE_STEPS x the step time) is not training (supervisor/decide/progress.py).
 MIN_PAUSE_S = 1.5
 PAUSE_STEPS = 3.0
 STEP_EWMA = 0.2
@@ -179,7 +179,7 @@ class Progress:
 
     def stepped(self, now: float) -> None:
         """A step returned at `now`: a new one adds the pause since the last new one to the
-        training time when that pause is short enough (supervisor/progress.py's rule)."""
+        training time when that pause is short enough (supervisor/decide/progress.py's rule)."""
         pos = self.steps - self.redone
         if pos <= self.high:
             return  # computed again after a rollback: no progress

@@ -20,9 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from supervisor.classify import Cause, Failure
-from supervisor.observe import Obj
-from supervisor.policy import (
+from supervisor.decide.classify import Cause, Failure
+from supervisor.decide.policy import (
     Action,
     Decision,
     Ledger,
@@ -31,6 +30,7 @@ from supervisor.policy import (
     ledger_from_dict,
     ledger_to_dict,
 )
+from supervisor.observe import Obj
 from supervisor.workers import (
     ANNOTATION_AHEAD_OF,
     LABEL_INCARNATION,

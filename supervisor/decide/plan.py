@@ -44,19 +44,21 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from supervisor import discovery, fleet, hang, regroup
-from supervisor.actuator import DeletePod
-from supervisor.channel import Beat, Driver
-from supervisor.classify import TERMINAL_PHASES, Cause, Failure
-from supervisor.config import Config, HostMode
-from supervisor.discovery import Rendered
-from supervisor.fleet import Create, Fleet
+from supervisor.decide import fleet, hang, hostlist, regroup
+from supervisor.decide.beats import Beat, Driver
+from supervisor.decide.classify import TERMINAL_PHASES, Cause, Failure
+from supervisor.decide.fleet import Create, Fleet
+from supervisor.decide.hostlist import HostMode, Rendered
+from supervisor.decide.policy import Action, Decision, Policy
+from supervisor.decide.script import DeletePod
 from supervisor.model import EventSpec
 from supervisor.observe import Obj, Unusable
-from supervisor.policy import Action, Decision, Policy
 from supervisor.workers import kept_off, pod_name
+
+if TYPE_CHECKING:  # the settings are read from it by the caller (scripts/layers.py)
+    from supervisor.config import Config
 
 REUSED_LIMIT = 5  # pods of one slot replaced because their IP was another worker's
 EXPECTATION_TIMEOUT_S = 60.0  # a created pod not seen on the watch by then is created again
@@ -178,7 +180,7 @@ def retiring_hosts(f: Fleet, pods: Mapping[str, Obj], published: str, s: Setting
              if slot.retiring_at is not None]
     for name in [*names, *(leaving or {})]:
         pod = pods.get(name)
-        host = discovery.host_of(pod, s.host_mode) if pod is not None else None
+        host = hostlist.host_of(pod, s.host_mode) if pod is not None else None
         if host is not None and host not in listed:
             out.add(host)
     return out
@@ -235,7 +237,7 @@ def _retire(p: Picture, s: Settings, step: _Step, i: int, listed: frozenset[str]
     pod = p.pods.get(name)
     assert slot.retiring_at is not None
     if pod is not None:
-        host = discovery.host_of(pod, s.host_mode)
+        host = hostlist.host_of(pod, s.host_mode)
         if host in listed:
             return  # not yet out of the discovery file
         if host is not None and host not in p.ssh_clients:
@@ -271,7 +273,7 @@ def _replace_reused(p: Picture, s: Settings, step: _Step) -> None:
         renewed = fleet.renew(step.fleet, slot, inc, p.wall)
         if renewed is step.fleet:
             continue
-        host = discovery.host_of(pod, s.host_mode)
+        host = hostlist.host_of(pod, s.host_mode)
         count = step.reused[slot] = step.reused.get(slot, 0) + 1
         note = (f"worker {name} (slot {slot}) got address {host}, which an earlier worker "
                 f"had: Horovod blacklisted it for good")
@@ -340,7 +342,7 @@ def _leaves(p: Picture, s: Settings, step: _Step) -> dict[str, Leaving]:
             step.say("info", "worker.left", pod=name, slot=lv.slot, waited_s=round(waited, 2),
                      how="gone")
             continue
-        host = discovery.host_of(pod, s.host_mode)
+        host = hostlist.host_of(pod, s.host_mode)
         if listed is None:
             listed = published_hosts(p.published)
         if host is not None and (host in listed or host not in p.ssh_clients):
@@ -618,7 +620,7 @@ def listing(x: Listing, slots_per_worker: int, min_np: int, max_np: int) -> List
                 held_said = True
                 notes.append(Note("info", "discovery.held", {
                     "hosts": sorted(held), "since_failure_s": round(x.now - pending.since, 2)}))
-            host_list = discovery.hold_back(host_list, held, slots_per_worker)
+            host_list = hostlist.hold_back(host_list, held, slots_per_worker)
         elif regroup.over(pending, x.beats, x.now, driver_waits=waits):
             if held_said:
                 held_said = False
@@ -648,7 +650,7 @@ def listing(x: Listing, slots_per_worker: int, min_np: int, max_np: int) -> List
             f"during a reset); taken out of the host list for "
             f"{regroup.REANNOUNCE_OUT_S:g}s and listed again")))
     if out:
-        host_list = discovery.hold_back(host_list, frozenset(out), slots_per_worker)
+        host_list = hostlist.hold_back(host_list, frozenset(out), slots_per_worker)
     return Listed(host_list, pending, reannounced, held_said, tuple(notes))
 
 

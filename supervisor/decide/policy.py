@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from supervisor.classify import DISRUPTIONS, NEVER_COUNTED, Cause, Failure
+from supervisor.decide.classify import DISRUPTIONS, NEVER_COUNTED, Cause, Failure
 
 
 class Action(StrEnum):

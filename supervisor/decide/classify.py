@@ -32,7 +32,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from supervisor.disruption import pod_notice
+from supervisor.decide.disruption import pod_notice
 from supervisor.observe import EventType, Obj, condition, node_problem
 
 

@@ -1,4 +1,4 @@
-"""PURE: is training blocked, and by whom? Decided from the hook's heartbeats (channel.Beat).
+"""PURE: is training blocked, and by whom? Decided from the hook's heartbeats (beats.Beat).
 
 Every training process sends a heartbeat every 0.5 s with how many collectives it completed
 and whether it is inside one. From the last heartbeat of each process and `now`:
@@ -81,8 +81,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from supervisor.channel import Beat, heartbeating
-from supervisor.hook.elastic_supervisor_hook import unfenced_framework
+from supervisor.decide.beats import Beat, heartbeating, judged
 
 BEAT_S = 0.5  # the hook's heartbeat period (elastic_supervisor_hook.worker.BEAT_S)
 BROKEN_AFTER_S = 5.0  # a failed member and no new world for this long: the rendezvous is broken
@@ -249,7 +248,7 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
     (None: the driver hook did not say)."""
     s = settings
     all_beats = list(beats)
-    monitored = [b for b in all_beats if not b.problems]
+    monitored = [b for b in all_beats if judged(b)]
     fresh = [b for b in monitored if heartbeating(b, now, s.silence_s)]
     waiting = [b for b in fresh if b.wait_s is not None]
     hung: dict[str, Hung] = {}
@@ -310,9 +309,8 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
     unmonitored = tuple(sorted(
         h for h, since in watched.items()
         if h not in seen and now - max(since, started_at) >= UNMONITORED_AFTER_S))
-    said = {(b.host, p) for b in all_beats for p in b.problems}
-    unfenced = {(h, f) for h, p in said if (f := unfenced_framework(p)) is not None}
-    problems = {(h, p) for h, p in said if unfenced_framework(p) is None}
+    problems = {(b.host, p) for b in all_beats for p in b.problems}
+    unfenced = {(b.host, b.unfenced) for b in all_beats if b.unfenced is not None}
     return Verdict(tuple(hung[h] for h in sorted(hung)), stall, broken, unformed,
                    stuck_ranks(fresh, watched, now, threshold),
                    tuple(sorted(x for x in busy if x[0] not in hung)),

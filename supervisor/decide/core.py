@@ -43,21 +43,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
-from supervisor import (
-    admission,
-    discovery,
-    disruption,
-    fleet,
-    hang,
-    plan,
-    quarantine,
-    regroup,
-    starts,
-)
-from supervisor.actuator import DeletePod, SaveState
-from supervisor.channel import Beat, Driver, heartbeating
-from supervisor.classify import (
+from supervisor import admission
+from supervisor.decide import disruption, fleet, hang, hostlist, plan, quarantine, regroup, starts
+from supervisor.decide.beats import Beat, Driver, heartbeating
+from supervisor.decide.classify import (
     Cause,
     ClassifySettings,
     Failure,
@@ -67,15 +58,18 @@ from supervisor.classify import (
     held_nodes,
     training_container,
 )
-from supervisor.config import Config, HostMode
-from supervisor.discovery import Rendered
-from supervisor.fleet import Fleet
-from supervisor.hang import HangSettings, Verdict
+from supervisor.decide.fleet import Fleet
+from supervisor.decide.hang import HangSettings, Verdict
+from supervisor.decide.hostlist import HostMode, Rendered
+from supervisor.decide.plan import Note
+from supervisor.decide.policy import Policy
+from supervisor.decide.script import DeletePod, SaveState
 from supervisor.model import EventSpec, ExitCode
 from supervisor.observe import EventType, Obj, node_problem, pod_problem
-from supervisor.plan import Note
-from supervisor.policy import Policy
 from supervisor.workers import ANNOTATION_AHEAD_OF, pod_name
+
+if TYPE_CHECKING:  # the settings are read from it by the caller (scripts/layers.py)
+    from supervisor.config import Config
 
 HUNG_NODE_AVOID_S = 300.0  # replacements prefer other nodes this long after a hang on one
 
@@ -189,7 +183,7 @@ class Seen:
     lease_stale: frozenset[str]  # nodes whose Lease is older than SUPERVISOR_NODE_LEASE_SECONDS
     first_owner: Mapping[str, str]  # host -> UID of the first pod published with it
     published: str | None  # the discovery file as published (None: withdrawn)
-    view_render: Rendered | None  # the last render of the view (discovery.render)
+    view_render: Rendered | None  # the last render of the view (hostlist.render)
     listed_hosts: Mapping[str, str]  # host -> pod of the hosts published now
     hooked: bool  # the hook channel is there (fence, heartbeats)
     running: bool  # horovodrun runs
@@ -240,7 +234,7 @@ class CreateWorker:
 @dataclass(frozen=True)
 class KeepMinAvailable:
     """Keep the workers' PodDisruptionBudget at `min_available` (workers.disruption_budget;
-    the loop hands the actuator its manifest: actuator.KeepBudget)."""
+    the loop hands the actuator its manifest: script.KeepBudget)."""
 
     min_available: int
 
@@ -352,7 +346,7 @@ def manage(c: Core, s: Seen, st: Settings) -> Pass:
     # Only a host Horovod knew as this very pod: an IP the CNI handed to another pod before or
     # since is not this failure's to fence.
     hosts = {h: x.failure.pod for x in found
-             if (h := discovery.host_of(x.pod, st.plan.host_mode))
+             if (h := hostlist.host_of(x.pod, st.plan.host_mode))
              and s.first_owner.get(h) == x.pod["metadata"].get("uid")}
     if hosts and s.hooked:
         p.todo.append(Fence(frozenset(hosts)))
@@ -517,7 +511,7 @@ def settling_nodes(down: set[str], pods: Mapping[str, Obj], beats: tuple[Beat, .
     for pod in pods.values():
         node = pod.get("spec", {}).get("nodeName")
         if node in down and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
-            on.setdefault(node, []).append(discovery.host_of(pod, mode))
+            on.setdefault(node, []).append(hostlist.host_of(pod, mode))
     return frozenset(n for n, hosts in on.items() if all(h in talking for h in hosts))
 
 
@@ -750,7 +744,7 @@ def _announced(p: _Pass, s: Seen, st: Settings, suspects: set[str]) -> None:
     world = (set(driver.world) if driver is not None and driver.world_seq
              else set(s.listed_hosts))
     gone = {h for name in leaving if (q := s.pods.get(name)) is not None
-            and (h := discovery.host_of(q, mode))}
+            and (h := hostlist.host_of(q, mode))}
     waits = set()
     for i in fl.active():
         slot = fl.slots[i]
@@ -769,7 +763,7 @@ def _announced(p: _Pass, s: Seen, st: Settings, suspects: set[str]) -> None:
         if n.why is disruption.Why.CORDONED and not _move_ahead(
                 p, s, move, kept_off=kept_off, moving=moving, staying=staying):
             continue  # it trains on until its replacement runs
-        host = discovery.host_of(pod, mode)
+        host = hostlist.host_of(pod, mode)
         if host in world and not world - gone - {host}:
             waits.add(name)  # the last member of the world: once another joined
             if name not in p.c.leave_waits:

@@ -3,7 +3,7 @@
 Any script, no change to it: the hook counts in every training process its optimizer steps
 (horovod.torch's DistributedOptimizer.step), its commits (State.commit) and the steps it computed
 again (those since the last save, when a failed world rolls the state back), and its heartbeats
-carry them (channel.Beat.steps/commits/redone). The job's progress is read from world rank 0,
+carry them (beats.Beat.steps/commits/redone). The job's progress is read from world rank 0,
 whoever that is: every rank steps in lockstep, so each pass adds how far rank 0's position
 (steps - redone; commits where the script has no DistributedOptimizer) went beyond the highest
 position seen of that process. A new rank 0 that trained before as another rank continues from
@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from supervisor.channel import Beat, heartbeating
+from supervisor.decide.beats import Beat, heartbeating
 
 MIN_PAUSE_S = 1.5  # two heartbeat periods and a half: shorter pauses are the beats' resolution
 PAUSE_STEPS = 3.0  # a pause of more than three step times is not training

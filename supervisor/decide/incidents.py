@@ -28,12 +28,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from supervisor.core import RestartHorovodrun
-from supervisor.discovery import HostMode, host_of
-from supervisor.fleet import slot_of
+from supervisor.decide.core import RestartHorovodrun
+from supervisor.decide.fleet import slot_of
+from supervisor.decide.hostlist import HostMode, host_of
+from supervisor.decide.plan import Note
+from supervisor.decide.progress import Progress
 from supervisor.observe import Obj
-from supervisor.plan import Note
-from supervisor.progress import Progress
 
 PHASES = ("detected", "fenced", "resumed", "created", "scheduled", "started", "joined", "full")
 KEEP = 50

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from supervisor.channel import Beat
+from supervisor.decide.beats import Beat, judged
 
 MAX_HOLD_S = 15.0
 # A listed host the driver's world has left out this long after its last assignment, while
@@ -75,7 +75,7 @@ def over(p: Pending, beats: Iterable[Beat], now: float, max_hold_s: float = MAX_
     process heartbeats whose hook reports no problem), or impossible without a new host (the
     driver said it waits for hosts to assign the next world: the survivors wait in `hvd.init`
     for it)."""
-    beats = [b for b in beats if not b.problems]
+    beats = [b for b in beats if judged(b)]
     return driver_waits or now - p.since >= max_hold_s or not beats or regrouped(p, beats)
 
 
