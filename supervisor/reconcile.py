@@ -35,18 +35,15 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from supervisor import admission, discovery, hostkeys, reload
+from supervisor import discovery, hostkeys, reload
 from supervisor.channel import HookChannel, Snapshot, unbound_note
 from supervisor.config import Config, SshHostKeys, known_hosts_path
-from supervisor.decide import core, fleet, hang, hostlist, incidents, plan, progress
+from supervisor.decide import core, fleet, hang, hostlist, incidents, on, plan, progress
 from supervisor.decide.beats import heartbeating
 from supervisor.decide.classify import (
     ClassifySettings,
     NodeState,
     PodMemory,
-    classify,
-    node_down_since,
-    remember,
     uncounted_exits,
 )
 from supervisor.decide.core import Core
@@ -391,26 +388,19 @@ class Supervisor:
             obj = st.view.pods.get(obj["metadata"]["name"]) or obj
         meta = obj["metadata"]
         name, uid = meta["name"], meta.get("uid", "")
-        c = st.core
-        if name in c.expected:
-            c = replace(c, expected={k: v for k, v in c.expected.items() if k != name})
         before = st.memory.get(name)
-        if st.view.synced and uid not in c.failed:
-            settings = core.classify_settings(self.cfg)
-            found = classify(obj, ev.type, before, self._node_state(obj, ev.at),
-                             settings=settings, now=ev.at, relisted=ev.relist)
-            if found is not None:
-                c = replace(c, failed=c.failed | {uid},
-                            found=(*c.found, plan.Failed(found, obj, ev.at)))
+        settings = core.classify_settings(self.cfg)
+        judged = st.view.synced and uid not in st.core.failed
+        st.core, record = on.pod_seen(
+            st.core, on.PodEvent(ev.type, obj, ev.at, ev.relist), before,
+            synced=st.view.synced, node=self._node_state(obj, ev.at), settings=settings)
+        if judged:
             self._report_helper_exits(obj, before, settings)
-        if ev.type is EventType.DELETED:
+        if record is None:
             st.memory.pop(name, None)
             st.reported_exits = {k for k in st.reported_exits if k[0] != uid}
-            if uid in c.failed:
-                c = replace(c, failed=c.failed - {uid})
         else:
-            st.memory[name] = remember(before, obj)
-        st.core = c
+            st.memory[name] = record
 
     def _report_helper_exits(self, pod: dict[str, Any], before: Any,
                              settings: ClassifySettings) -> None:
@@ -433,13 +423,9 @@ class Supervisor:
                 "(SUPERVISOR_WORKER_CONTAINER, containerName)"))
 
     def _observe_node(self, ev: WatchEvent) -> None:
-        st, name = self.state, ev.obj["metadata"]["name"]
-        node = None if ev.type is EventType.DELETED else ev.obj
-        was = st.core.node_down.get(name)
-        down = node_down_since(was, node, ev.at)
-        if down != was:
-            rest = {n: t for n, t in st.core.node_down.items() if n != name}
-            st.core = replace(st.core, node_down=rest if down is None else {**rest, name: down})
+        st = self.state
+        st.core = on.node_seen(st.core, ev.obj["metadata"]["name"],
+                               None if ev.type is EventType.DELETED else ev.obj, ev.at)
 
     def _manage(self, now: float) -> None:
         """Once synced: gather what the decisions read, decide (core.manage, pure), carry the
@@ -786,7 +772,7 @@ class Supervisor:
                                   f'expected {{"workers": N}}, N an integer in [{lo}, {hi}] '
                                   "(use `elastic-supervisor scale`): the size is kept"))
             return
-        st.core = replace(st.core, scale_request=workers)
+        st.core = on.scale_asked(st.core, workers)
 
     def _fail(self, code: int, reason: str, now: float, *, event: bool = True) -> None:
         """End the run with `code` (unless it ends already)."""
@@ -820,7 +806,8 @@ class Supervisor:
                              reason=done.error)
             return
         if done.refused:
-            self._create_refused(done.name, done.error or "", now)
+            st.core, note = on.create_refused(st.core, done.name, done.error or "", now)
+            self._say((note,))
             return
         if done.what == "budget":
             self._budget_done(done)
@@ -829,8 +816,10 @@ class Supervisor:
             self.log.error("worker.create_failed" if done.what == "create" else "kube.failed",
                            action=done.what, name=done.name, reason=done.error)
             if done.what == "create":
-                self._unexpect(done.name)
-                self._drop_slot_of(done.name, f"cannot create {done.name}: {done.error}")
+                st.core, notes = on.create_failed(
+                    st.core, done.name, f"cannot create {done.name}: {done.error}",
+                    self.cfg.job_name)
+                self._say(notes)
             return
         if done.what == "create":
             self.metrics.workers_created.inc()
@@ -838,10 +827,7 @@ class Supervisor:
             latency = None if started is None else max(0.0, done.at - started)
             if latency is not None:
                 self.metrics.replacement_latency.observe(latency)
-            blocked = st.core.blocked.get(done.name)
-            if blocked is not None:
-                st.core = replace(st.core, blocked={
-                    k: v for k, v in st.core.blocked.items() if k != done.name})
+            st.core, blocked = on.created(st.core, done.name)
             self.log.info("worker.created", pod=done.name, note=done.note or None,
                           replacement_latency_ms=None if latency is None
                           else round(latency * 1000, 2),
@@ -879,29 +865,6 @@ class Supervisor:
                                   "supervisor's ServiceAccount needs create and patch on "
                                   "poddisruptionbudgets (policy)"))
 
-    def _create_refused(self, name: str, reason: str, now: float) -> None:
-        """Admission refused worker `name`: not fatal; try again after a backoff."""
-        st = self.state
-        self._unexpect(name)
-        before = st.core.blocked.get(name)
-        r = admission.refused(before, reason, now)
-        st.core = replace(st.core, blocked={**st.core.blocked, name: r})
-        wait = r.retry_at - now
-        self.log.warning("worker.create_blocked", pod=name, reason=reason, attempt=r.attempts,
-                         retry_in_s=round(wait, 1))
-        if before is None or before.reason != reason:
-            self.events(EventSpec("Warning", "ReplacementBlocked", "Create",
-                                  f"cannot create worker {name}: {reason}; trying again in "
-                                  f"{wait:.0f}s, then with backoff (refused {r.attempts} "
-                                  "times); training goes on with the workers it has"))
-
-    def _unexpect(self, name: str) -> None:
-        """A create asked for is over (refused, failed): no longer expected on the watch."""
-        c = self.state.core
-        if name in c.expected:
-            self.state.core = replace(c, expected={
-                k: v for k, v in c.expected.items() if k != name})
-
     def _leadership_lost(self, reason: str, now: float) -> None:
         """Another launcher may drive the workers now: stop horovodrun at once (no grace)."""
         self.log.error("leader.lost", reason=reason)
@@ -910,27 +873,6 @@ class Supervisor:
                               f"{int(ExitCode.LEADERSHIP_LOST)}"))
         self._fail(ExitCode.LEADERSHIP_LOST, f"leadership lost: {reason}", now, event=False)
         self._kill_tree("leadership lost")
-
-    def _drop_slot_of(self, name: str, why: str) -> None:
-        st = self.state
-        fl = st.core.fleet
-        if fl is None:
-            return
-        for i, s in fl.slots.items():
-            if s.dropped is None and name == pod_name(self.cfg.job_name, i, s.incarnation):
-                st.core = replace(st.core, fleet=replace(
-                    fl, slots={**fl.slots, i: replace(s, dropped=why)}))
-                self.events(EventSpec("Warning", "WorkerCreateFailed", "Create", why))
-                return
-        # A replacement placed ahead of a cordoned worker's move: the worker stays instead
-        # (not created again each pass while the cordon lasts).
-        for worker, ahead in st.core.moving.items():
-            if ahead == name and worker not in st.core.staying:
-                st.core = replace(st.core, staying=st.core.staying | {worker})
-                self.events(EventSpec("Warning", "WorkerStays", "Keep",
-                                      f"{why}; worker {worker} trains on where it is while "
-                                      "its node's cordon lasts"))
-                return
 
     def _policy_changed(self, change: PolicyChanged) -> None:
         file = str(self.cfg.policy_file)
@@ -943,7 +885,7 @@ class Supervisor:
         diff = reload.summary(self.cfg.policy, change.policy)
         self.cfg = replace(self.cfg, policy=change.policy)
         # Store the new restart limit with the state (for `status`).
-        self.state.core = replace(self.state.core, saved=None)
+        self.state.core = on.policy_reloaded(self.state.core)
         fl = self.state.core.fleet
         self.metrics.restart_budget_left.set(max(0, change.policy.budgets.restart_limit - (
             fl.ledger.total if fl is not None else 0)))
@@ -1083,10 +1025,7 @@ class Supervisor:
             driver=driver, listed_since=c.listed_since, reannounced=c.reannounced,
             held_said=c.held_said, running=running, now=now),
             cfg.slots_per_worker, cfg.min_np, cfg.max_np)
-        if (out.regroup, out.reannounced, out.held_said) != (c.regroup, c.reannounced,
-                                                             c.held_said):
-            st.core = replace(c, regroup=out.regroup, reannounced=out.reannounced,
-                              held_said=out.held_said)
+        st.core = on.listed(c, out)
         self._say(out.notes)
         return out.host_list
 
@@ -1140,7 +1079,7 @@ class Supervisor:
                                   "not restarted"))
         st.child = child
         st.hangs = replace(st.hangs, run_started_at=self.clock(), reported=set(), world_seq=0)
-        st.core = replace(st.core, failed_at={}, regroup=None, held_said=False)
+        st.core = on.horovodrun_started(st.core)
         if self.channel is None or not cfg.worker_hook:
             why = ("SUPERVISOR_WORKER_HOOK=false" if self.channel is not None
                    else "the hook is not installed")

@@ -1,0 +1,158 @@
+"""PURE: what each trigger between two passes does to the decisions' memory (`core.Core`).
+
+The pass (`core.manage`) decides from the whole view; these are the decisions a single trigger
+makes on arrival: a pod's or a node's watch event, a scale request, an action's outcome, a policy
+reload, a new run of horovodrun, the host list of a pass. Each takes the memory and what the
+trigger said and returns the next memory, with the notes to say where it decides something
+worth saying. The loop (reconcile.py) hands them in and keeps what they return; it never writes
+a field of Core itself (tests/unit/test_loop_writes.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from supervisor import admission
+from supervisor.decide import plan
+from supervisor.decide.classify import (
+    ClassifySettings,
+    NodeState,
+    PodMemory,
+    classify,
+    node_down_since,
+    remember,
+)
+from supervisor.decide.core import Core
+from supervisor.decide.plan import Note
+from supervisor.model import EventSpec
+from supervisor.observe import EventType, Obj
+from supervisor.workers import pod_name
+
+
+def _without(mapping: Mapping[str, object], key: str) -> dict[str, object]:
+    return {k: v for k, v in mapping.items() if k != key}
+
+
+@dataclass(frozen=True)
+class PodEvent:
+    """One pod watch event as the loop saw it: `obj` is the last object seen of a pod the
+    relist found deleted (it knows only the name)."""
+
+    type: EventType
+    obj: Obj
+    at: float
+    relisted: bool = False
+
+
+def pod_seen(c: Core, ev: PodEvent, before: PodMemory | None, *, synced: bool,
+             node: NodeState, settings: ClassifySettings
+             ) -> tuple[Core, PodMemory | None]:
+    """A pod's watch event: it is no longer expected (its create showed up), it is classified
+    once synced (each UID found failed once), and what it showed is remembered (None: forget
+    the pod, deleted). Returns the memory and the pod's record."""
+    meta = ev.obj["metadata"]
+    name, uid = meta["name"], meta.get("uid", "")
+    if name in c.expected:
+        c = replace(c, expected=_without(c.expected, name))
+    if synced and uid not in c.failed:
+        found = classify(ev.obj, ev.type, before, node, settings=settings, now=ev.at,
+                         relisted=ev.relisted)
+        if found is not None:
+            c = replace(c, failed=c.failed | {uid},
+                        found=(*c.found, plan.Failed(found, ev.obj, ev.at)))
+    if ev.type is EventType.DELETED:
+        if uid in c.failed:
+            c = replace(c, failed=c.failed - {uid})
+        return c, None
+    return c, remember(before, ev.obj)
+
+
+def node_seen(c: Core, name: str, node: Obj | None, at: float) -> Core:
+    """A node's watch event (`node` None: deleted): since when it is down, or up again."""
+    was = c.node_down.get(name)
+    down = node_down_since(was, node, at)
+    if down == was:
+        return c
+    rest = {n: t for n, t in c.node_down.items() if n != name}
+    return replace(c, node_down=rest if down is None else {**rest, name: down})
+
+
+def scale_asked(c: Core, workers: int) -> Core:
+    """A valid scale request (the pass applies it)."""
+    return replace(c, scale_request=workers)
+
+
+def create_over(c: Core, name: str) -> Core:
+    """A create asked for is over without a pod (refused, failed): no longer expected."""
+    return replace(c, expected=_without(c.expected, name)) if name in c.expected else c
+
+
+def created(c: Core, name: str) -> tuple[Core, admission.Refusal | None]:
+    """Worker `name` was created: what blocked it before (its refusals) is over. Returns the
+    memory and that block, for the report."""
+    blocked = c.blocked.get(name)
+    if blocked is None:
+        return c, None
+    return replace(c, blocked=_without(c.blocked, name)), blocked
+
+
+def create_refused(c: Core, name: str, reason: str, now: float) -> tuple[Core, Note]:
+    """Admission (or a quota) refused worker `name`: not fatal; tried again after a backoff.
+    The Event is posted for the first refusal and when the reason changes."""
+    c = create_over(c, name)
+    before = c.blocked.get(name)
+    r = admission.refused(before, reason, now)
+    wait = r.retry_at - now
+    event = None
+    if before is None or before.reason != reason:
+        event = EventSpec("Warning", "ReplacementBlocked", "Create",
+                          f"cannot create worker {name}: {reason}; trying again in {wait:.0f}s, "
+                          f"then with backoff (refused {r.attempts} times); training goes on "
+                          "with the workers it has")
+    return replace(c, blocked={**c.blocked, name: r}), Note(
+        "warning", "worker.create_blocked",
+        {"pod": name, "reason": reason, "attempt": r.attempts, "retry_in_s": round(wait, 1)},
+        event)
+
+
+def create_failed(c: Core, name: str, why: str, job: str) -> tuple[Core, tuple[Note, ...]]:
+    """Creating worker `name` failed for good: its slot is dropped; or, for a replacement
+    placed ahead of a cordoned worker's move, that worker stays where it is (not created again
+    each pass while the cordon lasts)."""
+    c = create_over(c, name)
+    fl = c.fleet
+    if fl is None:
+        return c, ()
+    for i, s in fl.slots.items():
+        if s.dropped is None and name == pod_name(job, i, s.incarnation):
+            c = replace(c, fleet=replace(fl, slots={**fl.slots, i: replace(s, dropped=why)}))
+            return c, (Note("warning", "worker.slot_dropped", {"pod": name, "slot": i},
+                            EventSpec("Warning", "WorkerCreateFailed", "Create", why)),)
+    for worker, ahead in c.moving.items():
+        if ahead == name and worker not in c.staying:
+            return replace(c, staying=c.staying | {worker}), (Note(
+                "warning", "worker.stays", {"pod": worker, "replacement": name},
+                EventSpec("Warning", "WorkerStays", "Keep",
+                          f"{why}; worker {worker} trains on where it is while its node's "
+                          "cordon lasts")),)
+    return c, ()
+
+
+def policy_reloaded(c: Core) -> Core:
+    """A new policy: the state is saved again (it carries the restart limit, for `status`)."""
+    return replace(c, saved=None)
+
+
+def horovodrun_started(c: Core) -> Core:
+    """A new run of horovodrun (started or adopted): the hang watch's failures and the
+    regroup of the last run are over."""
+    return replace(c, failed_at={}, regroup=None, held_said=False)
+
+
+def listed(c: Core, out: plan.Listed) -> Core:
+    """What the host list of this pass (plan.listing) leaves to remember."""
+    if (out.regroup, out.reannounced, out.held_said) == (c.regroup, c.reannounced, c.held_said):
+        return c
+    return replace(c, regroup=out.regroup, reannounced=out.reannounced,
+                   held_said=out.held_said)

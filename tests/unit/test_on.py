@@ -1,0 +1,162 @@
+"""The decisions a single trigger makes on arrival (supervisor/decide/on.py), as tables over
+watch events captured from the real control plane (tests/unit/shapes): each row is the memory
+before, what came, and the memory (and what is said) after."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor import admission
+from supervisor.decide import fleet, on, plan, regroup
+from supervisor.decide.classify import Cause, ClassifySettings, NodeState, PodMemory
+from supervisor.decide.core import Core
+from supervisor.decide.hostlist import Rendered
+from supervisor.observe import EventType
+from supervisor.workers import pod_name
+from tests.unit.shapes import node, pod, with_condition
+
+SEQ = Path(__file__).parent / "shapes" / "sequences"
+SETTINGS = ClassifySettings()
+READY = NodeState(node("node-a"))
+
+
+def events(name: str) -> list[dict[str, Any]]:
+    return json.loads((SEQ / f"{name}.json").read_text())
+
+
+def feed(c: Core, evs: list[dict[str, Any]], *, synced: bool = True
+         ) -> tuple[Core, PodMemory | None]:
+    record = None
+    for i, ev in enumerate(evs):
+        c, record = on.pod_seen(c, on.PodEvent(EventType(ev["type"]), ev["object"], float(i)),
+                                record, synced=synced, node=READY, settings=SETTINGS)
+    return c, record
+
+
+# ---- a pod's watch events ---------------------------------------------------------------------
+
+def test_a_create_that_shows_up_is_no_longer_expected_and_is_remembered() -> None:
+    p = pod("job-w0-1")
+    c, record = on.pod_seen(Core(expected={"job-w0-1": 5.0, "job-w1-1": 6.0}),
+                            on.PodEvent(EventType.ADDED, p, 7.0), None, synced=True,
+                            node=READY, settings=SETTINGS)
+    assert c.expected == {"job-w1-1": 6.0}
+    assert record is not None and record.uid == p["metadata"]["uid"]
+    assert (c.failed, c.found) == (frozenset(), ())
+
+
+@pytest.mark.parametrize(("sequence", "cause", "code"), [
+    pytest.param("exit137_never", Cause.EXIT_CODE, 137, id="SIGKILLed, restartPolicy Never"),
+    pytest.param("force_delete", Cause.POD_FORCE_DELETED, None, id="force deleted"),
+    pytest.param("eviction_api", Cause.EVICTED, None, id="evicted through the API"),
+])
+def test_a_failure_is_found_once_per_uid(sequence: str, cause: Cause, code: int | None) -> None:
+    evs = events(sequence)
+    c, _ = feed(Core(), [e for e in evs if e["type"] != "DELETED"])
+    [failed] = c.found
+    uid = evs[0]["object"]["metadata"]["uid"]
+    assert (failed.failure.cause, failed.failure.exit_code) == (cause, code)
+    assert c.failed == {uid}
+    again, _ = feed(c, [e for e in evs if e["type"] != "DELETED"][-1:])
+    assert again.found == c.found, "not found twice"
+
+
+def test_before_the_sync_nothing_is_classified_and_a_delete_forgets_the_pod() -> None:
+    evs = events("exit137_never")
+    c, record = feed(Core(), [e for e in evs if e["type"] != "DELETED"], synced=False)
+    assert (c.failed, c.found) == (frozenset(), ()) and record is not None
+    uid = evs[0]["object"]["metadata"]["uid"]
+    gone = on.PodEvent(EventType.DELETED, evs[-1]["object"], 9.0)
+    c, record = on.pod_seen(replace(c, failed=frozenset({uid, "other"})), gone, record,
+                            synced=True, node=READY, settings=SETTINGS)
+    assert record is None and c.failed == {"other"}, "its UID may not be judged again, it is gone"
+
+
+# ---- a node's watch events --------------------------------------------------------------------
+
+@pytest.mark.parametrize(("down_before", "seen", "down_after"), [
+    pytest.param({}, with_condition(node("n1"), "Ready", "Unknown"), {"n1": 10.0},
+                 id="NotReady: down since now"),
+    pytest.param({"n1": 3.0}, with_condition(node("n1"), "Ready", "Unknown"), {"n1": 3.0},
+                 id="still NotReady: down since the first time"),
+    pytest.param({"n1": 3.0, "n2": 4.0}, node("n1"), {"n2": 4.0}, id="Ready again: up"),
+    pytest.param({}, node("n1", "node_unreachable"), {"n1": 10.0},
+                 id="the unreachable taint the lifecycle controller sets"),
+    pytest.param({}, None, {"n1": 10.0}, id="deleted: down"),
+])
+def test_a_node_is_down_since_the_first_event_that_showed_it_down(
+        down_before: dict[str, float], seen: dict[str, Any] | None,
+        down_after: dict[str, float]) -> None:
+    c = Core(node_down=down_before)
+    after = on.node_seen(c, "n1", seen, 10.0)
+    assert dict(after.node_down) == down_after
+    if down_after == down_before:
+        assert after is c, "nothing changed: the same memory"
+
+
+# ---- the outcomes of creates ------------------------------------------------------------------
+
+def test_refusals_back_off_and_are_said_as_an_event_when_new_or_changed() -> None:
+    c = Core(expected={"job-w2-1": 1.0})
+    c, first = on.create_refused(c, "job-w2-1", "quota exceeded", 10.0)
+    assert "job-w2-1" not in c.expected and c.blocked["job-w2-1"].attempts == 1
+    assert first.k8s is not None and first.k8s.reason == "ReplacementBlocked"
+    c, same = on.create_refused(c, "job-w2-1", "quota exceeded", 20.0)
+    assert c.blocked["job-w2-1"].attempts == 2 and same.k8s is None
+    assert same.fields["retry_in_s"] == round(c.blocked["job-w2-1"].retry_at - 20.0, 1)
+    c, other = on.create_refused(c, "job-w2-1", "denied by admission", 30.0)
+    assert other.k8s is not None and "denied by admission" in other.k8s.note
+    c, was = on.created(c, "job-w2-1")
+    assert was is not None and was.attempts == 3 and c.blocked == {}
+    assert on.created(c, "job-w2-1") == (c, None)
+
+
+def test_a_create_that_failed_for_good_drops_its_slot_or_keeps_a_cordoned_worker() -> None:
+    fl = fleet.initial(3)
+    name = pod_name("job", 2, fl.slots[2].incarnation)
+    c, notes = on.create_failed(Core(fleet=fl, expected={name: 1.0}), name, "cannot create", "job")
+    assert c.fleet is not None and c.fleet.slots[2].dropped == "cannot create"
+    assert [n.k8s.reason for n in notes if n.k8s] == ["WorkerCreateFailed"]
+    assert name not in c.expected
+    moving = Core(fleet=fl, moving={"job-w0-1": "job-w0-2"})
+    c, notes = on.create_failed(moving, "job-w0-2", "cannot create job-w0-2: refused", "job")
+    assert c.staying == {"job-w0-1"} and c.fleet == fl
+    assert [n.k8s.reason for n in notes if n.k8s] == ["WorkerStays"]
+    assert on.create_failed(c, "job-w0-2", "again", "job") == (c, ()), "said once"
+    assert on.create_failed(Core(), name, "x", "job") == (Core(), ()), "no fleet: not ours"
+
+
+# ---- the rest ---------------------------------------------------------------------------------
+
+def test_a_new_run_of_horovodrun_forgets_the_last_runs_failures_and_regroup() -> None:
+    pending = regroup.pending([], 5.0)
+    c = on.horovodrun_started(Core(failed_at={"10.0.0.1": 5.0}, regroup=pending,
+                                   held_said=True, failed=frozenset({"u"})))
+    assert (c.failed_at, c.regroup, c.held_said, c.failed) == ({}, None, False, {"u"})
+
+
+def test_the_host_list_keeps_what_plan_listing_decided() -> None:
+    pending = regroup.pending([], 5.0)
+    c = Core(regroup=pending)
+    empty = Rendered(lines=(), hosts={}, left_out={})
+    same = plan.Listed(empty, pending, {}, False)
+    assert on.listed(c, same) is c
+    done = on.listed(c, plan.Listed(empty, None, {"10.0.0.2": (3, 9.0)}, True))
+    assert (done.regroup, dict(done.reannounced), done.held_said) == (
+        None, {"10.0.0.2": (3, 9.0)}, True)
+
+
+def test_a_scale_request_and_a_policy_reload() -> None:
+    assert on.scale_asked(Core(), 4).scale_request == 4
+    fl = fleet.initial(2)
+    assert on.policy_reloaded(Core(fleet=fl, saved=fl)).saved is None
+
+
+def test_a_refusal_record_is_admissions_own() -> None:
+    c, _ = on.create_refused(Core(), "w", "r", 0.0)
+    assert c.blocked["w"] == admission.refused(None, "r", 0.0)
