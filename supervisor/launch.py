@@ -12,19 +12,9 @@ from supervisor.config import Config, known_hosts_path
 from supervisor.hook.elastic_supervisor_hook import KNOWN_HOSTS_ENV
 
 
-def start_np(cfg: Config, usable_slots: int, *, restart: bool) -> int:
-    """The -np of a start of horovodrun: NP for the job's first (its workers are being created:
-    training starts at full size), the slots usable now within [MIN_NP, MAX_NP] for a restart
-    (horovodrun waits for -np slots before it trains: NP would keep a restart idle until a
-    replacement that may never come)."""
-    if not restart:
-        return cfg.np
-    return max(cfg.min_np, min(usable_slots, cfg.max_np))
-
-
 def horovodrun_argv(cfg: Config, command: Sequence[str], np: int | None = None) -> list[str]:
     """Return the horovodrun argv for `command` (the training program and its arguments);
-    `np`: -np (default NP; see start_np)."""
+    `np`: -np (default NP; see decide/start.py's start_np)."""
     if not command:
         raise ValueError("no training command given (elastic-supervisor run -- python train.py)")
     argv = [

@@ -43,17 +43,6 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def job_exit_code(horovodrun: int, stop_signal: int | None) -> int:
-    """The job's exit code once horovodrun ended with `horovodrun` (shell-style): its own,
-    except a 0 after the supervisor forwarded it the stop signal `stop_signal`, which is
-    128 + that signal. An elastic horovodrun can end 0 on a forwarded SIGTERM (seen after a
-    restart of it on real nodes); stopped is not finished, and a 0 would make the Job Succeeded
-    with its training cut short."""
-    if horovodrun == 0 and stop_signal is not None:
-        return 128 + stop_signal
-    return horovodrun
-
-
 def become_subreaper() -> bool:
     """Make orphaned descendants re-parent to this process (Linux); return whether it worked."""
     return _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0

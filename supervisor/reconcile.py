@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from supervisor import discovery, hostkeys, reload
 from supervisor.channel import HookChannel, Snapshot, unbound_note
 from supervisor.config import Config, SshHostKeys, known_hosts_path
-from supervisor.decide import core, fleet, hang, hostlist, incidents, on, plan, progress
+from supervisor.decide import core, fleet, hang, hostlist, incidents, on, plan, progress, start
 from supervisor.decide.beats import heartbeating
 from supervisor.decide.classify import (
     ClassifySettings,
@@ -51,7 +51,7 @@ from supervisor.decide.fleet import Fleet
 from supervisor.decide.hang import Verdict
 from supervisor.decide.hostlist import Publish, Rendered
 from supervisor.decide.script import CreatePod, KeepBudget, Op, SaveState
-from supervisor.launch import horovodrun_argv, horovodrun_env, start_np
+from supervisor.launch import horovodrun_argv, horovodrun_env
 from supervisor.metrics import Metrics
 from supervisor.model import (
     ActionDone,
@@ -75,7 +75,6 @@ from supervisor.observe import (
     Obj,
     SourceHealth,
 )
-from supervisor.proc import job_exit_code
 from supervisor.workers import disruption_budget, pod_name, worker_pod
 
 PROGRESS_EVERY_S = 5.0
@@ -191,6 +190,7 @@ class Supervisor:
         self.count_ssh_clients = count_ssh_clients
         self.channel = channel
         self.hang_settings = core.hang_settings(cfg)
+        self.sizes = start.Sizes(cfg.np, cfg.min_np, cfg.max_np)
         self.leases = leases if cfg.node_lease_s is not None else None
         # SimpleQueue: handle_signal puts from a signal handler, which interrupts the main
         # thread anywhere, even inside this queue's get; a queue.Queue's Lock would deadlock.
@@ -261,33 +261,28 @@ class Supervisor:
                     "whose the job is"))
             st.held_exit = held
             if exited is not None:
-                if st.core.failing is not None:
-                    return self._finish(*st.core.failing)
-                if exited == ExitCode.HOOK_REFUSED:
-                    return self._finish(exited, self._driver_refused())
-                code = job_exit_code(exited, st.stop_signal)
-                if code != exited:
-                    return self._finish(code, f"horovodrun exited with {exited} after signal "
-                                        f"{st.stop_signal} was forwarded: stopped, not "
-                                        "finished", horovodrun=exited)
-                return self._finish(exited, f"horovodrun exited with {exited}")
+                snap = self.channel.snapshot() if self.channel is not None else None
+                end = start.ended(exited, failing=st.core.failing, stop_signal=st.stop_signal,
+                                  driver_problems=snap.driver.problems
+                                  if snap is not None and snap.driver is not None else ())
+                self._say(() if end.note is None else (end.note,))
+                return self._finish(end.code, end.reason, horovodrun=end.horovodrun)
             if st.child is None:
-                if st.core.failing is not None:
-                    return self._finish(*st.core.failing)
-                if st.stop_signal is not None:
-                    return self._finish(128 + st.stop_signal,
-                                        f"stopped by signal {st.stop_signal} before start")
+                end = start.not_started(failing=st.core.failing, stop_signal=st.stop_signal)
+                if end is not None:
+                    return self._finish(end.code, end.reason)
                 slots = st.host_list.slots(cfg.slots_per_worker) if st.host_list else 0
-                if st.view.synced and st.published is not None and slots >= cfg.min_np:
-                    np = start_np(cfg, slots, restart=core.horovodrun_restarts(st.core) > 0)
-                    self._start(horovodrun_argv(cfg, command, np), slots, np)
-                elif now - st.gate_since > cfg.start_timeout_s:
-                    why = (f"only {slots} of {cfg.min_np} slots usable after "
-                           f"{cfg.start_timeout_s:g}s (synced={st.view.synced})")
+                step = start.gate(self.sizes, synced=st.view.synced,
+                                  published=st.published is not None, slots=slots,
+                                  restart=core.horovodrun_restarts(st.core) > 0,
+                                  waited_s=now - st.gate_since, timeout_s=cfg.start_timeout_s)
+                if isinstance(step, start.Start):
+                    self._start(horovodrun_argv(cfg, command, step.np), slots, step.np)
+                elif isinstance(step, start.GiveUp):
                     self.log.error("start.timeout", slots=slots, min_np=cfg.min_np,
                                    waited_s=round(now - st.gate_since, 1))
-                    self.events(EventSpec("Warning", "StartTimeout", "Start", why))
-                    return self._finish(ExitCode.START_TIMEOUT, why)
+                    self.events(EventSpec("Warning", "StartTimeout", "Start", step.reason))
+                    return self._finish(step.code, step.reason)
                 elif now >= next_progress:
                     next_progress = now + PROGRESS_EVERY_S
                     self.log.info("start.waiting", slots=slots, min_np=cfg.min_np,
@@ -738,16 +733,6 @@ class Supervisor:
         st.gate_since = now
         st.hangs = replace(st.hangs, run_started_at=None, reported=set(), world_seq=0)
         self.metrics.horovodrun_up.set(0)
-
-    def _driver_refused(self) -> str:
-        """horovodrun exited HOOK_REFUSED: say why, once."""
-        snap = self.channel.snapshot() if self.channel is not None else None
-        problems = list(snap.driver.problems) if snap and snap.driver else []
-        why = ("the hook refused to run horovodrun's elastic driver unhardened: "
-               + ("; ".join(problems) or "see horovodrun's output"))
-        self.log.error("hook.driver_refused", problems=problems)
-        self.events(EventSpec("Warning", "DriverRefused", "Start", why))
-        return why
 
     # -- scaling ---------------------------------------------------------------------------------
 

@@ -121,7 +121,7 @@ class Note:
     """One decision, as the adapter reports it: a log line (`event`, `fields`) at `level`, and
     a Kubernetes Event when it changes the job."""
 
-    level: str  # "info" | "warning"
+    level: str  # "info" | "warning" | "error"
     event: str
     fields: Mapping[str, Any]
     k8s: EventSpec | None = None

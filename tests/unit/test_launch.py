@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import packaged_discovery_script, parse_config
-from supervisor.launch import horovodrun_argv, horovodrun_env, start_np
+from supervisor.decide.start import Sizes, start_np
+from supervisor.launch import horovodrun_argv, horovodrun_env
 
 BASE = {"SUPERVISOR_JOB_NAME": "j", "SUPERVISOR_NAMESPACE": "n", "SUPERVISOR_NP": "4",
         "SUPERVISOR_MIN_NP": "2", "SUPERVISOR_MAX_NP": "8"}
@@ -83,6 +84,7 @@ def test_env_tells_the_drivers_hook_which_host_keys_to_pin(tmp_path: Path) -> No
 def test_a_restart_starts_with_the_usable_slots_within_min_and_max(
         usable: int, restart: bool, np: int) -> None:
     cfg = parse_config(BASE)
-    assert start_np(cfg, usable, restart=restart) == np
-    got = horovodrun_argv(cfg, ["python", "train.py"], start_np(cfg, usable, restart=restart))
+    sizes = Sizes(cfg.np, cfg.min_np, cfg.max_np)
+    assert start_np(sizes, usable, restart=restart) == np
+    got = horovodrun_argv(cfg, ["python", "train.py"], start_np(sizes, usable, restart=restart))
     assert got[1:3] == ["-np", str(np)]

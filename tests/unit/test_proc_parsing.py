@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.proc import exit_code, job_exit_code, ssh_destination
+from supervisor.proc import exit_code, ssh_destination
 
 HOROVOD_SSH = ["ssh", "-o", "PasswordAuthentication=no", "-o", "StrictHostKeyChecking=no",
                "10.1.0.10", "-p", "2222", "-i", "/keys/id",
@@ -35,16 +35,3 @@ def test_the_host_inside_the_remote_command_does_not_count() -> None:
 @pytest.mark.parametrize(("returncode", "code"), [(0, 0), (1, 1), (-9, 137), (-15, 143)])
 def test_exit_code_maps_signals_like_a_shell(returncode: int, code: int) -> None:
     assert exit_code(returncode) == code
-
-
-@pytest.mark.parametrize(("horovodrun", "stop_signal", "code"), [
-    pytest.param(0, None, 0, id="finished"),
-    pytest.param(1, None, 1, id="failed"),
-    pytest.param(0, 15, 143, id="0 after a forwarded SIGTERM: stopped, not finished"),
-    pytest.param(0, 2, 130, id="0 after a forwarded SIGINT"),
-    pytest.param(143, 15, 143, id="ended by the forwarded SIGTERM"),
-    pytest.param(1, 15, 1, id="failed while stopping: its own code"),
-])
-def test_the_job_exit_code_never_says_finished_after_a_stop(
-        horovodrun: int, stop_signal: int | None, code: int) -> None:
-    assert job_exit_code(horovodrun, stop_signal) == code
