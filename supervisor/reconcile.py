@@ -38,7 +38,18 @@ from typing import Any, Protocol
 from supervisor import discovery, hostkeys, reload
 from supervisor.channel import HookChannel, Snapshot, unbound_note
 from supervisor.config import Config, SshHostKeys, known_hosts_path
-from supervisor.decide import core, fleet, hang, hostlist, incidents, on, plan, progress, start
+from supervisor.decide import (
+    accounting,
+    core,
+    fleet,
+    hang,
+    hostlist,
+    incidents,
+    on,
+    plan,
+    progress,
+    start,
+)
 from supervisor.decide.beats import heartbeating
 from supervisor.decide.classify import (
     ClassifySettings,
@@ -111,7 +122,6 @@ class HangWatch:
     world_seq: int = 0  # the driver's last world logged (driver.world)
 
 
-PROGRESS_SAVE_S = 10.0  # the progress is saved with the state at least this often while it runs
 
 
 @dataclass
@@ -473,16 +483,18 @@ class Supervisor:
                                                     p.core.quarantine.until)), now)
 
     def _account(self, p: core.Pass, snap: Snapshot | None, now: float) -> bool:
-        """The progress and the incidents after this pass (progress.py, incidents.py, pure),
+        """The progress and the incidents after this pass (accounting.py, pure): keep them,
         their metrics and lines; return whether the state is due to be saved for them."""
         st, cfg, m = self.state, self.cfg, self.metrics
-        wall = self.wall()
         fl = p.core.fleet
         desired = (len(fl.active()) if fl is not None else 0) * cfg.slots_per_worker or cfg.np
-        beats = tuple(snap.beats.values()) if snap is not None else ()
         before = st.progress
-        after = st.progress = progress.observe(before, beats, desired=desired, now=now,
-                                               wall=wall)
+        a = accounting.account(before, st.book, p.todo,
+                               snap.beats.values() if snap is not None else (), st.view.pods,
+                               desired=desired, mode=cfg.host_mode, job=cfg.job_name,
+                               now=now, wall=self.wall(), saved_at=st.progress_saved_at)
+        st.progress, st.book, st.progress_saved_at = a.progress, a.book, a.saved_at
+        after = a.progress
         m.training_steps.inc(after.step - before.step)
         m.steps_recomputed.inc(after.redone - before.redone)
         m.productive_worker_seconds.inc(max(0.0, after.productive_ws - before.productive_ws))
@@ -494,23 +506,7 @@ class Supervisor:
         if good is not None and good_any is not None:
             m.goodput.labels("full").set(good)
             m.goodput.labels("any").set(good_any)
-        book = st.book
-        opened = incidents.opened_in(p.todo)
-        wanted = {n for o in opened for n in o.pods} | {
-            r for x in book.incidents if x.open for r in x.replacements}
-        created = tuple((t.create.slot, t.create.name) for t in p.todo
-                        if isinstance(t, core.CreateWorker))
-        wanted |= {name for _, name in created}
-        pods = {n: incidents.pod_seen(st.view.pods[n], cfg.host_mode, cfg.job_name) for n in wanted
-                if n in st.view.pods}
-        joined = frozenset(b.host for b in beats if b.rank is not None
-                           and heartbeating(b, now, progress.FRESH_S, inclusive=True))
-        fenced = frozenset(h for t in p.todo if isinstance(t, core.Fence) for h in t.hosts)
-        st.book, reached = incidents.advance(book, incidents.Tick(
-            wall, opened, fenced, created, pods, joined, after))
-        changed = False
-        for inc, phase in reached:
-            changed = True
+        for inc, phase in a.reached:
             if phase == "detected":
                 m.incidents.labels(inc.cause, inc.kind).inc()
                 self.log.info("incident.opened", incident=inc.id, cause=inc.cause,
@@ -518,16 +514,9 @@ class Supervisor:
                 continue
             m.incident_phase.labels(phase, inc.kind).observe(
                 max(0.0, inc.phases[phase] - inc.phases["detected"]))
-        for inc in st.book.incidents:
-            was = next((x for x in book.incidents if x.id == inc.id), None)
-            if not inc.open and (was is None or was.open):
-                self._incident_closed(inc)
-        due = after.at is not None and after.since is not None and (
-            wall - st.progress_saved_at >= PROGRESS_SAVE_S)
-        if changed or due:
-            st.progress_saved_at = wall
-            return True
-        return False
+        for inc in a.closed:
+            self._incident_closed(inc)
+        return a.save
 
     def _incident_closed(self, inc: incidents.Incident) -> None:
         phases = incidents.phase_seconds(inc)
