@@ -3,7 +3,7 @@
 Reflector threads put watch events and their own news on the queue, a waiter thread puts the
 child's exit, signal handlers put signals. Each pass drains everything queued (coalescing bursts),
 applies it to the view, and then, level-triggered from the whole view: renders the discovery
-lines, decides the hosts to publish (pure `plan.listing`: new ones held back while survivors
+lines, decides the hosts to publish (pure `listing.listing`: new ones held back while survivors
 regroup, one Horovod missed re-announced), publishes or withdraws the file (pure
 `hostlist.decide`), starts horovodrun once the view
 is synced and MIN_NP slots are usable, forwards signals and kills the tree after the grace period.
@@ -45,6 +45,7 @@ from supervisor.decide import (
     hang,
     hostlist,
     incidents,
+    listing,
     on,
     plan,
     progress,
@@ -139,7 +140,7 @@ class LoopState:
     # the view's last render (hostlist.render): its usable hosts, why the others are left out
     view_render: Rendered | None = None
     view_render_from: tuple[object, ...] = ()  # what it was made of (view version, ...)
-    # the host list: view_render less the hosts held back for now (plan.listing); what is
+    # the host list: view_render less the hosts held back for now (listing.listing); what is
     # published while the file is not withdrawn
     host_list: Rendered | None = None
     memo: hostlist.Memo = field(default_factory=hostlist.Memo)
@@ -987,14 +988,14 @@ class Supervisor:
             b.host for b in channel.snapshot().beats.values() if heartbeating(b, now, silence)])
 
     def _listing(self, view_render: Rendered, now: float) -> Rendered:
-        """The hosts to publish (plan.listing, pure): gather its inputs, keep its outputs."""
+        """The hosts to publish (listing.listing, pure): gather its inputs, keep its outputs."""
         st, cfg, c = self.state, self.cfg, self.state.core
         running = self.channel is not None and st.child is not None
         pending = c.regroup if running else None
         beats = (tuple(self.channel.snapshot().beats.values())
                  if running and pending is not None and self.channel is not None else ())
         driver = self.channel.driver() if running and self.channel is not None else None
-        out = plan.listing(plan.Listing(
+        out = listing.listing(listing.Listing(
             view_render=view_render, published=st.published or "", regroup=pending, beats=beats,
             driver=driver, listed_since=c.listed_since, reannounced=c.reannounced,
             held_said=c.held_said, running=running, now=now),

@@ -1,4 +1,5 @@
-"""PURE: one pass of the supervisor's decisions, composed from the steps in plan.py.
+"""PURE: one pass of the supervisor's decisions, composed from the steps in verdicts.py,
+failures.py and plan.py.
 
 `manage(Core, Seen, Settings) -> Pass` is the reconcile of one pass, level-triggered: from what
 the loop remembers of its own decisions (`Core`: the fleet and its budgets, the failures found
@@ -11,7 +12,7 @@ to kill, horovodrun to restart, pods to delete, the fleet's state to save, worke
 the job to fail. In order, as the steps depend on each other:
 
 1. the first pass after the watch synced adopts the worker pods it finds (fleet.adopt);
-2. while horovodrun runs with the hook: hang.assess reads the heartbeats and plan.on_verdict
+2. while horovodrun runs with the hook: hang.assess reads the heartbeats and verdicts.on_verdict
    turns the verdict into failures (a hung worker, a process the driver saw exit) and a
    restart of horovodrun (a broken or stuck rendezvous, a stall), at most
    `horovodrun_restart_limit` times; past it the job fails (STALLED);
@@ -22,7 +23,7 @@ the job to fail. In order, as the steps depend on each other:
    pods of a slot in a row), and is only said when its template is;
 5. the failed hosts that Horovod knew as this very pod are fenced and horovodrun's ssh
    clients to them killed, before anything else is done for them;
-6. plan.on_failures decides on the failures (policy, budgets, deletes, FailJob);
+6. failures.on_failures decides on the failures (policy, budgets, deletes, FailJob);
 7. a member of the driver's world failed: new hosts wait until the survivors regrouped;
 7b. a worker announced to go (disruption.notice: evicted, deleted with a grace, its node
    cordoned, tainted or going bad) leaves gracefully: its slot moves to a new incarnation at
@@ -46,7 +47,18 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from supervisor import admission
-from supervisor.decide import disruption, fleet, hang, hostlist, plan, quarantine, regroup, starts
+from supervisor.decide import (
+    disruption,
+    failures,
+    fleet,
+    hang,
+    hostlist,
+    plan,
+    quarantine,
+    regroup,
+    starts,
+    verdicts,
+)
 from supervisor.decide.beats import Beat, Driver, heartbeating
 from supervisor.decide.classify import (
     Cause,
@@ -132,7 +144,7 @@ class Core:
     fleet: Fleet | None = None  # None: the supervisor does not own the workers
     saved: Fleet | None = None  # the fleet last handed to the actuator to save
     failed: frozenset[str] = frozenset()  # UIDs classified as failed (never twice)
-    found: tuple[plan.Failed, ...] = ()  # failures classified between passes, to decide
+    found: tuple[failures.Failed, ...] = ()  # failures classified between passes, to decide
     node_down: Mapping[str, float] = field(default_factory=dict)  # node -> down since
     braked: frozenset[str] = frozenset()  # down nodes the disruption brake holds back
     settling: frozenset[str] = frozenset()  # down nodes held after an API outage (_settle)
@@ -161,7 +173,7 @@ class Core:
     failed_at: Mapping[str, float] = field(default_factory=dict)  # host -> found failed
     regroup: regroup.Pending | None = None  # a failure the survivors have not regrouped from
     horovodrun_restarts: int = 0  # of this supervisor (see horovodrun_restarts())
-    # the host list (plan.listing): host -> (driver world, out of the file until) of hosts
+    # the host list (listing.listing): host -> (driver world, out of the file until) of hosts
     # announced again to Horovod; the hold-back of the pending regroup was said
     reannounced: Mapping[str, tuple[int, float]] = field(default_factory=dict)
     held_said: bool = False
@@ -339,7 +351,7 @@ def manage(c: Core, s: Seen, st: Settings) -> Pass:
                          node_state(p.c, s.nodes, pod, age, now), settings=st.classify, now=now)
             if f is not None:
                 failed.add(uid)
-                found.append(plan.Failed(f, pod, now))
+                found.append(failures.Failed(f, pod, now))
         p.c = replace(p.c, failed=frozenset(failed), scanned=True)
     found += _starts(p, s, st)
     p.c = replace(p.c, found=())
@@ -355,7 +367,7 @@ def manage(c: Core, s: Seen, st: Settings) -> Pass:
     counts: tuple[tuple[str, str], ...] = ()
     replace_from: Mapping[str, float] = {}
     if found:
-        d = plan.on_failures(p.c.fleet, found, st.policy, st.plan, s.wall)
+        d = failures.on_failures(p.c.fleet, found, st.policy, st.plan, s.wall)
         p.c = replace(p.c, fleet=d.fleet)
         p.todo += d.deletes
         p.todo += d.notes
@@ -417,7 +429,7 @@ def _dropped_members(members: frozenset[str], s: Seen, c: Core) -> dict[str, str
 
 
 def _watch_hangs(p: _Pass, s: Seen, st: Settings) -> tuple[Verdict, tuple[str, ...],
-                                                            list[plan.Failed]]:
+                                                            list[failures.Failed]]:
     """Steps 2: the verdict on the heartbeats, its failures and restart."""
     now, c = s.now, p.c
     driver = s.driver
@@ -431,9 +443,9 @@ def _watch_hangs(p: _Pass, s: Seen, st: Settings) -> tuple[Verdict, tuple[str, .
                           now=now, failed_at=c.failed_at, world=world, nodes=nodes)
     exited = (driver.exited if driver is not None and not s.stopping and c.failing is None
               else {})
-    d = plan.on_verdict(verdict, watched, s.pods, c.failed, exited,
+    d = verdicts.on_verdict(verdict, watched, s.pods, c.failed, exited,
                         stall_timeout_s=st.stall_timeout_s, now=now)
-    found = [plan.Failed(f, pod, now) for f, pod in d.failures]
+    found = [failures.Failed(f, pod, now) for f, pod in d.failures]
     hung_nodes = {n: t for n, t in c.hung_nodes.items() if now - t < HUNG_NODE_AVOID_S}
     hung_nodes.update({f.node: now for f, _ in d.failures
                        if f.cause is Cause.HUNG and f.node})
@@ -535,7 +547,7 @@ def _settle(p: _Pass, s: Seen, st: Settings, down: set[str]) -> None:
     p.c = replace(c, settling=settling)
 
 
-def quarantine_signs(found: list[plan.Failed], leaving: Mapping[str, plan.Leaving],
+def quarantine_signs(found: list[failures.Failed], leaving: Mapping[str, plan.Leaving],
                      stuck: frozenset[str], job: str) -> list[quarantine.Sign]:
     """What the quarantine reads of this pass's failures and of the workers leaving for a
     node-problem condition (quarantine.py says what counts); `stuck`: pods failed because
@@ -557,7 +569,7 @@ def quarantine_signs(found: list[plan.Failed], leaving: Mapping[str, plan.Leavin
     return out
 
 
-def _starts(p: _Pass, s: Seen, st: Settings) -> list[plan.Failed]:
+def _starts(p: _Pass, s: Seen, st: Settings) -> list[failures.Failed]:
     """Step 4b: the worker pods bound to a node that have not started for the bound
     (starts.py). The node's fault, or one the pod's status does not say: a NotStarted failure
     of its slot's current pod (the policy replaces it, off that node, no budget used), at most
@@ -570,7 +582,7 @@ def _starts(p: _Pass, s: Seen, st: Settings) -> list[plan.Failed]:
     said: dict[str, str] = {}
     row = dict(c.unstarted)
     failed = set(c.failed)
-    found: list[plan.Failed] = []
+    found: list[failures.Failed] = []
     fl = c.fleet
     unstarted = []  # one cheap look at every pod; the few not started are judged in order
     for name, pod in s.pods.items():
@@ -619,7 +631,7 @@ def _starts(p: _Pass, s: Seen, st: Settings) -> list[plan.Failed]:
         detail = (f"not started {waited:.0f}s after it was seen bound to node {node} "
                   f"({x.said()}); {whose}; pod {n + 1} of {starts.LIMIT} of this slot in a row "
                   "that never started")
-        found.append(plan.Failed(Failure(Cause.NOT_STARTED, name, uid, node, detail=detail,
+        found.append(failures.Failed(Failure(Cause.NOT_STARTED, name, uid, node, detail=detail,
                                          node_fault=x.fault is starts.Fault.NODE), pod, s.now))
     if (since, row, said) != (c.unstarted_since, c.unstarted, c.start_said) or found:
         p.c = replace(c, unstarted_since=since, unstarted=row, failed=frozenset(failed),
@@ -667,7 +679,7 @@ def _never_starts(name: str, slot: int, node: str | None, x: starts.Stuck,
         "in_a_row": starts.LIMIT}, EventSpec("Warning", "WorkerNeverStarts", "Keep", note))
 
 
-def _quarantine(p: _Pass, s: Seen, st: Settings, found: list[plan.Failed], *,
+def _quarantine(p: _Pass, s: Seen, st: Settings, found: list[failures.Failed], *,
                 verdict: Verdict | None, suspects: set[str]) -> None:
     """Step 7c: a node where the job's workers keep failing for the node's own reasons gets no
     new worker of the job for a while, unless the nodes left cannot hold the job

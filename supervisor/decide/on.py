@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from supervisor import admission
-from supervisor.decide import plan
+from supervisor.decide import failures, listing
 from supervisor.decide.classify import (
     ClassifySettings,
     NodeState,
@@ -60,7 +60,7 @@ def pod_seen(c: Core, ev: PodEvent, before: PodMemory | None, *, synced: bool,
                          relisted=ev.relisted)
         if found is not None:
             c = replace(c, failed=c.failed | {uid},
-                        found=(*c.found, plan.Failed(found, ev.obj, ev.at)))
+                        found=(*c.found, failures.Failed(found, ev.obj, ev.at)))
     if ev.type is EventType.DELETED:
         if uid in c.failed:
             c = replace(c, failed=c.failed - {uid})
@@ -150,8 +150,8 @@ def horovodrun_started(c: Core) -> Core:
     return replace(c, failed_at={}, regroup=None, held_said=False)
 
 
-def listed(c: Core, out: plan.Listed) -> Core:
-    """What the host list of this pass (plan.listing) leaves to remember."""
+def listed(c: Core, out: listing.Listed) -> Core:
+    """What the host list of this pass (listing.listing) leaves to remember."""
     if (out.regroup, out.reannounced, out.held_said) == (c.regroup, c.reannounced, c.held_said):
         return c
     return replace(c, regroup=out.regroup, reannounced=out.reannounced,

@@ -12,7 +12,8 @@ from typing import Any
 
 from supervisor.decide.classify import Cause, Failure
 from supervisor.decide.core import CreateWorker, manage
-from supervisor.decide.plan import Failed, Note
+from supervisor.decide.failures import Failed
+from supervisor.decide.plan import Note
 from supervisor.workers import pod_name
 from tests.unit import shapes
 from tests.unit.test_core import (

@@ -30,9 +30,10 @@ from supervisor.decide.core import (
     Seen,
     manage,
 )
+from supervisor.decide.failures import Failed
 from supervisor.decide.hang import HangSettings
 from supervisor.decide.hostlist import HostMode
-from supervisor.decide.plan import Failed, Note
+from supervisor.decide.plan import Note
 from supervisor.decide.plan import Settings as PlanSettings
 from supervisor.decide.policy import Action, Policy, Rule
 from supervisor.decide.quarantine import Quarantine

@@ -1,6 +1,6 @@
 """The real-node jobs' count of verdicts that destroyed healthy capacity (localcluster/job.py):
 a Hung or stuck verdict, or a quarantine, is false unless the test silenced that pod or node
-before it. Records as the supervisor logs them (supervisor/decide/plan.py and core.py)."""
+before it. Records as the supervisor logs them (supervisor/decide/verdicts.py and core.py)."""
 
 from __future__ import annotations
 

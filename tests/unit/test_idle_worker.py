@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.decide.plan import containers_run
+from supervisor.decide.failures import containers_run
 
 SEQ = json.loads((Path(__file__).parent / "shapes" / "sequences" / "exit137_never.json")
                  .read_text())

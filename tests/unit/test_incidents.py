@@ -37,7 +37,7 @@ def pod(slot: int, inc: int, stage: str, ip: str) -> dict[str, Any]:
 
 
 def failed(name: str, cause: str = "ExitCode", slot: int = 1) -> Note:
-    """The note plan.py writes for a failure decided (fields as there)."""
+    """The note failures.py writes for a failure decided (fields as there)."""
     return Note("warning", "worker.failed", {
         "pod": name, "slot": slot, "node": "node-a", "cause": cause, "exit_code": 137,
         "container": "worker", "detail": "", "rule": "default", "action": "Restart",

@@ -1,4 +1,4 @@
-"""plan.listing: the hosts to publish, from the view's render, the hook's heartbeats and the
+"""listing.listing: the hosts to publish, from the view's render, the hook's heartbeats and the
 driver's last world (fake clock). Renders are what hostlist.render makes of Ready workers."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from supervisor.decide.beats import Beat, Driver
 from supervisor.decide.hostlist import Rendered
-from supervisor.decide.plan import Listing, listing
+from supervisor.decide.listing import Listing, listing
 from supervisor.decide.regroup import MAX_HOLD_S, MISSED_AFTER_S, REANNOUNCE_OUT_S, pending
 from supervisor.observe import Unusable
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from supervisor import admission
-from supervisor.decide import fleet, on, plan, regroup
+from supervisor.decide import fleet, listing, on, regroup
 from supervisor.decide.classify import Cause, ClassifySettings, NodeState, PodMemory
 from supervisor.decide.core import Core
 from supervisor.decide.hostlist import Rendered
@@ -144,9 +144,9 @@ def test_the_host_list_keeps_what_plan_listing_decided() -> None:
     pending = regroup.pending([], 5.0)
     c = Core(regroup=pending)
     empty = Rendered(lines=(), hosts={}, left_out={})
-    same = plan.Listed(empty, pending, {}, False)
+    same = listing.Listed(empty, pending, {}, False)
     assert on.listed(c, same) is c
-    done = on.listed(c, plan.Listed(empty, None, {"10.0.0.2": (3, 9.0)}, True))
+    done = on.listed(c, listing.Listed(empty, None, {"10.0.0.2": (3, 9.0)}, True))
     assert (done.regroup, dict(done.reannounced), done.held_said) == (
         None, {"10.0.0.2": (3, 9.0)}, True)
 

@@ -13,16 +13,15 @@ import pytest
 
 from supervisor.decide import fleet
 from supervisor.decide.classify import Cause, Failure
+from supervisor.decide.failures import Failed, on_failures
 from supervisor.decide.fleet import HUNG_HOLD_S, Create, Fleet, Slot
 from supervisor.decide.hostlist import HostMode, Rendered
 from supervisor.decide.plan import (
     EXPECTATION_TIMEOUT_S,
     HUNG_GRACE_S,
     REUSED_LIMIT,
-    Failed,
     Picture,
     Settings,
-    on_failures,
     plan,
 )
 from supervisor.decide.policy import Action, Budgets, Policy, Rule

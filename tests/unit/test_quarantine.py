@@ -11,7 +11,8 @@ import pytest
 from supervisor.decide import fleet
 from supervisor.decide.classify import Cause, Failure
 from supervisor.decide.core import Core, CreateWorker, manage, quarantine_signs
-from supervisor.decide.plan import Failed, Leaving, Note
+from supervisor.decide.failures import Failed
+from supervisor.decide.plan import Leaving, Note
 from supervisor.decide.quarantine import STARVED_S, Kind, Quarantine, Settings, Sign, room, step
 from supervisor.decide.script import DeletePod, SaveState
 from supervisor.workers import not_on, pod_name

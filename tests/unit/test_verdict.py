@@ -1,4 +1,4 @@
-"""plan.on_verdict: hang.assess's verdict and the driver's reports of failed processes turned
+"""verdicts.on_verdict: hang.assess's verdict and the driver's reports of failed processes turned
 into failures of the usual path and restarts of horovodrun (captured pod shape, fake clock)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from supervisor.decide.classify import Cause
 from supervisor.decide.hang import Broken, Hung, RendezvousStuck, Stall, Stuck, Verdict
-from supervisor.decide.plan import EXITED_GRACE_S, on_verdict
+from supervisor.decide.verdicts import EXITED_GRACE_S, on_verdict
 from tests.unit import shapes
 
 NOW = 500.0
