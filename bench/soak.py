@@ -27,8 +27,8 @@ file (read on the node's disk, from the launcher pod's emptyDir):
   down together (the disruption brake, as kube-controller-manager's zones: after an API outage
   the node controller marks every node NotReady), until a node grace after the brake let go, or
   on a node down within a minute of the supervisor's view coming back from an API outage whose
-  workers all heartbeat (the settling hold: supervisor.decide.core.settling_nodes; a worker the plan
-  froze or partitioned does not). The node grace and that minute count from when the
+  workers all heartbeat (the settling hold: supervisor.decide.nodes.settling_nodes; a worker
+  the plan froze or partitioned does not). The node grace and that minute count from when the
   supervisor's node watch came back (its log says when), which after a restart of the only API
   server trails it by up to a minute: pods reach the API through the `kubernetes` Service;
 - the budgets (the ledger in the state ConfigMap) never go backwards;
@@ -74,7 +74,7 @@ from localcluster.job import (
     supervisor_records,
 )
 from supervisor.decide.classify import held_nodes
-from supervisor.decide.core import OUTAGE_MIN_S, OUTAGE_SETTLE_S
+from supervisor.decide.nodes import OUTAGE_MIN_S, OUTAGE_SETTLE_S
 from tests.e2e.jobs import (
     CHECKPOINT_MOUNT,
     COMMIT_EVERY,
@@ -152,7 +152,7 @@ def braked(pods: Sequence[Mapping[str, Any]],
 def settling(pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, float | None], now: float,
              api_back: float | None, quiet: frozenset[str]) -> frozenset[str]:
     """The down nodes the supervisor's settling hold keeps: the rule of
-    supervisor.decide.core.settling_nodes, seen from outside. Within OUTAGE_SETTLE_S of the
+    supervisor.decide.nodes.settling_nodes, seen from outside. Within OUTAGE_SETTLE_S of the
     supervisor's view coming back after an API outage (`api_back`: view_back's; plus NODE_KEPT_S
     for the file to follow) a down node stays while every live worker on it heartbeats: here,
     while none is `quiet` (a pod the plan froze or partitioned, which sends no heartbeat)."""

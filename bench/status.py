@@ -47,7 +47,7 @@ from localcluster import kwok
 from localcluster.controlplane import ControlPlane, Settings
 from supervisor import cli, eventseries, kube, operate, workers
 from supervisor.config import parse_config
-from supervisor.decide import core, fleet, policy
+from supervisor.decide import core, fleet, memory, policy
 from supervisor.model import EventSpec
 from tests.conftest import make_namespace
 
@@ -80,12 +80,12 @@ def seconds(samples: list[float]) -> dict[str, float]:
             "max": round(s[-1], 3), "n": len(s)}
 
 
-def settings() -> core.Settings:
+def settings() -> memory.Settings:
     """The decisions' settings of a job of WORKERS workers (what state_of reads of them)."""
     cfg = parse_config({"SUPERVISOR_JOB_NAME": JOB, "SUPERVISOR_NAMESPACE": "bench",
                         "SUPERVISOR_NP": str(WORKERS), "SUPERVISOR_MIN_NP": str(WORKERS // 2),
                         "SUPERVISOR_MAX_NP": str(WORKERS)})
-    return core.Settings.of(cfg)
+    return memory.Settings.of(cfg)
 
 
 def the_fleet(rng: random.Random, now: float) -> fleet.Fleet:

@@ -46,6 +46,8 @@ from supervisor.decide import (
     hostlist,
     incidents,
     listing,
+    memory,
+    nodes,
     on,
     plan,
     progress,
@@ -58,10 +60,10 @@ from supervisor.decide.classify import (
     PodMemory,
     uncounted_exits,
 )
-from supervisor.decide.core import Core
 from supervisor.decide.fleet import Fleet
 from supervisor.decide.hang import Verdict
 from supervisor.decide.hostlist import Publish, Rendered
+from supervisor.decide.memory import Core
 from supervisor.decide.script import CreatePod, KeepBudget, Op, SaveState
 from supervisor.launch import horovodrun_argv, horovodrun_env
 from supervisor.metrics import Metrics
@@ -200,7 +202,7 @@ class Supervisor:
         self.act, self.kill_ssh_clients, self.owner, self.wall = act, kill_ssh_clients, owner, wall
         self.count_ssh_clients = count_ssh_clients
         self.channel = channel
-        self.hang_settings = core.hang_settings(cfg)
+        self.hang_settings = memory.hang_settings(cfg)
         self.sizes = start.Sizes(cfg.np, cfg.min_np, cfg.max_np)
         self.leases = leases if cfg.node_lease_s is not None else None
         # SimpleQueue: handle_signal puts from a signal handler, which interrupts the main
@@ -264,7 +266,7 @@ class Supervisor:
             st = self.state
             if st.held_exit is not None and st.core.failing is not None:
                 return self._finish(*st.core.failing)  # the Lease lost meanwhile
-            held, exited = core.judge_exit(st.held_exit, exited, paused=st.paused)
+            held, exited = memory.judge_exit(st.held_exit, exited, paused=st.paused)
             if held is not None and st.held_exit is None:
                 self.log.warning("horovodrun.exit_held", code=held, reason=(
                     "horovodrun exited while this launcher cannot renew the leader Lease: "
@@ -285,7 +287,7 @@ class Supervisor:
                 slots = st.host_list.slots(cfg.slots_per_worker) if st.host_list else 0
                 step = start.gate(self.sizes, synced=st.view.synced,
                                   published=st.published is not None, slots=slots,
-                                  restart=core.horovodrun_restarts(st.core) > 0,
+                                  restart=memory.horovodrun_restarts(st.core) > 0,
                                   waited_s=now - st.gate_since, timeout_s=cfg.start_timeout_s)
                 if isinstance(step, start.Start):
                     self._start(horovodrun_argv(cfg, command, step.np), slots, step.np)
@@ -383,7 +385,7 @@ class Supervisor:
     def _node_state(self, pod: Obj, now: float) -> NodeState:
         name = pod.get("spec", {}).get("nodeName") or ""
         lease_age = self.leases.age(name, now) if self.leases is not None else None
-        return core.node_state(self.state.core, self.state.view.nodes, pod, lease_age, now)
+        return memory.node_state(self.state.core, self.state.view.nodes, pod, lease_age, now)
 
     def _observe_pod(self, ev: WatchEvent) -> None:
         """Classify a pod event (once synced), then remember what it showed."""
@@ -395,7 +397,7 @@ class Supervisor:
         meta = obj["metadata"]
         name, uid = meta["name"], meta.get("uid", "")
         before = st.memory.get(name)
-        settings = core.classify_settings(self.cfg)
+        settings = memory.classify_settings(self.cfg)
         judged = st.view.synced and uid not in st.core.failed
         st.core, record = on.pod_seen(
             st.core, on.PodEvent(ev.type, obj, ev.at, ev.relist), before,
@@ -437,7 +439,7 @@ class Supervisor:
         """Once synced: gather what the decisions read, decide (core.manage, pure), carry the
         script out in order."""
         st, cfg, c = self.state, self.cfg, self.state.core
-        settings = core.Settings.of(cfg)
+        settings = memory.Settings.of(cfg)
         running = st.child is not None
         hooked = self.channel is not None
         snap = self.channel.snapshot() if hooked and running and self.channel else None
@@ -451,7 +453,7 @@ class Supervisor:
             for host in plan.retiring_hosts(c.fleet, st.view.pods, published, settings.plan,
                                             c.leaving)}
         host_list = st.host_list
-        p = core.manage(c, core.Seen(
+        p = core.manage(c, memory.Seen(
             pods=st.view.pods, nodes=st.view.nodes, memory=st.memory,
             lease_ages=self.leases.ages(now) if self.leases is not None else None,
             lease_stale=stale, first_owner=st.first_owner, published=st.published,
@@ -483,7 +485,7 @@ class Supervisor:
             self._carry_out(SaveState(core.state_of(p.core.fleet or c.fleet, settings,
                                                     p.core.quarantine.until)), now)
 
-    def _account(self, p: core.Pass, snap: Snapshot | None, now: float) -> bool:
+    def _account(self, p: memory.Pass, snap: Snapshot | None, now: float) -> bool:
         """The progress and the incidents after this pass (accounting.py, pure): keep them,
         their metrics and lines; return whether the state is due to be saved for them."""
         st, cfg, m = self.state, self.cfg, self.metrics
@@ -529,18 +531,18 @@ class Supervisor:
                               f"incident {inc.id} {inc.label()}: {said}; {inc.redone} steps "
                               f"computed again, {inc.lost_ws:.0f} worker-seconds lost"))
 
-    def _carry_out(self, todo: core.Todo, now: float) -> None:
+    def _carry_out(self, todo: memory.Todo, now: float) -> None:
         """One item of core.manage's script."""
         st, cfg = self.state, self.cfg
         if isinstance(todo, plan.Note):
             self._say((todo,))
-        elif isinstance(todo, core.Fence):
+        elif isinstance(todo, memory.Fence):
             assert self.channel is not None
             t0 = time.perf_counter()
             pushed = self.channel.fence(todo.hosts)
             self.log.info("worker.fenced", hosts=sorted(todo.hosts), pushed_to=pushed,
                           push_ms=round((time.perf_counter() - t0) * 1000, 2))
-        elif isinstance(todo, core.KillSsh):
+        elif isinstance(todo, memory.KillSsh):
             if st.child is None:
                 return
             # One walk of horovodrun's tree for all of them (a lost node may take 100).
@@ -548,7 +550,7 @@ class Supervisor:
             for host, pod in sorted(todo.pods.items()):
                 self.log.info("worker.ssh_clients_killed", pod=pod, host=host,
                               pids=killed.get(host, []))
-        elif isinstance(todo, core.RestartHorovodrun):
+        elif isinstance(todo, memory.RestartHorovodrun):
             self._restart_horovodrun(todo, now)
         elif isinstance(todo, SaveState):
             self.act(SaveState({**todo.state, "progress": progress.to_dict(st.progress),
@@ -556,7 +558,7 @@ class Supervisor:
             fl = st.core.fleet
             self.metrics.restart_budget_left.set(max(0, cfg.policy.budgets.restart_limit - (
                 fl.ledger.total if fl is not None else 0)))
-        elif isinstance(todo, core.CreateWorker):
+        elif isinstance(todo, memory.CreateWorker):
             x = todo.create
             self.act(CreatePod(worker_pod(
                 cfg.worker_template, job=cfg.job_name,  # type: ignore[arg-type]
@@ -565,10 +567,10 @@ class Supervisor:
                 suspect_nodes=list(todo.suspect_nodes), ahead_of=todo.ahead_of,
                 hold_in=cfg.worker_container or cfg.worker_template[  # type: ignore[index]
                     "spec"]["containers"][0]["name"])))
-        elif isinstance(todo, core.KeepMinAvailable):
+        elif isinstance(todo, memory.KeepMinAvailable):
             self.act(KeepBudget(disruption_budget(
                 fleet.budget_name(cfg.job_name), cfg.job_name, todo.min_available, self.owner)))
-        elif isinstance(todo, core.FailJob):
+        elif isinstance(todo, memory.FailJob):
             self._failing(todo, now)
         else:
             self.act(todo)
@@ -695,7 +697,7 @@ class Supervisor:
                 self.log.info(event, host=host, pid=pid, silent_s=round(silent, 1),
                               **{what: round(x, 1) if isinstance(x, float) else x})
 
-    def _restart_horovodrun(self, r: core.RestartHorovodrun, now: float) -> None:
+    def _restart_horovodrun(self, r: memory.RestartHorovodrun, now: float) -> None:
         """Training cannot go on in this run of horovodrun (core.manage decided; past the
         limit it fails the job instead): the processes told to exit, horovodrun's whole tree
         killed, the start gate again."""
@@ -751,11 +753,11 @@ class Supervisor:
 
     def _fail(self, code: int, reason: str, now: float, *, event: bool = True) -> None:
         """End the run with `code` (unless it ends already)."""
-        self.state.core, failing = core.fail(self.state.core, code, reason, event=event)
+        self.state.core, failing = memory.fail(self.state.core, code, reason, event=event)
         if failing is not None:
             self._failing(failing, now)
 
-    def _failing(self, f: core.FailJob, now: float) -> None:
+    def _failing(self, f: memory.FailJob, now: float) -> None:
         """The run ends: stop horovodrun (SIGTERM, then the tree after the grace)."""
         st = self.state
         self.log.error("job.failing", code=f.code, reason=f.reason)
@@ -892,7 +894,7 @@ class Supervisor:
             if health.broken_since is not None:
                 self.log.info("watch.connected", kind=s.kind.value,
                               broken_s=round(s.at - health.broken_since, 3))
-                if s.kind is Kind.NODE and s.at - health.broken_since >= core.OUTAGE_MIN_S:
+                if s.kind is Kind.NODE and s.at - health.broken_since >= nodes.OUTAGE_MIN_S:
                     self.state.api_back_at = s.at  # nodes it marks now may be its artefact
             health.broken_since = None
             self.metrics.watch_connects.labels(s.kind.value).inc()

@@ -21,7 +21,7 @@ LABEL_JOB = "elastic-supervisor/job"
 LABEL_ROLE = "elastic-supervisor/role"
 LABEL_SLOT = "elastic-supervisor/slot"
 LABEL_INCARNATION = "elastic-supervisor/incarnation"
-# On a replacement placed ahead of a cordoned worker's move (core._move_ahead): that worker's
+# On a replacement placed ahead of a cordoned worker's move (leaving.move_ahead): that worker's
 # pod name. Its slot is not at this pod's incarnation yet; a restarted supervisor must not move
 # the slot up to it (fleet.adopt) while that worker is still there.
 ANNOTATION_AHEAD_OF = "elastic-supervisor/ahead-of"

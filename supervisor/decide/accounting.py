@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from supervisor.decide import core, incidents, progress
+from supervisor.decide import incidents, memory, progress
 from supervisor.decide.beats import Beat, heartbeating
 from supervisor.decide.hostlist import HostMode
 from supervisor.observe import Obj
@@ -31,20 +31,20 @@ class Accounted:
 def account(before: progress.Progress, book: incidents.Book, todo: Sequence[object],
             beats: Iterable[Beat], pods: Mapping[str, Obj], *, desired: int, mode: HostMode,
             job: str, now: float, wall: float, saved_at: float) -> Accounted:
-    """The progress and the incidents after a pass whose script is `todo` (core.Pass.todo);
+    """The progress and the incidents after a pass whose script is `todo` (memory.Pass.todo);
     `beats`: this run's heartbeats; `pods`: the view's; `desired`: the processes asked for;
     `saved_at`: the last `Accounted.saved_at`."""
     beats = tuple(beats)
     after = progress.observe(before, beats, desired=desired, now=now, wall=wall)
     opened = incidents.opened_in(todo)
     created = tuple((t.create.slot, t.create.name) for t in todo
-                    if isinstance(t, core.CreateWorker))
+                    if isinstance(t, memory.CreateWorker))
     wanted = {n for o in opened for n in o.pods} | {
         r for x in book.incidents if x.open for r in x.replacements} | {n for _, n in created}
     seen = {n: incidents.pod_seen(pods[n], mode, job) for n in wanted if n in pods}
     joined = frozenset(b.host for b in beats if b.rank is not None
                        and heartbeating(b, now, progress.FRESH_S, inclusive=True))
-    fenced = frozenset(h for t in todo if isinstance(t, core.Fence) for h in t.hosts)
+    fenced = frozenset(h for t in todo if isinstance(t, memory.Fence) for h in t.hosts)
     new_book, reached = incidents.advance(book, incidents.Tick(
         wall, opened, fenced, created, seen, joined, after))
     was_open = {x.id for x in book.incidents if x.open}

@@ -4,13 +4,13 @@ An incident opens with a decision of the pass (core.manage's notes): a worker fa
 (`worker.failed`, one incident for the workers of one cause failed in one pass: a node's), hung
 (`worker.hung`) or stuck (`worker.stuck`, cause Stall) before it is failed, announced to go
 (`worker.leaving`, a graceful leave), a scale applied (`scale.applied`), horovodrun restarted
-(core.RestartHorovodrun).
+(memory.RestartHorovodrun).
 Its phases, each reached once, in epoch seconds:
 
   detected   the pass that decided it
-  fenced     its hosts declared dead to the training processes (core.Fence)
+  fenced     its hosts declared dead to the training processes (memory.Fence)
   resumed    world rank 0 trained again in a world newer than the one at detection
-  created    its replacement pod created (core.CreateWorker for its slot; a scale-out: a slot
+  created    its replacement pod created (memory.CreateWorker for its slot; a scale-out: a slot
              no other open incident waits for)
   scheduled  the replacement has a node
   started    the replacement's pod runs
@@ -28,9 +28,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from supervisor.decide.core import RestartHorovodrun
 from supervisor.decide.fleet import slot_of
 from supervisor.decide.hostlist import HostMode, host_of
+from supervisor.decide.memory import RestartHorovodrun
 from supervisor.decide.plan import Note
 from supervisor.decide.progress import Progress
 from supervisor.observe import Obj
@@ -131,7 +131,7 @@ def opened_by(event: str, fields: Mapping[str, Any]) -> Opened | None:
 
 
 def opened_in(todo: Iterable[object]) -> tuple[Opened, ...]:
-    """The incidents a pass's script (core.Pass.todo) opens, in its order."""
+    """The incidents a pass's script (memory.Pass.todo) opens, in its order."""
     out = []
     for x in todo:
         if isinstance(x, Note):

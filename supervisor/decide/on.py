@@ -1,4 +1,4 @@
-"""PURE: what each trigger between two passes does to the decisions' memory (`core.Core`).
+"""PURE: what each trigger between two passes does to the decisions' memory (`memory.Core`).
 
 The pass (`core.manage`) decides from the whole view; these are the decisions a single trigger
 makes on arrival: a pod's or a node's watch event, a scale request, an action's outcome, a policy
@@ -23,7 +23,7 @@ from supervisor.decide.classify import (
     node_down_since,
     remember,
 )
-from supervisor.decide.core import Core
+from supervisor.decide.memory import Core
 from supervisor.decide.plan import Note
 from supervisor.model import EventSpec
 from supervisor.observe import EventType, Obj

@@ -11,8 +11,9 @@ from dataclasses import replace
 from typing import Any
 
 from supervisor.decide.classify import Cause, Failure
-from supervisor.decide.core import CreateWorker, manage
+from supervisor.decide.core import manage
 from supervisor.decide.failures import Failed
+from supervisor.decide.memory import CreateWorker
 from supervisor.decide.plan import Note
 from supervisor.workers import pod_name
 from tests.unit import shapes

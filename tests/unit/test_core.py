@@ -16,10 +16,14 @@ from typing import Any
 
 import pytest
 
-from supervisor.decide import core, fleet, plan
+from supervisor.decide import fleet, memory, plan
 from supervisor.decide.beats import Beat, Driver
 from supervisor.decide.classify import Cause, ClassifySettings, Failure
-from supervisor.decide.core import (
+from supervisor.decide.core import manage
+from supervisor.decide.failures import Failed
+from supervisor.decide.hang import HangSettings
+from supervisor.decide.hostlist import HostMode
+from supervisor.decide.memory import (
     HUNG_NODE_AVOID_S,
     Core,
     CreateWorker,
@@ -28,11 +32,7 @@ from supervisor.decide.core import (
     KillSsh,
     RestartHorovodrun,
     Seen,
-    manage,
 )
-from supervisor.decide.failures import Failed
-from supervisor.decide.hang import HangSettings
-from supervisor.decide.hostlist import HostMode
 from supervisor.decide.plan import Note
 from supervisor.decide.plan import Settings as PlanSettings
 from supervisor.decide.policy import Action, Policy, Rule
@@ -49,8 +49,8 @@ STALL_S = 60.0
 
 
 def settings(policy: Policy | None = None, restarts: int = 2,
-             disruption: float | None = None) -> core.Settings:
-    return core.Settings(
+             disruption: float | None = None) -> memory.Settings:
+    return memory.Settings(
         PlanSettings(JOB, HostMode.POD_IP, min_np=1, max_np=4, slots_per_worker=1,
                      scale_out_timeout_s=300.0, scale_in_timeout_s=60.0),
         policy or Policy(), ClassifySettings(node_grace_s=0.0),
@@ -122,7 +122,7 @@ def died(slot: int = 0, code: int = 137) -> Failed:
     return Failed(f, p, NOW - 0.1)
 
 
-def script(p: core.Pass) -> list[Any]:
+def script(p: memory.Pass) -> list[Any]:
     """The script as (kind, what matters) pairs."""
     out: list[Any] = []
     for t in p.todo:
@@ -142,7 +142,7 @@ def script(p: core.Pass) -> list[Any]:
             out.append(("restart", t.reason, t.restart))
         elif isinstance(t, FailJob):
             out.append(("fail", t.code))
-        elif isinstance(t, core.KeepMinAvailable):
+        elif isinstance(t, memory.KeepMinAvailable):
             out.append(("budget", t.min_available))
     return out
 

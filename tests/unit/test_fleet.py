@@ -173,7 +173,7 @@ def test_renew_replaces_a_slots_pod_without_using_budget() -> None:
 
 
 def test_adoption_keeps_a_slot_below_a_replacement_placed_ahead_of_a_move() -> None:
-    """A cordoned worker's replacement placed ahead (core._move_ahead) is no crash-before-save:
+    """A cordoned worker's replacement placed ahead (leaving.move_ahead) is no crash-before-save:
     while that worker is there, its slot stays; once it is gone or going, the slot moves up."""
     def named(inc: int, **meta: object) -> dict:
         p = pod(0, inc)

@@ -1,4 +1,4 @@
-"""core.judge_exit: horovodrun's exit seen while the leader Lease cannot be renewed is held, not
+"""memory.judge_exit: horovodrun's exit seen while the leader Lease cannot be renewed is held, not
 judged (a standby's training processes may have ended this run: on real nodes the cut-off
 leader exited 1, a Job backoffLimit failure for a takeover); judged once the Lease is renewed.
 The loop finishes with LEADERSHIP_LOST if the Lease is lost meanwhile
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.decide.core import judge_exit
+from supervisor.decide.memory import judge_exit
 
 
 @pytest.mark.parametrize(("held", "exited", "paused", "expected"), [

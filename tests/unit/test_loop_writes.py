@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "supervisor"
-DECIDERS = {"on", "core"}  # the modules of decide/ whose functions return the next memory
+DECIDERS = {"on", "core", "memory"}  # modules of decide/ whose functions return the memory
 
 
 def _mentions_core(node: ast.AST) -> bool:
@@ -71,5 +71,5 @@ def test_the_loops_old_writes_are_found(line: str) -> None:
 
 def test_keeping_what_decide_returned_is_not_a_write() -> None:
     assert writes("def f(st, p):\n    st.core = on.node_seen(st.core, 'n', None, 1.0)\n"
-                  "    st.core = p.core\n    st.core, f = core.fail(st.core, 1, 'x')\n",
+                  "    st.core = p.core\n    st.core, f = memory.fail(st.core, 1, 'x')\n",
                   "reconcile.py") == []

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from supervisor.decide import quarantine, starts
-from supervisor.decide.core import Core, CreateWorker, manage
+from supervisor.decide.core import manage
+from supervisor.decide.memory import Core, CreateWorker
 from supervisor.decide.plan import Note
 from supervisor.decide.policy import Budgets, Policy
 from supervisor.workers import LABEL_INCARNATION, LABEL_JOB, LABEL_ROLE, LABEL_SLOT, pod_name

@@ -14,8 +14,8 @@ import pytest
 from supervisor import admission
 from supervisor.decide import fleet, listing, on, regroup
 from supervisor.decide.classify import Cause, ClassifySettings, NodeState, PodMemory
-from supervisor.decide.core import Core
 from supervisor.decide.hostlist import Rendered
+from supervisor.decide.memory import Core
 from supervisor.observe import EventType
 from supervisor.workers import pod_name
 from tests.unit.shapes import node, pod, with_condition

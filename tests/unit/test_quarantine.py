@@ -10,8 +10,10 @@ import pytest
 
 from supervisor.decide import fleet
 from supervisor.decide.classify import Cause, Failure
-from supervisor.decide.core import Core, CreateWorker, manage, quarantine_signs
+from supervisor.decide.core import manage
 from supervisor.decide.failures import Failed
+from supervisor.decide.memory import Core, CreateWorker
+from supervisor.decide.nodes import quarantine_signs
 from supervisor.decide.plan import Leaving, Note
 from supervisor.decide.quarantine import STARVED_S, Kind, Quarantine, Settings, Sign, room, step
 from supervisor.decide.script import DeletePod, SaveState
