@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from supervisor import discovery, hostkeys, reload
-from supervisor.channel import HookChannel, Snapshot, unbound_note
+from supervisor.channel import HookChannel, Snapshot
 from supervisor.config import Config, SshHostKeys, known_hosts_path
 from supervisor.decide import (
     accounting,
@@ -55,13 +55,10 @@ from supervisor.decide import (
 )
 from supervisor.decide.beats import heartbeating
 from supervisor.decide.classify import (
-    ClassifySettings,
     NodeState,
     PodMemory,
-    uncounted_exits,
 )
 from supervisor.decide.fleet import Fleet
-from supervisor.decide.hang import Verdict
 from supervisor.decide.hostlist import Publish, Rendered
 from supervisor.decide.memory import Core
 from supervisor.decide.script import CreatePod, KeepBudget, Op, SaveState
@@ -89,11 +86,10 @@ from supervisor.observe import (
     Obj,
     SourceHealth,
 )
+from supervisor.reports import Reports
 from supervisor.workers import disruption_budget, pod_name, worker_pod
 
 PROGRESS_EVERY_S = 5.0
-DRIVER_HELLO_WAIT_S = 30.0  # horovodrun's driver hook should have said hello by then
-STALL_LOG_AFTER_S = 60.0  # no collective completed this long: said once in the log
 
 
 class ChildProcess(Protocol):
@@ -117,17 +113,6 @@ class Outcome:
 
 
 @dataclass
-class HangWatch:
-    """What the loop remembers of the current run of horovodrun for its reports."""
-
-    run_started_at: float | None = None  # monotonic; None: no horovodrun running
-    reported: set[str] = field(default_factory=set)  # one-time warnings of this run
-    world_seq: int = 0  # the driver's last world logged (driver.world)
-
-
-
-
-@dataclass
 class LoopState:
     """Mutable state owned by the loop thread; the decisions' memory is `core` (core.py)."""
 
@@ -135,8 +120,6 @@ class LoopState:
     view: ClusterView = field(default_factory=ClusterView)
     # host string -> UID of the first pod that had it (Horovod blacklists names for good)
     first_owner: dict[str, str] = field(default_factory=dict)
-    # (pod UID, container, its restartCount): exits of helper containers already reported
-    reported_exits: set[tuple[str, str, int]] = field(default_factory=set)
     published: str | None = None  # current discovery content; None while withdrawn
     known_hosts: str | None = None  # the host keys last written (SSH_HOST_KEYS=worker)
     # the view's last render (hostlist.render): its usable hosts, why the others are left out
@@ -151,17 +134,15 @@ class LoopState:
     kill_at: float | None = None
     fatal: str | None = None
     crashed: bool = False
-    budget_said: str | None = None  # the last DisruptionBudgetMissing's error
     memory: dict[str, PodMemory] = field(default_factory=dict)  # by pod name
     api_back_at: float | None = None  # monotonic: the node watch back from an outage
-    lease_reported: set[str] = field(default_factory=set)  # nodes whose Lease is too slow
     # the pods of the active slots, for the fleet they were computed from
     active_pods: tuple[Fleet | None, frozenset[str] | None] = (None, None)
     replace_from: dict[str, float] = field(default_factory=dict)  # new pod -> failure seen
     scale_version: str | None = None  # resourceVersion of the last scale request seen
     gate_since: float = 0.0  # since when the start gate waits for MIN_NP slots
     kept: frozenset[str] = frozenset()  # hosts on down nodes kept while they heartbeat
-    hangs: HangWatch = field(default_factory=HangWatch)
+    run_started_at: float | None = None  # monotonic: this run of horovodrun (None: none runs)
     # the job's training progress and its incidents (progress.py, incidents.py), and when they
     # were last handed to the actuator with the state
     progress: progress.Progress = field(default_factory=progress.Progress)
@@ -203,6 +184,8 @@ class Supervisor:
         self.count_ssh_clients = count_ssh_clients
         self.channel = channel
         self.hang_settings = memory.hang_settings(cfg)
+        self.reports = Reports(cfg, log=log, events=events, metrics=metrics, channel=channel,
+                               hang_settings=self.hang_settings)
         self.sizes = start.Sizes(cfg.np, cfg.min_np, cfg.max_np)
         self.leases = leases if cfg.node_lease_s is not None else None
         # SimpleQueue: handle_signal puts from a signal handler, which interrupts the main
@@ -278,7 +261,7 @@ class Supervisor:
                 end = start.ended(exited, failing=st.core.failing, stop_signal=st.stop_signal,
                                   driver_problems=snap.driver.problems
                                   if snap is not None and snap.driver is not None else ())
-                self._say(() if end.note is None else (end.note,))
+                self.reports.say(() if end.note is None else (end.note,))
                 return self._finish(end.code, end.reason, horovodrun=end.horovodrun)
             if st.child is None:
                 end = start.not_started(failing=st.core.failing, stop_signal=st.stop_signal)
@@ -403,32 +386,12 @@ class Supervisor:
             st.core, on.PodEvent(ev.type, obj, ev.at, ev.relist), before,
             synced=st.view.synced, node=self._node_state(obj, ev.at), settings=settings)
         if judged:
-            self._report_helper_exits(obj, before, settings)
+            self.reports.helper_exits(obj, before, settings)
         if record is None:
             st.memory.pop(name, None)
-            st.reported_exits = {k for k in st.reported_exits if k[0] != uid}
+            self.reports.forget_pod(uid)
         else:
             st.memory[name] = record
-
-    def _report_helper_exits(self, pod: dict[str, Any], before: Any,
-                             settings: ClassifySettings) -> None:
-        """A container that is neither the training one nor named by the policy ended: say so
-        once (it is no failure of the worker)."""
-        meta = pod["metadata"]
-        restarts = {c.get("name"): int(c.get("restartCount") or 0)
-                    for c in pod.get("status", {}).get("containerStatuses") or ()}
-        for container, code in uncounted_exits(pod, before, settings):
-            key = (meta.get("uid", ""), container, restarts.get(container, 0))
-            if key in self.state.reported_exits:
-                continue
-            self.state.reported_exits.add(key)
-            self.log.info("worker.container_exited", pod=meta["name"], container=container,
-                          exit_code=code)
-            self.events(EventSpec(
-                "Normal", "ContainerExited", "Observe",
-                f"worker {meta['name']}: container {container} exited with {code}; not the "
-                "training container and no policy rule names it, so the worker trains on "
-                "(SUPERVISOR_WORKER_CONTAINER, containerName)"))
 
     def _observe_node(self, ev: WatchEvent) -> None:
         st = self.state
@@ -446,7 +409,7 @@ class Supervisor:
         stale: frozenset[str] = frozenset()
         if self.leases is not None and cfg.node_lease_s is not None:
             stale = frozenset(self.leases.older_than(cfg.node_lease_s, now))
-            self._report_slow_leases(cfg.node_lease_s)
+            self.reports.slow_leases(self.leases, cfg.node_lease_s)
         published = st.published or ""
         clients = {} if c.fleet is None else {
             host: self.count_ssh_clients(st.child.pid, host) if st.child is not None else 0
@@ -461,7 +424,7 @@ class Supervisor:
             listed_hosts=host_list.hosts if host_list is not None and st.published is not None
             else {},
             hooked=hooked, running=running, stopping=st.stop_signal is not None,
-            started_at=st.hangs.run_started_at if st.hangs.run_started_at is not None else now,
+            started_at=st.run_started_at if st.run_started_at is not None else now,
             beats=tuple(snap.beats.values()) if snap is not None else (),
             driver=snap.driver if snap is not None else None,
             ssh_clients=clients, now=now, wall=self.wall(), api_back_at=st.api_back_at),
@@ -477,7 +440,9 @@ class Supervisor:
         for reason in p.restarts:
             self.metrics.horovodrun_restarts.labels(reason).inc()
         if snap is not None and p.verdict is not None:
-            self._report_hangs(snap, p.verdict, restarting=bool(p.restarts), now=now)
+            self.reports.hangs(snap, p.verdict, restarting=bool(p.restarts), now=now,
+                               started=st.run_started_at if st.run_started_at is not None
+                               else now)
         saving = self._account(p, snap, now)
         for todo in p.todo:
             self._carry_out(todo, now)
@@ -518,24 +483,14 @@ class Supervisor:
             m.incident_phase.labels(phase, inc.kind).observe(
                 max(0.0, inc.phases[phase] - inc.phases["detected"]))
         for inc in a.closed:
-            self._incident_closed(inc)
+            self.reports.incident_closed(inc)
         return a.save
-
-    def _incident_closed(self, inc: incidents.Incident) -> None:
-        phases = incidents.phase_seconds(inc)
-        self.log.info("incident.closed", incident=inc.id, cause=inc.cause, kind=inc.kind,
-                      pods=list(inc.pods), phases_s=phases, steps_redone=inc.redone,
-                      lost_worker_s=inc.lost_ws)
-        said = ", ".join(f"{k} {v:.1f}s" for k, v in phases.items() if k != "detected")
-        self.events(EventSpec("Normal", "IncidentClosed", "Observe",
-                              f"incident {inc.id} {inc.label()}: {said}; {inc.redone} steps "
-                              f"computed again, {inc.lost_ws:.0f} worker-seconds lost"))
 
     def _carry_out(self, todo: memory.Todo, now: float) -> None:
         """One item of core.manage's script."""
         st, cfg = self.state, self.cfg
         if isinstance(todo, plan.Note):
-            self._say((todo,))
+            self.reports.say((todo,))
         elif isinstance(todo, memory.Fence):
             assert self.channel is not None
             t0 = time.perf_counter()
@@ -575,128 +530,6 @@ class Supervisor:
         else:
             self.act(todo)
 
-    def _report_slow_leases(self, grace_s: float) -> None:
-        """Say once per node that its Lease cannot tell silence within SUPERVISOR_NODE_LEASE_
-        SECONDS (NodeLeases does not use it)."""
-        assert self.leases is not None
-        st = self.state
-        for node, interval in self.leases.too_short(grace_s).items():
-            if node in st.lease_reported:
-                continue
-            st.lease_reported.add(node)
-            note = (f"SUPERVISOR_NODE_LEASE_SECONDS={grace_s:g} is not above node {node}'s "
-                    f"Lease renew interval ({interval:g} s = leaseDurationSeconds / 4): its "
-                    f"Lease is not used; only its Ready condition counts. Set it above "
-                    f"{interval:g}")
-            self.log.warning("node_lease.not_used", node=node, renew_interval_s=interval,
-                             lease_seconds=grace_s)
-            self.events(EventSpec("Warning", "NodeLeaseNotUsed", "Ignore", note))
-
-    def _say(self, notes: Sequence[plan.Note]) -> None:
-        """Log each decision of a plan, and post its Event if it has one."""
-        for note in notes:
-            getattr(self.log, note.level)(note.event, **note.fields)
-            if note.k8s is not None:
-                self.events(note.k8s)
-
-    # -- hangs (the hook's heartbeats: channel.py, decide/hang.py; decided in core.manage) ----
-
-    def _report_hangs(self, snap: Snapshot, verdict: Verdict, *, restarting: bool,
-                      now: float) -> None:
-        """The hang watch's metrics, one-time warnings, and a stall too short to restart."""
-        h = self.state.hangs
-        started = h.run_started_at if h.run_started_at is not None else now
-        fresh = sum(1 for b in snap.beats.values()
-                    if heartbeating(b, now, self.hang_settings.silence_s))
-        self.metrics.heartbeating_processes.set(fresh)
-        assert self.channel is not None
-        c = self.channel.counters
-        for outcome, n in (("received", c.received), ("rejected", c.rejected),
-                           ("invalid", c.invalid), ("failed", c.failed),
-                           ("stale", c.stale_runs), ("unbound", c.unbound),
-                           ("pushed", c.pushed), ("replies", c.replies)):
-            self.metrics.hook_datagrams.labels(outcome).set(n)
-        progress = [b.progress_at for b in snap.beats.values() if b.progress_at is not None]
-        if progress:
-            self.metrics.last_progress_age.set(max(0.0, now - max(progress)))
-        self._hang_warnings(verdict, snap.driver, now - started)
-        d = snap.driver
-        if d is not None and d.world_seq != h.world_seq:
-            h.world_seq = d.world_seq
-            self.log.debug("driver.world", seq=d.world_seq, hosts=sorted(d.world),
-                           age_s=round(now - d.world_at, 2))
-        if restarting:
-            return
-        if progress and now - max(progress) >= STALL_LOG_AFTER_S:
-            if "stall-logged" not in h.reported:
-                h.reported.add("stall-logged")
-                self.log.warning("training.no_progress", seconds=round(now - max(progress)),
-                                 stall_timeout_s=self.cfg.stall_timeout_s, heartbeating=fresh)
-        else:
-            h.reported.discard("stall-logged")
-
-    def _hang_warnings(self, verdict: Verdict, driver: Any, running_s: float) -> None:
-        """The one-time Warning Events of a run: hosts without heartbeats, the hook's problems
-        and the frameworks it does not fence, a driver that never said the hook was loaded; and
-        the log line of a process silent but running (once per silence)."""
-        h = self.state.hangs
-        if verdict.unmonitored and "unmonitored" not in h.reported:
-            h.reported.add("unmonitored")
-            hosts = list(verdict.unmonitored)
-            self.log.warning("hang_detection.off", hosts=hosts, reason="no heartbeat")
-            self.events(EventSpec(
-                "Warning", "HangDetectionOff", "Detect",
-                f"no heartbeat from {len(hosts)} listed worker(s) {hosts[:10]} after "
-                f"{hang.UNMONITORED_AFTER_S:g}s: the hook is not loaded in their training "
-                "processes (a worker image without the package at the launcher's path, python "
-                "-I or -S, PYTHONPATH replaced), so hang detection and the fence are off for "
-                f"them{unbound_note(self.channel)}"))
-        self._once_per_silence("busy", "worker.silent_but_running", "state", verdict.busy)
-        self._once_per_silence("unconfirmed", "worker.silent_unconfirmed", "peer_waited_s",
-                               verdict.unconfirmed)
-        for host, problem in verdict.problems:
-            key = f"problem:{problem}"
-            if key not in h.reported:
-                h.reported.add(key)
-                self.log.warning("hook.problem", host=host, problem=problem)
-                self.events(EventSpec("Warning", "HookProblem", "Detect",
-                                      f"the hook in a training process on {host}: {problem}; "
-                                      "no fence and no hang detection for such processes"))
-        for framework in sorted({f for _, f in verdict.unfenced}):
-            key = f"unfenced:{framework}"
-            if key not in h.reported:
-                h.reported.add(key)
-                hosts = sorted(x for x, f in verdict.unfenced if f == framework)
-                self.log.warning("hook.framework_unfenced", framework=framework, hosts=hosts)
-                self.events(EventSpec(
-                    "Warning", "HookFrameworkUnfenced", "Detect",
-                    f"training processes on {len(hosts)} host(s) {hosts[:10]} use {framework}, "
-                    "which the hook does not fence (only horovod.torch and horovod.tensorflow): "
-                    "no fence and no hang detection for them, and the stall rule and the "
-                    "regroup hold ignore them; horovodrun's driver is hardened and pod and "
-                    "node failures are handled as for any job (docs/hook.md)"))
-        if driver is None and running_s >= DRIVER_HELLO_WAIT_S and "driver" not in h.reported:
-            h.reported.add("driver")
-            self.log.error("hook.driver_missing", waited_s=round(running_s, 1))
-            self.events(EventSpec(
-                "Warning", "DriverNotHardened", "Detect",
-                f"horovodrun's driver has not loaded the hook after {running_s:.0f}s (python -I "
-                "or -S, PYTHONPATH replaced, or SUPERVISOR_HOROVODRUN is not horovodrun): a "
-                "frozen or partitioned worker can hang it for good"))
-
-    def _once_per_silence(self, kind: str, event: str, what: str,
-                          found: Sequence[tuple[str, int, float, object]]) -> None:
-        """Log `event` once per silence of each (host, pid, seconds silent, `what`) found: a
-        silent process not (yet) Hung, and why."""
-        h = self.state.hangs
-        keys = {f"{kind}:{host}:{pid}": (host, pid, silent, x) for host, pid, silent, x in found}
-        h.reported -= {k for k in h.reported if k.startswith(f"{kind}:") and k not in keys}
-        for key, (host, pid, silent, x) in keys.items():
-            if key not in h.reported:
-                h.reported.add(key)
-                self.log.info(event, host=host, pid=pid, silent_s=round(silent, 1),
-                              **{what: round(x, 1) if isinstance(x, float) else x})
-
     def _restart_horovodrun(self, r: memory.RestartHorovodrun, now: float) -> None:
         """Training cannot go on in this run of horovodrun (core.manage decided; past the
         limit it fails the job instead): the processes told to exit, horovodrun's whole tree
@@ -705,7 +538,7 @@ class Supervisor:
         if st.child is None:
             return
         assert self.channel is not None
-        started = st.hangs.run_started_at if st.hangs.run_started_at is not None else now
+        started = st.run_started_at if st.run_started_at is not None else now
         trained_s, collectives = hang.run_progress(self.channel.snapshot().beats.values(),
                                                    started, now)
         self.log.error("horovodrun.restarting", reason=r.reason, why=r.why, restart=r.restart,
@@ -723,7 +556,8 @@ class Supervisor:
         self.log.info("horovodrun.killed", reason=r.reason, processes=killed)
         st.child = None
         st.gate_since = now
-        st.hangs = replace(st.hangs, run_started_at=None, reported=set(), world_seq=0)
+        st.run_started_at = None
+        self.reports.new_run()
         self.metrics.horovodrun_up.set(0)
 
     # -- scaling ---------------------------------------------------------------------------------
@@ -784,10 +618,10 @@ class Supervisor:
             return
         if done.refused:
             st.core, note = on.create_refused(st.core, done.name, done.error or "", now)
-            self._say((note,))
+            self.reports.say((note,))
             return
         if done.what == "budget":
-            self._budget_done(done)
+            self.reports.budget_done(done, st.core.budget)
             return
         if done.error is not None:
             self.log.error("worker.create_failed" if done.what == "create" else "kube.failed",
@@ -796,7 +630,7 @@ class Supervisor:
                 st.core, notes = on.create_failed(
                     st.core, done.name, f"cannot create {done.name}: {done.error}",
                     self.cfg.job_name)
-                self._say(notes)
+                self.reports.say(notes)
             return
         if done.what == "create":
             self.metrics.workers_created.inc()
@@ -821,26 +655,6 @@ class Supervisor:
                                   f"{done.note}; created again from the supervisor's memory"))
         else:
             self.log.debug("state.saved")
-
-    def _budget_done(self, done: ActionDone) -> None:
-        """The workers' PodDisruptionBudget kept, or refused: said, never fatal (without it a
-        drain may evict several workers at once, each one leaving gracefully)."""
-        min_available = self.state.core.budget
-        if done.error is None:
-            self.log.info("budget.kept", budget=done.name, min_available=min_available)
-            self.events(EventSpec("Normal", "DisruptionBudgetKept", "Keep",
-                                  f"PodDisruptionBudget {done.name}: minAvailable "
-                                  f"{min_available}: a drain or the autoscaler evicts one "
-                                  "worker at a time"))
-            return
-        self.log.warning("budget.missing", budget=done.name, reason=done.error)
-        if self.state.budget_said != done.error:
-            self.state.budget_said = done.error
-            self.events(EventSpec("Warning", "DisruptionBudgetMissing", "Keep",
-                                  f"no PodDisruptionBudget {done.name} for the workers "
-                                  f"({done.error}): a drain may evict several at once; the "
-                                  "supervisor's ServiceAccount needs create and patch on "
-                                  "poddisruptionbudgets (policy)"))
 
     def _leadership_lost(self, reason: str, now: float) -> None:
         """Another launcher may drive the workers now: stop horovodrun at once (no grace)."""
@@ -931,7 +745,7 @@ class Supervisor:
         # New hosts may be held back while survivors regroup: that depends on the time too.
         host_list = self._listing(st.view_render, now)
         if host_list is not st.host_list:
-            self._report_membership(st.host_list, host_list)
+            self.reports.membership(st.host_list, host_list, running=st.child is not None)
             st.host_list = host_list
             self.metrics.workers_usable.set(len(host_list.lines))
         self.metrics.workers_desired.set(len(fl.active()) if fl is not None else 0)
@@ -1003,29 +817,8 @@ class Supervisor:
             held_said=c.held_said, running=running, now=now),
             cfg.slots_per_worker, cfg.min_np, cfg.max_np)
         st.core = on.listed(c, out)
-        self._say(out.notes)
+        self.reports.say(out.notes)
         return out.host_list
-
-    def _report_membership(self, old: Rendered | None, new: Rendered) -> None:
-        old_out = dict(old.left_out) if old else {}
-        changed = {name: reason.value for name, reason in new.left_out.items()
-                   if old_out.get(name) is not reason}
-        if changed:
-            shown = dict(sorted(changed.items())[:20])
-            self.log.info("workers.unusable", changed=shown, more=len(changed) - len(shown),
-                          unusable=len(new.left_out))
-        before = set(old.hosts) if old else set()
-        after = set(new.hosts)
-        if before == after:
-            return
-        added, removed = sorted(after - before), sorted(before - after)
-        left_out = {name: reason.value for name, reason in new.left_out.items()}
-        self.log.info("workers.changed", added=added, removed=removed, usable=len(after),
-                      left_out=left_out)
-        if self.state.child is not None:
-            self.events(EventSpec("Normal", "WorkersChanged", "Discovery",
-                                  f"usable workers {len(after)}; added {added}; "
-                                  f"removed {removed}"))
 
     def _start(self, argv: Sequence[str], slots: int, np: int) -> None:
         cfg = self.cfg
@@ -1055,7 +848,8 @@ class Supervisor:
                                   "supervisor of this pod still runs: supervised as it is, "
                                   "not restarted"))
         st.child = child
-        st.hangs = replace(st.hangs, run_started_at=self.clock(), reported=set(), world_seq=0)
+        st.run_started_at = self.clock()
+        self.reports.new_run()
         st.core = on.horovodrun_started(st.core)
         if self.channel is None or not cfg.worker_hook:
             why = ("SUPERVISOR_WORKER_HOOK=false" if self.channel is not None

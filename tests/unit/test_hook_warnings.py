@@ -1,4 +1,4 @@
-"""The loop's one-time warnings about the hook (reconcile.Supervisor._hang_warnings): a problem
+"""The loop's one-time warnings about the hook (reports.Reports.warnings): a problem
 the hook reports is one HookProblem Event, and a framework it does not fence yet is one
 HookFrameworkUnfenced Event per framework and run, whatever the number of hosts and ticks."""
 
@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from supervisor.config import parse_config
 from supervisor.decide.hang import Verdict
+from supervisor.decide.memory import hang_settings
 from supervisor.metrics import make_metrics
 from supervisor.model import EventSpec
-from supervisor.reconcile import Supervisor
+from supervisor.reports import Reports
 from tests.helpers import Log
 
 
@@ -17,14 +18,13 @@ def test_an_unfenced_framework_is_said_once_per_run_and_apart_from_other_problem
                         "SUPERVISOR_NP": "2"})
     events: list[EventSpec] = []
     log = Log()
-    loop = Supervisor(cfg, log=log, metrics=make_metrics(), events=events.append,
-                      start_child=None, base_env={}, act=print,  # type: ignore[arg-type]
-                      kill_ssh_clients=None, count_ssh_clients=None)  # type: ignore[arg-type]
+    loop = Reports(cfg, log=log, metrics=make_metrics(), events=events.append, channel=None,
+                   hang_settings=hang_settings(cfg))
     verdict = Verdict(problems=(("10.0.0.1", "Horovod 0.27.0 is not 0.28.x: not patched"),),
                       unfenced=(("10.0.0.1", "horovod.mxnet"),
                                 ("10.0.0.2", "horovod.mxnet")))
     for _ in range(3):  # three ticks
-        loop._hang_warnings(verdict, driver=object(), running_s=5.0)
+        loop.warnings(verdict, driver=object(), running_s=5.0)
     assert [(e.type, e.reason) for e in events] == [("Warning", "HookProblem"),
                                                      ("Warning", "HookFrameworkUnfenced")]
     assert events[1].note.startswith(
@@ -33,8 +33,8 @@ def test_an_unfenced_framework_is_said_once_per_run_and_apart_from_other_problem
     ), events[1].note
     assert ("warning", "hook.framework_unfenced", {
         "framework": "horovod.mxnet", "hosts": ["10.0.0.1", "10.0.0.2"]}) in log.lines
-    loop.state.hangs.reported.clear()  # a new run of horovodrun says it again
-    loop._hang_warnings(verdict, driver=object(), running_s=5.0)
+    loop.new_run()  # a new run of horovodrun says it again
+    loop.warnings(verdict, driver=object(), running_s=5.0)
     assert [e.reason for e in events[2:]] == ["HookProblem", "HookFrameworkUnfenced"]
 
 
@@ -42,18 +42,17 @@ def test_a_silent_process_not_yet_hung_is_said_once_per_silence_with_why() -> No
     cfg = parse_config({"SUPERVISOR_JOB_NAME": "j", "SUPERVISOR_NAMESPACE": "n",
                         "SUPERVISOR_NP": "2"})
     log = Log()
-    loop = Supervisor(cfg, log=log, metrics=make_metrics(), events=print,
-                      start_child=None, base_env={}, act=print,  # type: ignore[arg-type]
-                      kill_ssh_clients=None, count_ssh_clients=None)  # type: ignore[arg-type]
+    loop = Reports(cfg, log=log, metrics=make_metrics(), events=print, channel=None,
+                   hang_settings=hang_settings(cfg))
     early = Verdict(busy=(("10.0.0.1", 7, 3.44, "R"),),
                     unconfirmed=(("10.0.0.2", 8, 3.01, 0.04),))
     for _ in range(3):  # three ticks of the same silences
-        loop._hang_warnings(early, driver=object(), running_s=5.0)
+        loop.warnings(early, driver=object(), running_s=5.0)
     assert [x for x in log.lines if x[1].startswith("worker.silent")] == [
         ("info", "worker.silent_but_running",
          {"host": "10.0.0.1", "pid": 7, "silent_s": 3.4, "state": "R"}),
         ("info", "worker.silent_unconfirmed",
          {"host": "10.0.0.2", "pid": 8, "silent_s": 3.0, "peer_waited_s": 0.0})]
-    loop._hang_warnings(Verdict(), driver=object(), running_s=5.0)  # they spoke again
-    loop._hang_warnings(early, driver=object(), running_s=5.0)
+    loop.warnings(Verdict(), driver=object(), running_s=5.0)  # they spoke again
+    loop.warnings(early, driver=object(), running_s=5.0)
     assert len([x for x in log.lines if x[1].startswith("worker.silent")]) == 4
