@@ -35,9 +35,9 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from supervisor import discovery, hostkeys, reload
+from supervisor import reload
 from supervisor.channel import HookChannel, Snapshot
-from supervisor.config import Config, SshHostKeys, known_hosts_path
+from supervisor.config import Config
 from supervisor.decide import (
     accounting,
     core,
@@ -45,7 +45,6 @@ from supervisor.decide import (
     hang,
     hostlist,
     incidents,
-    listing,
     memory,
     nodes,
     on,
@@ -53,15 +52,14 @@ from supervisor.decide import (
     progress,
     start,
 )
-from supervisor.decide.beats import heartbeating
 from supervisor.decide.classify import (
     NodeState,
     PodMemory,
 )
 from supervisor.decide.fleet import Fleet
-from supervisor.decide.hostlist import Publish, Rendered
 from supervisor.decide.memory import Core
 from supervisor.decide.script import CreatePod, KeepBudget, Op, SaveState
+from supervisor.hostfile import HostFile
 from supervisor.launch import horovodrun_argv, horovodrun_env
 from supervisor.metrics import Metrics
 from supervisor.model import (
@@ -87,7 +85,7 @@ from supervisor.observe import (
     SourceHealth,
 )
 from supervisor.reports import Reports
-from supervisor.workers import disruption_budget, pod_name, worker_pod
+from supervisor.workers import disruption_budget, worker_pod
 
 PROGRESS_EVERY_S = 5.0
 
@@ -118,17 +116,6 @@ class LoopState:
 
     core: Core
     view: ClusterView = field(default_factory=ClusterView)
-    # host string -> UID of the first pod that had it (Horovod blacklists names for good)
-    first_owner: dict[str, str] = field(default_factory=dict)
-    published: str | None = None  # current discovery content; None while withdrawn
-    known_hosts: str | None = None  # the host keys last written (SSH_HOST_KEYS=worker)
-    # the view's last render (hostlist.render): its usable hosts, why the others are left out
-    view_render: Rendered | None = None
-    view_render_from: tuple[object, ...] = ()  # what it was made of (view version, ...)
-    # the host list: view_render less the hosts held back for now (listing.listing); what is
-    # published while the file is not withdrawn
-    host_list: Rendered | None = None
-    memo: hostlist.Memo = field(default_factory=hostlist.Memo)
     child: ChildProcess | None = None
     stop_signal: int | None = None
     kill_at: float | None = None
@@ -136,12 +123,9 @@ class LoopState:
     crashed: bool = False
     memory: dict[str, PodMemory] = field(default_factory=dict)  # by pod name
     api_back_at: float | None = None  # monotonic: the node watch back from an outage
-    # the pods of the active slots, for the fleet they were computed from
-    active_pods: tuple[Fleet | None, frozenset[str] | None] = (None, None)
     replace_from: dict[str, float] = field(default_factory=dict)  # new pod -> failure seen
     scale_version: str | None = None  # resourceVersion of the last scale request seen
     gate_since: float = 0.0  # since when the start gate waits for MIN_NP slots
-    kept: frozenset[str] = frozenset()  # hosts on down nodes kept while they heartbeat
     run_started_at: float | None = None  # monotonic: this run of horovodrun (None: none runs)
     # the job's training progress and its incidents (progress.py, incidents.py), and when they
     # were last handed to the actuator with the state
@@ -186,6 +170,9 @@ class Supervisor:
         self.hang_settings = memory.hang_settings(cfg)
         self.reports = Reports(cfg, log=log, events=events, metrics=metrics, channel=channel,
                                hang_settings=self.hang_settings)
+        self.hostfile = HostFile(cfg, log=log, events=events, metrics=metrics,
+                                 reports=self.reports, channel=channel,
+                                 hang_settings=self.hang_settings, clock=clock)
         self.sizes = start.Sizes(cfg.np, cfg.min_np, cfg.max_np)
         self.leases = leases if cfg.node_lease_s is not None else None
         # SimpleQueue: handle_signal puts from a signal handler, which interrupts the main
@@ -267,9 +254,10 @@ class Supervisor:
                 end = start.not_started(failing=st.core.failing, stop_signal=st.stop_signal)
                 if end is not None:
                     return self._finish(end.code, end.reason)
-                slots = st.host_list.slots(cfg.slots_per_worker) if st.host_list else 0
+                listed = self.hostfile.host_list
+                slots = listed.slots(cfg.slots_per_worker) if listed else 0
                 step = start.gate(self.sizes, synced=st.view.synced,
-                                  published=st.published is not None, slots=slots,
+                                  published=self.hostfile.published is not None, slots=slots,
                                   restart=memory.horovodrun_restarts(st.core) > 0,
                                   waited_s=now - st.gate_since, timeout_s=cfg.start_timeout_s)
                 if isinstance(step, start.Start):
@@ -283,7 +271,7 @@ class Supervisor:
                     next_progress = now + PROGRESS_EVERY_S
                     self.log.info("start.waiting", slots=slots, min_np=cfg.min_np,
                                   synced=st.view.synced, workers=len(st.view.pods),
-                                  left_out=dict(st.host_list.left_out) if st.host_list else {},
+                                  left_out=dict(listed.left_out) if listed else {},
                                   waited_s=round(now - st.gate_since, 1))
             else:
                 if now >= next_reap:  # a walk of the process table: not on every event
@@ -410,18 +398,19 @@ class Supervisor:
         if self.leases is not None and cfg.node_lease_s is not None:
             stale = frozenset(self.leases.older_than(cfg.node_lease_s, now))
             self.reports.slow_leases(self.leases, cfg.node_lease_s)
-        published = st.published or ""
+        hf = self.hostfile
+        published = hf.published or ""
         clients = {} if c.fleet is None else {
             host: self.count_ssh_clients(st.child.pid, host) if st.child is not None else 0
             for host in plan.retiring_hosts(c.fleet, st.view.pods, published, settings.plan,
                                             c.leaving)}
-        host_list = st.host_list
+        host_list = hf.host_list
         p = core.manage(c, memory.Seen(
             pods=st.view.pods, nodes=st.view.nodes, memory=st.memory,
             lease_ages=self.leases.ages(now) if self.leases is not None else None,
-            lease_stale=stale, first_owner=st.first_owner, published=st.published,
-            view_render=st.view_render,
-            listed_hosts=host_list.hosts if host_list is not None and st.published is not None
+            lease_stale=stale, first_owner=hf.first_owner, published=hf.published,
+            view_render=hf.view_render,
+            listed_hosts=host_list.hosts if host_list is not None and hf.published is not None
             else {},
             hooked=hooked, running=running, stopping=st.stop_signal is not None,
             started_at=st.run_started_at if st.run_started_at is not None else now,
@@ -714,111 +703,9 @@ class Supervisor:
             self.metrics.watch_connects.labels(s.kind.value).inc()
 
     def _sync_discovery(self, now: float, earliest: float | None) -> None:
-        st, cfg = self.state, self.cfg
-        fl = st.core.fleet
-        retiring = frozenset() if fl is None else frozenset(
-            pod_name(cfg.job_name, i, fl.slots[i].incarnation) for i in fl.retiring())
-        # Render only when something it reads changed: at 10,000 workers a render is ~10 ms
-        # and the tick comes every RESYNC_SECONDS.
-        hung = st.core.hung
-        declared = st.core.failed
-        if fl is not None and st.active_pods[0] is not fl:
-            st.active_pods = (fl, fleet.current_pods(fl, cfg.job_name))
-        active = st.active_pods[1] if fl is not None else None
-        talking = self._kept_while_heartbeating(now)
-        if talking != st.kept:
-            self.log.info("workers.kept_on_down_nodes", hosts=sorted(talking),
-                          released=sorted(st.kept - talking))
-            st.kept = talking
-        staying = st.core.leave_waits
-        inputs = (st.view.version, retiring, len(st.first_owner), hung, declared, active,
-                  talking, staying)
-        if st.view_render is None or inputs != st.view_render_from:
-            st.view_render = hostlist.render(st.view, cfg.slots_per_worker, cfg.host_mode,
-                                              st.first_owner, retiring=retiring, hung=hung,
-                                              declared=declared, active=active,
-                                              heartbeating=talking, staying=staying,
-                                              memo=st.memo)
-            st.view_render_from = inputs
-            self.metrics.workers_listed.set(len(st.view.pods))
-            self.metrics.workers_live.set(st.view_render.live)
-        # New hosts may be held back while survivors regroup: that depends on the time too.
-        host_list = self._listing(st.view_render, now)
-        if host_list is not st.host_list:
-            self.reports.membership(st.host_list, host_list, running=st.child is not None)
-            st.host_list = host_list
-            self.metrics.workers_usable.set(len(host_list.lines))
-        self.metrics.workers_desired.set(len(fl.active()) if fl is not None else 0)
-        decision = hostlist.decide(st.view.synced, st.view.broken_for(now), cfg.staleness_s,
-                                    host_list)
-        if isinstance(decision, Publish):
-            if decision.content == st.published:
-                return
-            self._write_known_hosts(host_list)  # before the list that names the hosts
-            discovery.write_atomic(cfg.discovery_file, decision.content)
-            written = self.clock()
-            # Only hosts never published before (a set difference, not 10,000 lookups).
-            for host in host_list.hosts.keys() - st.first_owner.keys():
-                st.first_owner[host] = st.view.pods[host_list.hosts[host]]["metadata"]["uid"]
-            self.metrics.discovery_writes.inc()
-            latency = None if earliest is None else written - earliest
-            if latency is not None:
-                self.metrics.discovery_latency.observe(latency)
-            self.log.info("discovery.written", hosts=len(host_list.lines),
-                          slots=host_list.slots(cfg.slots_per_worker),
-                          latency_ms=None if latency is None else round(latency * 1000, 2))
-            st.published = decision.content
-        elif st.published is not None or discovery.read_current(cfg.discovery_file) is not None:
-            discovery.withdraw(cfg.discovery_file)
-            self.metrics.discovery_withdrawals.inc()
-            self.log.warning("discovery.withdrawn", reason=decision.reason)
-            if st.child is not None:
-                self.events(EventSpec("Warning", "DiscoveryWithdrawn", "Discovery",
-                                      f"host list withdrawn: {decision.reason}"))
-            st.published = None
-
-    def _write_known_hosts(self, host_list: Rendered) -> None:
-        """SSH_HOST_KEYS=worker: pin each listed host to its pod's own key (hostkeys.py)."""
-        st, path = self.state, known_hosts_path(self.cfg)
-        if self.cfg.ssh_host_keys != SshHostKeys.WORKER or path is None:
-            return
-        text, missing = hostkeys.known_hosts(
-            {host: st.view.pods[key] for host, key in host_list.hosts.items()},
-            self.cfg.ssh_port)
-        if text == st.known_hosts:
-            return
-        discovery.write_atomic(path, text)
-        if missing:
-            self.log.warning("ssh.host_key_missing", hosts=list(missing),
-                             note="no host key annotation: the driver's ssh refuses them")
-        st.known_hosts = text
-
-    def _kept_while_heartbeating(self, now: float) -> frozenset[str]:
-        """hostlist.kept_while_heartbeating with the hosts heartbeating now (empty without the
-        hook or horovodrun)."""
         st = self.state
-        if self.channel is None or st.child is None:
-            return frozenset()
-        channel, silence = self.channel, self.hang_settings.silence_s
-        return hostlist.kept_while_heartbeating(st.view, self.cfg.host_mode, lambda: [
-            b.host for b in channel.snapshot().beats.values() if heartbeating(b, now, silence)])
-
-    def _listing(self, view_render: Rendered, now: float) -> Rendered:
-        """The hosts to publish (listing.listing, pure): gather its inputs, keep its outputs."""
-        st, cfg, c = self.state, self.cfg, self.state.core
-        running = self.channel is not None and st.child is not None
-        pending = c.regroup if running else None
-        beats = (tuple(self.channel.snapshot().beats.values())
-                 if running and pending is not None and self.channel is not None else ())
-        driver = self.channel.driver() if running and self.channel is not None else None
-        out = listing.listing(listing.Listing(
-            view_render=view_render, published=st.published or "", regroup=pending, beats=beats,
-            driver=driver, listed_since=c.listed_since, reannounced=c.reannounced,
-            held_said=c.held_said, running=running, now=now),
-            cfg.slots_per_worker, cfg.min_np, cfg.max_np)
-        st.core = on.listed(c, out)
-        self.reports.say(out.notes)
-        return out.host_list
+        st.core = on.listed(st.core, self.hostfile.sync(
+            st.core, st.view, running=st.child is not None, now=now, earliest=earliest))
 
     def _start(self, argv: Sequence[str], slots: int, np: int) -> None:
         cfg = self.cfg
