@@ -28,12 +28,10 @@ Kubernetes Events through the injected `events` callable (never blocking).
 from __future__ import annotations
 
 import queue
-import signal
-import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 from supervisor import reload
 from supervisor.channel import HookChannel, Snapshot
@@ -42,7 +40,6 @@ from supervisor.decide import (
     accounting,
     core,
     fleet,
-    hang,
     hostlist,
     incidents,
     memory,
@@ -59,8 +56,9 @@ from supervisor.decide.classify import (
 from supervisor.decide.fleet import Fleet
 from supervisor.decide.memory import Core
 from supervisor.decide.script import CreatePod, KeepBudget, Op, SaveState
+from supervisor.horovodrun import ChildProcess, Horovodrun, Outcome
 from supervisor.hostfile import HostFile
-from supervisor.launch import horovodrun_argv, horovodrun_env
+from supervisor.launch import horovodrun_argv
 from supervisor.metrics import Metrics
 from supervisor.model import (
     ActionDone,
@@ -90,35 +88,12 @@ from supervisor.workers import disruption_budget, worker_pod
 PROGRESS_EVERY_S = 5.0
 
 
-class ChildProcess(Protocol):
-    """What the loop needs from the supervised child (supervisor.proc.Child)."""
-
-    pid: int
-
-    def poll(self) -> int | None: ...
-    def wait(self, timeout: float | None = None) -> int: ...
-    def signal_group(self, sig: int) -> None: ...
-    def kill_tree(self, rounds: int = 3) -> int: ...
-    def reap(self) -> list[int]: ...
-
-
-@dataclass
-class Outcome:
-    """How the run ended: the exit code and a one-line reason."""
-
-    code: int
-    reason: str
-
-
 @dataclass
 class LoopState:
     """Mutable state owned by the loop thread; the decisions' memory is `core` (core.py)."""
 
     core: Core
     view: ClusterView = field(default_factory=ClusterView)
-    child: ChildProcess | None = None
-    stop_signal: int | None = None
-    kill_at: float | None = None
     fatal: str | None = None
     crashed: bool = False
     memory: dict[str, PodMemory] = field(default_factory=dict)  # by pod name
@@ -126,7 +101,6 @@ class LoopState:
     replace_from: dict[str, float] = field(default_factory=dict)  # new pod -> failure seen
     scale_version: str | None = None  # resourceVersion of the last scale request seen
     gate_since: float = 0.0  # since when the start gate waits for MIN_NP slots
-    run_started_at: float | None = None  # monotonic: this run of horovodrun (None: none runs)
     # the job's training progress and its incidents (progress.py, incidents.py), and when they
     # were last handed to the actuator with the state
     progress: progress.Progress = field(default_factory=progress.Progress)
@@ -170,6 +144,9 @@ class Supervisor:
         self.hang_settings = memory.hang_settings(cfg)
         self.reports = Reports(cfg, log=log, events=events, metrics=metrics, channel=channel,
                                hang_settings=self.hang_settings)
+        self.horovodrun = Horovodrun(cfg, log=log, events=events, metrics=metrics,
+                               reports=self.reports, channel=channel, start_child=start_child,
+                               base_env=base_env, submit=self.submit, clock=clock)
         self.hostfile = HostFile(cfg, log=log, events=events, metrics=metrics,
                                  reports=self.reports, channel=channel,
                                  hang_settings=self.hang_settings, clock=clock)
@@ -199,14 +176,15 @@ class Supervisor:
         """Supervise until horovodrun exits or the start fails; return how it ended.
         `adopted`: a horovodrun already running (sidecar mode: started for a supervisor of
         this pod that died), supervised as if this one had started it."""
-        cfg = self.cfg
+        cfg, hr = self.cfg, self.horovodrun
         horovodrun_argv(cfg, command)  # a bad command fails before anything starts
         st = self.state
         st.gate_since = self.clock()
         next_progress = next_reap = st.gate_since
         self._sync_discovery(st.gate_since, None)  # withdraw a file left by a previous run
         if adopted is not None:
-            self._running(adopted, adopted=True)
+            self.horovodrun.running(adopted, adopted=True)
+            self.state.core = on.horovodrun_started(self.state.core)
         while True:
             batch = self._drain(self._timeout())
             now = self.clock()
@@ -225,7 +203,7 @@ class Supervisor:
                         max(0.0, now - health.last_event_at))
             if self.state.fatal:
                 code = ExitCode.INTERNAL if self.state.crashed else ExitCode.KUBE_FATAL
-                return self._finish(code, self.state.fatal)
+                return self.horovodrun.finish(code, self.state.fatal)
             if self.state.view.synced:
                 # The host list first: deciding on many failures at once (a lost node with 100
                 # workers: ssh clients, logs, Events) must not delay what horovodrun reads.
@@ -235,7 +213,7 @@ class Supervisor:
             self._sync_discovery(now, earliest)
             st = self.state
             if st.held_exit is not None and st.core.failing is not None:
-                return self._finish(*st.core.failing)  # the Lease lost meanwhile
+                return self.horovodrun.finish(*st.core.failing)  # the Lease lost meanwhile
             held, exited = memory.judge_exit(st.held_exit, exited, paused=st.paused)
             if held is not None and st.held_exit is None:
                 self.log.warning("horovodrun.exit_held", code=held, reason=(
@@ -245,15 +223,15 @@ class Supervisor:
             st.held_exit = held
             if exited is not None:
                 snap = self.channel.snapshot() if self.channel is not None else None
-                end = start.ended(exited, failing=st.core.failing, stop_signal=st.stop_signal,
+                end = start.ended(exited, failing=st.core.failing, stop_signal=hr.stop_signal,
                                   driver_problems=snap.driver.problems
                                   if snap is not None and snap.driver is not None else ())
                 self.reports.say(() if end.note is None else (end.note,))
-                return self._finish(end.code, end.reason, horovodrun=end.horovodrun)
-            if st.child is None:
-                end = start.not_started(failing=st.core.failing, stop_signal=st.stop_signal)
+                return self.horovodrun.finish(end.code, end.reason, horovodrun=end.horovodrun)
+            if self.horovodrun.child is None:
+                end = start.not_started(failing=st.core.failing, stop_signal=hr.stop_signal)
                 if end is not None:
-                    return self._finish(end.code, end.reason)
+                    return self.horovodrun.finish(end.code, end.reason)
                 listed = self.hostfile.host_list
                 slots = listed.slots(cfg.slots_per_worker) if listed else 0
                 step = start.gate(self.sizes, synced=st.view.synced,
@@ -261,12 +239,13 @@ class Supervisor:
                                   restart=memory.horovodrun_restarts(st.core) > 0,
                                   waited_s=now - st.gate_since, timeout_s=cfg.start_timeout_s)
                 if isinstance(step, start.Start):
-                    self._start(horovodrun_argv(cfg, command, step.np), slots, step.np)
+                    self.horovodrun.start(horovodrun_argv(cfg, command, step.np), slots, step.np)
+                    st.core = on.horovodrun_started(st.core)
                 elif isinstance(step, start.GiveUp):
                     self.log.error("start.timeout", slots=slots, min_np=cfg.min_np,
                                    waited_s=round(now - st.gate_since, 1))
                     self.events(EventSpec("Warning", "StartTimeout", "Start", step.reason))
-                    return self._finish(step.code, step.reason)
+                    return self.horovodrun.finish(step.code, step.reason)
                 elif now >= next_progress:
                     next_progress = now + PROGRESS_EVERY_S
                     self.log.info("start.waiting", slots=slots, min_np=cfg.min_np,
@@ -275,10 +254,9 @@ class Supervisor:
                                   waited_s=round(now - st.gate_since, 1))
             else:
                 if now >= next_reap:  # a walk of the process table: not on every event
-                    st.child.reap()
+                    self.horovodrun.child.reap()
                     next_reap = now + min(1.0, cfg.resync_s)
-                if st.kill_at is not None and now >= st.kill_at:
-                    self._kill_tree("shutdown grace expired")
+                self.horovodrun.tick(now)
 
     def _timeout(self) -> float:
         """How long the next pass may wait for triggers: the tick, or a backoff deadline."""
@@ -289,7 +267,7 @@ class Supervisor:
             due = fleet.next_due(st.core.fleet, wall)
             if due is not None:
                 timeout = min(timeout, due - wall)
-        if self.channel is not None and st.child is not None:
+        if self.channel is not None and self.horovodrun.child is not None:
             # Look again the moment a process would have been silent for the threshold.
             silent = self.channel.next_silence(self.hang_settings.silence_s)
             if silent is not None:
@@ -333,10 +311,10 @@ class Supervisor:
                 if item.synced or item.broken is False:
                     earliest = item.at if earliest is None else min(earliest, item.at)
             elif isinstance(item, ChildExited):
-                if st.child is not None and item.pid in (None, st.child.pid):
+                if (child := self.horovodrun.child) is not None and item.pid in (None, child.pid):
                     exited = item.code  # (a horovodrun restarted for a stall is not news)
             elif isinstance(item, SignalReceived):
-                self._on_signal(item.signum, now)
+                self.horovodrun.on_signal(item.signum, now)
             elif isinstance(item, LeadershipLost):
                 self._leadership_lost(item.reason, now)
             elif isinstance(item, LeadershipPaused):
@@ -391,7 +369,8 @@ class Supervisor:
         script out in order."""
         st, cfg, c = self.state, self.cfg, self.state.core
         settings = memory.Settings.of(cfg)
-        running = st.child is not None
+        child = self.horovodrun.child
+        running = child is not None
         hooked = self.channel is not None
         snap = self.channel.snapshot() if hooked and running and self.channel else None
         stale: frozenset[str] = frozenset()
@@ -401,7 +380,7 @@ class Supervisor:
         hf = self.hostfile
         published = hf.published or ""
         clients = {} if c.fleet is None else {
-            host: self.count_ssh_clients(st.child.pid, host) if st.child is not None else 0
+            host: self.count_ssh_clients(child.pid, host) if child is not None else 0
             for host in plan.retiring_hosts(c.fleet, st.view.pods, published, settings.plan,
                                             c.leaving)}
         host_list = hf.host_list
@@ -412,8 +391,8 @@ class Supervisor:
             view_render=hf.view_render,
             listed_hosts=host_list.hosts if host_list is not None and hf.published is not None
             else {},
-            hooked=hooked, running=running, stopping=st.stop_signal is not None,
-            started_at=st.run_started_at if st.run_started_at is not None else now,
+            hooked=hooked, running=running, stopping=self.horovodrun.stop_signal is not None,
+            started_at=self.horovodrun.started_or(now),
             beats=tuple(snap.beats.values()) if snap is not None else (),
             driver=snap.driver if snap is not None else None,
             ssh_clients=clients, now=now, wall=self.wall(), api_back_at=st.api_back_at),
@@ -430,8 +409,7 @@ class Supervisor:
             self.metrics.horovodrun_restarts.labels(reason).inc()
         if snap is not None and p.verdict is not None:
             self.reports.hangs(snap, p.verdict, restarting=bool(p.restarts), now=now,
-                               started=st.run_started_at if st.run_started_at is not None
-                               else now)
+                               started=self.horovodrun.started_or(now))
         saving = self._account(p, snap, now)
         for todo in p.todo:
             self._carry_out(todo, now)
@@ -487,15 +465,16 @@ class Supervisor:
             self.log.info("worker.fenced", hosts=sorted(todo.hosts), pushed_to=pushed,
                           push_ms=round((time.perf_counter() - t0) * 1000, 2))
         elif isinstance(todo, memory.KillSsh):
-            if st.child is None:
+            if self.horovodrun.child is None:
                 return
             # One walk of horovodrun's tree for all of them (a lost node may take 100).
-            killed = self.kill_ssh_clients(st.child.pid, todo.pods.keys())
+            killed = self.kill_ssh_clients(self.horovodrun.child.pid, todo.pods.keys())
             for host, pod in sorted(todo.pods.items()):
                 self.log.info("worker.ssh_clients_killed", pod=pod, host=host,
                               pids=killed.get(host, []))
         elif isinstance(todo, memory.RestartHorovodrun):
-            self._restart_horovodrun(todo, now)
+            if self.horovodrun.restart(todo, now):
+                st.gate_since = now
         elif isinstance(todo, SaveState):
             self.act(SaveState({**todo.state, "progress": progress.to_dict(st.progress),
                                 "incidents": incidents.to_list(st.book)}))
@@ -518,36 +497,6 @@ class Supervisor:
             self._failing(todo, now)
         else:
             self.act(todo)
-
-    def _restart_horovodrun(self, r: memory.RestartHorovodrun, now: float) -> None:
-        """Training cannot go on in this run of horovodrun (core.manage decided; past the
-        limit it fails the job instead): the processes told to exit, horovodrun's whole tree
-        killed, the start gate again."""
-        st, cfg = self.state, self.cfg
-        if st.child is None:
-            return
-        assert self.channel is not None
-        started = st.run_started_at if st.run_started_at is not None else now
-        trained_s, collectives = hang.run_progress(self.channel.snapshot().beats.values(),
-                                                   started, now)
-        self.log.error("horovodrun.restarting", reason=r.reason, why=r.why, restart=r.restart,
-                       limit=cfg.horovodrun_restart_limit, lost_s=round(trained_s, 1),
-                       lost_collectives=collectives)
-        self.events(EventSpec("Warning", r.reason, "Restart",
-                              f"{r.why}: restarting horovodrun ({r.restart} of "
-                              f"{cfg.horovodrun_restart_limit}). This run trained "
-                              f"{trained_s:.0f}s (up to {collectives} collectives in one "
-                              "process): a script that keeps no checkpoint starts over and "
-                              "loses them; one that does resumes from it"))
-        self.metrics.restart_lost_training.inc(trained_s)
-        self.channel.exit_run(f"{r.reason}: horovodrun is restarted")
-        killed = st.child.kill_tree()
-        self.log.info("horovodrun.killed", reason=r.reason, processes=killed)
-        st.child = None
-        st.gate_since = now
-        st.run_started_at = None
-        self.reports.new_run()
-        self.metrics.horovodrun_up.set(0)
 
     # -- scaling ---------------------------------------------------------------------------------
 
@@ -582,14 +531,10 @@ class Supervisor:
 
     def _failing(self, f: memory.FailJob, now: float) -> None:
         """The run ends: stop horovodrun (SIGTERM, then the tree after the grace)."""
-        st = self.state
         self.log.error("job.failing", code=f.code, reason=f.reason)
         if f.event:
             self.events(EventSpec("Warning", "JobFailing", "Fail", f.reason))
-        if st.child is not None and st.stop_signal is None:
-            st.stop_signal = signal.SIGTERM
-            st.kill_at = now + self.cfg.shutdown_grace_s
-            st.child.signal_group(signal.SIGTERM)
+        self.horovodrun.stop(now)
 
     def _action_done(self, done: ActionDone, now: float) -> None:
         st = self.state
@@ -652,7 +597,7 @@ class Supervisor:
                               f"{reason}; horovodrun stopped at once, exiting "
                               f"{int(ExitCode.LEADERSHIP_LOST)}"))
         self._fail(ExitCode.LEADERSHIP_LOST, f"leadership lost: {reason}", now, event=False)
-        self._kill_tree("leadership lost")
+        self.horovodrun.kill_tree("leadership lost")
 
     def _policy_changed(self, change: PolicyChanged) -> None:
         file = str(self.cfg.policy_file)
@@ -705,93 +650,6 @@ class Supervisor:
     def _sync_discovery(self, now: float, earliest: float | None) -> None:
         st = self.state
         st.core = on.listed(st.core, self.hostfile.sync(
-            st.core, st.view, running=st.child is not None, now=now, earliest=earliest))
-
-    def _start(self, argv: Sequence[str], slots: int, np: int) -> None:
-        cfg = self.cfg
-        hook = (self.channel.new_run(self.base_env.get("PYTHONPATH"))
-                if self.channel is not None else None)
-        child = self.start_child(argv, horovodrun_env(cfg, self.base_env, hook))
-        self.log.info("horovodrun.started", pid=child.pid, slots=slots, np=np, argv=list(argv))
-        self.events(EventSpec("Normal", "HorovodrunStarted", "Start",
-                              f"horovodrun started with {slots} usable slots "
-                              f"(np {np}, min {cfg.min_np}, max {cfg.max_np})"))
-        self._running(child, adopted=False)
-
-    def _running(self, child: ChildProcess, *, adopted: bool) -> None:
-        """Supervise `child` from now on: started by `_start`, or `adopted`."""
-        st, cfg = self.state, self.cfg
-        if adopted and (code := child.poll()) is not None:
-            self.log.info("horovodrun.exit_adopted", pid=child.pid, code=code)
-            self.events(EventSpec("Normal", "HorovodrunExitAdopted", "Start",
-                                  f"horovodrun (pid {child.pid}) started for an earlier "
-                                  f"supervisor of this pod exited with {code} before that "
-                                  "supervisor ended the job: its exit is the job's, training "
-                                  "is not started again"))
-        elif adopted:
-            self.log.info("horovodrun.adopted", pid=child.pid)
-            self.events(EventSpec("Normal", "HorovodrunAdopted", "Start",
-                                  f"horovodrun (pid {child.pid}) started for an earlier "
-                                  "supervisor of this pod still runs: supervised as it is, "
-                                  "not restarted"))
-        st.child = child
-        st.run_started_at = self.clock()
-        self.reports.new_run()
-        st.core = on.horovodrun_started(st.core)
-        if self.channel is None or not cfg.worker_hook:
-            why = ("SUPERVISOR_WORKER_HOOK=false" if self.channel is not None
-                   else "the hook is not installed")
-            self.log.warning("hang_detection.off", reason=why)
-            self.events(EventSpec("Warning", "HangDetectionOff", "Start",
-                                  f"{why}: the training processes are left alone, so no fence "
-                                  "(survivors of a frozen or partitioned worker wait for the "
-                                  "Gloo timeout) and no hang detection"))
-        self.metrics.horovodrun_up.set(1)
-        threading.Thread(target=self._wait_child, args=(child,), name="child-waiter",
-                         daemon=True).start()
-
-    def _wait_child(self, child: ChildProcess) -> None:
-        self.submit(ChildExited(child.wait(), child.pid))
-
-    def _on_signal(self, signum: int, now: float) -> None:
-        st = self.state
-        name = signal.Signals(signum).name
-        if st.child is None:
-            st.stop_signal = signum
-            self.log.info("signal.received", signal=name, child=None)
-            return
-        if st.stop_signal is not None:
-            self.log.warning("signal.repeated", signal=name)
-            self._kill_tree(f"second {name}")
-            return
-        st.stop_signal = signum
-        st.kill_at = now + self.cfg.shutdown_grace_s
-        st.child.signal_group(signum)
-        self.log.info("signal.forwarded", signal=name, pid=st.child.pid,
-                      grace_s=self.cfg.shutdown_grace_s)
-        self.events(EventSpec("Normal", "Stopping", "Stop",
-                              f"{name} forwarded to horovodrun; killing its process tree after "
-                              f"{self.cfg.shutdown_grace_s:g}s"))
-
-    def _kill_tree(self, why: str) -> None:
-        st = self.state
-        if st.child is None:
-            return
-        n = st.child.kill_tree()
-        st.kill_at = None
-        self.log.warning("shutdown.killed_tree", reason=why, processes=n)
-
-    def _finish(self, code: int, reason: str, *, horovodrun: int | None = None) -> Outcome:
-        """End the run with the job's exit `code`; `horovodrun`: horovodrun's own exit code
-        where it differs from the job's (logged and posted as what horovodrun did)."""
-        st = self.state
-        if st.child is not None:
-            own = code if horovodrun is None else horovodrun
-            leftovers = st.child.kill_tree()
-            self.metrics.horovodrun_up.set(0)
-            level = self.log.info if own == 0 else self.log.warning
-            level("horovodrun.exited", code=own, leftovers_killed=leftovers)
-            self.events(EventSpec("Normal" if own == 0 else "Warning", "HorovodrunExited",
-                                  "Exit", f"horovodrun exited with {own}"))
-        return Outcome(int(code), reason)
+            st.core, st.view, running=self.horovodrun.child is not None, now=now,
+            earliest=earliest))
 

@@ -692,8 +692,8 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
         outcome = sup.run(command, adopted)
     except Exception as e:  # a bug: report it once, clean up, exit distinctly
         log.exception("supervisor.crashed", error=str(e))
-        if sup.state.child is not None:
-            sup.state.child.kill_tree()
+        if sup.horovodrun.child is not None:
+            sup.horovodrun.child.kill_tree()
         outcome_code = ExitCode.INTERNAL
     else:
         log.info("supervisor.exited", code=outcome.code, reason=outcome.reason)

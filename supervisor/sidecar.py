@@ -13,7 +13,7 @@ PURE: what a launcher pod must have (`pod_problems`), the hook's ConfigMap and t
 template with it added (`hook_configmap`, `with_hook`), the launch file es-run sources
 (`launch_script`).
 ADAPTER: `install`, `Link` (the files of `run/`) and `RemoteChild`, horovodrun as the loop sees
-it (reconcile.ChildProcess) when it is not our child: it is started, signalled and killed
+it (horovodrun.ChildProcess) when it is not our child: it is started, signalled and killed
 through the shared process namespace, and its exit comes from es-run.
 """
 
@@ -472,7 +472,7 @@ class WrapperGone(Exception):
 
 @dataclass
 class RemoteChild:
-    """horovodrun started by es-run for the supervisor (reconcile.ChildProcess)."""
+    """horovodrun started by es-run for the supervisor (horovodrun.ChildProcess)."""
 
     link: Link
     gen: int
