@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from supervisor.channel import HookChannel
 from supervisor.config import Config
 from supervisor.decide import hang
-from supervisor.decide.memory import RestartHorovodrun
+from supervisor.decide.script import RestartHorovodrun
 from supervisor.launch import horovodrun_env
 from supervisor.metrics import Metrics
 from supervisor.model import ChildExited, EventSpec

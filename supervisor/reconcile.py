@@ -47,6 +47,7 @@ from supervisor.decide import (
     on,
     plan,
     progress,
+    script,
     start,
 )
 from supervisor.decide.classify import (
@@ -458,13 +459,13 @@ class Supervisor:
         st, cfg = self.state, self.cfg
         if isinstance(todo, plan.Note):
             self.reports.say((todo,))
-        elif isinstance(todo, memory.Fence):
+        elif isinstance(todo, script.Fence):
             assert self.channel is not None
             t0 = time.perf_counter()
             pushed = self.channel.fence(todo.hosts)
             self.log.info("worker.fenced", hosts=sorted(todo.hosts), pushed_to=pushed,
                           push_ms=round((time.perf_counter() - t0) * 1000, 2))
-        elif isinstance(todo, memory.KillSsh):
+        elif isinstance(todo, script.KillSsh):
             if self.horovodrun.child is None:
                 return
             # One walk of horovodrun's tree for all of them (a lost node may take 100).
@@ -472,7 +473,7 @@ class Supervisor:
             for host, pod in sorted(todo.pods.items()):
                 self.log.info("worker.ssh_clients_killed", pod=pod, host=host,
                               pids=killed.get(host, []))
-        elif isinstance(todo, memory.RestartHorovodrun):
+        elif isinstance(todo, script.RestartHorovodrun):
             if self.horovodrun.restart(todo, now):
                 st.gate_since = now
         elif isinstance(todo, SaveState):
@@ -481,7 +482,7 @@ class Supervisor:
             fl = st.core.fleet
             self.metrics.restart_budget_left.set(max(0, cfg.policy.budgets.restart_limit - (
                 fl.ledger.total if fl is not None else 0)))
-        elif isinstance(todo, memory.CreateWorker):
+        elif isinstance(todo, script.CreateWorker):
             x = todo.create
             self.act(CreatePod(worker_pod(
                 cfg.worker_template, job=cfg.job_name,  # type: ignore[arg-type]
@@ -490,10 +491,10 @@ class Supervisor:
                 suspect_nodes=list(todo.suspect_nodes), ahead_of=todo.ahead_of,
                 hold_in=cfg.worker_container or cfg.worker_template[  # type: ignore[index]
                     "spec"]["containers"][0]["name"])))
-        elif isinstance(todo, memory.KeepMinAvailable):
+        elif isinstance(todo, script.KeepMinAvailable):
             self.act(KeepBudget(disruption_budget(
                 fleet.budget_name(cfg.job_name), cfg.job_name, todo.min_available, self.owner)))
-        elif isinstance(todo, memory.FailJob):
+        elif isinstance(todo, script.FailJob):
             self._failing(todo, now)
         else:
             self.act(todo)
@@ -529,7 +530,7 @@ class Supervisor:
         if failing is not None:
             self._failing(failing, now)
 
-    def _failing(self, f: memory.FailJob, now: float) -> None:
+    def _failing(self, f: script.FailJob, now: float) -> None:
         """The run ends: stop horovodrun (SIGTERM, then the tree after the grace)."""
         self.log.error("job.failing", code=f.code, reason=f.reason)
         if f.event:

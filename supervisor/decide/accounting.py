@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from supervisor.decide import incidents, memory, progress
+from supervisor.decide import incidents, progress, script
 from supervisor.decide.beats import Beat, heartbeating
 from supervisor.decide.hostlist import HostMode
 from supervisor.observe import Obj
@@ -38,13 +38,13 @@ def account(before: progress.Progress, book: incidents.Book, todo: Sequence[obje
     after = progress.observe(before, beats, desired=desired, now=now, wall=wall)
     opened = incidents.opened_in(todo)
     created = tuple((t.create.slot, t.create.name) for t in todo
-                    if isinstance(t, memory.CreateWorker))
+                    if isinstance(t, script.CreateWorker))
     wanted = {n for o in opened for n in o.pods} | {
         r for x in book.incidents if x.open for r in x.replacements} | {n for _, n in created}
     seen = {n: incidents.pod_seen(pods[n], mode, job) for n in wanted if n in pods}
     joined = frozenset(b.host for b in beats if b.rank is not None
                        and heartbeating(b, now, progress.FRESH_S, inclusive=True))
-    fenced = frozenset(h for t in todo if isinstance(t, memory.Fence) for h in t.hosts)
+    fenced = frozenset(h for t in todo if isinstance(t, script.Fence) for h in t.hosts)
     new_book, reached = incidents.advance(book, incidents.Tick(
         wall, opened, fenced, created, seen, joined, after))
     was_open = {x.id for x in book.incidents if x.open}

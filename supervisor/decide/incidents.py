@@ -4,13 +4,13 @@ An incident opens with a decision of the pass (core.manage's notes): a worker fa
 (`worker.failed`, one incident for the workers of one cause failed in one pass: a node's), hung
 (`worker.hung`) or stuck (`worker.stuck`, cause Stall) before it is failed, announced to go
 (`worker.leaving`, a graceful leave), a scale applied (`scale.applied`), horovodrun restarted
-(memory.RestartHorovodrun).
+(script.RestartHorovodrun).
 Its phases, each reached once, in epoch seconds:
 
   detected   the pass that decided it
-  fenced     its hosts declared dead to the training processes (memory.Fence)
+  fenced     its hosts declared dead to the training processes (script.Fence)
   resumed    world rank 0 trained again in a world newer than the one at detection
-  created    its replacement pod created (memory.CreateWorker for its slot; a scale-out: a slot
+  created    its replacement pod created (script.CreateWorker for its slot; a scale-out: a slot
              no other open incident waits for)
   scheduled  the replacement has a node
   started    the replacement's pod runs
@@ -30,9 +30,9 @@ from typing import Any
 
 from supervisor.decide.fleet import slot_of
 from supervisor.decide.hostlist import HostMode, host_of
-from supervisor.decide.memory import RestartHorovodrun
 from supervisor.decide.plan import Note
 from supervisor.decide.progress import Progress
+from supervisor.decide.script import RestartHorovodrun
 from supervisor.observe import Obj
 
 PHASES = ("detected", "fenced", "resumed", "created", "scheduled", "started", "joined", "full")

@@ -29,7 +29,16 @@ from supervisor.decide.hang import HangSettings, Verdict
 from supervisor.decide.hostlist import Rendered
 from supervisor.decide.plan import Note
 from supervisor.decide.policy import Policy
-from supervisor.decide.script import DeletePod, SaveState
+from supervisor.decide.script import (
+    CreateWorker,
+    DeletePod,
+    FailJob,
+    Fence,
+    KeepMinAvailable,
+    KillSsh,
+    RestartHorovodrun,
+    SaveState,
+)
 from supervisor.observe import Obj
 
 if TYPE_CHECKING:  # the settings are read from it by the caller (scripts/layers.py)
@@ -160,54 +169,6 @@ class Seen:
     wall: float  # epoch (the fleet's clock)
     # monotonic: when the supervisor's node watch came back from its last outage (None: none)
     api_back_at: float | None = None
-
-
-@dataclass(frozen=True)
-class Fence:
-    """Tell the hook in every training process: these hosts are gone (the driver skips them,
-    survivors stalled on them leave their collective)."""
-
-    hosts: frozenset[str]
-
-
-@dataclass(frozen=True)
-class KillSsh:
-    """Kill horovodrun's ssh clients to these hosts (host -> the failed pod): a frozen worker
-    never closes them, and Horovod waits on them."""
-
-    pods: Mapping[str, str]
-
-
-@dataclass(frozen=True)
-class RestartHorovodrun:
-    """Tell the training processes to exit, kill horovodrun's tree, start again at the gate."""
-
-    reason: str  # the Event's reason: TrainingStalled, RendezvousBroken, RendezvousStuck
-    why: str
-    restart: int  # this restart's number (1-based)
-
-
-@dataclass(frozen=True)
-class CreateWorker:
-    create: fleet.Create
-    lost_nodes: tuple[str, ...]  # nodes down or silent: the replacement avoids them
-    suspect_nodes: tuple[str, ...]  # nodes where a worker hung lately: preferred against
-    ahead_of: str | None = None  # placed ahead of this worker's move (move_ahead)
-
-
-@dataclass(frozen=True)
-class KeepMinAvailable:
-    """Keep the workers' PodDisruptionBudget at `min_available` (workers.disruption_budget;
-    the loop hands the actuator its manifest: script.KeepBudget)."""
-
-    min_available: int
-
-
-@dataclass(frozen=True)
-class FailJob:
-    code: int
-    reason: str
-    event: bool  # post the JobFailing Event (a decision's own Event may have said it)
 
 
 Todo = (Note | Fence | KillSsh | RestartHorovodrun | DeletePod | SaveState | CreateWorker

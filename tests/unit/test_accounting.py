@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from supervisor.decide import accounting, memory, progress
+from supervisor.decide import accounting, progress, script
 from supervisor.decide.beats import Beat
 from supervisor.decide.hostlist import HostMode
 from supervisor.decide.incidents import Book
@@ -49,7 +49,7 @@ def test_a_quiet_job_saves_its_progress_every_ten_seconds_and_no_more() -> None:
 def test_an_incident_is_saved_as_it_moves_on_and_closed_once() -> None:
     pods = {f"{JOB}-w{i}-1": pod(i, 1, "running", f"10.1.0.{10 + i}") for i in range(2)}
     first = run([(0.0, 100, ()), (1.0, 101, (failed(f"{JOB}-w1-1"),
-                                             memory.Fence(frozenset({"10.1.0.11"})),
+                                             script.Fence(frozenset({"10.1.0.11"})),
                                              create(1, 2)))], pods)
     opened = first[-1]
     assert [(i.cause, ph) for i, ph in opened.reached][:1] == [("ExitCode", "detected")]

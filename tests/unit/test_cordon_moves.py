@@ -13,8 +13,8 @@ from typing import Any
 from supervisor.decide.classify import Cause, Failure
 from supervisor.decide.core import manage
 from supervisor.decide.failures import Failed
-from supervisor.decide.memory import CreateWorker
 from supervisor.decide.plan import Note
+from supervisor.decide.script import CreateWorker
 from supervisor.workers import pod_name
 from tests.unit import shapes
 from tests.unit.test_core import (

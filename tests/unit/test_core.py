@@ -38,7 +38,7 @@ from supervisor.decide.plan import Settings as PlanSettings
 from supervisor.decide.policy import Action, Policy, Rule
 from supervisor.decide.quarantine import Quarantine
 from supervisor.decide.regroup import Pending
-from supervisor.decide.script import DeletePod, SaveState
+from supervisor.decide.script import DeletePod, KeepMinAvailable, SaveState
 from supervisor.model import ExitCode
 from supervisor.workers import LABEL_INCARNATION, LABEL_JOB, LABEL_ROLE, LABEL_SLOT, pod_name
 from tests.unit import shapes
@@ -142,7 +142,7 @@ def script(p: memory.Pass) -> list[Any]:
             out.append(("restart", t.reason, t.restart))
         elif isinstance(t, FailJob):
             out.append(("fail", t.code))
-        elif isinstance(t, memory.KeepMinAvailable):
+        elif isinstance(t, KeepMinAvailable):
             out.append(("budget", t.min_available))
     return out
 

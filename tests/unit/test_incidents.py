@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.decide import incidents, memory
+from supervisor.decide import incidents, script
 from supervisor.decide.fleet import Create
 from supervisor.decide.hostlist import HostMode
 from supervisor.decide.incidents import Book, Tick
@@ -45,8 +45,8 @@ def failed(name: str, cause: str = "ExitCode", slot: int = 1) -> Note:
         "restart_limit": 5})
 
 
-def create(slot: int, inc: int) -> memory.CreateWorker:
-    return memory.CreateWorker(Create(slot, inc, f"{JOB}-w{slot}-{inc}", "node-a"), (), ())
+def create(slot: int, inc: int) -> script.CreateWorker:
+    return script.CreateWorker(Create(slot, inc, f"{JOB}-w{slot}-{inc}", "node-a"), (), ())
 
 
 class Job:
@@ -71,9 +71,9 @@ class Job:
             grew_at=self.t if grew else p.grew_at, step=p.step + grew, redone=p.redone,
             lost_ws=p.lost_ws + (0.0 if grew else dt * p.desired))
         seen = {n: incidents.pod_seen(x, HostMode.POD_IP, JOB) for n, x in self.pods.items()}
-        fenced = frozenset(h for x in todo if isinstance(x, memory.Fence) for h in x.hosts)
+        fenced = frozenset(h for x in todo if isinstance(x, script.Fence) for h in x.hosts)
         created = tuple((x.create.slot, x.create.name) for x in todo
-                        if isinstance(x, memory.CreateWorker))
+                        if isinstance(x, script.CreateWorker))
         self.book, reached = incidents.advance(self.book, Tick(
             self.t, incidents.opened_in(todo), fenced, created, seen, frozenset(self.joined),
             self.progress))
@@ -101,7 +101,7 @@ def replaced(j: Job, slot: int, old_ip: str, new_ip: str) -> None:
 def test_a_killed_worker_is_fenced_the_survivors_resume_and_the_replacement_joins() -> None:
     j = Job()
     j.joined.discard("10.1.0.11")
-    j.tick(failed(f"{JOB}-w1-1"), memory.Fence(frozenset({"10.1.0.11"})), create(1, 2))
+    j.tick(failed(f"{JOB}-w1-1"), script.Fence(frozenset({"10.1.0.11"})), create(1, 2))
     j.tick()
     j.tick(grew=True, reset=True, world=1)  # the survivor trains alone
     assert j.book.incidents[0].open
@@ -123,10 +123,10 @@ def test_a_force_delete_and_a_hang_are_one_incident_each_whatever_follows() -> N
     hung = Note("warning", "worker.hung", {"pod": f"{JOB}-w2-1", "host": "10.1.0.12",
                                            "pid": 7, "silent_s": 3.1, "detail": "silent"})
     j.tick(hung)
-    j.tick(failed(f"{JOB}-w2-1", "Hung", 2), memory.Fence(frozenset({"10.1.0.12"})),
+    j.tick(failed(f"{JOB}-w2-1", "Hung", 2), script.Fence(frozenset({"10.1.0.12"})),
            create(2, 2))
     del j.pods[f"{JOB}-w0-1"]  # force-deleted: gone from the view as it is decided
-    j.tick(failed(f"{JOB}-w0-1", "PodForceDeleted", 0), memory.Fence(frozenset({"10.1.0.10"})))
+    j.tick(failed(f"{JOB}-w0-1", "PodForceDeleted", 0), script.Fence(frozenset({"10.1.0.10"})))
     assert [(x.cause, x.pods, x.slots) for x in j.book.incidents] == [
         ("Hung", (f"{JOB}-w2-1",), (2,)), ("PodForceDeleted", (f"{JOB}-w0-1",), (0,))]
     hung_s = j.seconds(0)
@@ -137,12 +137,12 @@ def test_a_force_delete_and_a_hang_are_one_incident_each_whatever_follows() -> N
 def test_a_frozen_node_fails_its_workers_as_one_incident_and_overlaps_end_together() -> None:
     j = Job(3)
     gone = [failed(f"{JOB}-w{i}-1", "NodeNotReady", i) for i in (0, 1)]
-    j.tick(*gone, memory.Fence(frozenset({"10.1.0.10", "10.1.0.11"})), create(0, 2), create(1, 2))
+    j.tick(*gone, script.Fence(frozenset({"10.1.0.10", "10.1.0.11"})), create(0, 2), create(1, 2))
     (inc,) = j.book.incidents
     assert inc.slots == (0, 1) and inc.label() == "NodeNotReady w0 w1"
     j.tick(grew=True, reset=True, world=1)
     # a fault in the middle of the recovery: the last survivor's replacement... another kill
-    j.tick(failed(f"{JOB}-w2-1", "ExitCode", 2), memory.Fence(frozenset({"10.1.0.12"})))
+    j.tick(failed(f"{JOB}-w2-1", "ExitCode", 2), script.Fence(frozenset({"10.1.0.12"})))
     for slot, ip in ((0, "10.1.0.20"), (1, "10.1.0.21")):
         j.pods[f"{JOB}-w{slot}-2"] = pod(slot, 2, "running", ip)
         j.joined.add(ip)
@@ -191,7 +191,7 @@ def test_a_scale_waits_for_the_world_of_the_new_size(to: int, cause: str) -> Non
 
 def test_a_horovodrun_restart_is_an_incident_too() -> None:
     j = Job()
-    j.tick(memory.RestartHorovodrun("TrainingStalled", "no progress", 1))
+    j.tick(script.RestartHorovodrun("TrainingStalled", "no progress", 1))
     j.tick(dt=5.0)
     j.tick(grew=True, reset=True)
     inc = j.book.incidents[0]

@@ -16,9 +16,10 @@ import pytest
 
 from supervisor.decide import quarantine, starts
 from supervisor.decide.core import manage
-from supervisor.decide.memory import Core, CreateWorker
+from supervisor.decide.memory import Core
 from supervisor.decide.plan import Note
 from supervisor.decide.policy import Budgets, Policy
+from supervisor.decide.script import CreateWorker
 from supervisor.workers import LABEL_INCARNATION, LABEL_JOB, LABEL_ROLE, LABEL_SLOT, pod_name
 from tests.unit import shapes
 from tests.unit.test_core import JOB, NOW, PODS, STEADY, script, seen, worker

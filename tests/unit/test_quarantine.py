@@ -12,11 +12,11 @@ from supervisor.decide import fleet
 from supervisor.decide.classify import Cause, Failure
 from supervisor.decide.core import manage
 from supervisor.decide.failures import Failed
-from supervisor.decide.memory import Core, CreateWorker
+from supervisor.decide.memory import Core
 from supervisor.decide.nodes import quarantine_signs
 from supervisor.decide.plan import Leaving, Note
 from supervisor.decide.quarantine import STARVED_S, Kind, Quarantine, Settings, Sign, room, step
-from supervisor.decide.script import DeletePod, SaveState
+from supervisor.decide.script import CreateWorker, DeletePod, SaveState
 from supervisor.workers import not_on, pod_name
 from tests.unit import shapes
 from tests.unit.test_core import JOB, NOW, PODS, STEADY, WALL, died, exited, seen, worker
