@@ -43,7 +43,6 @@ from supervisor.decide import (
     hostlist,
     incidents,
     memory,
-    nodes,
     on,
     plan,
     progress,
@@ -91,27 +90,16 @@ PROGRESS_EVERY_S = 5.0
 
 @dataclass
 class LoopState:
-    """Mutable state owned by the loop thread; the decisions' memory is `core` (core.py)."""
+    """What the loop thread holds: the decisions' memory (`core`, written only by decide/), the
+    view, each pod's watch memory, a watch's or an action's fatal error, and when each
+    replacement's failure was seen (for the latency metric)."""
 
     core: Core
     view: ClusterView = field(default_factory=ClusterView)
     fatal: str | None = None
     crashed: bool = False
     memory: dict[str, PodMemory] = field(default_factory=dict)  # by pod name
-    api_back_at: float | None = None  # monotonic: the node watch back from an outage
     replace_from: dict[str, float] = field(default_factory=dict)  # new pod -> failure seen
-    scale_version: str | None = None  # resourceVersion of the last scale request seen
-    gate_since: float = 0.0  # since when the start gate waits for MIN_NP slots
-    # the job's training progress and its incidents (progress.py, incidents.py), and when they
-    # were last handed to the actuator with the state
-    progress: progress.Progress = field(default_factory=progress.Progress)
-    book: incidents.Book = field(default_factory=incidents.Book)
-    progress_saved_at: float = 0.0
-    paused: bool = False  # the leader Lease cannot be renewed (LeadershipPaused until resumed)
-    # horovodrun's exit code, seen while paused: not judged until the Lease says whose the job
-    # is (a standby may have taken the workers, whose processes then end this run's: hook
-    # owner.py); judged once resumed, or the exit is LEADERSHIP_LOST's once the Lease is lost
-    held_exit: int | None = None
 
 
 class Supervisor:
@@ -152,13 +140,14 @@ class Supervisor:
                                  reports=self.reports, channel=channel,
                                  hang_settings=self.hang_settings, clock=clock)
         self.sizes = start.Sizes(cfg.np, cfg.min_np, cfg.max_np)
+        self.limits = on.ScaleLimits(cfg.min_np, cfg.max_np, cfg.slots_per_worker)
         self.leases = leases if cfg.node_lease_s is not None else None
         # SimpleQueue: handle_signal puts from a signal handler, which interrupts the main
         # thread anywhere, even inside this queue's get; a queue.Queue's Lock would deadlock.
         self.queue: queue.SimpleQueue[Trigger] = queue.SimpleQueue()
-        self.state = LoopState(core=Core(fleet=workers),
-                               progress=progress.from_dict((stored or {}).get("progress")),
-                               book=incidents.from_list((stored or {}).get("incidents")))
+        self.state = LoopState(core=Core(
+            fleet=workers, progress=progress.from_dict((stored or {}).get("progress")),
+            book=incidents.from_list((stored or {}).get("incidents"))))
         if workers is not None and cfg.worker_template is None:
             raise ValueError("a fleet needs the worker template")
 
@@ -180,9 +169,9 @@ class Supervisor:
         cfg, hr = self.cfg, self.horovodrun
         horovodrun_argv(cfg, command)  # a bad command fails before anything starts
         st = self.state
-        st.gate_since = self.clock()
-        next_progress = next_reap = st.gate_since
-        self._sync_discovery(st.gate_since, None)  # withdraw a file left by a previous run
+        st.core = on.gate_opened(st.core, self.clock())
+        next_progress = next_reap = st.core.gate_since
+        self._sync_discovery(st.core.gate_since, None)  # withdraw a file left by a previous run
         if adopted is not None:
             self.horovodrun.running(adopted, adopted=True)
             self.state.core = on.horovodrun_started(self.state.core)
@@ -213,15 +202,14 @@ class Supervisor:
                 earliest = None  # what _manage changes (scale-in) is not a watch latency
             self._sync_discovery(now, earliest)
             st = self.state
-            if st.held_exit is not None and st.core.failing is not None:
+            if st.core.held_exit is not None and st.core.failing is not None:
                 return self.horovodrun.finish(*st.core.failing)  # the Lease lost meanwhile
-            held, exited = memory.judge_exit(st.held_exit, exited, paused=st.paused)
-            if held is not None and st.held_exit is None:
+            st.core, exited, held = on.exit_seen(st.core, exited)
+            if held:
                 self.log.warning("horovodrun.exit_held", code=held, reason=(
                     "horovodrun exited while this launcher cannot renew the leader Lease: "
                     "another launcher may have taken the workers; judged once the Lease says "
                     "whose the job is"))
-            st.held_exit = held
             if exited is not None:
                 snap = self.channel.snapshot() if self.channel is not None else None
                 end = start.ended(exited, failing=st.core.failing, stop_signal=hr.stop_signal,
@@ -238,13 +226,13 @@ class Supervisor:
                 step = start.gate(self.sizes, synced=st.view.synced,
                                   published=self.hostfile.published is not None, slots=slots,
                                   restart=memory.horovodrun_restarts(st.core) > 0,
-                                  waited_s=now - st.gate_since, timeout_s=cfg.start_timeout_s)
+                                  waited_s=now - st.core.gate_since, timeout_s=cfg.start_timeout_s)
                 if isinstance(step, start.Start):
                     self.horovodrun.start(horovodrun_argv(cfg, command, step.np), slots, step.np)
                     st.core = on.horovodrun_started(st.core)
                 elif isinstance(step, start.GiveUp):
                     self.log.error("start.timeout", slots=slots, min_np=cfg.min_np,
-                                   waited_s=round(now - st.gate_since, 1))
+                                   waited_s=round(now - st.core.gate_since, 1))
                     self.events(EventSpec("Warning", "StartTimeout", "Start", step.reason))
                     return self.horovodrun.finish(step.code, step.reason)
                 elif now >= next_progress:
@@ -252,7 +240,7 @@ class Supervisor:
                     self.log.info("start.waiting", slots=slots, min_np=cfg.min_np,
                                   synced=st.view.synced, workers=len(st.view.pods),
                                   left_out=dict(listed.left_out) if listed else {},
-                                  waited_s=round(now - st.gate_since, 1))
+                                  waited_s=round(now - st.core.gate_since, 1))
             else:
                 if now >= next_reap:  # a walk of the process table: not on every event
                     self.horovodrun.child.reap()
@@ -319,10 +307,10 @@ class Supervisor:
             elif isinstance(item, LeadershipLost):
                 self._leadership_lost(item.reason, now)
             elif isinstance(item, LeadershipPaused):
-                st.paused = True
+                st.core = on.leadership(st.core, paused=True)
                 self.log.warning("leader.paused", reason=item.reason)
             elif isinstance(item, LeadershipResumed):
-                st.paused = False
+                st.core = on.leadership(st.core, paused=False)
                 self.log.info("leader.resumed", paused_s=round(item.paused_s, 1))
                 self.events(EventSpec(
                     "Normal", "LeadershipResumed", "Lead",
@@ -396,7 +384,7 @@ class Supervisor:
             started_at=self.horovodrun.started_or(now),
             beats=tuple(snap.beats.values()) if snap is not None else (),
             driver=snap.driver if snap is not None else None,
-            ssh_clients=clients, now=now, wall=self.wall(), api_back_at=st.api_back_at),
+            ssh_clients=clients, now=now, wall=self.wall(), api_back_at=st.core.api_back_at),
             settings)
         st.core = p.core
         st.replace_from.update(p.replace_from)
@@ -424,12 +412,12 @@ class Supervisor:
         st, cfg, m = self.state, self.cfg, self.metrics
         fl = p.core.fleet
         desired = (len(fl.active()) if fl is not None else 0) * cfg.slots_per_worker or cfg.np
-        before = st.progress
-        a = accounting.account(before, st.book, p.todo,
+        before = st.core.progress
+        a = accounting.account(before, st.core.book, p.todo,
                                snap.beats.values() if snap is not None else (), st.view.pods,
                                desired=desired, mode=cfg.host_mode, job=cfg.job_name,
-                               now=now, wall=self.wall(), saved_at=st.progress_saved_at)
-        st.progress, st.book, st.progress_saved_at = a.progress, a.book, a.saved_at
+                               now=now, wall=self.wall(), saved_at=st.core.progress_saved_at)
+        st.core = on.accounted(st.core, a)
         after = a.progress
         m.training_steps.inc(after.step - before.step)
         m.steps_recomputed.inc(after.redone - before.redone)
@@ -475,10 +463,10 @@ class Supervisor:
                               pids=killed.get(host, []))
         elif isinstance(todo, script.RestartHorovodrun):
             if self.horovodrun.restart(todo, now):
-                st.gate_since = now
+                st.core = on.gate_opened(st.core, now)
         elif isinstance(todo, SaveState):
-            self.act(SaveState({**todo.state, "progress": progress.to_dict(st.progress),
-                                "incidents": incidents.to_list(st.book)}))
+            self.act(SaveState({**todo.state, "progress": progress.to_dict(st.core.progress),
+                                "incidents": incidents.to_list(st.core.book)}))
             fl = st.core.fleet
             self.metrics.restart_budget_left.set(max(0, cfg.policy.budgets.restart_limit - (
                 fl.ledger.total if fl is not None else 0)))
@@ -505,24 +493,8 @@ class Supervisor:
         st = self.state
         if ev.type is EventType.DELETED:
             return
-        rv = ev.obj["metadata"].get("resourceVersion")
-        if rv == st.scale_version:
-            return
-        st.scale_version = rv
-        raw = (ev.obj.get("data") or {}).get(fleet.SCALE_KEY)
-        try:
-            workers = fleet.scale_request(raw)
-        except ValueError as e:
-            name = ev.obj["metadata"]["name"]
-            lo, hi = fleet.limits(self.cfg.min_np, self.cfg.max_np, self.cfg.slots_per_worker)
-            shown = raw if raw is None or len(raw) <= 80 else raw[:80] + "..."
-            self.log.error("scale.invalid", configmap=name, data=shown, reason=str(e))
-            self.events(EventSpec("Warning", "ScaleRefused", "Scale",
-                                  f"configmap {name}: {fleet.SCALE_KEY} {shown!r} refused: {e}; "
-                                  f'expected {{"workers": N}}, N an integer in [{lo}, {hi}] '
-                                  "(use `elastic-supervisor scale`): the size is kept"))
-            return
-        st.core = on.scale_asked(st.core, workers)
+        st.core, refused = on.scale_seen(st.core, ev.obj, self.limits)
+        self.reports.say(() if refused is None else (refused,))
 
     def _fail(self, code: int, reason: str, now: float, *, event: bool = True) -> None:
         """End the run with `code` (unless it ends already)."""
@@ -643,8 +615,9 @@ class Supervisor:
             if health.broken_since is not None:
                 self.log.info("watch.connected", kind=s.kind.value,
                               broken_s=round(s.at - health.broken_since, 3))
-                if s.kind is Kind.NODE and s.at - health.broken_since >= nodes.OUTAGE_MIN_S:
-                    self.state.api_back_at = s.at  # nodes it marks now may be its artefact
+                if s.kind is Kind.NODE:  # nodes it marks now may be its outage's artefact
+                    self.state.core = on.node_watch_back(self.state.core, s.at,
+                                                         s.at - health.broken_since)
             health.broken_since = None
             self.metrics.watch_connects.labels(s.kind.value).inc()
 

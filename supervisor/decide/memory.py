@@ -14,7 +14,9 @@ from supervisor.decide import (
     disruption,
     failures,
     fleet,
+    incidents,
     plan,
+    progress,
     quarantine,
     regroup,
 )
@@ -143,6 +145,21 @@ class Core:
     unstarted_since: Mapping[str, float] = field(default_factory=dict)
     unstarted: Mapping[int, int] = field(default_factory=dict)
     start_said: Mapping[str, str] = field(default_factory=dict)
+    # the start gate: since when it waits for MIN_NP usable slots (monotonic)
+    gate_since: float = 0.0
+    api_back_at: float | None = None  # monotonic: the node watch back from an outage
+    scale_version: str | None = None  # resourceVersion of the last scale request seen
+    # the leader Lease cannot be renewed (LeadershipPaused until resumed); horovodrun's exit
+    # code seen meanwhile: not judged until the Lease says whose the job is (a standby may have
+    # taken the workers, whose processes then end this run's: hook owner.py); judged once
+    # resumed, or the exit is LEADERSHIP_LOST's once the Lease is lost
+    paused: bool = False
+    held_exit: int | None = None
+    # the job's training progress and its incidents (accounting.py), and when they were last
+    # due to be saved with the state (epoch seconds)
+    progress: progress.Progress = field(default_factory=progress.Progress)
+    book: incidents.Book = field(default_factory=incidents.Book)
+    progress_saved_at: float = 0.0
 
 
 @dataclass(frozen=True)

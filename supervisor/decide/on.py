@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from supervisor import admission
-from supervisor.decide import failures, listing
+from supervisor.decide import accounting, failures, fleet, listing, nodes
 from supervisor.decide.classify import (
     ClassifySettings,
     NodeState,
@@ -23,7 +23,7 @@ from supervisor.decide.classify import (
     node_down_since,
     remember,
 )
-from supervisor.decide.memory import Core
+from supervisor.decide.memory import Core, judge_exit
 from supervisor.decide.plan import Note
 from supervisor.model import EventSpec
 from supervisor.observe import EventType, Obj
@@ -156,3 +156,67 @@ def listed(c: Core, out: listing.Listed) -> Core:
         return c
     return replace(c, regroup=out.regroup, reannounced=out.reannounced,
                    held_said=out.held_said)
+
+
+def gate_opened(c: Core, now: float) -> Core:
+    """The start gate waits for MIN_NP usable slots from `now` (the first start, a restart)."""
+    return replace(c, gate_since=now)
+
+
+def node_watch_back(c: Core, at: float, broken_s: float) -> Core:
+    """The node watch connected again after `broken_s`: after an outage (nodes.OUTAGE_MIN_S
+    or longer, not a routine reconnect) the nodes the control plane marks down now may be its
+    artefact (the settling hold counts from `at`)."""
+    return replace(c, api_back_at=at) if broken_s >= nodes.OUTAGE_MIN_S else c
+
+
+@dataclass(frozen=True)
+class ScaleLimits:
+    """The job's sizes, for a scale request's range (fleet.limits)."""
+
+    min_np: int
+    max_np: int
+    slots_per_worker: int
+
+
+def scale_seen(c: Core, obj: Obj, limits: ScaleLimits) -> tuple[Core, Note | None]:
+    """The scale request's ConfigMap as the watch showed it: a new version asks for a size
+    (applied by the pass), or is refused with why and what is accepted (the size is kept)."""
+    rv = obj["metadata"].get("resourceVersion")
+    if rv == c.scale_version:
+        return c, None
+    c = replace(c, scale_version=rv)
+    raw = (obj.get("data") or {}).get(fleet.SCALE_KEY)
+    try:
+        workers = fleet.scale_request(raw)
+    except ValueError as e:
+        name = obj["metadata"]["name"]
+        lo, hi = fleet.limits(limits.min_np, limits.max_np, limits.slots_per_worker)
+        shown = raw if raw is None or len(raw) <= 80 else raw[:80] + "..."
+        return c, Note("error", "scale.invalid", {"configmap": name, "data": shown,
+                                                   "reason": str(e)},
+                       EventSpec("Warning", "ScaleRefused", "Scale",
+                                 f"configmap {name}: {fleet.SCALE_KEY} {shown!r} refused: {e}; "
+                                 f'expected {{"workers": N}}, N an integer in [{lo}, {hi}] '
+                                 "(use `elastic-supervisor scale`): the size is kept"))
+    return scale_asked(c, workers), None
+
+
+def leadership(c: Core, *, paused: bool) -> Core:
+    """The leader Lease could not be renewed (`paused`), or it was again."""
+    return replace(c, paused=paused)
+
+
+def exit_seen(c: Core, exited: int | None) -> tuple[Core, int | None, bool]:
+    """horovodrun's exit (None: none in this batch), held or judged (memory.judge_exit):
+    the memory, the code to judge now, and whether it was held just now (to say so)."""
+    held, judged = judge_exit(c.held_exit, exited, paused=c.paused)
+    newly = held is not None and c.held_exit is None
+    return (c if held == c.held_exit else replace(c, held_exit=held)), judged, newly
+
+
+def accounted(c: Core, a: accounting.Accounted) -> Core:
+    """What the accounting of a pass leaves to remember: the progress, the incidents, when
+    they were last due to be saved."""
+    return replace(c, progress=a.progress, book=a.book, progress_saved_at=a.saved_at)
+

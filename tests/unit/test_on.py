@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from supervisor import admission
-from supervisor.decide import fleet, listing, on, regroup
+from supervisor.decide import accounting, fleet, incidents, listing, on, progress, regroup
 from supervisor.decide.classify import Cause, ClassifySettings, NodeState, PodMemory
 from supervisor.decide.hostlist import Rendered
 from supervisor.decide.memory import Core
@@ -160,3 +160,61 @@ def test_a_scale_request_and_a_policy_reload() -> None:
 def test_a_refusal_record_is_admissions_own() -> None:
     c, _ = on.create_refused(Core(), "w", "r", 0.0)
     assert c.blocked["w"] == admission.refused(None, "r", 0.0)
+
+
+# ---- the start gate, the watches' return, a scale request, the leadership, the accounting ------
+
+def test_the_gate_opens_at_the_first_start_and_again_at_a_restart() -> None:
+    assert on.gate_opened(Core(gate_since=3.0), 50.0).gate_since == 50.0
+
+
+@pytest.mark.parametrize(("broken_s", "back_at"), [
+    pytest.param(4.9, None, id="a routine reconnect: no outage"),
+    pytest.param(5.0, 100.0, id="an outage (nodes.OUTAGE_MIN_S): the settling hold counts"),
+    pytest.param(180.0, 100.0, id="a three-minute outage"),
+])
+def test_the_node_watch_back_from_an_outage(broken_s: float, back_at: float | None) -> None:
+    assert on.node_watch_back(Core(), 100.0, broken_s).api_back_at == back_at
+
+
+SCALE = on.ScaleLimits(min_np=1, max_np=8, slots_per_worker=2)
+
+
+def scale_map(text: str, rv: str) -> dict[str, Any]:
+    """The scale request's ConfigMap as `elastic-supervisor scale` writes it (slimmed)."""
+    return {"metadata": {"name": "job-scale", "resourceVersion": rv},
+            "data": {fleet.SCALE_KEY: text}}
+
+
+def test_a_scale_request_is_taken_once_per_version_and_a_bad_one_refused() -> None:
+    c, said = on.scale_seen(Core(), scale_map('{"workers": 3}', "10"), SCALE)
+    assert (c.scale_request, c.scale_version, said) == (3, "10", None)
+    again, said = on.scale_seen(replace(c, scale_request=None), scale_map('{"workers": 3}', "10"),
+                                SCALE)
+    assert (again.scale_request, said) == (None, None), "the same version: not asked again"
+    bad, said = on.scale_seen(c, scale_map('{"workers": 2.9}', "11"), SCALE)
+    assert (bad.scale_request, bad.scale_version) == (3, "11"), "the size asked before is kept"
+    assert said is not None and said.k8s is not None and said.k8s.reason == "ScaleRefused"
+    assert '"workers" is 2.9, not an integer' in said.k8s.note
+    assert "N an integer in [1, 4]" in said.k8s.note and said.event == "scale.invalid"
+    out_of_range, said = on.scale_seen(c, scale_map('{"workers": 9}', "12"), SCALE)
+    assert (out_of_range.scale_request, said) == (9, None), "the range is the pass's to check"
+
+
+def test_an_exit_while_the_lease_cannot_be_renewed_is_held_until_it_is() -> None:
+    c = on.leadership(Core(), paused=True)
+    c, judged, held = on.exit_seen(c, 0)
+    assert (c.held_exit, judged, held) == (0, None, True)
+    c, judged, held = on.exit_seen(c, None)
+    assert (c.held_exit, judged, held) == (0, None, False), "said once"
+    c = on.leadership(c, paused=False)
+    c, judged, held = on.exit_seen(c, None)
+    assert (c.held_exit, judged, held) == (None, 0, False), "judged once resumed"
+    assert on.exit_seen(Core(), 1)[1:] == (1, False), "not paused: judged at once"
+
+
+def test_the_accounting_is_kept_in_the_memory() -> None:
+    a = accounting.Accounted(progress.Progress(step=7), incidents.Book(next_id=3), (), (),
+                             True, 12.0)
+    c = on.accounted(Core(), a)
+    assert (c.progress.step, c.book.next_id, c.progress_saved_at) == (7, 3, 12.0)
