@@ -30,10 +30,13 @@ manifests' `standby` overlay, Job parallelism 2) that acquires the Lease then re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from supervisor.config import CleanPodPolicy
+from supervisor import kube, startup
+from supervisor.config import CleanPodPolicy, Config
+from supervisor.decide import fleet
+from supervisor.model import EventSpec
 from supervisor.workers import LABEL_JOB, LABEL_SLOT
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -110,3 +113,77 @@ def terminal(code: int, job: Mapping[str, Any] | None) -> str | None:
     if failed + 1 > limit:
         return f"the Job's last attempt ({failed} failed before, backoffLimit {limit})"
     return None
+
+
+# ---- carried out at the exit (runner.py calls it) ----------------------------------------
+
+JOB_READ_BUDGET_S = 10.0  # at the exit: how long a transient error reading the Job is retried
+
+
+def clean_up(cfg: Config, api: Any, store: kube.StateStore, code: int, *,
+             owner: Mapping[str, str] | None, log: Any,
+             events: Callable[[EventSpec], None],
+             read_budget_s: float = JOB_READ_BUDGET_S) -> None:
+    """On a terminal exit, delete the worker pods SUPERVISOR_CLEAN_POD_POLICY removes, after
+    marking them in the state (the rules above); never raises. When the Job that says
+    whether the exit is terminal cannot be read, the workers are kept."""
+    policy = cfg.clean_pod_policy
+    job = None
+    if code != 0 and owner is not None and owner.get("kind") == "Job":
+        # A success ends the job whatever its Job says; any other exit needs the Job's word.
+        retry = startup.ApiRetry(read_budget_s, log=log, stopping=startup.Stopping(),
+                                 phase="cleanup", budget="the exit's budget")
+        try:
+            job = retry.call(f"read Job {owner['name']}", lambda: kube.read_job(
+                api, cfg.namespace, owner["name"], cfg.api_timeout_s))
+        except kube.NotFound:
+            pass  # gone (deleted with orphans): nobody runs another launcher
+        except (kube.KubeError, startup.StartTimedOut) as e:
+            # Unknown whether a launcher follows: deleting could end a job its Job retries.
+            log.warning("cleanup.kept", job=owner["name"], code=code, policy=policy.value,
+                        reason=str(e))
+            events(EventSpec("Warning", "WorkersKept", "Cleanup",
+                             f"exit {code}: Job {owner['name']} could not be read, so whether "
+                             f"another launcher follows is unknown ({e}); the workers are kept "
+                             f"(SUPERVISOR_CLEAN_POD_POLICY={policy.value} not applied): the "
+                             "next launcher adopts them; if none follows, delete them with "
+                             f"kubectl delete pods -l '{worker_selector(cfg.job_name)}'"))
+            return
+    why = terminal(code, job)
+    if why is None:
+        log.info("cleanup.skipped", code=code, reason="the Job runs another launcher, which "
+                 "adopts the workers")
+        return
+    chosen = selectors(policy, cfg.job_name)
+    success = success_mark(code, owner)
+    try:
+        if chosen is not None or success:
+            _mark_end(store, release=chosen is not None, succeeded=success)
+        deleted = ([] if chosen is None else
+                   kube.Pods(api, cfg.namespace, cfg.api_timeout_s).delete_all(*chosen))
+    except (kube.KubeError, ValueError) as e:
+        log.error("cleanup.failed", policy=policy.value, reason=str(e))
+        events(EventSpec("Warning", "CleanupFailed", "Cleanup",
+                         f"SUPERVISOR_CLEAN_POD_POLICY={policy.value}: could not delete the "
+                         f"workers: {e}"))
+        return
+    log.info("cleanup.done", policy=policy.value, deleted=deleted, terminal=why)
+    if deleted:
+        shown = ", ".join(deleted[:20]) + (f" and {len(deleted) - 20} more"
+                                           if len(deleted) > 20 else "")
+        events(EventSpec("Normal", "WorkersCleanedUp", "Cleanup",
+                         f"SUPERVISOR_CLEAN_POD_POLICY={policy.value} ({why}): deleted "
+                         f"{len(deleted)} worker pods: {shown}"))
+
+
+def _mark_end(store: kube.StateStore, *, release: bool, succeeded: str | None) -> None:
+    """Store every active slot at its next incarnation (fleet.released) before its pod is
+    deleted (`release`), and the uid of the Job that succeeded (SUCCEEDED), in one
+    write; raise KubeError or ValueError (then nothing may be deleted)."""
+    stored, rv = store.load()
+    if stored is None:
+        return
+    marked = (fleet.fleet_to_dict(fleet.released(fleet.fleet_from_dict(stored))) if release
+              else {})
+    store.save({**stored, **marked, **({SUCCEEDED: succeeded} if succeeded else {})},
+               rv)

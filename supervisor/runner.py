@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from supervisor import __version__, cleanup, discovery, hostkeys, kube, proc, sidecar, startup
+from supervisor import __version__, cleanup, discovery, kube, proc, sidecar, startup
 from supervisor.actuator import Actuator
 from supervisor.channel import HookChannel
 from supervisor.config import (
@@ -36,7 +36,7 @@ from supervisor.config import (
     effective_values,
     parse_config,
 )
-from supervisor.decide import fleet, incidents, progress
+from supervisor.decide import fleet
 from supervisor.decide.policy import DEFAULT_RULES
 from supervisor.hook.elastic_supervisor_hook import KEY_ENV, PORT_ENV, RUN_ENV
 from supervisor.hook.elastic_supervisor_hook.owner import OWNER_ENV
@@ -56,7 +56,6 @@ from supervisor.nodeleases import NodeLeases
 from supervisor.observe import Kind, slim
 from supervisor.reconcile import Supervisor
 from supervisor.reload import PolicyWatcher
-from supervisor.workers import worker_pod
 
 
 def _command(raw: list[str]) -> list[str]:
@@ -322,13 +321,13 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
 
     recorder = None
     try:
-        regarding, owner, pod = _references(cfg, api, retry)
+        regarding, owner, pod = startup.references(cfg, api, retry)
         if link is not None:
             _as_sidecar(cfg, pod, log=log)
         recorder = kube.EventRecorder(api, cfg.namespace, regarding=regarding,
                                       instance=instance, on_error=event_failed,
                                       timeout_s=cfg.api_timeout_s)
-        _lead(cfg, elector, retry, stopping, log=log, events=recorder.record)
+        startup.lead(cfg, elector, retry, stopping, log=log, events=recorder.record)
         elector.start()
         if link is not None:
             cfg = _with_hook(cfg, api, owner, retry, log=log)
@@ -336,7 +335,8 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
                                 timeout_s=cfg.api_timeout_s, window=elector.window)
         workers, rv, stored = None, None, None
         if cfg.worker_template is not None:
-            workers, rv, stored = retry.call("read the state", lambda: load_fleet(cfg, store))
+            workers, rv, stored = retry.call("read the state",
+                                             lambda: startup.load_fleet(cfg, store))
             if cleanup.already_succeeded(stored, owner):
                 # A standby whose leader ended the job with success: done, not trained again.
                 log.info("leader.job_succeeded", job=cfg.job_name)
@@ -344,10 +344,11 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
                                           f"job {cfg.job_name} already succeeded under another "
                                           "launcher: exiting 0"))
                 return ExitCode.OK
-            rv = _adopt(cfg, api, store, stored, rv, owner=owner, identity=identity,
-                        retry=retry, log=log, events=recorder.record)
-            rejected = _dry_run_template(cfg, kube.Pods(api, cfg.namespace, cfg.api_timeout_s),
-                                         owner=owner, retry=retry, log=log)
+            rv = startup.adopt(cfg, api, store, stored, rv, owner=owner, identity=identity,
+                               retry=retry, log=log, events=recorder.record)
+            rejected = startup.dry_run_template(
+                cfg, kube.Pods(api, cfg.namespace, cfg.api_timeout_s), owner=owner,
+                retry=retry, log=log)
             if rejected is not None:
                 print(f"elastic-supervisor: {rejected}", file=sys.stderr)
                 recorder.record(EventSpec("Warning", "TemplateRejected", "Start", rejected))
@@ -373,7 +374,7 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
         if recorder is not None:
             recorder.record(EventSpec("Warning", "StartTimeout", "Start", str(e)))
         return ExitCode.START_TIMEOUT
-    except (LauncherMissing, PodUnfit) as e:
+    except (startup.LauncherMissing, PodUnfit) as e:
         print(f"elastic-supervisor: {e}", file=sys.stderr)
         return ExitCode.CONFIG
     except (kube.KubeError, ValueError) as e:
@@ -390,10 +391,6 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
         if recorder is not None:
             recorder.close()
         api.close()
-
-
-class LauncherMissing(Exception):
-    """SUPERVISOR_POD_NAME names no pod: bad input (exit 2)."""
 
 
 class PodUnfit(Exception):
@@ -477,123 +474,6 @@ class Relay:
             self._sink, held, self._held = sink, self._held, []
         for item in held:
             sink(item)
-
-
-def _references(cfg: Config, api: Any, retry: startup.ApiRetry
-                ) -> tuple[dict[str, str], dict[str, str] | None, dict[str, Any] | None]:
-    """Return (what Events regard, the owner of workers and state, the launcher pod). In a
-    pod: the pod, and the Job that made it (else the pod); a local run: the Job by name, no
-    owner and no pod."""
-    if not cfg.pod_name:
-        return {"apiVersion": "batch/v1", "kind": "Job", "namespace": cfg.namespace,
-                "name": cfg.job_name}, None, None
-    try:
-        pod = retry.call("read the launcher pod", lambda: kube.read_pod(
-            api, cfg.namespace, cfg.pod_name, cfg.api_timeout_s))  # type: ignore[arg-type]
-        return (*kube.refs_of(pod), pod)
-    except kube.NotFound as e:
-        raise LauncherMissing(
-            f"SUPERVISOR_POD_NAME={cfg.pod_name!r}: no such pod in namespace {cfg.namespace}; "
-            "expected the launcher pod's own name (downward API metadata.name)") from e
-
-
-def _lead(cfg: Config, elector: LeaderElector, retry: startup.ApiRetry,
-          stopping: startup.Stopping, *, log: Any, events: Callable[[EventSpec], None]) -> None:
-    """Acquire the job's leader Lease; a standby waits here (until it is released, expires, or
-    a signal arrives). Nothing of the job is touched before."""
-    since = time.monotonic()
-    shown, next_log = None, 0.0
-    while not retry.call("acquire the leader lease", elector.attempt):
-        now = time.monotonic()
-        if elector.holder != shown or now >= next_log:
-            log.info("leader.waiting", holder=elector.holder, lease=elector.name,
-                     waited_s=round(now - since, 1))
-            if shown is None:
-                events(EventSpec("Normal", "LeaderWaiting", "Lead",
-                                 f"standby: job {cfg.job_name} is driven by {elector.holder} "
-                                 f"(Lease {elector.name}); waiting until it ends or its lease "
-                                 "expires"))
-            shown, next_log = elector.holder, now + 30
-        stopping.wait(elector.retry_s)
-        stopping.check()
-    log.info("leader.acquired", lease=elector.name, identity=elector.me,
-             transitions=elector.transitions, waited_s=round(time.monotonic() - since, 1))
-
-
-def _dry_run_template(cfg: Config, pods: kube.Pods, *, owner: Mapping[str, str] | None,
-                      retry: startup.ApiRetry, log: Any) -> str | None:
-    """Create a worker built from the template as a server-side dry run (the schema, defaults
-    and admission a real create goes through): a template the API server finds invalid (422)
-    is bad configuration, found before training starts, not at the first replacement. Return
-    why it was rejected, or None. A refusal by admission (quota, PodSecurity, a webhook) can
-    pass later: reported, not fatal."""
-    assert cfg.worker_template is not None
-    # Incarnation 0: a name no worker ever has (they count from 1), so no AlreadyExists.
-    body = worker_pod(cfg.worker_template, job=cfg.job_name, slot=0, incarnation=0,
-                      owner=owner)
-    if cfg.ssh_host_keys == SshHostKeys.WORKER:  # the shape admission sees at each create
-        body = hostkeys.with_host_key(body, hostkeys.generate("dry-run").public)
-
-    def dry_run() -> str | None:
-        """None, or what admission refused (it may admit later: not retried here)."""
-        try:
-            pods.create(body, dry_run=True)
-        except kube.AlreadyExists:
-            pass  # validated and admitted before the name was found taken
-        except kube.Refused as e:
-            return e.detail
-        return None
-
-    try:
-        refused = retry.call("dry-run a worker pod", dry_run)
-    except kube.KubeError as e:
-        if e.status != 422:
-            raise
-        log.error("template.rejected", reason=e.detail)
-        return (f"SUPERVISOR_WORKER_TEMPLATE={str(cfg.worker_template_file)!r}: the API server "
-                f"rejects a worker pod built from it: {e.detail}")
-    if refused is not None:
-        log.warning("template.dry_run_refused", reason=refused)
-    else:
-        log.info("template.dry_run_ok", pod=body["metadata"]["name"])
-    return None
-
-
-def _adopt(cfg: Config, api: Any, store: kube.StateStore, stored: dict[str, Any] | None,
-           rv: str | None, *, owner: Mapping[str, str] | None, identity: str,
-           retry: startup.ApiRetry, log: Any, events: Callable[[EventSpec], None]
-           ) -> str | None:
-    """Re-own the job's workers and state that another owner (an older launcher pod) holds;
-    return the state's resourceVersion after it."""
-    if owner is None:
-        return rv
-    pods = kube.Pods(api, cfg.namespace, cfg.api_timeout_s)
-    found = retry.call("list the workers", lambda: kube.list_pods(
-        api, cfg.namespace, cfg.worker_selector, cfg.api_timeout_s))
-    moved = []
-    for name, uid, refs in startup.to_adopt(found, cfg.job_name, owner):
-        try:
-            retry.call(f"re-own pod {name}",
-                       lambda name=name, uid=uid, refs=refs: pods.set_owners(name, uid, refs))
-            moved.append(name)
-        except kube.KubeError as e:
-            if e.status not in (404, 409, 422):  # gone, or another pod of that name now
-                raise
-    state = stored is not None and not store.owned()
-    if state:
-        def save() -> str:
-            try:
-                return store.save({**(stored or {}), "writer": identity}, rv)
-            except kube.Conflict as e:  # nobody else may write it while we lead
-                raise kube.KubeError(f"{e}: written by someone else during the start") from e
-        rv = retry.call("re-own the state", save)
-    if moved or state:
-        log.info("owner.adopted", owner=f"{owner['kind']}/{owner['name']}", pods=moved,
-                 state=state)
-        events(EventSpec("Normal", "Adopted", "Start",
-                         f"owned by {owner['kind']} {owner['name']} now: "
-                         f"{len(moved)} worker pods{' and the state' if state else ''}"))
-    return rv
 
 
 def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, api: Any,
@@ -706,7 +586,7 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
         if abandoned := actuator.close():
             log.warning("actuator.abandoned", operations=abandoned)
         if cfg.worker_template is not None and elector.is_leader():
-            clean_up(cfg, api, store, int(outcome_code), owner=owner, log=log,
+            cleanup.clean_up(cfg, api, store, int(outcome_code), owner=owner, log=log,
                      events=recorder.record)
     return int(outcome_code)
 
@@ -717,91 +597,4 @@ def _relay_signals(link: sidecar.Link, handle: Callable[[int], None]) -> None:
             handle(signum)
         time.sleep(sidecar.POLL_S * 2)
 
-
-JOB_READ_BUDGET_S = 10.0  # at the exit: how long a transient error reading the Job is retried
-
-
-def clean_up(cfg: Config, api: Any, store: kube.StateStore, code: int, *,
-             owner: Mapping[str, str] | None, log: Any,
-             events: Callable[[EventSpec], None],
-             read_budget_s: float = JOB_READ_BUDGET_S) -> None:
-    """On a terminal exit, delete the worker pods SUPERVISOR_CLEAN_POD_POLICY removes, after
-    marking them in the state (supervisor.cleanup); never raises. When the Job that says
-    whether the exit is terminal cannot be read, the workers are kept."""
-    policy = cfg.clean_pod_policy
-    job = None
-    if code != 0 and owner is not None and owner.get("kind") == "Job":
-        # A success ends the job whatever its Job says; any other exit needs the Job's word.
-        retry = startup.ApiRetry(read_budget_s, log=log, stopping=startup.Stopping(),
-                                 phase="cleanup", budget="the exit's budget")
-        try:
-            job = retry.call(f"read Job {owner['name']}", lambda: kube.read_job(
-                api, cfg.namespace, owner["name"], cfg.api_timeout_s))
-        except kube.NotFound:
-            pass  # gone (deleted with orphans): nobody runs another launcher
-        except (kube.KubeError, startup.StartTimedOut) as e:
-            # Unknown whether a launcher follows: deleting could end a job its Job retries.
-            log.warning("cleanup.kept", job=owner["name"], code=code, policy=policy.value,
-                        reason=str(e))
-            events(EventSpec("Warning", "WorkersKept", "Cleanup",
-                             f"exit {code}: Job {owner['name']} could not be read, so whether "
-                             f"another launcher follows is unknown ({e}); the workers are kept "
-                             f"(SUPERVISOR_CLEAN_POD_POLICY={policy.value} not applied): the "
-                             "next launcher adopts them; if none follows, delete them with "
-                             f"kubectl delete pods -l '{cleanup.worker_selector(cfg.job_name)}'"))
-            return
-    why = cleanup.terminal(code, job)
-    if why is None:
-        log.info("cleanup.skipped", code=code, reason="the Job runs another launcher, which "
-                 "adopts the workers")
-        return
-    chosen = cleanup.selectors(policy, cfg.job_name)
-    success = cleanup.success_mark(code, owner)
-    try:
-        if chosen is not None or success:
-            _mark_end(store, release=chosen is not None, succeeded=success)
-        deleted = ([] if chosen is None else
-                   kube.Pods(api, cfg.namespace, cfg.api_timeout_s).delete_all(*chosen))
-    except (kube.KubeError, ValueError) as e:
-        log.error("cleanup.failed", policy=policy.value, reason=str(e))
-        events(EventSpec("Warning", "CleanupFailed", "Cleanup",
-                         f"SUPERVISOR_CLEAN_POD_POLICY={policy.value}: could not delete the "
-                         f"workers: {e}"))
-        return
-    log.info("cleanup.done", policy=policy.value, deleted=deleted, terminal=why)
-    if deleted:
-        shown = ", ".join(deleted[:20]) + (f" and {len(deleted) - 20} more"
-                                           if len(deleted) > 20 else "")
-        events(EventSpec("Normal", "WorkersCleanedUp", "Cleanup",
-                         f"SUPERVISOR_CLEAN_POD_POLICY={policy.value} ({why}): deleted "
-                         f"{len(deleted)} worker pods: {shown}"))
-
-
-def _mark_end(store: kube.StateStore, *, release: bool, succeeded: str | None) -> None:
-    """Store every active slot at its next incarnation (fleet.released) before its pod is
-    deleted (`release`), and the uid of the Job that succeeded (cleanup.SUCCEEDED), in one
-    write; raise KubeError or ValueError (then nothing may be deleted)."""
-    stored, rv = store.load()
-    if stored is None:
-        return
-    marked = (fleet.fleet_to_dict(fleet.released(fleet.fleet_from_dict(stored))) if release
-              else {})
-    store.save({**stored, **marked, **({cleanup.SUCCEEDED: succeeded} if succeeded else {})},
-               rv)
-
-
-def load_fleet(cfg: Config, store: kube.StateStore
-               ) -> tuple[fleet.Fleet, str | None, dict[str, Any] | None]:
-    """Return the stored fleet (or a new one), its resourceVersion and the stored state as
-    read; raise KubeError or ValueError naming the ConfigMap when it cannot be used."""
-    stored, rv = store.load()
-    if stored is None:
-        return fleet.initial(fleet.workers_for(cfg.np, cfg.slots_per_worker)), None, None
-    try:
-        progress.from_dict(stored.get("progress"))
-        incidents.from_list(stored.get("incidents"))
-        return fleet.fleet_from_dict(stored), rv, stored
-    except ValueError as e:
-        raise ValueError(f"configmap {cfg.namespace}/{store.name}: {store.KEY}: {e}; fix or "
-                         "delete it deliberately (deleting resets the restart budgets)") from e
 

@@ -1,9 +1,10 @@
 """The start of a run: what happens between an API client and the loop, against a real cluster.
 
-In order: the launcher's references (the pod Events regard, and the Job that owns the job's
-workers and state), the job's leader Lease (a second launcher waits here as a standby), the
-stored fleet (slots and budgets), and adoption (workers and a state an older launcher pod owned
-are re-owned by the Job, so the garbage collector never takes them with that pod).
+In order (runner.py calls the steps): the launcher's references (the pod Events regard, and the
+Job that owns the job's workers and state), the job's leader Lease (a second launcher waits
+here as a standby), the stored fleet (slots and budgets), and adoption (workers and a state an
+older launcher pod owned are re-owned by the Job, so the garbage collector never takes them
+with that pod), then a server-side dry run of the worker template.
 
 The API server may be restarting or unreachable when a launcher starts: `ApiRetry` retries
 transient errors (connection refused, timeouts, 429, 5xx, admission refusals) with jittered
@@ -22,10 +23,15 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+from supervisor import hostkeys, kube
+from supervisor.config import Config, SshHostKeys
+from supervisor.decide import fleet, incidents, progress
 from supervisor.decide.fleet import slot_of
 from supervisor.kube import KubeError
+from supervisor.leader import LeaderElector
+from supervisor.model import EventSpec
 from supervisor.observe import Obj
-from supervisor.workers import owner_reference
+from supervisor.workers import owner_reference, worker_pod
 
 T = TypeVar("T")
 
@@ -132,3 +138,142 @@ def to_adopt(pods: Iterable[Obj], job: str,
         if refs is not None:
             out.append((meta["name"], meta.get("uid", ""), refs))
     return sorted(out, key=lambda t: t[0])
+
+
+# ---- the start's steps against the API (runner.py runs them in order) --------------------
+
+class LauncherMissing(Exception):
+    """SUPERVISOR_POD_NAME names no pod: bad input (exit 2)."""
+
+
+def references(cfg: Config, api: Any, retry: ApiRetry
+                ) -> tuple[dict[str, str], dict[str, str] | None, dict[str, Any] | None]:
+    """Return (what Events regard, the owner of workers and state, the launcher pod). In a
+    pod: the pod, and the Job that made it (else the pod); a local run: the Job by name, no
+    owner and no pod."""
+    if not cfg.pod_name:
+        return {"apiVersion": "batch/v1", "kind": "Job", "namespace": cfg.namespace,
+                "name": cfg.job_name}, None, None
+    try:
+        pod = retry.call("read the launcher pod", lambda: kube.read_pod(
+            api, cfg.namespace, cfg.pod_name, cfg.api_timeout_s))  # type: ignore[arg-type]
+        return (*kube.refs_of(pod), pod)
+    except kube.NotFound as e:
+        raise LauncherMissing(
+            f"SUPERVISOR_POD_NAME={cfg.pod_name!r}: no such pod in namespace {cfg.namespace}; "
+            "expected the launcher pod's own name (downward API metadata.name)") from e
+
+
+def lead(cfg: Config, elector: LeaderElector, retry: ApiRetry,
+         stopping: Stopping, *, log: Any, events: Callable[[EventSpec], None]) -> None:
+    """Acquire the job's leader Lease; a standby waits here (until it is released, expires, or
+    a signal arrives). Nothing of the job is touched before."""
+    since = time.monotonic()
+    shown, next_log = None, 0.0
+    while not retry.call("acquire the leader lease", elector.attempt):
+        now = time.monotonic()
+        if elector.holder != shown or now >= next_log:
+            log.info("leader.waiting", holder=elector.holder, lease=elector.name,
+                     waited_s=round(now - since, 1))
+            if shown is None:
+                events(EventSpec("Normal", "LeaderWaiting", "Lead",
+                                 f"standby: job {cfg.job_name} is driven by {elector.holder} "
+                                 f"(Lease {elector.name}); waiting until it ends or its lease "
+                                 "expires"))
+            shown, next_log = elector.holder, now + 30
+        stopping.wait(elector.retry_s)
+        stopping.check()
+    log.info("leader.acquired", lease=elector.name, identity=elector.me,
+             transitions=elector.transitions, waited_s=round(time.monotonic() - since, 1))
+
+
+def dry_run_template(cfg: Config, pods: kube.Pods, *, owner: Mapping[str, str] | None,
+                     retry: ApiRetry, log: Any) -> str | None:
+    """Create a worker built from the template as a server-side dry run (the schema, defaults
+    and admission a real create goes through): a template the API server finds invalid (422)
+    is bad configuration, found before training starts, not at the first replacement. Return
+    why it was rejected, or None. A refusal by admission (quota, PodSecurity, a webhook) can
+    pass later: reported, not fatal."""
+    assert cfg.worker_template is not None
+    # Incarnation 0: a name no worker ever has (they count from 1), so no AlreadyExists.
+    body = worker_pod(cfg.worker_template, job=cfg.job_name, slot=0, incarnation=0,
+                      owner=owner)
+    if cfg.ssh_host_keys == SshHostKeys.WORKER:  # the shape admission sees at each create
+        body = hostkeys.with_host_key(body, hostkeys.generate("dry-run").public)
+
+    def dry_run() -> str | None:
+        """None, or what admission refused (it may admit later: not retried here)."""
+        try:
+            pods.create(body, dry_run=True)
+        except kube.AlreadyExists:
+            pass  # validated and admitted before the name was found taken
+        except kube.Refused as e:
+            return e.detail
+        return None
+
+    try:
+        refused = retry.call("dry-run a worker pod", dry_run)
+    except kube.KubeError as e:
+        if e.status != 422:
+            raise
+        log.error("template.rejected", reason=e.detail)
+        return (f"SUPERVISOR_WORKER_TEMPLATE={str(cfg.worker_template_file)!r}: the API server "
+                f"rejects a worker pod built from it: {e.detail}")
+    if refused is not None:
+        log.warning("template.dry_run_refused", reason=refused)
+    else:
+        log.info("template.dry_run_ok", pod=body["metadata"]["name"])
+    return None
+
+
+def adopt(cfg: Config, api: Any, store: kube.StateStore, stored: dict[str, Any] | None,
+           rv: str | None, *, owner: Mapping[str, str] | None, identity: str,
+           retry: ApiRetry, log: Any, events: Callable[[EventSpec], None]
+           ) -> str | None:
+    """Re-own the job's workers and state that another owner (an older launcher pod) holds;
+    return the state's resourceVersion after it."""
+    if owner is None:
+        return rv
+    pods = kube.Pods(api, cfg.namespace, cfg.api_timeout_s)
+    found = retry.call("list the workers", lambda: kube.list_pods(
+        api, cfg.namespace, cfg.worker_selector, cfg.api_timeout_s))
+    moved = []
+    for name, uid, refs in to_adopt(found, cfg.job_name, owner):
+        try:
+            retry.call(f"re-own pod {name}",
+                       lambda name=name, uid=uid, refs=refs: pods.set_owners(name, uid, refs))
+            moved.append(name)
+        except kube.KubeError as e:
+            if e.status not in (404, 409, 422):  # gone, or another pod of that name now
+                raise
+    state = stored is not None and not store.owned()
+    if state:
+        def save() -> str:
+            try:
+                return store.save({**(stored or {}), "writer": identity}, rv)
+            except kube.Conflict as e:  # nobody else may write it while we lead
+                raise kube.KubeError(f"{e}: written by someone else during the start") from e
+        rv = retry.call("re-own the state", save)
+    if moved or state:
+        log.info("owner.adopted", owner=f"{owner['kind']}/{owner['name']}", pods=moved,
+                 state=state)
+        events(EventSpec("Normal", "Adopted", "Start",
+                         f"owned by {owner['kind']} {owner['name']} now: "
+                         f"{len(moved)} worker pods{' and the state' if state else ''}"))
+    return rv
+
+
+def load_fleet(cfg: Config, store: kube.StateStore
+               ) -> tuple[fleet.Fleet, str | None, dict[str, Any] | None]:
+    """Return the stored fleet (or a new one), its resourceVersion and the stored state as
+    read; raise KubeError or ValueError naming the ConfigMap when it cannot be used."""
+    stored, rv = store.load()
+    if stored is None:
+        return fleet.initial(fleet.workers_for(cfg.np, cfg.slots_per_worker)), None, None
+    try:
+        progress.from_dict(stored.get("progress"))
+        incidents.from_list(stored.get("incidents"))
+        return fleet.fleet_from_dict(stored), rv, stored
+    except ValueError as e:
+        raise ValueError(f"configmap {cfg.namespace}/{store.name}: {store.KEY}: {e}; fix or "
+                         "delete it deliberately (deleting resets the restart budgets)") from e

@@ -3,7 +3,7 @@ transient API error is retried for a few seconds; a Job still unread, or a perma
 keeps the workers (`cleanup.kept`, Event WorkersKept): deleting them could end a job the Job
 retries. Only a Job that is gone (404) is no Job; a success needs no Job to end the job.
 
-runner.clean_up runs with the real client (kube.make_api_client from a kubeconfig) against a
+cleanup.clean_up runs with the real client (kube.make_api_client from a kubeconfig) against a
 loopback HTTP stand-in of the three API paths it uses, which answers the Job GET with scripted
 statuses (the Status bodies a kube-apiserver sends) and records every call."""
 
@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from supervisor import kube
+from supervisor.cleanup import clean_up
 from supervisor.config import parse_config
 from supervisor.model import EventSpec
-from supervisor.runner import clean_up
 from tests.helpers import Log
 
 NS, JOB = "team-a", "elastic-train"

@@ -4,7 +4,7 @@ traceback, never retried for the start budget, never reset (issue 39, item 8: a 
 `Infinity` raised AttributeError out of the start).
 
 The text is decoded as the store decodes what the API server returns (kube.decode_state) and
-read as the start reads it (runner.load_fleet), through the start's own retry."""
+read as the start reads it (startup.load_fleet), through the start's own retry."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from supervisor import kube, startup
 from supervisor.config import parse_config
 from supervisor.decide import fleet
-from supervisor.runner import load_fleet
+from supervisor.startup import load_fleet
 from tests.helpers import Log
 
 CFG = parse_config({"SUPERVISOR_JOB_NAME": "job1", "SUPERVISOR_NAMESPACE": "team-a",
