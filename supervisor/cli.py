@@ -3,7 +3,8 @@
 `run -- CMD...`  supervise horovodrun running CMD (the launcher container's entrypoint);
 `explain [-- CMD...]`  print the effective configuration and the exact horovodrun argv;
 `status` / `scale`  read a job's state / record its desired size, with the user's kubeconfig;
-`timeline`  draw a job's world size, step rate and incidents into a PNG (supervisor.timeline).
+`timeline`  draw a job's world size, step rate and incidents into a PNG (supervisor.timeline,
+            timeline_png).
 Both exit 2 with one line per problem when the configuration is bad. Exit codes: see
 supervisor.model.ExitCode and docs/operating.md. `run` and `explain` are supervisor.runner, imported
 only for them: `status` is a command a user waits for, and must not import the whole supervisor.
@@ -102,8 +103,8 @@ def operate_command(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return ExitCode.CONFIG
     if args.command == "timeline":
-        from supervisor import timeline  # noqa: PLC0415 (not for status: see main)
-        if (missing := timeline.renderer_missing()) is not None:
+        from supervisor import timeline_png  # noqa: PLC0415 (not for status: see main)
+        if (missing := timeline_png.renderer_missing()) is not None:
             print(f"elastic-supervisor: {missing}", file=sys.stderr)
             return ExitCode.CONFIG
     namespace = args.namespace or kube.kubeconfig_namespace() or "default"
@@ -183,14 +184,14 @@ def draw_timeline(job: str, namespace: str, state: Mapping[str, Any] | None,
                   events: Sequence[Mapping[str, Any]], png: Path) -> tuple[int, str]:
     """Draw the job's timeline into `png`; return the exit code and the one line to print
     (1: nothing to draw yet, or a state that cannot be drawn; 2: no matplotlib)."""
-    from supervisor import timeline  # noqa: PLC0415 (not for status: see main)
+    from supervisor import timeline, timeline_png  # noqa: PLC0415 (not for status: see main)
 
     where = f"configmap {namespace}/{fleet.state_name(job)}"
     if state is None:
         return 1, f"no supervisor state for job {job} in {namespace} ({where}): nothing to draw"
     try:
-        drawn = timeline.render(timeline.plan(job, state, events), png)
-    except timeline.RendererMissing as e:
+        drawn = timeline_png.render(timeline.plan(job, state, events), png)
+    except timeline_png.RendererMissing as e:
         return ExitCode.CONFIG, str(e)
     except timeline.NoProgress as e:
         return 1, f"{e} ({where})"

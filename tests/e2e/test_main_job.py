@@ -34,7 +34,7 @@ from kubernetes import client
 
 from localcluster.job import JOB, REPO
 from localcluster.nodes import Cluster
-from supervisor import hostkeys, timeline
+from supervisor import hostkeys, timeline_png
 from supervisor.hook.elastic_supervisor_hook.owner import OWNER_ENV
 from supervisor.leader import lease_name
 from tests.e2e.jobs import (
@@ -452,7 +452,7 @@ class TestMainTour:
 
         png = tmp_path / "timeline.png"
         job.cli("timeline", "-o", str(png))
-        drawn = json.loads(timeline.read_png_text(png)[timeline.METADATA_KEY])
+        drawn = json.loads(timeline_png.read_png_text(png)[timeline_png.METADATA_KEY])
         ticks = drawn["world_ticks"]
         assert ticks and all(t.isdigit() for t in ticks) and "2" in ticks, ticks
         labels = drawn["labels"]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from supervisor import cli, timeline
+from supervisor import cli, timeline, timeline_png
 from supervisor.timeline import OPEN, Incident, NoProgress, Plan, Settings, TimelineError
 
 T0 = 1_795_000_000.0
@@ -290,9 +290,9 @@ def test_a_single_sample_is_drawn() -> None:
 def test_the_png_shows_integer_ticks_and_one_readable_label_per_incident(
         drawn_plan: Plan, tmp_path: Path) -> None:
     png = tmp_path / "t.png"
-    drawn = timeline.render(drawn_plan, png)
-    meta = timeline.read_png_text(png)
-    shown = json.loads(meta[timeline.METADATA_KEY])
+    drawn = timeline_png.render(drawn_plan, png)
+    meta = timeline_png.read_png_text(png)
+    shown = json.loads(meta[timeline_png.METADATA_KEY])
     assert shown == json.loads(drawn.to_json())
     assert shown["world_ticks"] == ["0", "1", "2", "3", "4", "5"]
     assert shown["labels"] == [i.label for i in drawn_plan.incidents]
@@ -317,9 +317,9 @@ def test_a_png_without_text_chunks_reads_as_none(tmp_path: Path) -> None:
     png.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0,
                                                                       0, 0, 0))
                     + chunk(b"IDAT", zlib.compress(b"\0\0")) + chunk(b"IEND", b""))
-    assert timeline.read_png_text(png) == {}
+    assert timeline_png.read_png_text(png) == {}
     with pytest.raises(ValueError, match="not a PNG"):
-        timeline.read_png_text(Path(__file__))
+        timeline_png.read_png_text(Path(__file__))
 
 
 # ---- the command ----------------------------------------------------------------------------
@@ -348,15 +348,15 @@ def test_the_command_writes_the_png(tmp_path: Path) -> None:
     png = tmp_path / "out" / "t.png"
     code, line = cli.draw_timeline("job1", "ns1", state(), EVENTS, png)
     assert (code, line) == (0, f"wrote {png} (5 incidents)")
-    assert timeline.METADATA_KEY in timeline.read_png_text(png)
+    assert timeline_png.METADATA_KEY in timeline_png.read_png_text(png)
 
 
 def test_without_matplotlib_the_command_names_the_extra(monkeypatch: pytest.MonkeyPatch,
                                                         capsys: pytest.CaptureFixture[str]
                                                         ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
-    with pytest.raises(timeline.RendererMissing):
-        timeline.render(timeline.plan("job1", state(), []), Path("/nonexistent/t.png"))
+    with pytest.raises(timeline_png.RendererMissing):
+        timeline_png.render(timeline.plan("job1", state(), []), Path("/nonexistent/t.png"))
     assert cli.main(["timeline", "--job", "job1", "-n", "ns1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["elastic-supervisor: the timeline needs matplotlib, which is not installed: "
