@@ -24,7 +24,7 @@ from supervisor.decide.incidents import PHASES
 from supervisor.operate import duration, percent
 
 OPEN = "open"  # the stretch of an open incident from its last phase to the end of the record
-SUPERVISOR = "elastic-supervisor.io/supervisor"  # the Events' reportingController (kube.py)
+SUPERVISOR = "elastic-supervisor.io/supervisor"  # the Events' reportingController (kube/api.py)
 
 
 class TimelineError(ValueError):

@@ -2,6 +2,6 @@
 
 Nothing in this package does I/O, reads a clock, starts a thread or imports an adapter (the
 Kubernetes client, the hook channel's sockets, processes, files): the import contract in
-`scripts/layers.py` checks it in `make lint`. The adapters (`supervisor/kube.py`,
+`scripts/layers.py` checks it in `make lint`. The adapters (`supervisor/kube/`,
 `supervisor/actuator.py`, `supervisor/channel.py`, ...) import from here, never the reverse.
 """

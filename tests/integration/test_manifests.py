@@ -5,7 +5,7 @@ server, and held to what the supervisor knows.
 - The launcher's SUPERVISOR_* variables all exist in supervisor.config and parse; the worker
   template passes validate_template, the initial workers are exactly the pods worker_pod makes
   from it, the policy passes policy_from_document.
-- RBAC: the Role and ClusterRoles grant exactly what supervisor/kube.py calls (plus what the
+- RBAC: the Role and ClusterRoles grant exactly what supervisor/kube/ calls (plus what the
   replacement code will), and a real token of the manifests' ServiceAccount is allowed all of
   it and refused the rest (SelfSubjectAccessReview).
 Doctored inputs prove each check can fail. The manifests are copied to a temporary directory
@@ -66,7 +66,7 @@ from tests.helpers import wait_for
 from tests.integration.harness import AutoKubelet, Job, SupervisorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
-KUBE_PY = ROOT / "supervisor" / "kube.py"
+KUBE = ROOT / "supervisor" / "kube"  # the package that alone imports the client
 TARGETS = ["base", "overlays/kind", "overlays/local", "overlays/standby", "overlays/sidecar"]
 NAMESPACE = "elastic-supervisor"  # where the manifests put the job
 JOB = "<job namespace>"  # stands for the job's namespace in the permission tables below
@@ -79,7 +79,7 @@ SCALE = scale_name("elastic-train")
 LEADER = lease_name("elastic-train")
 BUDGET = budget_name("elastic-train")
 
-# Every Kubernetes API method supervisor/kube.py calls -> what it needs of the supervisor's
+# Every Kubernetes API method supervisor/kube/ calls -> what it needs of the supervisor's
 # ServiceAccount. None: not called by `run` (tests, and a `status` run with a user's own
 # credentials). A new call fails test_every_kube_call_is_accounted_for until it is added here
 # and, if `run` makes it, to manifests/base/rbac.yaml.
@@ -121,7 +121,7 @@ ADMISSION: list[Permission] = [
     ("batch", "jobs/finalizers", "update", JOB, "elastic-train"),
     ("", "configmaps", "delete", JOB, STATE),
 ]
-# The API classes kube.py uses (so create_namespaced_event is known to be events.k8s.io).
+# The API classes supervisor/kube/ uses (so create_namespaced_event is known to be events.k8s.io).
 KUBE_API_CLASSES = {"CoreV1Api", "EventsV1Api", "CoordinationV1Api", "BatchV1Api",
                     "PolicyV1Api"}
 DENIED: list[Permission] = [
@@ -485,8 +485,8 @@ def test_the_api_server_refuses_a_broken_manifest(control_plane: ControlPlane, m
 # ---- RBAC ----------------------------------------------------------------------------------------
 
 def kube_calls() -> tuple[set[str], set[str]]:
-    """Return (API methods, API classes) supervisor/kube.py uses from the Kubernetes client."""
-    text = KUBE_PY.read_text()
+    """Return (API methods, API classes) supervisor/kube/ uses from the Kubernetes client."""
+    text = "\n".join(p.read_text() for p in sorted(KUBE.glob("*.py")))
     apis = {name for name in dir(client) if name.endswith("Api")}
     methods = {m for m in re.findall(r"\.([a-z_]+)\b", text)
                if any(hasattr(getattr(client, api), m) for api in apis) and not m.startswith("_")

@@ -1,5 +1,5 @@
-"""The API boundary's error mapping (supervisor/kube.py map_error): which failures are retried
-with backoff and which end the run, from ApiException shapes the client raises."""
+"""The API boundary's error mapping (supervisor/kube/errors.py map_error): which failures are
+retried with backoff and which end the run, from ApiException shapes the client raises."""
 
 from __future__ import annotations
 

@@ -142,18 +142,25 @@ def test_the_recorder_writes_events_k8s_io_v1_events_and_series(
 
 
 
+def source(module: str) -> Path:
+    """The file of `module` (a package's __init__.py)."""
+    path = ROOT / module.replace(".", "/")
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
 def module_imports(module: str) -> set[str]:
     """The modules `module` (supervisor.*) imports when it is imported: its top-level imports,
     not those inside functions."""
-    tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+    tree = ast.parse(source(module).read_text())
     out = set()
     for node in tree.body:
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             out.add(node.module)
-            if node.module == "supervisor":
-                out |= {f"supervisor.{a.name}" for a in node.names}
+            if node.module.startswith("supervisor"):  # a module of a package is one too
+                out |= {f"{node.module}.{a.name}" for a in node.names
+                        if source(f"{node.module}.{a.name}").exists()}
     return out
 
 
@@ -165,7 +172,7 @@ def test_the_status_command_imports_none_of_the_supervisor_proper() -> None:
         m = todo.pop()
         if m not in loaded:
             loaded.add(m)
-            if m.startswith("supervisor.") and (ROOT / (m.replace(".", "/") + ".py")).exists():
+            if m.startswith("supervisor.") and source(m).exists():
                 todo += module_imports(m)
     assert {"supervisor.kube", "supervisor.operate", "kubernetes"} <= loaded
     assert not loaded & {"supervisor.runner", "supervisor.reconcile", "supervisor.metrics",
