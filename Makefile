@@ -18,7 +18,7 @@ help:
 	@echo "make cluster-up   run the local control plane until Ctrl-C, print its kubeconfig"
 	@echo "make images       build the images for real nodes (cached), print name -> tarball"
 	@echo "make bench        benchmarks -> bench/results.json, bench/out/scale.png (~27 min)"
-	@echo "make docs         write docs/env-vars.md from supervisor/config.py (a unit test checks it)"
+	@echo "make docs         write docs/env-vars.md from supervisor/config/ (a unit test checks it)"
 	@echo "make kind-up      kind cluster: one control plane, three workers (needs docker, kind)"
 	@echo "make kind-load    build both images and load them into the kind nodes"
 	@echo "make kind-deploy  ssh key + kubectl apply -k manifests/overlays/kind"

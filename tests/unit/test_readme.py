@@ -1,5 +1,5 @@
 """The README and docs/ say what the code does: the env-var reference is generated from
-supervisor/config.py, the README stays short and names the commands CI runs, links resolve."""
+supervisor/config/, the README stays short and names the commands CI runs, links resolve."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 def test_the_committed_env_reference_is_the_generated_one() -> None:
     assert ENV_VARS.read_text() == reference(), (
-        "docs/env-vars.md differs from supervisor/config.py's VARIABLES: regenerate it with "
+        "docs/env-vars.md differs from supervisor/config/'s VARIABLES: regenerate it with "
         "`make docs` and commit it")
 
 
