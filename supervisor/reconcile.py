@@ -206,7 +206,7 @@ class Supervisor:
                 return self.horovodrun.finish(*st.core.failing)  # the Lease lost meanwhile
             st.core, exited, held = on.exit_seen(st.core, exited)
             if held:
-                self.log.warning("horovodrun.exit_held", code=held, reason=(
+                self.log.warning("horovodrun.exit_held", code=st.core.held_exit, reason=(
                     "horovodrun exited while this launcher cannot renew the leader Lease: "
                     "another launcher may have taken the workers; judged once the Lease says "
                     "whose the job is"))

@@ -218,3 +218,8 @@ def test_the_accounting_is_kept_in_the_memory() -> None:
                              True, 12.0)
     c = on.accounted(Core(), a)
     assert (c.progress.step, c.book.next_id, c.progress_saved_at) == (7, 3, 12.0)
+
+
+def test_the_held_exit_is_the_code_horovodrun_exited_with() -> None:
+    c, _, held = on.exit_seen(on.leadership(Core(), paused=True), 137)
+    assert held and c.held_exit == 137 and type(c.held_exit) is int
