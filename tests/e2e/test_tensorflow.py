@@ -174,8 +174,11 @@ def check_heartbeats(run: HorovodRun, channel: HookChannel, listed: list[str]) -
     beats = beats_of(channel)
     assert {b.host for b in beats} == set(listed), beats
     assert all(b.problems == () for b in beats), [b.problems for b in beats]
+    # Rank 0's lines reach the test through ssh and horovodrun's relay: on a loaded machine
+    # (the lanes run side by side) a heartbeat counted step 11 while the test had read rank 0's
+    # lines only up to step 10 by 0.5 s after it; 2 s covers the relay.
     for b in beats:
-        low, high = printed_by(run, b.last_seen - 0.5), printed_by(run, b.last_seen + 0.5)
+        low, high = printed_by(run, b.last_seen - 0.5), printed_by(run, b.last_seen + 2.0)
         assert b.steps is not None and low <= b.steps <= high, (b.host, b.steps, low, high)
         assert b.commits is not None and b.commits >= b.steps - 1, (b.host, b.commits, b.steps)
         assert b.done >= b.steps, (b.host, b.done, b.steps)
