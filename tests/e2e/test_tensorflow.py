@@ -174,9 +174,11 @@ def check_heartbeats(run: HorovodRun, channel: HookChannel, listed: list[str]) -
     beats = beats_of(channel)
     assert {b.host for b in beats} == set(listed), beats
     assert all(b.problems == () for b in beats), [b.problems for b in beats]
-    # Rank 0's lines reach the test through ssh and horovodrun's relay: on a loaded machine
-    # (the lanes run side by side) a heartbeat counted step 11 while the test had read rank 0's
-    # lines only up to step 10 by 0.5 s after it; 2 s covers the relay.
+    # Rank 0's lines reach the test through ssh and horovodrun's relay, after its batch's sleep:
+    # on a loaded machine (the lanes side by side, the images rebuilt) a heartbeat counted step
+    # 11 while the test had read rank 0's lines only up to step 10. The lines read within 2 s
+    # after each heartbeat count, so the test waits those 2 s before it reads them.
+    time.sleep(2.0)
     for b in beats:
         low, high = printed_by(run, b.last_seen - 0.5), printed_by(run, b.last_seen + 2.0)
         assert b.steps is not None and low <= b.steps <= high, (b.host, b.steps, low, high)
