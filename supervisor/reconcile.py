@@ -140,7 +140,6 @@ class Supervisor:
                                  reports=self.reports, channel=channel,
                                  hang_settings=self.hang_settings, clock=clock)
         self.sizes = start.Sizes(cfg.np, cfg.min_np, cfg.max_np)
-        self.limits = on.ScaleLimits(cfg.min_np, cfg.max_np, cfg.slots_per_worker)
         self.leases = leases if cfg.node_lease_s is not None else None
         # SimpleQueue: handle_signal puts from a signal handler, which interrupts the main
         # thread anywhere, even inside this queue's get; a queue.Queue's Lock would deadlock.
@@ -493,7 +492,7 @@ class Supervisor:
         st = self.state
         if ev.type is EventType.DELETED:
             return
-        st.core, refused = on.scale_seen(st.core, ev.obj, self.limits)
+        st.core, refused = on.scale_seen(st.core, ev.obj, plan.Settings.of(self.cfg))
         self.reports.say(() if refused is None else (refused,))
 
     def _fail(self, code: int, reason: str, now: float, *, event: bool = True) -> None:

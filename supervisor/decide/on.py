@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from supervisor import admission
-from supervisor.decide import accounting, failures, fleet, listing, nodes
+from supervisor.decide import accounting, failures, fleet, listing, nodes, plan
 from supervisor.decide.classify import (
     ClassifySettings,
     NodeState,
@@ -170,16 +170,7 @@ def node_watch_back(c: Core, at: float, broken_s: float) -> Core:
     return replace(c, api_back_at=at) if broken_s >= nodes.OUTAGE_MIN_S else c
 
 
-@dataclass(frozen=True)
-class ScaleLimits:
-    """The job's sizes, for a scale request's range (fleet.limits)."""
-
-    min_np: int
-    max_np: int
-    slots_per_worker: int
-
-
-def scale_seen(c: Core, obj: Obj, limits: ScaleLimits) -> tuple[Core, Note | None]:
+def scale_seen(c: Core, obj: Obj, s: plan.Settings) -> tuple[Core, Note | None]:
     """The scale request's ConfigMap as the watch showed it: a new version asks for a size
     (applied by the pass), or is refused with why and what is accepted (the size is kept)."""
     rv = obj["metadata"].get("resourceVersion")
@@ -191,7 +182,7 @@ def scale_seen(c: Core, obj: Obj, limits: ScaleLimits) -> tuple[Core, Note | Non
         workers = fleet.scale_request(raw)
     except ValueError as e:
         name = obj["metadata"]["name"]
-        lo, hi = fleet.limits(limits.min_np, limits.max_np, limits.slots_per_worker)
+        lo, hi = fleet.limits(s.min_np, s.max_np, s.slots_per_worker)
         shown = raw if raw is None or len(raw) <= 80 else raw[:80] + "..."
         return c, Note("error", "scale.invalid", {"configmap": name, "data": shown,
                                                    "reason": str(e)},

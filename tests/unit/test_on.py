@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from supervisor import admission
-from supervisor.decide import accounting, fleet, incidents, listing, on, progress, regroup
+from supervisor.decide import accounting, fleet, incidents, listing, on, plan, progress, regroup
 from supervisor.decide.classify import Cause, ClassifySettings, NodeState, PodMemory
-from supervisor.decide.hostlist import Rendered
+from supervisor.decide.hostlist import HostMode, Rendered
 from supervisor.decide.memory import Core
 from supervisor.observe import EventType
 from supervisor.workers import pod_name
@@ -177,7 +177,8 @@ def test_the_node_watch_back_from_an_outage(broken_s: float, back_at: float | No
     assert on.node_watch_back(Core(), 100.0, broken_s).api_back_at == back_at
 
 
-SCALE = on.ScaleLimits(min_np=1, max_np=8, slots_per_worker=2)
+SCALE = plan.Settings("job", HostMode.POD_IP, min_np=1, max_np=8, slots_per_worker=2,
+                      scale_out_timeout_s=300.0, scale_in_timeout_s=60.0)
 
 
 def scale_map(text: str, rv: str) -> dict[str, Any]:
