@@ -1,4 +1,4 @@
-"""The decisions' memory (`decide.core.Core`) is written only in decide/: outside it, code may
+"""The decisions' memory (`decide.memory.Core`) is written only in decide/: outside it, code may
 keep what a decide function returned (`st.core = on.node_seen(st.core, ...)`, the pass's
 `p.core`) but never build a changed copy itself (`replace(st.core, ...)`). Checked on the source
 of every module of `supervisor` outside decide/ (the loop, mainly), and shown failing on the
