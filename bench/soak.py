@@ -33,7 +33,8 @@ file (read on the node's disk, from the launcher pod's emptyDir):
   server trails it by up to a minute: pods reach the API through the `kubernetes` Service;
 - the budgets (the ledger in the state ConfigMap) never go backwards;
 - no hang: no interval without a step longer than GAP_S (from rank 0's step times; the
-  harness gives up after HANG_S);
+  harness gives up after HANG_S), less the Job controller's backoff before it creates the next
+  launcher (10 s, then 20 s, 40 s: Kubernetes', recorded per launcher exit as job_backoff_s);
 and per fault: no horovodrun restart, at most one commit interval (COMMIT_EVERY steps) computed
 again (the launcher exit excepted: a new horovodrun starts the script over, which is what it
 measures), no restart budget charged by the supervisor's own outage, restart or retry or by
@@ -58,6 +59,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -255,11 +257,40 @@ def violations(s: Sample, before: Sample | None, max_workers: int) -> list[str]:
     return out
 
 
-def gaps(steps: Sequence[Mapping[str, Any]], over: float = GAP_S) -> list[dict[str, Any]]:
+def gaps(steps: Sequence[Mapping[str, Any]], over: float = GAP_S,
+         backoffs: Sequence[tuple[float, float]] = ()) -> list[dict[str, Any]]:
     """The intervals without a step longer than `over` seconds, from rank 0's step lines (their
-    wall-clock `time`), each with the step it followed."""
-    return [{"gap_s": round(b["time"] - a["time"], 1), "after_step": a["step"]}
-            for a, b in itertools.pairwise(steps) if b["time"] - a["time"] > over]
+    wall-clock `time`), each with the step it followed. `backoffs` are the Job controller's
+    waits (when the launcher ended, seconds until it created the next one): its exponential
+    backoff (10 s, 20 s, 40 s, ... by the Job's failed pods) is Kubernetes' and no process of
+    the job runs during it, so an interval is held to `over` without the waits inside it."""
+    out = []
+    for a, b in itertools.pairwise(steps):
+        waited = sum(s for t, s in backoffs if a["time"] <= t <= b["time"])
+        if b["time"] - a["time"] - waited > over:
+            out.append({"gap_s": round(b["time"] - a["time"], 1), "after_step": a["step"],
+                        **({"job_backoff_s": round(waited, 1)} if waited else {})})
+    return out
+
+
+def job_backoff(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[float, float]:
+    """When the launcher pod `old` ended (its containers' latest finishedAt) and the seconds
+    until the Job controller created `new`, its successor (API times: whole seconds)."""
+    ended = max((parse_time(cs["state"]["terminated"]["finishedAt"])
+                 for cs in (old.get("status") or {}).get("containerStatuses") or ()
+                 if (cs.get("state") or {}).get("terminated", {}).get("finishedAt")),
+                default=None)
+    created = parse_time(new["metadata"]["creationTimestamp"])
+    if ended is None:
+        raise ValueError(f"launcher pod {old['metadata']['name']} has no finished container")
+    return ended, max(0.0, created - ended)
+
+
+def parse_time(stamp: Any) -> float:
+    """An API timestamp (RFC 3339 text, or the client's datetime) as epoch seconds."""
+    if isinstance(stamp, str):
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    return float(stamp.timestamp())
 
 
 def longest_gap(steps: Sequence[Mapping[str, Any]]) -> float:
@@ -387,6 +418,7 @@ def drive(job: Job, steps: list[Step], watch: Watch, stop_file: Path) -> dict[st
     desired, undo = 2, []
     done: list[dict[str, Any]] = []
     exits: list[int] = []  # of the launchers the plan made exit
+    backoffs: list[tuple[float, float]] = []  # the Job controller's waits before its retries
     last_progress = [time.monotonic(), 0]
 
     def progress() -> None:
@@ -515,6 +547,10 @@ def drive(job: Job, steps: list[Step], watch: Watch, stop_file: Path) -> dict[st
             outage = {}
             demo.wait(f"recovery from {step.fault}", started_over(run, job, desired, t0), run,
                       300, progress)
+            launchers = job.launchers()
+            ended, waited = job_backoff(launchers[-2], launchers[-1])
+            backoffs.append((ended, waited))
+            outage = {"job_backoff_s": round(waited, 1)}
         else:
             outage = {}
             demo.wait(f"recovery from {step.fault}", demo.at_size(run, job, desired, t0), run,
@@ -538,7 +574,7 @@ def drive(job: Job, steps: list[Step], watch: Watch, stop_file: Path) -> dict[st
     print()
     return {"faults": done, "exit_code": job.exit_code_within(120), "steps": run.step,
             "launcher_exits": exits,
-            "longest_gap_s": longest_gap(run.steps), "gaps": gaps(run.steps),
+            "longest_gap_s": longest_gap(run.steps), "gaps": gaps(run.steps, backoffs=backoffs),
             "horovodrun_restarts": [r.get("reason") for r in run.restarts]}
 
 

@@ -14,6 +14,7 @@ from bench.soak import (
     as_seen,
     braked,
     gaps,
+    job_backoff,
     longest_gap,
     merged,
     plan,
@@ -201,6 +202,34 @@ def test_an_interval_without_a_step_over_the_limit_is_reported_with_the_step_bef
     assert gaps(steps, over=70) == []
     assert longest_gap(steps) == 63.2
     assert longest_gap(steps[:1]) == 0.0
+
+
+def test_the_job_controllers_backoff_inside_an_interval_is_not_held_against_the_job() -> None:
+    # Seed 8 (2026-11-29): the plan's second launcher exit; the Job controller waited 20 s
+    # before its next launcher, which trained again 10 s later: 30.0 s without a step.
+    steps = [{"step": 236, "time": 1000.0}, {"step": 237, "time": 1000.1},
+             {"step": 1, "time": 1030.15}, {"step": 2, "time": 1030.2}]
+    assert gaps(steps, over=30) == [{"gap_s": 30.1, "after_step": 237}]
+    assert gaps(steps, over=30, backoffs=[(1001.0, 20.0)]) == []
+    # A wait outside the interval excuses nothing; one inside is said with the interval.
+    assert gaps(steps, over=30, backoffs=[(990.0, 20.0)]) == [{"gap_s": 30.1, "after_step": 237}]
+    assert gaps(steps, over=5, backoffs=[(1001.0, 20.0)]) == [
+        {"gap_s": 30.1, "after_step": 237, "job_backoff_s": 20.0}]
+
+
+def test_the_job_controllers_wait_is_from_the_launchers_end_to_its_successors_creation() -> None:
+    old = load("pod_running_ready")
+    old["status"]["containerStatuses"] = [
+        {"name": "elastic-supervisor", "state": {"terminated": {
+            "exitCode": 0, "finishedAt": "2026-11-29T12:37:01Z"}}},
+        {"name": "launcher", "state": {"terminated": {
+            "exitCode": 137, "finishedAt": "2026-11-29T12:37:02Z"}}}]
+    new = load("pod_running_ready")
+    new["metadata"]["creationTimestamp"] = "2026-11-29T12:37:22Z"
+    ended, waited = job_backoff(old, new)
+    assert (waited, ended % 60) == (20.0, 2.0)
+    with pytest.raises(ValueError, match="no finished container"):
+        job_backoff(new, new)
 
 
 def test_a_run_adds_its_seeds_to_the_stored_runs_of_this_soak_and_replaces_its_own() -> None:
