@@ -263,10 +263,12 @@ def gaps(steps: Sequence[Mapping[str, Any]], over: float = GAP_S,
     wall-clock `time`), each with the step it followed. `backoffs` are the Job controller's
     waits (when the launcher ended, seconds until it created the next one): its exponential
     backoff (10 s, 20 s, 40 s, ... by the Job's failed pods) is Kubernetes' and no process of
-    the job runs during it, so an interval is held to `over` without the waits inside it."""
+    the job runs during it, so an interval is held to `over` without the part of each wait
+    inside it (the API's times are whole seconds: a launcher that ended in the second of the
+    interval's first step reads as ended just before it)."""
     out = []
     for a, b in itertools.pairwise(steps):
-        waited = sum(s for t, s in backoffs if a["time"] <= t <= b["time"])
+        waited = sum(max(0.0, min(b["time"], t + s) - max(a["time"], t)) for t, s in backoffs)
         if b["time"] - a["time"] - waited > over:
             out.append({"gap_s": round(b["time"] - a["time"], 1), "after_step": a["step"],
                         **({"job_backoff_s": round(waited, 1)} if waited else {})})

@@ -212,9 +212,15 @@ def test_the_job_controllers_backoff_inside_an_interval_is_not_held_against_the_
     assert gaps(steps, over=30) == [{"gap_s": 30.1, "after_step": 237}]
     assert gaps(steps, over=30, backoffs=[(1001.0, 20.0)]) == []
     # A wait outside the interval excuses nothing; one inside is said with the interval.
-    assert gaps(steps, over=30, backoffs=[(990.0, 20.0)]) == [{"gap_s": 30.1, "after_step": 237}]
+    assert gaps(steps, over=30, backoffs=[(950.0, 20.0)]) == [{"gap_s": 30.1, "after_step": 237}]
     assert gaps(steps, over=5, backoffs=[(1001.0, 20.0)]) == [
         {"gap_s": 30.1, "after_step": 237, "job_backoff_s": 20.0}]
+    # Seed 8 at b0859a2: the launcher's finishedAt (whole seconds) read 5 ms before the last
+    # step it relayed: only the part of the wait inside the interval counts.
+    last = [{"step": 231, "time": 1796006238.005}, {"step": 1, "time": 1796006276.694}]
+    assert gaps(last, over=30, backoffs=[(1796006238.0, 22.0)]) == []
+    assert gaps(last, over=16, backoffs=[(1796006238.0, 22.0)]) == [
+        {"gap_s": 38.7, "after_step": 231, "job_backoff_s": 22.0}]
 
 
 def test_the_job_controllers_wait_is_from_the_launchers_end_to_its_successors_creation() -> None:
