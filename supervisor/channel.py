@@ -4,7 +4,7 @@ One socket on SUPERVISOR_FENCE_PORT (UDP; 0: any free port) and one receiver thr
 datagram is authenticated with the key of this supervisor process (elastic_supervisor_hook.wire:
 HMAC-SHA256, sequence numbers against replays) or dropped and counted; nothing an unauthenticated
 sender does changes anything, and the socket holds no connection. Heartbeats of the current run
-of horovodrun are recorded per process in a store the reconcile loop reads on its tick
+of horovodrun are recorded per process in a store the loop reads on its tick
 (`snapshot`, like NodeLeases: a thousand workers send 2000 datagrams a second, which must not
 go through the loop's queue). A process of an earlier run is told to exit.
 

@@ -2,7 +2,7 @@
 known_hosts beside it. On each pass it renders the view when what the render reads changed
 (decide/hostlist.py; ~10 ms at 10,000 workers), asks listing.listing and hostlist.decide (pure)
 what to publish, and writes the file (discovery.py) only when it changed, or withdraws it. It
-holds the render's caches and what was published; the loop (reconcile.py) calls `sync`.
+holds the render's caches and what was published; the loop (loop.py) calls `sync`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from supervisor.decide.fleet import Fleet
 from supervisor.decide.hang import HangSettings
 from supervisor.decide.hostlist import Publish, Rendered
 from supervisor.decide.listing import Listed
-from supervisor.decide.memory import Core
+from supervisor.decide.memory import Memory
 from supervisor.metrics import Metrics
 from supervisor.model import EventSpec
 from supervisor.observe import ClusterView
@@ -51,7 +51,7 @@ class HostFile:
         self.active_pods: tuple[Fleet | None, frozenset[str] | None] = (None, None)
         self.kept: frozenset[str] = frozenset()  # hosts on down nodes kept while they beat
 
-    def sync(self, c: Core, view: ClusterView, *, running: bool, now: float,
+    def sync(self, c: Memory, view: ClusterView, *, running: bool, now: float,
              earliest: float | None) -> Listed:
         """Publish the host list for `view` and the memory `c` (the file written only when
         it changed), or withdraw the file; return what the listing decided (on.listed keeps
@@ -147,7 +147,7 @@ class HostFile:
         return hostlist.kept_while_heartbeating(view, self.cfg.host_mode, lambda: [
             b.host for b in channel.snapshot().beats.values() if heartbeating(b, now, silence)])
 
-    def _listing(self, c: Core, view_render: Rendered, *, running: bool,
+    def _listing(self, c: Memory, view_render: Rendered, *, running: bool,
                  now: float) -> Listed:
         """The hosts to publish (listing.listing, pure): gather its inputs, say its notes."""
         cfg = self.cfg

@@ -43,6 +43,7 @@ from supervisor.hook.elastic_supervisor_hook.owner import OWNER_ENV
 from supervisor.launch import horovodrun_argv
 from supervisor.leader import LeaderElector, lease_name
 from supervisor.logs import make_logger
+from supervisor.loop import Supervisor
 from supervisor.metrics import make_metrics, serve
 from supervisor.model import (
     EventSpec,
@@ -54,7 +55,6 @@ from supervisor.model import (
 )
 from supervisor.nodeleases import NodeLeases
 from supervisor.observe import Kind, slim
-from supervisor.reconcile import Supervisor
 from supervisor.reload import PolicyWatcher
 
 

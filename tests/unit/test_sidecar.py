@@ -18,9 +18,9 @@ import pytest
 
 from supervisor import sidecar
 from supervisor.config import packaged_discovery_script, parse_config
+from supervisor.loop import Supervisor
 from supervisor.metrics import make_metrics
 from supervisor.model import EventSpec
-from supervisor.reconcile import Supervisor
 from tests.helpers import Log, wait_for
 
 SHARED = Path("/opt/elastic-supervisor")
