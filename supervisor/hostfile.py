@@ -14,9 +14,7 @@ from supervisor import discovery, hostkeys
 from supervisor.channel import HookChannel
 from supervisor.config import Config, SshHostKeys, known_hosts_path
 from supervisor.decide import fleet, hostlist, listing
-from supervisor.decide.beats import heartbeating
 from supervisor.decide.fleet import Fleet
-from supervisor.decide.hang import HangSettings
 from supervisor.decide.hostlist import Publish, Rendered
 from supervisor.decide.listing import Listed
 from supervisor.decide.memory import Memory
@@ -32,10 +30,9 @@ class HostFile:
 
     def __init__(self, cfg: Config, *, log: Any, events: Callable[[EventSpec], None],
                  metrics: Metrics, reports: Reports, channel: HookChannel | None,
-                 hang_settings: HangSettings, clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float]) -> None:
         self.cfg, self.log, self.events, self.metrics = cfg, log, events, metrics
-        self.reports, self.channel, self.hang_settings, self.clock = (
-            reports, channel, hang_settings, clock)
+        self.reports, self.channel, self.clock = reports, channel, clock
         # host string -> UID of the first pod that had it (Horovod blacklists names for good)
         self.first_owner: dict[str, str] = {}
         self.published: str | None = None  # the file's content; None while withdrawn
@@ -49,7 +46,6 @@ class HostFile:
         self.memo = hostlist.Memo()
         # the pods of the active slots, for the fleet they were computed from
         self.active_pods: tuple[Fleet | None, frozenset[str] | None] = (None, None)
-        self.kept: frozenset[str] = frozenset()  # hosts on down nodes kept while they beat
 
     def sync(self, c: Memory, view: ClusterView, *, running: bool, now: float,
              earliest: float | None) -> Listed:
@@ -67,11 +63,7 @@ class HostFile:
         if fl is not None and self.active_pods[0] is not fl:
             self.active_pods = (fl, fleet.current_pods(fl, cfg.job_name))
         active = self.active_pods[1] if fl is not None else None
-        talking = self._kept_while_heartbeating(view, running=running, now=now)
-        if talking != self.kept:
-            self.log.info("workers.kept_on_down_nodes", hosts=sorted(talking),
-                          released=sorted(self.kept - talking))
-            self.kept = talking
+        talking = c.kept  # on.heard
         staying = c.leave_waits
         inputs = (view.version, retiring, len(self.first_owner), hung, declared, active,
                   talking, staying)
@@ -136,16 +128,6 @@ class HostFile:
             self.log.warning("ssh.host_key_missing", hosts=list(missing),
                              note="no host key annotation: the driver's ssh refuses them")
         self.known_hosts = text
-
-    def _kept_while_heartbeating(self, view: ClusterView, *, running: bool,
-                                 now: float) -> frozenset[str]:
-        """hostlist.kept_while_heartbeating with the hosts heartbeating now (empty without the
-        hook or horovodrun)."""
-        if self.channel is None or not running:
-            return frozenset()
-        channel, silence = self.channel, self.hang_settings.silence_s
-        return hostlist.kept_while_heartbeating(view, self.cfg.host_mode, lambda: [
-            b.host for b in channel.snapshot().beats.values() if heartbeating(b, now, silence)])
 
     def _listing(self, c: Memory, view_render: Rendered, *, running: bool,
                  now: float) -> Listed:

@@ -32,6 +32,7 @@ from supervisor.channel import HookChannel
 from supervisor.config import Config
 from supervisor.decide import (
     accounting,
+    beats,
     core,
     fleet,
     hostlist,
@@ -93,8 +94,7 @@ class Supervisor:
                                      start_child=start_child, base_env=base_env,
                                      submit=self.submit, clock=clock)
         self.hostfile = HostFile(cfg, log=log, events=events, metrics=metrics,
-                                 reports=self.reports, channel=channel,
-                                 hang_settings=self.hang_settings, clock=clock)
+                                 reports=self.reports, channel=channel, clock=clock)
         self.watches = Watches(cfg, log=log, events=events, metrics=metrics,
                                reports=self.reports, leases=self.leases)
         self.outcomes = Outcomes(cfg, log=log, events=events, metrics=metrics,
@@ -378,6 +378,12 @@ class Supervisor:
         self.reports.policy_changed(file, (), diff, self.carrier.budget_left(self.core))
 
     def _sync_discovery(self, now: float, earliest: float | None) -> None:
+        """The hosts kept on down nodes while they heartbeat (on.heard), then the host list."""
+        channel, silence = self.channel, self.hang_settings.silence_s
+        self.core, kept = on.heard(self.core, self.view, self.cfg.host_mode, frozenset if (
+            channel is None or self.horovodrun.child is None) else lambda: beats.talking(
+            channel.snapshot().beats.values(), now, silence))
+        self.reports.say(() if kept is None else (kept,))
         self.core = on.listed(self.core, self.hostfile.sync(
             self.core, self.view, running=self.horovodrun.child is not None, now=now,
             earliest=earliest))

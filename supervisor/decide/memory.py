@@ -111,6 +111,7 @@ class Memory:
     node_down: Mapping[str, float] = field(default_factory=dict)  # node -> down since
     braked: frozenset[str] = frozenset()  # down nodes the disruption brake holds back
     settling: frozenset[str] = frozenset()  # down nodes held after an API outage (settle)
+    kept: frozenset[str] = frozenset()  # hosts on down nodes kept listed while they beat
     synced_at: float | None = None  # the first pass after the watch synced
     scanned: bool = False  # the first full classification after sync is done
     reused: Mapping[int, int] = field(default_factory=dict)  # slot -> pods replaced (reused IP)

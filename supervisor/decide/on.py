@@ -10,7 +10,7 @@ a field of Memory itself (tests/unit/test_loop_writes.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from supervisor.decide import (
@@ -18,6 +18,7 @@ from supervisor.decide import (
     admission,
     failures,
     fleet,
+    hostlist,
     incidents,
     listing,
     nodes,
@@ -32,10 +33,11 @@ from supervisor.decide.classify import (
     node_down_since,
     remember,
 )
+from supervisor.decide.hostlist import HostMode
 from supervisor.decide.memory import Memory, judge_exit
 from supervisor.decide.plan import Note
 from supervisor.model import EventSpec, ExitCode
-from supervisor.observe import EventType, Obj
+from supervisor.observe import ClusterView, EventType, Obj
 from supervisor.workers import pod_name
 
 
@@ -164,6 +166,20 @@ def horovodrun_started(c: Memory) -> Memory:
     """A new run of horovodrun (started or adopted): the hang watch's failures and the
     regroup of the last run are over."""
     return replace(c, failed_at={}, regroup=None, held_said=False)
+
+
+def heard(c: Memory, view: ClusterView, mode: HostMode,
+          talking: Callable[[], Iterable[str]]) -> tuple[Memory, Note | None]:
+    """The hosts of workers on down nodes (or marked not Ready from outside) whose training
+    processes heartbeat now (`talking`, asked only while there is such a worker): kept in the
+    host list through a kubelet's blip and an API outage's aftermath
+    (hostlist.kept_while_heartbeating). Said when the set changes."""
+    kept = hostlist.kept_while_heartbeating(view, mode, talking)
+    if kept == c.kept:
+        return c, None
+    note = Note("info", "workers.kept_on_down_nodes",
+                {"hosts": sorted(kept), "released": sorted(c.kept - kept)})
+    return replace(c, kept=kept), note
 
 
 def listed(c: Memory, out: listing.Listed) -> Memory:

@@ -22,10 +22,11 @@ from supervisor.decide import (
     progress,
     regroup,
 )
+from supervisor.decide.beats import Beat, talking
 from supervisor.decide.classify import Cause, ClassifySettings, NodeState, PodMemory
 from supervisor.decide.hostlist import HostMode, Rendered
 from supervisor.decide.memory import Memory
-from supervisor.observe import EventType
+from supervisor.observe import ClusterView, EventType, Kind
 from supervisor.workers import pod_name
 from tests.unit.shapes import node, pod, with_condition
 
@@ -253,3 +254,28 @@ def test_a_supervisor_starts_from_the_fleet_and_the_progress_stored_before_it() 
     c = on.initial(fl, stored)
     assert (c.fleet, c.progress.step, c.progress.redone, c.book.next_id) == (fl, 40, 3, 5)
     assert on.initial(None, None) == Memory()
+
+
+def test_hosts_on_a_down_node_are_kept_while_they_heartbeat_and_said_when_that_changes() -> None:
+    down = with_condition(node("node-a"), "Ready", "Unknown")  # the node controller's mark
+    view = ClusterView()
+    for kind, obj in ((Kind.NODE, down), (Kind.NODE, node("node-b")),
+                      (Kind.POD, pod("w-0", ip="10.1.0.10", node="node-a")),
+                      (Kind.POD, pod("w-1", ip="10.1.0.11", node="node-b"))):
+        view.apply(kind, EventType.ADDED, obj)
+
+    def beat(host: str, last_seen: float) -> Beat:
+        return Beat(sender=host, host=host, pid=1, local_rank=0, first_seen=0.0,
+                    last_seen=last_seen, progress_at=None)
+
+    # The one rule: a heartbeat under silence_s (3 s) ago; exactly 3 s is silent.
+    beats = (beat("10.1.0.10", 97.5), beat("10.1.0.11", 97.0))
+    assert talking(beats, 100.0, 3.0) == {"10.1.0.10"}
+    c, note = on.heard(Memory(), view, HostMode.POD_IP, lambda: talking(beats, 100.0, 3.0))
+    assert c.kept == {"10.1.0.10"} and note is not None
+    assert (note.event, note.fields, note.k8s) == (
+        "workers.kept_on_down_nodes", {"hosts": ["10.1.0.10"], "released": []}, None)
+    assert on.heard(c, view, HostMode.POD_IP, lambda: {"10.1.0.10"}) == (c, None)  # said once
+    silent, note = on.heard(c, view, HostMode.POD_IP, frozenset)  # silent now, or no run
+    assert silent.kept == frozenset() and note is not None
+    assert note.fields == {"hosts": [], "released": ["10.1.0.10"]}
