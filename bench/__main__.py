@@ -45,6 +45,9 @@ def blank() -> dict[str, object]:
         "speedup_vs_poll_p99": None,
         "baseline_poll_details": None,
         "replacement_latency_ms": None,
+        "replacement_latency_ms_10000": None,
+        "pass_ms_idle_1000": None,
+        "pass_ms_idle_10000": None,
         **{f"{key}_{n}": None for n in discovery.SIZES
            for key in ("supervisor_rss_mb", "supervisor_cpu_percent_idle", "startup_s")},
         "supervisor_rss_mb_per_1000_workers": None,

@@ -140,7 +140,7 @@ class Supervisor:
             self.core = on.horovodrun_started(self.core)
         while True:
             batch = self._drain(self._timeout())
-            now = self.clock()
+            now, began = self.clock(), time.perf_counter()
             if self.channel is not None:
                 self.channel.revive()  # its receiver thread, if it ended: said, started again
             earliest, exited = self._apply(batch, now)
@@ -170,6 +170,8 @@ class Supervisor:
                 self.horovodrun.tick(now)
             if outcome is not None:
                 return outcome
+            self.metrics.loop_pass.labels("events" if batch else "idle").observe(
+                time.perf_counter() - began)
 
     def _ended(self, exited: int | None) -> Outcome | None:
         """horovodrun's exit, judged (on.exit_seen, start.ended) or held while the leader
