@@ -45,8 +45,11 @@ def blank() -> dict[str, object]:
         "speedup_vs_poll_p99": None,
         "baseline_poll_details": None,
         "replacement_latency_ms": None,
+        "replacement_latency_ms_10000": None,
+        **{f"pass_ms_idle_{n}": None for n in replacement.SIZES},
         **{f"{key}_{n}": None for n in discovery.SIZES
-           for key in ("supervisor_rss_mb", "supervisor_cpu_percent_idle", "startup_s")},
+           for key in ("supervisor_rss_mb", "supervisor_cpu_percent_idle", "startup_s",
+                       "events_per_min")},
         "supervisor_rss_mb_per_1000_workers": None,
         "e2e": {"resume_after_kill_s": None, "resume_after_freeze_s": None,
                 "full_size_after_replacement_s": None, "steps_rerun_max": None},

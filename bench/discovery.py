@@ -393,6 +393,16 @@ def request_rates(cp: audit.AuditedControlPlane, since: float, until: float,
     }
 
 
+def event_writes_per_min(rates: dict[str, Any]) -> float:
+    """The supervisor's Event writes (creates and series patches, either API group) per minute
+    over the whole run of one size: its start, the idle window, the latency samples, the storm
+    of Ready flips and the drains (from request_rates)."""
+    writes = sum(n for what, n in rates["requests"].items()
+                 if what.split(" ", 1)[0] in ("create", "patch", "update")
+                 and what.split(" ", 1)[1] == "events")
+    return round(writes / (rates["window_s"] / 60), 1)
+
+
 def run_size(n: int, work: Path, rng: random.Random) -> dict[str, Any]:
     """One size on its own control plane and kwok; its part of the results."""
     t = time.monotonic()
@@ -461,7 +471,8 @@ def main(sizes: tuple[int, ...] = SIZES) -> dict[str, Any]:
                   f" ({r['wall_s']}s)", flush=True)
             for key, value in (("supervisor_rss_mb", r["idle"]["rss_mb"]),
                                ("supervisor_cpu_percent_idle", r["idle"]["cpu_percent"]),
-                               ("startup_s", r["startup_s"])):
+                               ("startup_s", r["startup_s"]),
+                               ("events_per_min", event_writes_per_min(r["api_requests"]))):
                 out[f"{key}_{n}"] = value
     rss = {int(k): v["idle"]["rss_mb"] for k, v in out["discovery_details"].items()}
     if len(rss) >= 2:

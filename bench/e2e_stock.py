@@ -86,8 +86,7 @@ def stop_supervisor(job: Job) -> None:
     with the job's exit code)."""
     launcher = job.launcher()
     assert launcher is not None, "no launcher pod"
-    for pid in job.processes(launcher["metadata"]["name"],
-                             lambda argv: any("elastic-supervisor" in a for a in argv[:2])):
+    for pid in job.supervisors(launcher["metadata"]["name"]):
         os.kill(pid, signal.SIGTERM)
     job.wait_exit(120)
 

@@ -1,6 +1,6 @@
 """Where the supervisor's time goes at N workers: py-spy on the running supervisor while pod
 Ready flips arrive one at a time (the latency step of bench/discovery.py), then the hottest
-frames of its main thread (the reconcile loop).
+frames of its main thread (the loop).
 
 Run: .venv/bin/python -m bench.profile 10000   (py-spy: pip install the `bench` extra; the
 control plane, kwok and the pods as in bench/discovery.py; about 3 minutes at 10,000)
@@ -25,13 +25,13 @@ from supervisor import kube
 
 
 def hottest(raw: Path, top: int = 25) -> list[tuple[float, str]]:
-    """(share of the loop's samples, frame) of the frames on the reconcile loop's stacks."""
+    """(share of the loop's samples, frame) of the frames on the loop's stacks."""
     total: Counter[str] = Counter()
     n = 0
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         frames = stack.split(";")
-        if not count.isdigit() or not any("supervisor/reconcile.py" in f for f in frames):
+        if not count.isdigit() or not any("supervisor/loop.py" in f for f in frames):
             continue
         n += int(count)
         for f in set(frames):

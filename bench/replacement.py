@@ -14,6 +14,13 @@ supervisor's decision, its state save and the create call. For context, the supe
 measure (failure event received -> create call returned, from its `worker.created` log) is
 reported as `supervisor_internal`, and kwok's part (label write -> the bench's watch sees the
 pod Failed) as `kwok_reaction`.
+
+At each size (1,000: `replacement_latency_ms`; 10,000: `replacement_latency_ms_10000`), before
+the failures, the cost of a pass with nothing changed: the supervisor's own histogram of its
+loop's passes (`elastic_supervisor_loop_pass_seconds{batch="idle"}`, scraped before and after
+IDLE_S seconds with every worker running and nothing asked of kwok), as `pass_ms_idle_<N>`:
+the passes counted, their mean, and the bucket bounds under which half, 99 % and all of them
+fell (a histogram gives bounds, not values: the worst case is the `max` bound).
 """
 
 from __future__ import annotations
@@ -33,12 +40,36 @@ from kubernetes.client.rest import ApiException
 
 from bench.discovery import percentiles
 from localcluster import kwok
-from localcluster.controlplane import ControlPlane, Settings
+from localcluster.controlplane import ControlPlane, Settings, free_ports
 from supervisor import kube
 from supervisor.workers import pod_name
 from tests.conftest import make_namespace
 from tests.helpers import wait_for
-from tests.integration.harness import NODE_LABEL, Job, SupervisorProcess
+from tests.integration.harness import NODE_LABEL, Job, SupervisorProcess, scrape
+
+IDLE_S = 20.0
+SIZES = (1000, 10000)
+PASS_FAMILY = 'elastic_supervisor_loop_pass_seconds_bucket{batch="idle",le="'
+
+
+def idle_passes(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """The idle passes between two scrapes of the supervisor's /metrics: how many, their mean
+    (ms), and the bucket bound (ms) under which half, 99 % and all of them fell."""
+    def buckets(m: dict[str, float]) -> list[tuple[float, float]]:
+        return sorted((float(k[len(PASS_FAMILY):-2]), v) for k, v in m.items()
+                      if k.startswith(PASS_FAMILY))
+    count = [(le, b - a) for (le, a), (_, b) in zip(buckets(before), buckets(after), strict=True)]
+    n = count[-1][1] if count else 0.0
+    if not n:
+        raise RuntimeError("no idle pass between the two scrapes of the loop's histogram")
+    key = 'elastic_supervisor_loop_pass_seconds_sum{batch="idle"}'
+
+    def bound(share: float) -> float:
+        return next(le for le, c in count if c >= share * n)
+
+    return {"n": int(n), "mean": round((after[key] - before[key]) / n * 1000, 3),
+            "p50_le": bound(0.5) * 1000, "p99_le": bound(0.99) * 1000, "max_le": bound(1.0) * 1000,
+            "source": "the supervisor's elastic_supervisor_loop_pass_seconds{batch=\"idle\"}"}
 
 
 class Added:
@@ -77,8 +108,10 @@ def measure(cp: ControlPlane, api: client.ApiClient, workers: int, samples: int,
     kwok.wait_nodes_ready(core, nodes)
     job = Job(api, ns)  # only its template and names: kwok is the kubelet here
     added = Added(core, ns)
+    port = free_ports(1)[0]
     sup = SupervisorProcess(
         cp, ns, work, SUPERVISOR_NP=str(workers), SUPERVISOR_MAX_NP=str(workers),
+        SUPERVISOR_METRICS_PORT=str(port),
         SUPERVISOR_WORKER_TEMPLATE=str(job.template(work / "worker.json")),
         SUPERVISOR_RESTART_LIMIT=str(samples + 1),
         SUPERVISOR_BACKOFF_INITIAL_SECONDS="0.001", SUPERVISOR_LOG_LEVEL="info",
@@ -90,8 +123,12 @@ def measure(cp: ControlPlane, api: client.ApiClient, workers: int, samples: int,
             return sum(1 for p in job.pods().values()
                        if p.get("status", {}).get("phase") == "Running") >= workers
         t = time.monotonic()
-        wait_for(all_running, 600, interval=2, what=f"{workers} workers running")
+        wait_for(all_running, 1200, interval=2, what=f"{workers} workers running")
         start_s = time.monotonic() - t
+        time.sleep(5)  # the last Running pods' events, the saves after them
+        before = scrape(port)
+        time.sleep(IDLE_S)
+        idle = idle_passes(before, scrape(port))
         for slot in random.Random(5).sample(range(workers), samples):
             name, new = pod_name("job1", slot, 1), pod_name("job1", slot, 2)
             t0 = time.monotonic()
@@ -118,20 +155,26 @@ def measure(cp: ControlPlane, api: client.ApiClient, workers: int, samples: int,
         core.delete_namespace(ns)
     return {**percentiles(out), "workers": workers, "supervisor_internal": percentiles(internal),
             "kwok_reaction": percentiles(reaction) if reaction else None,
-            "all_running_after_start_s": round(start_s, 1)}
+            "all_running_after_start_s": round(start_s, 1), "pass_ms_idle": idle}
 
 
-def main(workers: int = 1000, samples: int = 100) -> dict[str, Any]:
-    with (ControlPlane(Settings(node_monitor_grace_period_s=40)) as cp, kwok.Kwok(cp),
-          tempfile.TemporaryDirectory(prefix="es-bench-repl-") as tmp):
-        api = kube.make_api_client(str(cp.kubeconfig))
-        api.user_agent = "es-bench-driver"
-        try:
-            result = measure(cp, api, workers, samples, Path(tmp))
-        finally:
-            api.close()
-    print(f"replacement latency at {workers} workers over {result['n']} failures: p50 "
-          f"{result['p50']} ms, p99 {result['p99']} ms, max {result['max']} ms; inside the "
-          f"supervisor (failure event received -> create returned): "
-          f"{result['supervisor_internal']}; kwok's reaction: {result['kwok_reaction']}")
-    return {"replacement_latency_ms": result}
+def main(sizes: tuple[int, ...] = SIZES, samples: int = 100) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for workers in sizes:
+        with (ControlPlane(Settings(node_monitor_grace_period_s=40)) as cp, kwok.Kwok(cp),
+              tempfile.TemporaryDirectory(prefix="es-bench-repl-") as tmp):
+            api = kube.make_api_client(str(cp.kubeconfig))
+            api.user_agent = "es-bench-driver"
+            try:
+                result = measure(cp, api, workers, samples, Path(tmp))
+            finally:
+                api.close()
+        print(f"replacement latency at {workers} workers over {result['n']} failures: p50 "
+              f"{result['p50']} ms, p99 {result['p99']} ms, max {result['max']} ms; inside the "
+              f"supervisor (failure event received -> create returned): "
+              f"{result['supervisor_internal']}; kwok's reaction: {result['kwok_reaction']}; "
+              f"an idle pass: {result['pass_ms_idle']}", flush=True)
+        suffix = "" if workers == 1000 else f"_{workers}"
+        out[f"replacement_latency_ms{suffix}"] = result
+        out[f"pass_ms_idle_{workers}"] = result["pass_ms_idle"]
+    return out

@@ -42,7 +42,9 @@ an announced disruption (FREE);
 at the end no Hung or stuck verdict on a worker and no quarantine of a node the plan never
 silenced (MainJob.false_verdicts), and the launcher exits 0 or one of its documented codes.
 An API outage and a launcher exit retried by the Job must charge no restart budget, and during
-the outage training goes on with no decision taken (issue 27).
+the outage training goes on with no decision taken (issue 27). A killed supervisor's return is
+timed: adopted_s, from the kill to its successor's horovodrun.adopted (the keeper's restart,
+warm or not, and the start).
 A failing seed becomes a regression test (its plan is `plan(seed)`).
 """
 
@@ -538,9 +540,9 @@ def drive(job: Job, steps: list[Step], watch: Watch, stop_file: Path) -> dict[st
                 t0 <= log_time(d) <= acted for d in run.decisions)}
         elif step.fault == "supervisor-kill":
             # Nothing to regroup: the new supervisor adopts the run, and training goes on.
-            outage = {}
-            job.wait("the horovodrun adopted", lambda t=t0: job.logs_since("horovodrun.adopted", t),
-                     120)
+            adopted = job.wait("the horovodrun adopted",
+                               lambda t=t0: job.logs_since("horovodrun.adopted", t), 120)
+            outage = {"adopted_s": round(log_time(adopted[0]) - t0, 2)}
             demo.wait("10 steps after the adoption", lambda b=run.step: run.step >= b + 10, run,
                       120, progress)
         elif step.fault in STARTS_OVER:
@@ -560,6 +562,9 @@ def drive(job: Job, steps: list[Step], watch: Watch, stop_file: Path) -> dict[st
         while undo:
             undo.pop()()
         run.poll()
+        if step.fault == "kill-then-supervisor" and (
+                adopted := job.logs_since("horovodrun.adopted", t0)):
+            outage = {"adopted_s": round(log_time(adopted[0]) - t0, 2)}
         done.append({"fault": step.fault, "recovered_s": round(time.time() - t0, 1),
                      "at_step": start + step.after_steps,
                      "horovodrun_restarts": sum(r["seen"] >= t0 for r in run.restarts),

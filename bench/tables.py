@@ -53,6 +53,14 @@ def replacement(r: Results) -> tuple[str, str]:
             f"p50 {d['p50']} ms, p99 {d['p99']} ms")
 
 
+def scale_10000(r: Results) -> tuple[str, str]:
+    d, idle = r["replacement_latency_ms_10000"], r["pass_ms_idle_10000"]
+    return ("at 10,000 workers (kwok): failure -> replacement created; a pass with nothing "
+            "changed; Event writes a minute",
+            f"p99 {d['p99']} ms; mean {idle['mean']} ms, all <= {idle['max_le']:g} ms; "
+            f"{r['events_per_min_10000']}")
+
+
 def poller(r: Results) -> tuple[str, str]:
     (n, d), = r["baseline_poll_details"].items()
     never = ", ".join(f"{v['never_seen']} of {v['changes']} {kind}"
@@ -229,6 +237,9 @@ ROWS: Sequence[tuple[tuple[str, ...], str, Callable[[Results], tuple[str, str]]]
     (("discovery_latency_ms", "1000"), "the same at 1,000 workers", discovery_1000),
     (("discovery_latency_ms",), "supervisor at scale: RSS, idle CPU, startup", footprint),
     (("replacement_latency_ms",), "failure -> replacement pod created", replacement),
+    (("replacement_latency_ms_10000",),
+     "at 10,000 workers (kwok): failure -> replacement created; a pass with nothing changed; "
+     "Event writes a minute", scale_10000),
     (("baseline_poll_details",), "host list kept against a list poller", poller),
     (("configmap_path_latency_ms",),
      "against mpi-operator's ConfigMap volume (worker deleted -> host list)", configmap),

@@ -595,6 +595,19 @@ class MainJob:
                     out.append(pid)
         return out
 
+    def supervisors(self, pod: str) -> list[int]:
+        """Host pids of the pod's supervisor processes (`elastic-supervisor run`), never the
+        keeper above one in sidecar mode (`python -m supervisor.keeper -- elastic-supervisor
+        run`): the keeper's child is the supervisor, exec'd or a fork of the keeper with its
+        command line (supervisor/keeper.py's warm restarts)."""
+        ours: dict[int, tuple[list[str], int]] = {}
+        for pid in self.node_of(pod).pod_pids(self.uid(pod)):
+            with contextlib.suppress(OSError):
+                argv = [a.decode(errors="replace")
+                        for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+                ours[pid] = (argv, parent_pid(pid))
+        return supervisor_processes(ours)
+
     def kill_container(self, pod: str, sig: int = signal.SIGKILL) -> int:
         """Signal the pod's container's main process (PID 1 in the container's PID namespace,
         not the sandbox's pause): the container ends with 128+sig; with restartPolicy Never the
@@ -630,3 +643,21 @@ class MainJob:
         self.silence(pod)
         with self.cluster.partition(ip):
             yield ip
+
+
+def parent_pid(pid: int) -> int:
+    """The parent's pid of a host process (/proc/PID/stat: what follows the command's ")")."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def supervisor_processes(procs: Mapping[int, tuple[Sequence[str], int]]) -> list[int]:
+    """PURE: of processes (pid -> (command line, parent's pid)), the supervisors: an exec'd
+    `elastic-supervisor run`, or a keeper's child (exec'd, or forked with the keeper's own
+    command line), never the keeper."""
+    def ours(argv: Sequence[str]) -> bool:
+        return "run" in argv and any("elastic-supervisor" in a for a in argv[:6])
+    keepers = {pid for pid, (argv, _) in procs.items()
+               if ours(argv) and "supervisor.keeper" in argv}
+    return sorted(pid for pid, (argv, parent) in procs.items() if ours(argv) and (
+        parent in keepers or (pid not in keepers
+                              and any("elastic-supervisor" in a for a in argv[:2]))))

@@ -14,7 +14,8 @@ recording started) as a JSON line. Plan:
 
 A "mark" line records when each stuck kernel starts and ends (the rank's monotonic clock, the
 same clock as this process's on Linux). `tests/unit/test_stuck.py` replays the recording through
-the supervisor's own record keeping and verdict (channel._update, channel.watched, hang.assess).
+the supervisor's own record keeping and verdict (heartbeats.updated, heartbeats.watched,
+hang.assess).
 
     python3 scripts/gpu_stuck_record.py --out gpu_stuck.jsonl        # on the GPU machine
     python3 scripts/gpu_stuck_record.py --device cpu --out /tmp/x.jsonl  # plumbing check, no GPU

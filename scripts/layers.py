@@ -27,11 +27,13 @@ from pathlib import Path
 PACKAGE = "supervisor"
 DECIDE = "supervisor.decide"
 ADAPTERS = frozenset({
-    "supervisor.actuator", "supervisor.channel", "supervisor.cli", "supervisor.cleanup",
-    "supervisor.datagrams", "supervisor.hook", "supervisor.keeper", "supervisor.kube",
-    "supervisor.launch", "supervisor.leader", "supervisor.logs", "supervisor.metrics",
-    "supervisor.nodeleases", "supervisor.operate", "supervisor.proc", "supervisor.reconcile",
-    "supervisor.reload", "supervisor.runner", "supervisor.sidecar", "supervisor.startup",
+    "supervisor.actuator", "supervisor.carry", "supervisor.channel", "supervisor.cli",
+    "supervisor.cleanup", "supervisor.datagrams", "supervisor.hook", "supervisor.horovodrun",
+    "supervisor.hostfile", "supervisor.keeper", "supervisor.kube", "supervisor.launch",
+    "supervisor.leader", "supervisor.logs", "supervisor.loop", "supervisor.metrics",
+    "supervisor.nodeleases", "supervisor.operate", "supervisor.outcomes", "supervisor.proc",
+    "supervisor.reload", "supervisor.reports", "supervisor.runner", "supervisor.sidecar",
+    "supervisor.startup", "supervisor.watches",
 })
 FORBIDDEN = frozenset({
     "os", "socket", "threading", "time", "subprocess", "signal", "select", "selectors",

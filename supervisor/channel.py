@@ -4,7 +4,7 @@ One socket on SUPERVISOR_FENCE_PORT (UDP; 0: any free port) and one receiver thr
 datagram is authenticated with the key of this supervisor process (elastic_supervisor_hook.wire:
 HMAC-SHA256, sequence numbers against replays) or dropped and counted; nothing an unauthenticated
 sender does changes anything, and the socket holds no connection. Heartbeats of the current run
-of horovodrun are recorded per process in a store the reconcile loop reads on its tick
+of horovodrun are recorded per process in a store the loop reads on its tick
 (`snapshot`, like NodeLeases: a thousand workers send 2000 datagrams a second, which must not
 go through the loop's queue). A process of an earlier run is told to exit.
 
@@ -42,14 +42,15 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from supervisor import datagrams, discovery
-from supervisor.decide.beats import WARMUP_GAPS, Beat, Driver
+from supervisor.decide.beats import Beat, Driver
+from supervisor.heartbeats import bound, driver_after, is_loopback, updated, watched
 from supervisor.hook import HOOK_DIR
 from supervisor.hook.elastic_supervisor_hook import (
     DEAD_ENV,
@@ -58,7 +59,6 @@ from supervisor.hook.elastic_supervisor_hook import (
     PORT_ENV,
     RUN_ENV,
     WORKER_ENV,
-    unfenced_framework,
     wire,
 )
 from supervisor.hook.elastic_supervisor_hook.wire import brief
@@ -66,7 +66,6 @@ from supervisor.hook.elastic_supervisor_hook.wire import brief
 FENCE_KEEP_S = 600.0  # a dead host stays in the pushed set this long (its peers reset by then)
 FENCE_MAX = 256  # and at most this many, the most recent
 FORGET_S = 600.0  # a process silent this long (or gone with a bye) is dropped from the store
-GAPS = 64  # progress intervals kept per process (the step time, hang.stuck_threshold)
 SEQ_BLOCK = 1 << 20  # sequence numbers reserved in the state file at a time (one write each)
 
 
@@ -91,13 +90,6 @@ class Counters:
     replies: int = 0
 
 
-def _is_loopback(ip: str) -> bool:
-    try:
-        return ipaddress.ip_address(ip).is_loopback
-    except ValueError:
-        return False
-
-
 def dead_entries(host: str, beats: Iterable[Beat]) -> list[list[Any]]:
     """PURE: the fence entries of one dead host: [address, ports or None (every port)]."""
     exclusive: set[str] = set()
@@ -106,13 +98,13 @@ def dead_entries(host: str, beats: Iterable[Beat]) -> list[list[Any]]:
         if b.host != host:
             continue
         for a in b.addrs:
-            if _is_loopback(a):
+            if is_loopback(a):
                 shared.setdefault(a, set()).update(b.ports)
             else:
                 exclusive.add(a)
     try:
         ipaddress.ip_address(host)
-        if not _is_loopback(host):
+        if not is_loopback(host):
             exclusive.add(host)
     except ValueError:
         pass  # a DNS name: its processes' addresses only
@@ -457,13 +449,13 @@ class HookChannel:
                     reply = {"t": "exit", "run": str(body.get("run")),
                              "why": "this run of horovodrun was restarted"}
             elif body["t"] == "driver":
-                r.driver = _driver(r.driver, body, now)
+                r.driver = driver_after(r.driver, body, now)
             elif body["t"] == "ps":
                 of = r.beats.get(str(body.get("of")))
                 if of is not None:
                     r.beats[of.sender] = watched(of, body, now)
             else:
-                beat = _update(r.beats.get(body["s"]), body, addr, now)
+                beat = updated(r.beats.get(body["s"]), body, addr, now)
                 if beat is not None:
                     r.beats[body["s"]] = beat
                     if body["t"] == "hb" and body.get("fv") != r.version and r.version:
@@ -494,116 +486,3 @@ def unbound_note(channel: HookChannel | None) -> str:
     return (f"; {channel.counters.unbound} authentic datagram(s) were refused because they did "
             f"not come from their host's pod IP (the last from {source} for {host}): is pod "
             "traffic translated (SNAT) between the workers and the launcher?")
-
-
-def bound(body: Mapping[str, Any], source: str, beats: Mapping[str, Beat],
-           addresses: Mapping[str, str]) -> bool:
-    """PURE: whether an authentic datagram from `source` may speak for what it names, so a
-    holder of the key cannot get another worker declared dead: the driver's reports come from
-    the launcher itself (loopback); a process's datagrams from the address of its first, and
-    that from its host's pod IP (`addresses`). Loopback is this pod: trusted."""
-    if _is_loopback(source):
-        return True
-    kind = body.get("t")
-    if kind == "driver":
-        return False
-    sender, host = body.get("of") if kind == "ps" else body.get("s"), body.get("host")
-    first = beats.get(sender) if isinstance(sender, str) else None
-    if first is not None:
-        return first.source[0] == source
-    return kind != "ps" and isinstance(host, str) and addresses.get(host) == source
-
-
-def _driver(old: Driver | None, body: Mapping[str, Any], now: float) -> Driver:
-    """PURE: the driver's record after one of its datagrams."""
-    seq = _int(body.get("wseq"))
-    same = old is not None and old.world_seq == seq
-    world = old.world if same and old is not None else frozenset(
-        str(h) for h in body.get("world") or ())
-    before = old.exited if old is not None else {}
-    raw = body.get("exited")
-    exited = dict(before)
-    for host, code in (raw.items() if isinstance(raw, dict) else ()):
-        if isinstance(host, str) and host not in exited:
-            exited[host] = (_int(code, 1), now)
-    return Driver(bool(body.get("ok")), now, tuple(map(str, body.get("problems") or ())),
-                  world, seq, old.world_at if same and old is not None else now, exited,
-                  isinstance(body.get("short"), dict))
-
-
-def watched(b: Beat, body: Mapping[str, Any], now: float) -> Beat:
-    """PURE: a process's record after its watcher's datagram."""
-    state = body.get("state")
-    cpu = body.get("cpu") if isinstance(body.get("cpu"), int) else None
-    grew = cpu is not None and (b.proc_cpu is None or cpu > b.proc_cpu)
-    return replace(b, proc_state=str(state) if isinstance(state, str) else None,
-                   proc_seen=now, proc_cpu=cpu,
-                   proc_cpu_at=now if grew and b.proc_cpu is not None else b.proc_cpu_at)
-
-
-def _problems(said: Any) -> dict[str, Any]:
-    """The problems a heartbeat reports: the one that names a framework the hook does not fence
-    apart (`unfenced`: the hook's own wording, parsed here at the edge), the others as said."""
-    texts = tuple(str(p) for p in said or ())
-    unfenced = next((f for p in texts if (f := unfenced_framework(p)) is not None), None)
-    return {"problems": tuple(p for p in texts if unfenced_framework(p) is None),
-            "unfenced": unfenced}
-
-
-def _int(v: Any, default: int = 0) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) else default
-
-
-def _count(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
-
-
-def _update(old: Beat | None, body: Mapping[str, Any], addr: tuple[str, int],
-            now: float) -> Beat | None:
-    """PURE: the process's record after one authentic datagram of the current run."""
-    if body["t"] == "bye":
-        return None if old is None else replace(old, bye_at=now, last_seen=now, wait_s=None,
-                                                waiting=None)
-    if body["t"] != "hb" or not isinstance(body.get("host"), str):
-        return old
-    done = _int(body.get("done"))
-    wait = body.get("wait")
-    fields = dict(
-        host=body["host"], pid=_int(body.get("pid")), local_rank=_int(body.get("lr")),
-        rank=body.get("rank") if isinstance(body.get("rank"), int) else None,
-        size=body.get("size") if isinstance(body.get("size"), int) else None,
-        inits=_int(body.get("inits")), done=done,
-        wait_s=float(wait) if isinstance(wait, int | float) else None,
-        waiting=body.get("in") if body.get("in") in ("c", "i") else None,
-        addrs=tuple(str(a) for a in body.get("addrs") or ()),
-        ports=tuple(p for p in body.get("ports") or () if isinstance(p, int)),
-        **_problems(body.get("problems")),
-        last_seen=now, source=(addr[0], int(addr[1])),
-        since_init=body["dc"] if isinstance(body.get("dc"), int) else None,
-        steps=_count(body.get("st")), commits=_count(body.get("cm")),
-        redone=_count(body.get("rd")),
-        trained_s=float(body["tr"]) if isinstance(body.get("tr"), int | float)
-        and not isinstance(body.get("tr"), bool) and body["tr"] >= 0 else None,
-        pos=str(body.get("pos") or ""), io=body["io"] if isinstance(body.get("io"), int) else None,
-        where=tuple(str(w) for w in body.get("where") or ())[:8])
-    if old is None:
-        return Beat(sender=str(body["s"]), first_seen=now, progress_at=None,
-                    still_since=now if fields["pos"] else None, **fields)
-    progress = now if done != old.done else old.progress_at
-    gaps, warmup = old.gaps, old.warmup
-    if fields["inits"] != old.inits:
-        warmup = WARMUP_GAPS
-    elif done != old.done and old.progress_at is not None:
-        if warmup:
-            warmup -= 1
-        else:
-            # A step's time; not a pause that spans a reset (an init: a fault, a worker
-            # joining), nor the new world's first intervals, which would make the stuck
-            # threshold half a minute or more right after every recovery.
-            gaps = (*old.gaps[-(GAPS - 1):], now - old.progress_at)
-    moved = (fields["pos"], fields["io"], done, fields["waiting"]) != (
-        old.pos, old.io, old.done, old.waiting)
-    still = None if not fields["pos"] else (
-        now if moved or old.still_since is None else old.still_since)
-    return replace(old, progress_at=progress, bye_at=None, gaps=gaps, warmup=warmup,
-                   still_since=still, **fields)

@@ -2,7 +2,7 @@
 forwarded with a grace, its whole process tree killed, restarted, ended.
 
 It holds the handle (`child`), the stop signal forwarded, when the grace ends and when the run
-started; the loop (reconcile.py) decides when (decide/start.py, core.manage) and calls it.
+started; the loop (loop.py) decides when (decide/start.py, core.manage) and calls it.
 """
 
 from __future__ import annotations

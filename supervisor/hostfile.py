@@ -2,7 +2,7 @@
 known_hosts beside it. On each pass it renders the view when what the render reads changed
 (decide/hostlist.py; ~10 ms at 10,000 workers), asks listing.listing and hostlist.decide (pure)
 what to publish, and writes the file (discovery.py) only when it changed, or withdraws it. It
-holds the render's caches and what was published; the loop (reconcile.py) calls `sync`.
+holds the render's caches and what was published; the loop (loop.py) calls `sync`.
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ from supervisor import discovery, hostkeys
 from supervisor.channel import HookChannel
 from supervisor.config import Config, SshHostKeys, known_hosts_path
 from supervisor.decide import fleet, hostlist, listing
-from supervisor.decide.beats import heartbeating
 from supervisor.decide.fleet import Fleet
-from supervisor.decide.hang import HangSettings
 from supervisor.decide.hostlist import Publish, Rendered
 from supervisor.decide.listing import Listed
-from supervisor.decide.memory import Core
+from supervisor.decide.memory import Memory
 from supervisor.metrics import Metrics
 from supervisor.model import EventSpec
 from supervisor.observe import ClusterView
@@ -32,10 +30,9 @@ class HostFile:
 
     def __init__(self, cfg: Config, *, log: Any, events: Callable[[EventSpec], None],
                  metrics: Metrics, reports: Reports, channel: HookChannel | None,
-                 hang_settings: HangSettings, clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float]) -> None:
         self.cfg, self.log, self.events, self.metrics = cfg, log, events, metrics
-        self.reports, self.channel, self.hang_settings, self.clock = (
-            reports, channel, hang_settings, clock)
+        self.reports, self.channel, self.clock = reports, channel, clock
         # host string -> UID of the first pod that had it (Horovod blacklists names for good)
         self.first_owner: dict[str, str] = {}
         self.published: str | None = None  # the file's content; None while withdrawn
@@ -49,9 +46,8 @@ class HostFile:
         self.memo = hostlist.Memo()
         # the pods of the active slots, for the fleet they were computed from
         self.active_pods: tuple[Fleet | None, frozenset[str] | None] = (None, None)
-        self.kept: frozenset[str] = frozenset()  # hosts on down nodes kept while they beat
 
-    def sync(self, c: Core, view: ClusterView, *, running: bool, now: float,
+    def sync(self, c: Memory, view: ClusterView, *, running: bool, now: float,
              earliest: float | None) -> Listed:
         """Publish the host list for `view` and the memory `c` (the file written only when
         it changed), or withdraw the file; return what the listing decided (on.listed keeps
@@ -67,11 +63,7 @@ class HostFile:
         if fl is not None and self.active_pods[0] is not fl:
             self.active_pods = (fl, fleet.current_pods(fl, cfg.job_name))
         active = self.active_pods[1] if fl is not None else None
-        talking = self._kept_while_heartbeating(view, running=running, now=now)
-        if talking != self.kept:
-            self.log.info("workers.kept_on_down_nodes", hosts=sorted(talking),
-                          released=sorted(self.kept - talking))
-            self.kept = talking
+        talking = c.kept  # on.heard
         staying = c.leave_waits
         inputs = (view.version, retiring, len(self.first_owner), hung, declared, active,
                   talking, staying)
@@ -137,17 +129,7 @@ class HostFile:
                              note="no host key annotation: the driver's ssh refuses them")
         self.known_hosts = text
 
-    def _kept_while_heartbeating(self, view: ClusterView, *, running: bool,
-                                 now: float) -> frozenset[str]:
-        """hostlist.kept_while_heartbeating with the hosts heartbeating now (empty without the
-        hook or horovodrun)."""
-        if self.channel is None or not running:
-            return frozenset()
-        channel, silence = self.channel, self.hang_settings.silence_s
-        return hostlist.kept_while_heartbeating(view, self.cfg.host_mode, lambda: [
-            b.host for b in channel.snapshot().beats.values() if heartbeating(b, now, silence)])
-
-    def _listing(self, c: Core, view_render: Rendered, *, running: bool,
+    def _listing(self, c: Memory, view_render: Rendered, *, running: bool,
                  now: float) -> Listed:
         """The hosts to publish (listing.listing, pure): gather its inputs, say its notes."""
         cfg = self.cfg

@@ -8,6 +8,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 # Event -> discovery-file latency buckets, seconds: the target is p99 <= 0.1 s at 1000 workers.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# One pass of the loop, seconds: the target is <= 0.02 s idle at 10,000 workers (issue 41).
+PASS_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05,
+                0.075, 0.1, 0.2, 0.5, 1.0)
 # Detection -> each phase of an incident (incidents.py), seconds.
 PHASE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
@@ -47,6 +50,7 @@ class Metrics:
     lost_worker_seconds: Counter
     incidents: Counter
     incident_phase: Histogram
+    loop_pass: Histogram
 
 
 def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
@@ -131,6 +135,10 @@ def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         incidents=Counter(f"{p}incidents", "Incidents (failures, graceful leaves, scales, "
                           "horovodrun restarts) by cause and kind", ["cause", "kind"],
                           registry=r),
+        loop_pass=Histogram(
+            f"{p}loop_pass_seconds", "One pass of the loop (triggers applied, the host list, "
+            "the decisions, their script), by whether triggers came (idle: none)", ["batch"],
+            buckets=PASS_BUCKETS, registry=r),
         incident_phase=Histogram(
             f"{p}incident_phase_seconds", "Detection -> each phase of an incident (fenced, "
             "resumed, created, scheduled, started, joined, full)", ["phase", "kind"],

@@ -1,6 +1,6 @@
 """PURE: frozen value types shared by the loop and the adapters (no I/O, no client imports).
 
-Triggers are what the reconcile loop consumes from its queue: watch events and reflector news
+Triggers are what the loop consumes from its queue: watch events and reflector news
 (put there by the reflector threads), the child's exit (child-waiter thread), signals (main
 thread's handlers), a lost leader Lease (the elector's thread). EventSpec is a Kubernetes Event
 to post; ExitCode lists the supervisor's own, documented exit codes (horovodrun's own code is

@@ -3,7 +3,7 @@
 Owns `ClusterView` (worker pods and nodes as the API returned them, plus what the reflectors
 report about their own health) and the rules that say whether a worker is usable by Horovod.
 No I/O, no clock reads, no Kubernetes client imports: times are passed in.
-The view is mutated only by the reconcile thread that owns it.
+The view is mutated only by the loop thread that owns it.
 """
 
 from __future__ import annotations

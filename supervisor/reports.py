@@ -2,7 +2,7 @@
 no decision (a helper container's exit, the workers' membership, a node Lease too slow to use,
 the workers' PodDisruptionBudget, a closed incident, the hang watch's metrics and one-time
 warnings). It owns the dedupe of what is said once (per pod incarnation, node, error or run of
-horovodrun); the loop (reconcile.py) calls it and decides nothing here.
+horovodrun); the loop (loop.py) calls it and decides nothing here.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from typing import Any
 
 from supervisor.channel import HookChannel, Snapshot, unbound_note
 from supervisor.config import Config
-from supervisor.decide import hang, incidents, plan
+from supervisor.decide import accounting, hang, incidents, plan, progress
 from supervisor.decide.beats import heartbeating
 from supervisor.decide.classify import ClassifySettings, uncounted_exits
 from supervisor.decide.hang import HangSettings, Verdict
 from supervisor.decide.hostlist import Rendered
+from supervisor.decide.memory import Pass
 from supervisor.metrics import Metrics
 from supervisor.model import ActionDone, EventSpec
 from supervisor.nodeleases import NodeLeases
@@ -130,6 +131,60 @@ class Reports:
                                   f"({done.error}): a drain may evict several at once; the "
                                   "supervisor's ServiceAccount needs create and patch on "
                                   "poddisruptionbudgets (policy)"))
+
+    def passed(self, p: Pass, snap: Snapshot | None, *, now: float, started: float) -> None:
+        """A pass's counts as metrics (failures and their actions, leaves, quarantined nodes,
+        horovodrun restarts) and the hang watch's reports."""
+        m = self.metrics
+        for cause, action in p.counts:
+            m.worker_failures.labels(cause, action).inc()
+        for todo in p.todo:
+            if isinstance(todo, plan.Note) and todo.event == "worker.leaving":
+                m.worker_leaves.labels(todo.fields["why"]).inc()
+        m.nodes_quarantined.set(len(p.core.quarantine.until))
+        for reason in p.restarts:
+            m.horovodrun_restarts.labels(reason).inc()
+        if snap is not None and p.verdict is not None:
+            self.hangs(snap, p.verdict, restarting=bool(p.restarts), now=now, started=started)
+
+    def accounted(self, before: progress.Progress, a: accounting.Accounted,
+                  desired: int) -> None:
+        """The progress and the incidents after a pass (accounting.account): their metrics,
+        an incident's line when it opens and its phases' times, and what closed."""
+        m, after = self.metrics, a.progress
+        m.training_steps.inc(after.step - before.step)
+        m.steps_recomputed.inc(after.redone - before.redone)
+        m.productive_worker_seconds.inc(max(0.0, after.productive_ws - before.productive_ws))
+        m.lost_worker_seconds.inc(max(0.0, after.lost_ws - before.lost_ws))
+        m.training_step_rate.set(after.rate())
+        m.world_size.set(after.world or 0)
+        m.world_size_desired.set(desired)
+        good, good_any = after.goodput()
+        if good is not None and good_any is not None:
+            m.goodput.labels("full").set(good)
+            m.goodput.labels("any").set(good_any)
+        for inc, phase in a.reached:
+            if phase == "detected":
+                m.incidents.labels(inc.cause, inc.kind).inc()
+                self.log.info("incident.opened", incident=inc.id, cause=inc.cause,
+                              kind=inc.kind, pods=list(inc.pods), step=after.step)
+                continue
+            m.incident_phase.labels(phase, inc.kind).observe(
+                max(0.0, inc.phases[phase] - inc.phases["detected"]))
+        for inc in a.closed:
+            self.incident_closed(inc)
+
+    def policy_changed(self, file: str, problems: Sequence[str],
+                       diff: dict[str, Any] | None, budget_left: int) -> None:
+        """A reloaded policy file: rejected (`diff` None: the current policy kept) or taken."""
+        if diff is None:
+            self.log.error("policy.rejected", file=file, problems=list(problems))
+            self.events(EventSpec("Warning", "PolicyRejected", "Reload",
+                                  f"{file}: kept the current policy; " + "; ".join(problems)))
+            return
+        self.metrics.restart_budget_left.set(budget_left)
+        self.log.info("policy.reloaded", file=file, **diff)
+        self.events(EventSpec("Normal", "PolicyReloaded", "Reload", f"{file}: {diff}"))
 
     def incident_closed(self, inc: incidents.Incident) -> None:
         phases = incidents.phase_seconds(inc)

@@ -1,5 +1,6 @@
 """`run` and `explain` (supervisor.cli parses them): builds the pieces of the supervisor from
-the configuration, supervises horovodrun, maps outcomes to exit codes.
+the configuration (checked first by preflight.py), supervises horovodrun, maps outcomes to exit
+codes.
 
 `run -- CMD...`  supervise horovodrun running CMD (the launcher container's entrypoint);
 `explain [-- CMD...]`  print the effective configuration and the exact horovodrun argv.
@@ -13,11 +14,9 @@ import argparse
 import functools
 import os
 import shlex
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,36 +24,30 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from supervisor import __version__, cleanup, discovery, kube, proc, sidecar, startup
+from supervisor import (
+    __version__,
+    cleanup,
+    hookmap,
+    kube,
+    model,
+    preflight,
+    proc,
+    sidecar,
+    startup,
+)
 from supervisor.actuator import Actuator
 from supervisor.channel import HookChannel
-from supervisor.config import (
-    Config,
-    ConfigError,
-    Mode,
-    SshHostKeys,
-    effective_values,
-    parse_config,
-)
+from supervisor.config import Config, ConfigError, Mode, SshHostKeys
 from supervisor.decide import fleet
-from supervisor.decide.policy import DEFAULT_RULES
 from supervisor.hook.elastic_supervisor_hook import KEY_ENV, PORT_ENV, RUN_ENV
 from supervisor.hook.elastic_supervisor_hook.owner import OWNER_ENV
-from supervisor.launch import horovodrun_argv
 from supervisor.leader import LeaderElector, lease_name
 from supervisor.logs import make_logger
+from supervisor.loop import Supervisor
 from supervisor.metrics import make_metrics, serve
-from supervisor.model import (
-    EventSpec,
-    ExitCode,
-    LeadershipLost,
-    LeadershipPaused,
-    LeadershipResumed,
-    SourceState,
-)
+from supervisor.model import EventSpec, ExitCode
 from supervisor.nodeleases import NodeLeases
 from supervisor.observe import Kind, slim
-from supervisor.reconcile import Supervisor
 from supervisor.reload import PolicyWatcher
 
 
@@ -62,55 +55,18 @@ def _command(raw: list[str]) -> list[str]:
     return raw[1:] if raw[:1] == ["--"] else raw
 
 
-def load_config(env: Mapping[str, str]) -> Config:
-    """Parse the config, deriving the namespace default from the pod or the kubeconfig."""
-    pod_ns = kube.in_cluster_namespace()
-    kc_ns = None if pod_ns or env.get("SUPERVISOR_NAMESPACE") else kube.kubeconfig_namespace()
-    return parse_config(env, pod_namespace=pod_ns, kubeconfig_namespace=kc_ns)
-
-
-def explain(cfg: Config, command: Sequence[str]) -> str:
-    """Return the `explain` text: variables (value, source) and the horovodrun argv."""
-    rows = effective_values(cfg)
-    width = max(len(r[0]) for r in rows)
-    lines = ["effective configuration (variable, value, source):"]
-    lines += [f"  {name:<{width}}  {value or '-'}  [{source}]" for name, value, source in rows]
-    cmd = list(command) or ["<training command>"]
-    argv = horovodrun_argv(cfg, cmd)
-    lines += ["", "horovodrun argv (executed directly, never through a shell):",
-              "  " + shlex.join(argv)]
-    lines += ["", "failure rules (first match wins; the defaults come last):"]
-    for rule in (*cfg.policy.rules, *DEFAULT_RULES):
-        what = rule.what() if rule.causes is not None else f"exit codes {rule.what()}"
-        lines.append(f"  {rule.action.value:<8} {what}  [{rule.name}]")
-    b = cfg.policy.budgets
-    lines.append(f"budgets: restart limit {b.restart_limit}, per slot "
-                 f"{b.per_slot_limit if b.per_slot_limit is not None else 'none'}, rate "
-                 + (f"{b.rate_limit}/{b.rate_window_s:g}s" if b.rate_limit else "none")
-                 + f", backoff {b.backoff_initial_s:g}s..{b.backoff_max_s:g}s, disruptions "
-                 + ("free" if b.disruptions_free else "counted"))
-    if cfg.worker_template is None:
-        lines.append("workers: created elsewhere (no SUPERVISOR_WORKER_TEMPLATE); a failed "
-                     "worker is dropped, never replaced")
-    else:
-        workers = fleet.workers_for(cfg.np, cfg.slots_per_worker)
-        lines.append(f"workers: {workers} created and replaced by the supervisor from "
-                     f"{cfg.worker_template_file}")
-    return "\n".join(lines)
-
-
 def main(args: argparse.Namespace) -> int:
     """`run` / `explain`: the configuration from the environment, then the supervisor."""
     env = dict(os.environ)
     try:
-        cfg = load_config(env)
+        cfg = preflight.load_config(env)
     except ConfigError as e:
         for problem in e.problems:
             print(f"elastic-supervisor: {problem}", file=sys.stderr)
         return ExitCode.CONFIG
     command = _command(args.cmd)
     if args.command == "explain":
-        print(explain(cfg, command))
+        print(preflight.explain(cfg, command))
         return ExitCode.OK
     if cfg.mode == Mode.SIDECAR:
         if command:
@@ -176,63 +132,12 @@ def run_sidecar(cfg: Config, env: Mapping[str, str]) -> int:
     return code
 
 
-def _preflight(cfg: Config) -> list[str]:
-    """Return problems with the files `run` relies on (one line each). Never writes or
-    removes a file that is there already."""
-    problems = []
-    script = cfg.discovery_script
-    if not (script.is_file() and os.access(script, os.X_OK)):
-        problems.append(f"SUPERVISOR_DISCOVERY_SCRIPT={str(script)!r}: expected an executable "
-                        "file (the shipped discover_hosts.sh)")
-    if cfg.mode == Mode.SIDECAR:
-        # horovodrun is the training container's; what es-run loads must be in the shared dir.
-        if not (hook := sidecar.hook_dir(cfg.shared_dir) / "sitecustomize.py").is_file():
-            problems.append(f"SUPERVISOR_SHARED_DIR={str(cfg.shared_dir)!r}: no hook in it "
-                            f"({hook} is missing); run `elastic-supervisor install "
-                            f"{cfg.shared_dir}` in an init container before this one, with the "
-                            "same emptyDir mounted at that path")
-        return problems + _discovery_file_problems(cfg.discovery_file)
-    hr = cfg.horovodrun
-    wanted = "expected the horovodrun executable (a name on PATH or an absolute path)"
-    if "/" in hr and not (os.path.isfile(hr) and os.access(hr, os.X_OK)):
-        problems.append(f"SUPERVISOR_HOROVODRUN={hr!r}: not an executable file; {wanted}")
-    elif "/" not in hr and shutil.which(hr) is None:
-        problems.append(f"SUPERVISOR_HOROVODRUN={hr!r}: not found on PATH; {wanted}")
-    problems += _discovery_file_problems(cfg.discovery_file)
-    return problems
-
-
-def _discovery_file_problems(path: Path) -> list[str]:
-    var = f"SUPERVISOR_DISCOVERY_FILE={str(path)!r}"
-    wanted = "expected a file path in a writable directory (an emptyDir)"
-    if path.is_dir():
-        return [f"{var}: is a directory; {wanted}"]
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Only a real write tells (root passes os.access, a read-only mount does not).
-        with tempfile.TemporaryFile(dir=path.parent):
-            pass
-    except OSError as e:
-        return [f"{var}: its directory cannot be written ([Errno {e.errno}] {e.strerror}); "
-                f"{wanted}"]
-    try:
-        content = discovery.read_current(path)
-    except (OSError, UnicodeDecodeError) as e:
-        return [f"{var}: exists and cannot be read as a host list ({e}); refusing to replace "
-                "it: point it at a file of its own (an emptyDir)"]
-    if content is not None and (line := discovery.foreign_line(content)) is not None:
-        return [f"{var}: exists and is not a host list the supervisor wrote (line "
-                f"{content.splitlines().index(line) + 1}: {line[:60]!r}); refusing to replace "
-                "it: point it at a file of its own (an emptyDir)"]
-    return []
-
-
 def run(cfg: Config, command: Sequence[str], env: Mapping[str, str],
         link: sidecar.Link | None = None) -> int:
     """Build the adapters and the loop, run it, and return the process exit code. `link`:
     sidecar mode (the command comes from es-run)."""
     log = make_logger(cfg.log_format, cfg.log_level, job=cfg.job_name)
-    if problems := _preflight(cfg):
+    if problems := preflight.problems(cfg):
         for p in problems:
             print(f"elastic-supervisor: {p}", file=sys.stderr)
         return ExitCode.CONFIG
@@ -305,13 +210,13 @@ def _run(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, log: An
     instance = cfg.pod_name or f"{cfg.job_name}-{socket.gethostname()}"
     identity = f"{instance}/{os.getpid()}"
     retry = startup.ApiRetry(cfg.start_timeout_s, log=log, stopping=stopping)
-    leadership = Relay()  # the elector thread's news, held until the loop runs
+    leadership = startup.Relay()  # the elector thread's news, held until the loop runs
     elector = LeaderElector(kube.Leases(api, cfg.namespace, cfg.api_timeout_s),
                             lease_name(cfg.job_name), identity, cfg.leader_lease_s,
                             api_timeout_s=cfg.api_timeout_s,
-                            on_lost=lambda why: leadership(LeadershipLost(why)),
-                            on_paused=lambda why: leadership(LeadershipPaused(why)),
-                            on_resumed=lambda s: leadership(LeadershipResumed(s)),
+                            on_lost=lambda why: leadership(model.LeadershipLost(why)),
+                            on_paused=lambda why: leadership(model.LeadershipPaused(why)),
+                            on_resumed=lambda s: leadership(model.LeadershipResumed(s)),
                             # sidecar mode: a dead supervisor of this pod is seen to be dead
                             gone=(functools.partial(sidecar.holder_gone, instance=instance)
                                   if link is not None else lambda _: False))
@@ -413,19 +318,19 @@ def _as_sidecar(cfg: Config, pod: Mapping[str, Any] | None, *, log: Any) -> side
 def _with_hook(cfg: Config, api: Any, owner: Mapping[str, str] | None,
                retry: startup.ApiRetry, *, log: Any) -> Config:
     """Sidecar mode, once leader: put this supervisor's own hook in a ConfigMap of its own and
-    return the configuration whose worker template mounts it (supervisor.sidecar.with_hook)."""
+    return the configuration whose worker template mounts it (supervisor.hookmap.with_hook)."""
     if cfg.worker_template is None:
         return cfg
     files = {path: src.read_text() for path, src in sidecar.hook_sources().items()}
-    bytecode = sidecar.hook_bytecode(files)
-    body = sidecar.hook_configmap(cfg.job_name, files, owner, bytecode)
+    bytecode = hookmap.hook_bytecode(files)
+    body = hookmap.hook_configmap(cfg.job_name, files, owner, bytecode)
     made = retry.call("create the hook's ConfigMap", lambda: kube.create_config_map(
         api, cfg.namespace, body, cfg.api_timeout_s))
     name = made["metadata"]["name"]
-    log.info("sidecar.hook_configmap", configmap=name, files=len(files),
-             sha256=body["metadata"]["annotations"][sidecar.HOOK_DIGEST],
+    log.info("hookmap.hook_configmap", configmap=name, files=len(files),
+             sha256=body["metadata"]["annotations"][hookmap.HOOK_DIGEST],
              bytecode=sys.implementation.cache_tag)
-    return replace(cfg, worker_template=sidecar.with_hook(
+    return replace(cfg, worker_template=hookmap.with_hook(
         cfg.worker_template, name, [*files, *bytecode], cfg.shared_dir))
 
 
@@ -454,31 +359,9 @@ def _wrapped_command(cfg: Config, link: sidecar.Link, stopping: startup.Stopping
     return command
 
 
-class Relay:
-    """Holds what an early thread reports until the loop can take it (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._held: list[Any] = []
-        self._sink: Callable[[Any], None] | None = None
-
-    def __call__(self, item: Any) -> None:
-        with self._lock:
-            if self._sink is None:
-                self._held.append(item)
-                return
-        self._sink(item)
-
-    def attach(self, sink: Callable[[Any], None]) -> None:
-        with self._lock:
-            self._sink, held, self._held = sink, self._held, []
-        for item in held:
-            sink(item)
-
-
 def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, api: Any,
                log: Any, metrics: Any, channel: HookChannel, recorder: kube.EventRecorder,
-               elector: LeaderElector, leadership: Relay, stopping: startup.Stopping,
+               elector: LeaderElector, leadership: startup.Relay, stopping: startup.Stopping,
                store: kube.StateStore, workers: fleet.Fleet | None, rv: str | None,
                identity: str, owner: Mapping[str, str] | None,
                stored: Mapping[str, Any] | None = None, link: sidecar.Link | None = None,
@@ -529,7 +412,8 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
         # reads the ages on its tick. A broken lease watch only switches this signal off.
         def lease_news(item: object) -> None:
             leases.submit(item)
-            if isinstance(item, SourceState) and item.fatal:  # e.g. 403: the option cannot work
+            # A fatal one (e.g. 403: the option cannot work) ends the run through the loop.
+            if isinstance(item, model.SourceState) and item.fatal:
                 sup.submit(item)
 
         reflectors.append(kube.Reflector(
@@ -543,7 +427,7 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
         kube.drop_connections(api)
         for r in reflectors:
             r.reconnect()
-        leadership(LeadershipResumed(paused_s))
+        leadership(model.LeadershipResumed(paused_s))
 
     elector.on_resumed = resumed
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -562,8 +446,8 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
         # Before the watches: the policy the file holds now (a standby read it at its start,
         # maybe hours ago) is the loop's first trigger, ahead of any failure it would judge.
         watcher = PolicyWatcher(
-            cfg.policy_file, parse=lambda: load_config(config_env).policy, sink=sup.submit,
-            clock=time.monotonic, current=cfg.policy,
+            cfg.policy_file, parse=lambda: preflight.load_config(config_env).policy,
+            sink=sup.submit, clock=time.monotonic, current=cfg.policy,
             problems_of=lambda e: tuple(e.problems) if isinstance(e, ConfigError) else (
                 f"{type(e).__name__}: {e}",)).start()
     for r in reflectors:

@@ -11,7 +11,8 @@ transient errors (connection refused, timeouts, 429, 5xx, admission refusals) wi
 exponential backoff (0.2 s doubling to 5 s), each call until it has failed for the start budget
 in a row (START_TIMEOUT_SECONDS): then `StartTimedOut` (exit 3). A permanent error (RBAC
 denial, 404 where an object must exist) is raised at once. A signal during the start ends it
-(`Stopped`) without touching anything.
+(`Stopped`) without touching anything. What a thread started before the loop reports (the
+leader elector's news) a `Relay` holds until the loop takes it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -74,6 +76,28 @@ class Stopping:
     def check(self) -> None:
         if self.signum is not None:
             raise Stopped(self.signum)
+
+
+class Relay:
+    """Holds what an early thread reports until the loop can take it (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: list[Any] = []
+        self._sink: Callable[[Any], None] | None = None
+
+    def __call__(self, item: Any) -> None:
+        with self._lock:
+            if self._sink is None:
+                self._held.append(item)
+                return
+        self._sink(item)
+
+    def attach(self, sink: Callable[[Any], None]) -> None:
+        with self._lock:
+            self._sink, held, self._held = sink, self._held, []
+        for item in held:
+            sink(item)
 
 
 class ApiRetry:

@@ -142,7 +142,7 @@ VARIABLES: tuple[Var, ...] = (
         "Client read timeout of a watch connection: a silently dead connection is noticed after "
         "this long (> 60: bookmarks come each ~60 s)."),
     Var("RESYNC_SECONDS", "1", _seconds_in(0.05, 60), "resync_s",
-        "Period of the reconcile tick (staleness checks, reaping) even without events. 0.05 to "
+        "Period of the loop's tick (staleness checks, reaping) even without events. 0.05 to "
         "60."),
     Var("LOG_FORMAT", "json", _enum(LogFormat), "log_format", "Log format: json or console."),
     Var("LOG_LEVEL", "info", _enum(LogLevel), "log_level",

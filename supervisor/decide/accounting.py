@@ -1,7 +1,7 @@
 """PURE: the job's accounting after each pass: its training progress (progress.py), its
 incidents (incidents.py) and whether the state is due to be saved for them.
 
-The loop (reconcile.py) hands in what the pass decided and what it sees, keeps the result and
+The loop (loop.py) hands in what the pass decided and what it sees, keeps the result and
 turns it into metrics, log lines and Events; it decides nothing of it.
 """
 

@@ -7,7 +7,7 @@ said last; supervisor/channel.py (the adapter) receives the datagrams and keeps 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 # Progress intervals not taken as step times after each init: the state's sync and the new
@@ -102,3 +102,11 @@ class Driver:
     exited: Mapping[str, tuple[int, float]] = field(default_factory=dict)
     # the driver waits for hosts to assign the next world (fewer listed slots than --min-np)
     waits_for_hosts: bool = False
+
+
+def talking(beats: Iterable[Beat], now: float, silence_s: float) -> frozenset[str]:
+    """PURE: the hosts whose training processes heartbeat now (`heartbeating`, exclusive at
+    silence_s): what both holds of a down node read, the hosts kept listed on it
+    (hostlist.kept_while_heartbeating, kept in the memory by on.heard) and the nodes not
+    replaced after an API outage (nodes.settling_nodes)."""
+    return frozenset(b.host for b in beats if heartbeating(b, now, silence_s))

@@ -1,8 +1,8 @@
 """PURE: one pass of the supervisor's decisions, composed from the steps in verdicts.py,
 failures.py and plan.py.
 
-`manage(Core, Seen, Settings) -> Pass` is the reconcile of one pass, level-triggered: from what
-the loop remembers of its own decisions (`Core`: the fleet and its budgets, the failures found
+`manage(Memory, Seen, Settings) -> Pass` is the reconcile of one pass, level-triggered: from what
+the loop remembers of its own decisions (`Memory`: the fleet and its budgets, the failures found
 and not decided yet, the pods being created, the nodes held back, the hang watch's memory) and
 what it sees now (`Seen`: the watch's pods and nodes, the node Leases, the hook's heartbeats and
 the driver's last word, the ssh clients of retiring hosts, the clocks), to the memory of the
@@ -34,8 +34,8 @@ the job to fail. In order, as the steps depend on each other:
    MIN_NP); its state is saved before the creates, so a restart never forgets a budget used;
    the workers' PodDisruptionBudget is kept at the desired count less one (KeepMinAvailable).
 
-Running `manage` twice on the same `Core` and `Seen` asks for the same things: nothing in it
-reads a clock, a file or the network. reconcile.py gathers `Seen`, runs the script and keeps
+Running `manage` twice on the same `Memory` and `Seen` asks for the same things: nothing in it
+reads a clock, a file or the network. loop.py gathers `Seen`, runs the script and keeps
 `Pass.core`; what happens between passes (a watch event classified, a create refused) is
 decided by on.py. The types are memory.py's; the steps about nodes (3, the quarantine) are
 nodes.py's, about workers that never start (4b) unstarted.py's, about announced disruptions
@@ -48,8 +48,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from supervisor import admission
 from supervisor.decide import (
+    admission,
     failures,
     fleet,
     hang,
@@ -69,11 +69,11 @@ from supervisor.decide.fleet import Fleet
 from supervisor.decide.hang import Verdict
 from supervisor.decide.memory import (
     HUNG_NODE_AVOID_S,
-    Core,
     CreateWorker,
     Fence,
     KeepMinAvailable,
     KillSsh,
+    Memory,
     Pass,
     Passing,
     RestartHorovodrun,
@@ -93,7 +93,7 @@ if TYPE_CHECKING:  # the settings are read from it by the caller (scripts/layers
     pass
 
 
-def manage(c: Core, s: Seen, st: Settings) -> Pass:
+def manage(c: Memory, s: Seen, st: Settings) -> Pass:
     """One pass of decisions: see the module's doc for the order."""
     p = Passing(c)
     now = s.now
@@ -183,7 +183,7 @@ def _force_hung_on_lost_nodes(p: Passing, s: Seen, suspects: set[str]) -> None:
     p.c = replace(p.c, forced=frozenset(forced))
 
 
-def _dropped_members(members: frozenset[str], s: Seen, c: Core) -> dict[str, str]:
+def _dropped_members(members: frozenset[str], s: Seen, c: Memory) -> dict[str, str]:
     """Hosts of the driver's last world that the listing dropped because their node is down,
     host -> pod (the pod Horovod knew under that host). After an API outage the node
     controller marks every node NotReady and the brake holds their loss; a worker there that

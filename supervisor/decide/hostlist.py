@@ -219,7 +219,7 @@ def render(
     different pod with the same string is left out (Horovod would treat it as blacklisted).
     `retiring`: pods being scaled in, left out first so that horovodrun lets them go.
     `hung`: UIDs of pods the supervisor found Hung (failed while they still look Running and
-    Ready: Core.hung), never listed again.
+    Ready: Memory.hung), never listed again.
     `declared`: UIDs of pods the supervisor declared failed for any other cause: out at once,
     not when their deletion shows (a node Lease expired while the node still says Ready).
     `active`: names of the pods of the active slots' current incarnations (None: the

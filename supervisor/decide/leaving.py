@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from supervisor import admission
 from supervisor.decide import (
+    admission,
     disruption,
     fleet,
     hostlist,

@@ -1,4 +1,4 @@
-"""PURE: the decisions' memory (`Core`), what a pass sees (`Seen`), the settings it reads
+"""PURE: the decisions' memory (`Memory`), what a pass sees (`Seen`), the settings it reads
 (`Settings`) and the script it returns (`Pass`: the operations Fence, KillSsh,
 RestartHorovodrun, CreateWorker, KeepMinAvailable, FailJob, beside script.py's), with the small
 rules every step shares. core.manage composes the steps; on.py decides between passes."""
@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from supervisor import admission
 from supervisor.decide import (
+    admission,
     disruption,
     failures,
     fleet,
@@ -65,7 +65,7 @@ def hang_settings(cfg: Config) -> HangSettings:
                         stuck_s=cfg.stuck_s)
 
 
-def horovodrun_restarts(c: Core) -> int:
+def horovodrun_restarts(c: Memory) -> int:
     """Restarts of horovodrun so far: kept in the fleet's persisted ledger where the supervisor
     owns the workers, so the limit holds over launcher attempts (a Job retry, a takeover)."""
     stored = c.fleet.ledger.horovodrun_restarts if c.fleet is not None else 0
@@ -101,7 +101,7 @@ class Settings:
 
 
 @dataclass(frozen=True)
-class Core:
+class Memory:
     """What the decisions remember from one pass to the next (replaced, never mutated)."""
 
     fleet: Fleet | None = None  # None: the supervisor does not own the workers
@@ -111,6 +111,7 @@ class Core:
     node_down: Mapping[str, float] = field(default_factory=dict)  # node -> down since
     braked: frozenset[str] = frozenset()  # down nodes the disruption brake holds back
     settling: frozenset[str] = frozenset()  # down nodes held after an API outage (settle)
+    kept: frozenset[str] = frozenset()  # hosts on down nodes kept listed while they beat
     synced_at: float | None = None  # the first pass after the watch synced
     scanned: bool = False  # the first full classification after sync is done
     reused: Mapping[int, int] = field(default_factory=dict)  # slot -> pods replaced (reused IP)
@@ -128,6 +129,8 @@ class Core:
     quarantine: quarantine.Quarantine = field(default_factory=quarantine.Quarantine)
     saved_quarantine: Mapping[str, float] = field(default_factory=dict)  # as last saved
     failing: tuple[int, str] | None = None  # the run ends with this code and reason
+    # a watch's or an action's error for good (on.fatal): the run ends at once with it
+    fatal: tuple[int, str] | None = None
     # the hang watch (this run of horovodrun, except the restarts and the hung pods)
     listed_since: Mapping[str, float] = field(default_factory=dict)  # host -> listed since
     hung: frozenset[str] = frozenset()  # UIDs of pods found Hung: never listed again
@@ -164,7 +167,7 @@ class Core:
 
 @dataclass(frozen=True)
 class Seen:
-    """What the loop sees in this pass (gathered by reconcile.py)."""
+    """What the loop sees in this pass (gathered by loop.py)."""
 
     pods: Mapping[str, Obj]  # the job's worker pods the watch shows, by name
     nodes: Mapping[str, Obj]
@@ -181,7 +184,7 @@ class Seen:
     started_at: float  # when this run of horovodrun started (monotonic)
     beats: tuple[Beat, ...]  # the hook's heartbeats of this run
     driver: Driver | None  # the driver hook's last word
-    ssh_clients: Mapping[str, int]  # host -> ssh clients (plan.retiring_hosts of Core.fleet)
+    ssh_clients: Mapping[str, int]  # host -> ssh clients (plan.retiring_hosts of Memory.fleet)
     now: float  # monotonic
     wall: float  # epoch (the fleet's clock)
     # monotonic: when the supervisor's node watch came back from its last outage (None: none)
@@ -194,7 +197,7 @@ Todo = (Note | Fence | KillSsh | RestartHorovodrun | DeletePod | SaveState | Cre
 
 @dataclass(frozen=True)
 class Pass:
-    core: Core
+    core: Memory
     todo: tuple[Todo, ...]
     verdict: Verdict | None = None  # the hang watch's, for the adapter's one-time warnings
     counts: tuple[tuple[str, str], ...] = ()  # (cause, action) of each failure decided
@@ -202,7 +205,7 @@ class Pass:
     replace_from: Mapping[str, float] = field(default_factory=dict)  # new pod -> failure seen
 
 
-def node_state(c: Core, nodes: Mapping[str, Obj], pod: Obj, lease_age: float | None,
+def node_state(c: Memory, nodes: Mapping[str, Obj], pod: Obj, lease_age: float | None,
                now: float) -> NodeState:
     """What is known of `pod`'s node for classify: held back by the brake, down since, its
     Lease's age. A node never seen since the sync counts as down since then."""
@@ -216,7 +219,7 @@ def node_state(c: Core, nodes: Mapping[str, Obj], pod: Obj, lease_age: float | N
     return NodeState(node=node, down_since=down, lease_age_s=lease_age)
 
 
-def fail(c: Core, code: int, reason: str, *, event: bool = True) -> tuple[Core, FailJob | None]:
+def fail(c: Memory, code: int, reason: str, *, event: bool = True) -> tuple[Memory, FailJob | None]:
     """The run ends with `code` unless it ends already (the first reason wins)."""
     if c.failing is not None:
         return c, None
@@ -241,7 +244,7 @@ def judge_exit(held: int | None, exited: int | None, *,
 class Passing:
     """`manage` under way (local to one call)."""
 
-    c: Core
+    c: Memory
     todo: list[Todo] = field(default_factory=list)
 
     def fail(self, code: int, reason: str, *, event: bool = True) -> None:
@@ -260,7 +263,7 @@ def current_slot(fl: Fleet | None, pod: Obj, job: str) -> tuple[int, int] | None
     return at
 
 
-def nodes_kept_off(c: Core, s: Seen, st: Settings, suspects: set[str]) -> set[str]:
+def nodes_kept_off(c: Memory, s: Seen, st: Settings, suspects: set[str]) -> set[str]:
     """Nodes down or silent, quarantined, or announced to go: a new worker is kept off them
     (and one kept off them is not created again while they are)."""
     kept_off = suspects | set(c.quarantine.until)
@@ -269,6 +272,6 @@ def nodes_kept_off(c: Core, s: Seen, st: Settings, suspects: set[str]) -> set[st
     return kept_off
 
 
-def suspect_nodes(c: Core, now: float) -> tuple[str, ...]:
+def suspect_nodes(c: Memory, now: float) -> tuple[str, ...]:
     """Nodes where a worker hung lately: a new worker prefers others."""
     return tuple(sorted(n for n, t in c.hung_nodes.items() if now - t < HUNG_NODE_AVOID_S))

@@ -17,7 +17,7 @@ from supervisor.decide import (
     plan,
     quarantine,
 )
-from supervisor.decide.beats import Beat, heartbeating
+from supervisor.decide.beats import Beat, talking
 from supervisor.decide.classify import (
     Cause,
     held_nodes,
@@ -82,13 +82,13 @@ def settling_nodes(down: set[str], pods: Mapping[str, Obj], beats: tuple[Beat, .
     training process that heartbeats now, within OUTAGE_SETTLE_S of the API's return."""
     if api_back_at is None or now - api_back_at > OUTAGE_SETTLE_S or not down:
         return frozenset()
-    talking = {b.host for b in beats if heartbeating(b, now, silence_s)}
+    heard = talking(beats, now, silence_s)
     on: dict[str, list[str | None]] = {}
     for pod in pods.values():
         node = pod.get("spec", {}).get("nodeName")
         if node in down and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
             on.setdefault(node, []).append(hostlist.host_of(pod, mode))
-    return frozenset(n for n, hosts in on.items() if all(h in talking for h in hosts))
+    return frozenset(n for n, hosts in on.items() if all(h in heard for h in hosts))
 
 
 def settle(p: Passing, s: Seen, st: Settings, down: set[str]) -> None:

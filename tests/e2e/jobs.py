@@ -190,13 +190,10 @@ class Job(MainJob):
 
     def supervisor_pid(self) -> int:
         """The host pid of the supervisor (`elastic-supervisor run`) in the launcher pod (not
-        the keeper above it in sidecar mode, `python -m supervisor.keeper -- elastic-supervisor
-        run`)."""
+        the keeper above it in sidecar mode: Job.supervisors)."""
         launcher = self.launcher()
         assert launcher is not None
-        pids = self.processes(launcher["metadata"]["name"],
-                              lambda argv: any("elastic-supervisor" in a for a in argv[:2])
-                              and "run" in argv and "supervisor.keeper" not in argv)
+        pids = self.supervisors(launcher["metadata"]["name"])
         assert len(pids) == 1, pids
         return pids[0]
 

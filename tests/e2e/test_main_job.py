@@ -471,8 +471,7 @@ class TestMainTour:
         assert first_launcher is not None and len(job.launchers()) == 1
 
         killed_at = (job.last_step() or {"step": 0})["step"]
-        pids = job.processes(first_launcher["metadata"]["name"],
-                             lambda argv: any("elastic-supervisor" in a for a in argv[:2]))
+        pids = job.supervisors(first_launcher["metadata"]["name"])
         assert pids, "the supervisor process in the launcher container"
         t0 = time.time()
         for pid in pids:

@@ -629,8 +629,7 @@ class TestStockTour:
         launcher = job.launcher()
         assert launcher is not None
         # What the kubelet does on a delete: SIGTERM to the container's main process.
-        supervisor = job.processes(launcher["metadata"]["name"],
-                                   lambda argv: any("elastic-supervisor" in a for a in argv[:2]))
+        supervisor = job.supervisors(launcher["metadata"]["name"])
         assert supervisor, "the supervisor in the launcher container"
         for pid in supervisor:
             os.kill(pid, signal.SIGTERM)

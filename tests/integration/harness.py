@@ -357,7 +357,11 @@ def wait_reason(api: client.ApiClient, namespace: str, reason: str,
 def scrape(port: int, host: str = "127.0.0.1") -> dict[str, float]:
     """Samples from the supervisor's /metrics endpoint, keyed by name{labels} as printed."""
     with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
+        return samples(r.read().decode())
+
+
+def samples(text: str) -> dict[str, float]:
+    """The samples of Prometheus' text format, keyed by name{labels} as printed."""
     out = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):

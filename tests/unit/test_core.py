@@ -25,11 +25,11 @@ from supervisor.decide.hang import HangSettings
 from supervisor.decide.hostlist import HostMode
 from supervisor.decide.memory import (
     HUNG_NODE_AVOID_S,
-    Core,
     CreateWorker,
     FailJob,
     Fence,
     KillSsh,
+    Memory,
     RestartHorovodrun,
     Seen,
 )
@@ -88,7 +88,7 @@ LISTED = {ip(0): pod_name(JOB, 0, 1), ip(1): pod_name(JOB, 1, 1)}
 TWO = fleet.initial(2)
 # The loop's memory once both workers of a two-worker job run and their state is saved.
 # (It has seen one worker on each node: what the quarantine knows of their room.)
-STEADY = Core(fleet=TWO, saved=TWO, synced_at=NOW - 100, scanned=True,
+STEADY = Memory(fleet=TWO, saved=TWO, synced_at=NOW - 100, scanned=True,
               listed_since={h: NOW - 100 for h in LISTED},
               quarantine=Quarantine(held={"node-0": 1, "node-1": 1}))
 
@@ -204,7 +204,7 @@ def test_the_first_pass_after_sync_finds_workers_on_a_lost_node() -> None:
     """A node unreachable when the supervisor starts: its worker is lost (grace 0), force-deleted
     (it would stay Terminating forever) and replaced away from the node."""
     nodes = {**NODES, "node-0": shapes.node("node-0", "node_unreachable")}
-    c = Core(fleet=TWO, node_down={"node-0": NOW - 30})
+    c = Memory(fleet=TWO, node_down={"node-0": NOW - 30})
     p = manage(c, seen(nodes=nodes, running=False, beats=(), driver=None), S)
     w0 = pod_name(JOB, 0, 1)
     assert script(p) == [("fence", [ip(0)]), ("delete", w0, 0), ("say", "worker.failed"),
@@ -399,7 +399,7 @@ def test_a_fail_job_rule_fails_the_job_without_its_own_event() -> None:
 
 
 def test_a_scale_request_without_a_fleet_is_refused_once() -> None:
-    p = manage(Core(synced_at=NOW - 1, scanned=True, scale_request=3), seen(), S)
+    p = manage(Memory(synced_at=NOW - 1, scanned=True, scale_request=3), seen(), S)
     assert script(p) == [("say", "scale.refused")]
     assert p.core.scale_request is None
     assert manage(p.core, seen(), S).todo == ()

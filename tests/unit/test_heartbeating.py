@@ -2,9 +2,9 @@
 
 Each record is a datagram a training process sent on an H200 (shapes/h200_stuck_work0.jsonl.gz:
 rank 0 mid-training, and its process watcher's report), folded through the supervisor's own
-record keeping (channel._update, channel.watched) at a receipt time of the test's choosing, then
-judged at `now`. The hang watch's rule (silence_s, exclusive) and progress's (FRESH_S,
-inclusive) differ only at their boundary; both are in the table.
+record keeping (heartbeats.updated, heartbeats.watched) at a receipt time of the test's
+choosing, then judged at `now`. The hang watch's rule (silence_s, exclusive) and progress's
+(FRESH_S, inclusive) differ only at their boundary; both are in the table.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from supervisor.channel import _update, watched
 from supervisor.decide.beats import Beat, heartbeating
 from supervisor.decide.hang import HangSettings
 from supervisor.decide.progress import FRESH_S
+from supervisor.heartbeats import updated, watched
 
 SILENCE_S = HangSettings().silence_s  # SUPERVISOR_HEARTBEAT_TIMEOUT_SECONDS's default, 3 s
 HEARD = 100.0  # when the supervisor received the heartbeat (monotonic)
@@ -42,7 +42,7 @@ PS = recorded("ps", 0)
 
 def heard(at: float = HEARD) -> Beat:
     """Rank 0's record after its heartbeat arrived at `at`."""
-    b = _update(None, HB, ADDR, at)
+    b = updated(None, HB, ADDR, at)
     assert b is not None and b.rank == 0 and b.bye_at is None
     return b
 
@@ -51,7 +51,7 @@ def said_bye(at: float) -> Beat:
     """Its record after the bye its Beater sends on the way out, received at `at`."""
     bye = {"t": "bye", "s": HB["s"], "n": HB["n"] + 1, "run": HB["run"], "pid": HB["pid"],
            "host": HB["host"], "lr": HB["lr"]}
-    b = _update(heard(), bye, ADDR, at)
+    b = updated(heard(), bye, ADDR, at)
     assert b is not None and b.bye_at == at
     return b
 

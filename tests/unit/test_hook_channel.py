@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 
-from supervisor.channel import HookChannel, bound, dead_entries
+from supervisor.channel import HookChannel, dead_entries
 from supervisor.decide.beats import Beat
+from supervisor.heartbeats import bound
 from supervisor.hook import elastic_supervisor_hook as hook
 from supervisor.hook.elastic_supervisor_hook import wire
 from supervisor.hook.elastic_supervisor_hook.worker import (
@@ -453,34 +454,34 @@ def test_a_key_holder_on_another_address_burns_no_sequence_numbers_and_is_not_sa
 
 
 def test_the_drivers_world_is_timed_from_its_first_report() -> None:
-    from supervisor.channel import _driver
+    from supervisor.heartbeats import driver_after
 
-    first = _driver(None, {"ok": True, "world": ["b", "a"], "wseq": 1}, 10.0)
-    again = _driver(first, {"ok": True, "world": ["b", "a"], "wseq": 1}, 15.0)  # a hello
-    new = _driver(again, {"ok": True, "world": ["a"], "wseq": 2}, 20.0)
+    first = driver_after(None, {"ok": True, "world": ["b", "a"], "wseq": 1}, 10.0)
+    again = driver_after(first, {"ok": True, "world": ["b", "a"], "wseq": 1}, 15.0)  # a hello
+    new = driver_after(again, {"ok": True, "world": ["a"], "wseq": 2}, 20.0)
     assert (first.world, first.world_at) == (frozenset({"a", "b"}), 10.0)
     assert (again.world, again.world_at, again.at) == (frozenset({"a", "b"}), 10.0, 15.0)
     assert (new.world, new.world_at, new.world_seq) == (frozenset({"a"}), 20.0, 2)
 
 
 def test_workers_the_driver_saw_fail_are_kept_with_when_they_were_first_reported() -> None:
-    from supervisor.channel import _driver
+    from supervisor.heartbeats import driver_after
 
-    first = _driver(None, {"ok": True, "exited": {"10.0.0.2": 255}}, 10.0)
-    hello = _driver(first, {"ok": True, "exited": {"10.0.0.2": 255, "10.0.0.3": 1}}, 15.0)
-    lost = _driver(hello, {"ok": True}, 20.0)  # a hello without them: nothing is forgotten
+    first = driver_after(None, {"ok": True, "exited": {"10.0.0.2": 255}}, 10.0)
+    hello = driver_after(first, {"ok": True, "exited": {"10.0.0.2": 255, "10.0.0.3": 1}}, 15.0)
+    lost = driver_after(hello, {"ok": True}, 20.0)  # a hello without them: nothing is forgotten
     assert first.exited == {"10.0.0.2": (255, 10.0)}
     assert hello.exited == {"10.0.0.2": (255, 10.0), "10.0.0.3": (1, 15.0)}
     assert lost.exited == hello.exited
 
 
 def test_a_driver_waits_for_hosts_while_its_hello_says_what_it_is_short_of() -> None:
-    from supervisor.channel import _driver
+    from supervisor.heartbeats import driver_after
 
     short = {"need": 1, "slots": 0, "listed": ["a"], "blacklisted": ["a"]}
-    waits = _driver(None, {"ok": True, "short": short}, 10.0)
-    assigned = _driver(waits, {"ok": True, "short": None, "wseq": 3, "world": ["b"]}, 11.0)
-    odd = _driver(None, {"ok": True, "short": "yes"}, 12.0)  # not the hook's shape: no wait
+    waits = driver_after(None, {"ok": True, "short": short}, 10.0)
+    assigned = driver_after(waits, {"ok": True, "short": None, "wseq": 3, "world": ["b"]}, 11.0)
+    odd = driver_after(None, {"ok": True, "short": "yes"}, 12.0)  # not the hook's shape: no wait
     assert (waits.waits_for_hosts, assigned.waits_for_hosts, odd.waits_for_hosts) == (
         True, False, False)
 

@@ -16,7 +16,7 @@ import pytest
 
 from supervisor.decide import quarantine, starts
 from supervisor.decide.core import manage
-from supervisor.decide.memory import Core
+from supervisor.decide.memory import Memory
 from supervisor.decide.plan import Note
 from supervisor.decide.policy import Budgets, Policy
 from supervisor.decide.script import CreateWorker
@@ -45,7 +45,7 @@ def pods(variant: str) -> dict[str, Any]:
     return {**PODS, W0: unstarted(variant)}
 
 
-def after(variant: str, waited: float, c: Core = STEADY, st: Any = S) -> Any:
+def after(variant: str, waited: float, c: Memory = STEADY, st: Any = S) -> Any:
     """The pass `waited` seconds after the first pass saw worker 0 not started."""
     first = manage(c, seen(pods(variant), now=NOW - waited), st)
     return manage(first.core, seen(pods(variant)), st)

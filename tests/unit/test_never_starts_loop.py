@@ -1,4 +1,4 @@
-"""A worker that never starts, driven through the loop (reconcile.Supervisor) with the watch
+"""A worker that never starts, driven through the loop (loop.Supervisor) with the watch
 events the reflectors hand it: the view keeps the kubelet's waiting reason and message
 (observe.slim), the loop's own clock runs past SUPERVISOR_WORKER_START_TIMEOUT_SECONDS, and the
 actuator is asked to delete the pod and create its replacement, with a WorkerRestarting Event
@@ -12,10 +12,10 @@ from typing import Any
 from supervisor.config import parse_config
 from supervisor.decide import fleet
 from supervisor.decide.script import CreatePod, DeletePod, SaveState
+from supervisor.loop import Supervisor
 from supervisor.metrics import make_metrics
 from supervisor.model import ActionDone, EventSpec, SourceState, WatchEvent
 from supervisor.observe import EventType, Kind, slim
-from supervisor.reconcile import Supervisor
 from supervisor.workers import LABEL_INCARNATION, LABEL_JOB, LABEL_ROLE, LABEL_SLOT
 from tests.helpers import Log
 from tests.unit import shapes
@@ -92,7 +92,7 @@ def test_a_worker_stuck_after_a_kube_apiserver_restart_is_replaced_after_the_bou
     restarting = [e for e in events if e.reason == "WorkerRestarting"]
     assert len(restarting) == 1 and "no relationship found between node" in restarting[0].note
     assert "NotStarted" in restarting[0].note and "not counted" in restarting[0].note
-    assert sup.state.core.fleet is not None and sup.state.core.fleet.ledger.total == 0
+    assert sup.core.fleet is not None and sup.core.fleet.ledger.total == 0
 
 
 def test_a_replacement_placed_ahead_that_cannot_be_created_keeps_the_worker() -> None:
@@ -100,9 +100,9 @@ def test_a_replacement_placed_ahead_that_cannot_be_created_keeps_the_worker() ->
     each pass: the cordoned worker stays, and the slot is not dropped."""
     clock, ops, events = Clock(), [], []
     sup = loop(clock, ops, events)
-    sup.state.core = replace(sup.state.core, moving={"job1-w0-1": "job1-w0-2"})
-    sup._action_done(ActionDone("create", "job1-w0-2", clock.now, error="the pod is invalid"),
-                     clock.now)
-    assert sup.state.core.staying == {"job1-w0-1"}
-    assert sup.state.core.fleet == fleet.initial(2), "no slot dropped"
+    sup.core = replace(sup.core, moving={"job1-w0-1": "job1-w0-2"})
+    sup._apply([ActionDone("create", "job1-w0-2", clock.now, error="the pod is invalid")],
+               clock.now)
+    assert sup.core.staying == {"job1-w0-1"}
+    assert sup.core.fleet == fleet.initial(2), "no slot dropped"
     assert [e.reason for e in events] == ["WorkerStays"]

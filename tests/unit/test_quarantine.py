@@ -12,7 +12,7 @@ from supervisor.decide import fleet
 from supervisor.decide.classify import Cause, Failure
 from supervisor.decide.core import manage
 from supervisor.decide.failures import Failed
-from supervisor.decide.memory import Core
+from supervisor.decide.memory import Memory
 from supervisor.decide.nodes import quarantine_signs
 from supervisor.decide.plan import Leaving, Note
 from supervisor.decide.quarantine import STARVED_S, Kind, Quarantine, Settings, Sign, room, step
@@ -284,7 +284,7 @@ def test_a_worker_leaving_counts_only_for_a_node_condition(why: str, counted: bo
         [Sign(Kind.CONDITION, "node-0", "uid-w", 2)] if counted else [])
 
 
-def _pending_kept_off_node_0(since: str) -> tuple[dict, Core]:
+def _pending_kept_off_node_0(since: str) -> tuple[dict, Memory]:
     """Slot 0's replacement, kept off a quarantined node-0 and Unschedulable since `since`;
     node-0 was seen holding one of the job's workers (it could take it), node-1 two (on paper
     the job fits without node-0)."""

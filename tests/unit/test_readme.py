@@ -93,6 +93,39 @@ def test_the_readme_maps_every_page_of_docs() -> None:
     assert linked == {p.name for p in DOCS.glob("*.md")}
 
 
+def layout_rows(text: str) -> list[list[str]]:
+    """The rows of README's Layout table (cells stripped), its header left out."""
+    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    return [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in section.splitlines() if line.startswith("|")][2:]
+
+
+def test_the_layout_names_every_package_of_the_product_in_short_cells() -> None:
+    rows = layout_rows(README.read_text())
+    long = [cell[:40] for row in rows for cell in row if len(cell) > 200]
+    assert long == []
+    named = " ".join(row[0] for row in rows)
+    packages = sorted(p.name for p in (ROOT / "supervisor").iterdir()
+                      if (p / "__init__.py").exists())
+    assert [p for p in packages
+            if f"supervisor/{p}/`" not in named and f"`{p}/`" not in named] == []
+
+
+def test_the_architecture_page_puts_every_module_of_the_product_in_a_layer() -> None:
+    page = (DOCS / "architecture.md").read_text()
+    layers = page.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    modules = sorted(p.name for p in (ROOT / "supervisor").glob("*.py")
+                     if p.stem not in ("__init__", "__main__"))
+    assert [m for m in modules if f"`{m}`" not in layers] == []
+
+
+def test_the_layout_check_fails_on_a_long_cell_and_reads_the_rows() -> None:
+    text = ("\n## Layout\n\n| path | what |\n| --- | --- |\n| `a.py` | " + "x" * 201
+            + " |\n## Next\n")
+    rows = layout_rows(text)
+    assert rows[0][0] == "`a.py`" and len(rows[0][1]) == 201
+
+
 def test_the_slug_follows_github() -> None:
     assert _slug("`status` and `scale`") == "status-and-scale"
     assert _slug("The launcher's node lost") == "the-launchers-node-lost"

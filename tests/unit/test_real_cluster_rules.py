@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from supervisor import admission, cleanup, discovery, startup
+from supervisor import cleanup, discovery, startup
 from supervisor.config import CleanPodPolicy
+from supervisor.decide import admission
 from supervisor.leader import Wait, Write, lease_name, micro_time, step
 
 ME, OTHER = "job1-host/12", "job1-other/34"

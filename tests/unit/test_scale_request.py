@@ -13,10 +13,10 @@ import pytest
 
 from supervisor.config import parse_config
 from supervisor.decide import fleet
+from supervisor.loop import Supervisor
 from supervisor.metrics import make_metrics
 from supervisor.model import EventSpec, WatchEvent
 from supervisor.observe import EventType, Kind, slim
-from supervisor.reconcile import Supervisor
 from tests.helpers import Log
 
 
@@ -53,7 +53,7 @@ def seen(sup: Supervisor, text: str, rv: str = "4711") -> None:
 def test_a_whole_number_of_workers_is_taken(text: str, workers: int) -> None:
     sup, _, events = loop()
     seen(sup, text)
-    assert (sup.state.core.scale_request, events) == (workers, [])
+    assert (sup.core.scale_request, events) == (workers, [])
 
 
 @pytest.mark.parametrize(("text", "why"), [
@@ -76,7 +76,7 @@ def test_anything_else_is_refused_once_and_the_size_kept(text: str, why: str) ->
     sup, log, events = loop()
     seen(sup, '{"workers": 3}', rv="1")
     seen(sup, text, rv="2")
-    assert sup.state.core.scale_request == 3, "the size asked for before is kept"
+    assert sup.core.scale_request == 3, "the size asked for before is kept"
     shown = text if len(text) <= 80 else text[:80] + "..."
     assert events == [EventSpec(
         "Warning", "ScaleRefused", "Scale",

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from supervisor import sidecar
+from supervisor import hookmap, sidecar
 from supervisor.config import packaged_discovery_script, parse_config
+from supervisor.loop import Supervisor
 from supervisor.metrics import make_metrics
 from supervisor.model import EventSpec
-from supervisor.reconcile import Supervisor
 from tests.helpers import Log, wait_for
 
 SHARED = Path("/opt/elastic-supervisor")
@@ -129,7 +129,7 @@ def hook_files() -> dict[str, str]:
 
 def test_the_hooks_configmap_holds_the_supervisors_own_hook_under_a_name_nobody_chose() -> None:
     files = hook_files()
-    cm = sidecar.hook_configmap("elastic-train", files, JOB_OWNER)
+    cm = hookmap.hook_configmap("elastic-train", files, JOB_OWNER)
     meta = cm["metadata"]
     assert "name" not in meta and meta["generateName"] == "elastic-train-supervisor-hook-"
     assert cm["immutable"] is True
@@ -145,21 +145,21 @@ def test_the_hooks_configmap_holds_the_supervisors_own_hook_under_a_name_nobody_
     # The API server refuses a ConfigMap over 1 MiB: the hook stays well under it.
     assert len(json.dumps(cm).encode()) < 512 * 1024
     assert "binaryData" not in cm  # no bytecode given
-    compiled = sidecar.hook_configmap("elastic-train", files, None, sidecar.hook_bytecode(files))
+    compiled = hookmap.hook_configmap("elastic-train", files, None, hookmap.hook_bytecode(files))
     assert compiled["data"] == cm["data"] and sorted(compiled["binaryData"]) == sorted(
         f"{Path(p).parent}.__pycache__.{Path(p).stem}.{sys.implementation.cache_tag}.pyc"
         .removeprefix("..") for p in files)
     assert len(json.dumps(compiled).encode()) < 512 * 1024
-    changed = sidecar.hook_configmap("elastic-train", {**files, "sitecustomize.py": "#"}, None)
-    assert (changed["metadata"]["annotations"][sidecar.HOOK_DIGEST]
-            != meta["annotations"][sidecar.HOOK_DIGEST])
+    changed = hookmap.hook_configmap("elastic-train", {**files, "sitecustomize.py": "#"}, None)
+    assert (changed["metadata"]["annotations"][hookmap.HOOK_DIGEST]
+            != meta["annotations"][hookmap.HOOK_DIGEST])
     assert "ownerReferences" not in changed["metadata"]
 
 
 def test_workers_get_the_hook_from_the_configmap_without_an_init_container() -> None:
     files = hook_files()
     before = copy.deepcopy(WORKER)
-    out = sidecar.with_hook(WORKER, "elastic-train-supervisor-hook-x1", files, SHARED)
+    out = hookmap.with_hook(WORKER, "elastic-train-supervisor-hook-x1", files, SHARED)
     assert before == WORKER  # not changed in place
     spec = out["spec"]
     assert spec["initContainers"] == WORKER["spec"]["initContainers"]  # theirs only
@@ -174,7 +174,7 @@ def test_workers_get_the_hook_from_the_configmap_without_an_init_container() -> 
         {"name": "PYTHONPATH", "value": "/opt/elastic-supervisor/hook"}]
     assert [e for e in spec["containers"][1]["env"] if e["name"] == "PYTHONPATH"] == [
         {"name": "PYTHONPATH", "value": "/opt/elastic-supervisor/hook:/app"}]
-    assert sidecar.with_hook(out, "other", files, SHARED) == out  # once only
+    assert hookmap.with_hook(out, "other", files, SHARED) == out  # once only
 
 
 def test_the_configmaps_files_are_the_hook_install_writes_and_a_python_loads_them_compiled(
@@ -184,12 +184,12 @@ def test_the_configmaps_files_are_the_hook_install_writes_and_a_python_loads_the
     supervisor's version with that directory first on its path runs the hook's sitecustomize
     and imports the package from there, from the ConfigMap's bytecode (nothing compiled)."""
     files = hook_files()
-    bytecode = sidecar.hook_bytecode(files)
+    bytecode = hookmap.hook_bytecode(files)
     assert sorted(bytecode) == sorted(
         str(Path(p).parent / "__pycache__" / f"{Path(p).stem}.{sys.implementation.cache_tag}.pyc")
         .removeprefix("./") for p in files)
-    cm = sidecar.hook_configmap("elastic-train", files, None, bytecode)
-    volume = sidecar.with_hook(WORKER, "x", [*files, *bytecode], SHARED)["spec"]["volumes"][-1]
+    cm = hookmap.hook_configmap("elastic-train", files, None, bytecode)
+    volume = hookmap.with_hook(WORKER, "x", [*files, *bytecode], SHARED)["spec"]["volumes"][-1]
     mounted = tmp_path / "mounted"
     for item in volume["configMap"]["items"]:
         (mounted / item["path"]).parent.mkdir(parents=True, exist_ok=True)

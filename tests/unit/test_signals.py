@@ -24,7 +24,8 @@ BURST = textwrap.dedent("""
     from supervisor import startup
     from supervisor.config import parse_config
     from supervisor.metrics import make_metrics
-    from supervisor.reconcile import SignalReceived, Supervisor
+    from supervisor.loop import Supervisor
+    from supervisor.model import SignalReceived
 
     def storm():
         for _ in range(100000):

@@ -175,7 +175,7 @@ def test_the_status_command_imports_none_of_the_supervisor_proper() -> None:
             if m.startswith("supervisor.") and source(m).exists():
                 todo += module_imports(m)
     assert {"supervisor.kube", "supervisor.operate", "kubernetes"} <= loaded
-    assert not loaded & {"supervisor.runner", "supervisor.reconcile", "supervisor.metrics",
+    assert not loaded & {"supervisor.runner", "supervisor.loop", "supervisor.metrics",
                          "supervisor.logs", "supervisor.proc", "supervisor.channel",
                          "prometheus_client", "structlog", "psutil", "watchfiles"}
-    assert "supervisor.reconcile" in module_imports("supervisor.runner")
+    assert "supervisor.loop" in module_imports("supervisor.runner")

@@ -1,6 +1,6 @@
 """The `stuck` verdict (hang.stuck_ranks) from heartbeat sequences: every process's heartbeats,
 one every 0.5 s as the hook sends them (elastic_supervisor_hook.worker.Beater.heartbeat),
-folded through the channel's own record keeping (channel._update), then judged at the end.
+folded through the channel's own record keeping (heartbeats.updated), then judged at the end.
 
 Each process is a function of the time t (seconds since the job's start) that returns what its
 heartbeat says then: the position of its main thread, its I/O bytes, its completed collectives
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from supervisor.channel import _update
 from supervisor.decide.beats import Beat
 from supervisor.decide.hang import STUCK_FLOOR_S, HangSettings, Stuck, assess
+from supervisor.heartbeats import updated
 
 S = HangSettings(silence_s=3.0, stall_s=1800.0)
 HOSTS = ("10.0.0.1", "10.0.0.2", "10.0.0.3")
@@ -60,7 +60,7 @@ def waits_from(t0: float, done_extra: int = 0) -> Behaviour:
 
 def play(processes: dict[str, Behaviour], until: float, *, silent: dict[str, tuple[float, float]]
          | None = None) -> list[Beat]:
-    """Each process's heartbeats from t=0 to `until` through channel._update; `silent`: host ->
+    """Each process's heartbeats from t=0 to `until` through heartbeats.updated; `silent`: host ->
     (from, to): no heartbeat arrives in that window (the GIL held, datagrams lost)."""
     beats: dict[str, Beat | None] = dict.fromkeys(processes)
     for i, (host, behaviour) in enumerate(processes.items()):
@@ -70,7 +70,7 @@ def play(processes: dict[str, Behaviour], until: float, *, silent: dict[str, tup
             if gap is None or not gap[0] <= t < gap[1]:
                 body = {"t": "hb", "s": host, "n": 1, "host": host, "pid": 100 + i, "lr": 0,
                         "rank": i, "size": len(processes), "inits": 1, **behaviour(t)}
-                beats[host] = _update(beats[host], body, (host, 4000), t)
+                beats[host] = updated(beats[host], body, (host, 4000), t)
             t += 0.5
     return [b for b in beats.values() if b is not None]
 

@@ -6,8 +6,8 @@ Gloo, timed by the hook's Progress wrapper) per step; rank 1, then rank 0, launc
 that spins 32 s and waits for it in `.item()` while the others wait in the all-reduce.
 work0: small kernels, ~1 ms steps; work30: thirty 8192x8192 bf16 products a step, ~140 ms.
 
-Each datagram is folded through the supervisor's own record keeping (channel._update,
-channel.watched) at the time it arrived, and hang.assess judges every 0.5 s with the defaults
+Each datagram is folded through the supervisor's own record keeping (heartbeats.updated,
+heartbeats.watched) at the time it arrived, and hang.assess judges every 0.5 s with the defaults
 (SUPERVISOR_STUCK_SECONDS=auto). No GPU is needed to run these tests."""
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from supervisor.channel import _update, watched
 from supervisor.decide.beats import Beat
 from supervisor.decide.hang import HangSettings, Verdict, assess
+from supervisor.heartbeats import updated, watched
 
 S = HangSettings(silence_s=3.0, stall_s=1800.0)
 SHAPES = Path(__file__).parent / "shapes"
@@ -73,7 +73,7 @@ def replay(rec: Recording, start: float, end: float) -> list[tuple[float, Verdic
                 if body["of"] in beats:
                     beats[body["of"]] = watched(beats[body["of"]], body, at)
                 continue
-            new = _update(beats.get(body["s"]), body, ("127.0.0.1", 4000), at)
+            new = updated(beats.get(body["s"]), body, ("127.0.0.1", 4000), at)
             if new is None:
                 beats.pop(body["s"], None)
             else:
