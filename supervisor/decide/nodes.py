@@ -112,10 +112,16 @@ def settle(p: Passing, s: Seen, st: Settings, down: set[str]) -> None:
 
 
 def quarantine_signs(found: list[failures.Failed], leaving: Mapping[str, plan.Leaving],
-                     stuck: frozenset[str], job: str) -> list[quarantine.Sign]:
+                     stuck: frozenset[str], job: str, *,
+                     after_outage: bool = False) -> list[quarantine.Sign]:
     """What the quarantine reads of this pass's failures and of the workers leaving for a
     node-problem condition (quarantine.py says what counts); `stuck`: pods failed because
-    their main thread stood still (Hung too, but the script's)."""
+    their main thread stood still (Hung too, but the script's). `after_outage`: within
+    OUTAGE_SETTLE_S of the API server's return, a node lost is the node controller catching up
+    with Leases it could not see renewed (it marks such nodes NotReady for a moment: the
+    soak's seed 12, es-node-1 NotReady 10 s after a 3-minute outage, both its workers failed):
+    not the node's own evidence. Its workers are replaced all the same; a node really gone
+    stays NotReady, where the scheduler puts nothing anyway."""
     kinds = {Cause.NODE_NOT_READY: quarantine.Kind.LOST, Cause.HUNG: quarantine.Kind.HUNG,
              Cause.EXIT_CODE: quarantine.Kind.EXIT}
     out = []
@@ -123,7 +129,8 @@ def quarantine_signs(found: list[failures.Failed], leaving: Mapping[str, plan.Le
         f = x.failure
         kind = (quarantine.Kind.NOT_STARTED if f.cause is Cause.NOT_STARTED and f.node_fault
                 else kinds.get(f.cause))
-        if kind is None or not f.node or f.pod in stuck:
+        if kind is None or not f.node or f.pod in stuck or (
+                kind is quarantine.Kind.LOST and after_outage):
             continue
         slot = fleet.slot_of(x.pod, job)
         out.append(quarantine.Sign(kind, f.node, f.uid, None if slot is None else slot[0],
@@ -153,7 +160,8 @@ def quarantine_nodes(p: Passing, s: Seen, st: Settings, found: list[failures.Fai
     need = max(len(fl.active()) if fl is not None else len(live), p.c.scale_request or 0)
     stuck = frozenset(s.listed_hosts.get(k.host, "") for k in verdict.stuck) if verdict else (
         frozenset())
-    signs = quarantine_signs(found, p.c.leaving, stuck, st.plan.job)
+    signs = quarantine_signs(found, p.c.leaving, stuck, st.plan.job, after_outage=(
+        s.api_back_at is not None and s.now - s.api_back_at <= OUTAGE_SETTLE_S))
     alike = {name: tuple(sorted((n.get("status", {}).get("allocatable") or {}).items()))
              for name, n in s.nodes.items()}
     # a current worker the scheduler has found no node for, for a while

@@ -250,6 +250,27 @@ def test_core_spares_a_node_the_job_cannot_do_without_and_says_why() -> None:
     assert p.core.quarantine.until == {}
 
 
+@pytest.mark.parametrize(("back_s", "quarantined"), [
+    pytest.param(10.4, False, id="NotReady 10 s after the API server's return (soak seed 12)"),
+    pytest.param(60.0, False, id="at the end of the settle window"),
+    pytest.param(61.0, True, id="past it: the node's own loss"),
+    pytest.param(None, True, id="no outage"),
+])
+def test_a_node_lost_right_after_an_api_outage_is_not_the_nodes_evidence(
+        back_s: float | None, quarantined: bool) -> None:
+    """Both workers of node-0 lost with it in one pass (the shipped threshold is 2): after a
+    3-minute API outage the node controller marks a node NotReady whose Lease it could not
+    see renewed; within the settle window that loss is not counted against the node. The
+    workers are replaced either way."""
+    st = replace(core_settings(), quarantine=Settings(failures=2, window_s=100, ttl_s=50))
+    steady = replace(STEADY, quarantine=Quarantine(held={"node-0": 2, "node-1": 2}))
+    a, b = lost(worker(0, node="node-0")), lost(worker(1, node="node-0"))
+    p = manage(replace(steady, found=(a, b), failed=frozenset({a.failure.uid, b.failure.uid})),
+               seen(api_back_at=None if back_s is None else NOW - back_s), st)
+    assert (p.core.quarantine.until != {}) is quarantined
+    assert len([t for t in p.todo if isinstance(t, CreateWorker)]) == 2
+
+
 STUCK_DETAIL = "process 8 (rank 1): its main thread has not moved for 21s"
 
 
