@@ -101,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="run one benchmark; keys of the others keep their stored values "
                              "(soak and e2e_sequences run only when named: ~15 min per seed, "
                              "~25 min)")
+    parser.add_argument("--replacement-sizes",
+                        default=",".join(map(str, replacement.SIZES)),
+                        help="worker counts of the replacement benchmark (default %(default)s)")
     parser.add_argument("--seeds", default="1",
                         help="seeds of the fault soak, comma-separated (default %(default)s)")
     parser.add_argument("--baseline-workers", type=int, default=versus.Plan.workers,
@@ -122,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in (None, "discovery"):
         results.update(discovery.main(sizes))
     if args.only in (None, "replacement"):
-        results.update(replacement.main())
+        results.update(replacement.main(
+            tuple(int(x) for x in args.replacement_sizes.split(","))))
     if args.only in (None, "baseline"):
         results.update(versus.main(versus.Plan.scaled(args.baseline_workers,
                                                       args.baseline_changes)))
