@@ -46,15 +46,10 @@ from supervisor.config import (
 )
 from supervisor.decide.fleet import budget_name, scale_name, state_name
 from supervisor.decide.policy import Action, PolicyError, policy_from_document
+from supervisor.hookmap import hook_bytecode, hook_configmap, with_hook
 from supervisor.leader import lease_name
 from supervisor.model import ExitCode
-from supervisor.sidecar import (
-    hook_bytecode,
-    hook_configmap,
-    hook_sources,
-    pod_problems,
-    with_hook,
-)
+from supervisor.sidecar import hook_sources, pod_problems
 from supervisor.workers import (
     LABEL_SLOT,
     TemplateError,
