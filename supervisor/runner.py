@@ -327,7 +327,7 @@ def _with_hook(cfg: Config, api: Any, owner: Mapping[str, str] | None,
     made = retry.call("create the hook's ConfigMap", lambda: kube.create_config_map(
         api, cfg.namespace, body, cfg.api_timeout_s))
     name = made["metadata"]["name"]
-    log.info("hookmap.hook_configmap", configmap=name, files=len(files),
+    log.info("sidecar.hook_configmap", configmap=name, files=len(files),
              sha256=body["metadata"]["annotations"][hookmap.HOOK_DIGEST],
              bytecode=sys.implementation.cache_tag)
     return replace(cfg, worker_template=hookmap.with_hook(
