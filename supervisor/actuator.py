@@ -269,7 +269,7 @@ class Actuator:
         if item.created is None:
             item.created = self.pods.create(hostkeys.with_host_key(op.body, item.host_key.public))
         try:
-            secrets.create(hostkeys.secret_body(item.created, item.host_key.private))
+            secrets.create(hostkeys.secret_body(item.created, item.host_key))
         except AlreadyExists:
             pass  # an earlier try's, whose answer was lost: the same key
         except Refused as e:  # a quota on Secrets: the pod waits for it; try again

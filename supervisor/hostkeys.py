@@ -5,8 +5,12 @@ worker can answer at another worker's address and get that worker's training com
 supervisor makes a key pair for every worker pod it creates:
 - the public key goes into the pod's annotation ANNOTATION (the pod's own record, which workers
   cannot change: they have no API token), the private key into a Secret of the pod's own,
-  `<pod>-ssh`, owned by the pod (the garbage collector deletes it with the pod), mounted
-  read-only in that pod only;
+  `<pod>-ssh-<key>` (`<key>`: the first KEY_ID_LEN hex digits of the public key's SHA-256),
+  owned by the pod (the garbage collector deletes it with the pod), mounted read-only in that
+  pod only. A slot's pod made again under the same name (plan.py's reschedule) gets a new key,
+  so a new Secret name: the one of the pod before, which the garbage collector deletes once that
+  pod is gone, is never taken for the new pod's (seen on real nodes: the create answered
+  AlreadyExists, the collector then deleted it, and the new pod waited for its volume for good);
 - every container gets SSH_HOST_KEY_ENV, the key's path, which the worker entrypoint hands to
   sshd (worker_image/entrypoint.sh);
 - the supervisor writes the known_hosts file the driver's ssh checks strictly (the hook's
@@ -36,7 +40,8 @@ VOLUME = "elastic-supervisor-host-key"
 MOUNT_DIR = "/etc/edl/ssh-host"
 KEY_NAME = "host-key"
 SSH_HOST_KEY_ENV = "SSH_HOST_KEY"  # read by the worker entrypoint
-SECRET_SUFFIX = "-ssh"
+SECRET_INFIX = "-ssh-"
+KEY_ID_LEN = 10
 LABEL_HOST_KEY_OF = "elastic-supervisor/host-key-of"
 PUBLIC_KEY = re.compile(r"^ssh-ed25519 [A-Za-z0-9+/]+={0,2}$")
 
@@ -52,8 +57,10 @@ class HostKey:
         return f"HostKey(public={self.public!r})"
 
 
-def secret_name(pod: str) -> str:
-    return pod + SECRET_SUFFIX
+def secret_name(pod: str, public: str) -> str:
+    """PURE: the name of the Secret holding the private key of `pod` made with `public`
+    (admission.yaml's policy lets a worker mount no other)."""
+    return f"{pod}{SECRET_INFIX}{hashlib.sha256(public.encode()).hexdigest()[:KEY_ID_LEN]}"
 
 
 def with_host_key(body: Mapping[str, Any], public: str) -> dict[str, Any]:
@@ -65,7 +72,7 @@ def with_host_key(body: Mapping[str, Any], public: str) -> dict[str, Any]:
     meta["annotations"] = {**(meta.get("annotations") or {}), ANNOTATION: public}
     spec["volumes"] = [*(v for v in spec.get("volumes") or () if v.get("name") != VOLUME),
                        {"name": VOLUME, "secret": {
-                           "secretName": secret_name(meta["name"]),
+                           "secretName": secret_name(meta["name"], public),
                            "defaultMode": 0o440,  # owner and group (fsGroup) may read
                            "items": [{"key": KEY_NAME, "path": KEY_NAME}]}}]
     for c in spec.get("containers") or ():
@@ -76,13 +83,14 @@ def with_host_key(body: Mapping[str, Any], public: str) -> dict[str, Any]:
     return pod
 
 
-def secret_body(pod: Mapping[str, Any], private: str) -> dict[str, Any]:
+def secret_body(pod: Mapping[str, Any], key: HostKey) -> dict[str, Any]:
     """PURE: the Secret holding the private key of `pod` (as the API returned it: its uid),
     owned by the pod, so that it goes with the pod; immutable."""
     meta = pod["metadata"]
+    private = key.private
     labels = {k: v for k, v in (meta.get("labels") or {}).items() if k == LABEL_JOB}
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "immutable": True,
-            "metadata": {"name": secret_name(meta["name"]),
+            "metadata": {"name": secret_name(meta["name"], key.public),
                          "labels": {**labels, LABEL_HOST_KEY_OF: meta["name"]},
                          "ownerReferences": [{"apiVersion": "v1", "kind": "Pod",
                                               "name": meta["name"], "uid": meta["uid"],

@@ -119,7 +119,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("SSH_HOST_KEYS", None, _enum(SshHostKeys), "ssh_host_keys",
         "The workers' ssh host keys, which horovodrun's ssh checks strictly: `worker` (each "
         "worker pod its own key, made by the supervisor in a Secret of the pod's own, "
-        "`<pod>-ssh`, and pinned to the pod's address: no worker can answer at another's; "
+        "`<pod>-ssh-<key>`, and pinned to the pod's address: no worker can answer at another's; "
         "needs WORKER_TEMPLATE), `job` (the one key of SSH_KNOWN_HOSTS_FILE) or `unchecked` "
         "(Horovod's own StrictHostKeyChecking=no). Default: `job` with SSH_KNOWN_HOSTS_FILE, "
         "else `worker` with WORKER_TEMPLATE, else `unchecked`."),

@@ -243,6 +243,24 @@ def test_nothing_is_written_while_leadership_is_paused_and_nothing_is_given_up(
     assert store.load()[0] == {"n": 1, "writer": "a"}
 
 
+def keyed(api: client.ApiClient, namespace: str
+          ) -> tuple[Actuator, queue.Queue[ActionDone], list[hostkeys.HostKey]]:
+    """An actuator that makes each worker's host key (SSH_HOST_KEYS=worker), with the keys it
+    made, in order."""
+    done: queue.Queue[ActionDone] = queue.Queue()
+    keys: list[hostkeys.HostKey] = []
+
+    def keygen(comment: str) -> hostkeys.HostKey:
+        keys.append(hostkeys.generate(comment))
+        return keys[-1]
+
+    store = kube.StateStore(api, namespace, "job1-supervisor-state", None)
+    act = Actuator(kube.Pods(api, namespace), store, resource_version=None, writer="a",
+                   sink=done.put, secrets=kube.Secrets(api, namespace), keygen=keygen,
+                   backoff_initial_s=0.2, backoff_max_s=0.5).start()
+    return act, done, keys
+
+
 def test_a_worker_gets_its_own_host_key_in_a_secret_that_goes_with_it(
         api_client: client.ApiClient, namespace: str) -> None:
     """SUPERVISOR_SSH_HOST_KEYS=worker: the pod shows its public key, its Secret holds the
@@ -251,17 +269,7 @@ def test_a_worker_gets_its_own_host_key_in_a_secret_that_goes_with_it(
     core = client.CoreV1Api(api_client)
     core.create_namespaced_resource_quota(namespace, {
         "metadata": {"name": "no-secrets"}, "spec": {"hard": {"count/secrets": "0"}}})
-    done: queue.Queue[ActionDone] = queue.Queue()
-    keys: list[hostkeys.HostKey] = []
-
-    def keygen(comment: str) -> hostkeys.HostKey:
-        keys.append(hostkeys.generate(comment))
-        return keys[-1]
-
-    store = kube.StateStore(api_client, namespace, "job1-supervisor-state", None)
-    act = Actuator(kube.Pods(api_client, namespace), store, resource_version=None, writer="a",
-                   sink=done.put, secrets=kube.Secrets(api_client, namespace), keygen=keygen,
-                   backoff_initial_s=0.2, backoff_max_s=0.5).start()
+    act, done, keys = keyed(api_client, namespace)
     try:
         act.submit(CreatePod(pod_body("w1")))
         refused = done.get(timeout=10)
@@ -277,8 +285,9 @@ def test_a_worker_gets_its_own_host_key_in_a_secret_that_goes_with_it(
     assert again.metadata.uid == pod.metadata.uid, "the pod was created once"
     assert again.metadata.annotations[hostkeys.ANNOTATION] == keys[0].public
     [volume] = [v for v in again.spec.volumes if v.name == hostkeys.VOLUME]
-    assert volume.secret.secret_name == "w1-ssh"
-    secret = core.read_namespaced_secret("w1-ssh", namespace)
+    name = hostkeys.secret_name("w1", keys[0].public)
+    assert volume.secret.secret_name == name
+    secret = core.read_namespaced_secret(name, namespace)
     assert base64.b64decode(secret.data["host-key"]).decode() == keys[0].private
     assert [(o.kind, o.name, o.uid) for o in secret.metadata.owner_references] == [
         ("Pod", "w1", pod.metadata.uid)]
@@ -286,8 +295,54 @@ def test_a_worker_gets_its_own_host_key_in_a_secret_that_goes_with_it(
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if not core.list_namespaced_secret(
-                namespace, field_selector="metadata.name=w1-ssh").items:
+                namespace, field_selector=f"metadata.name={name}").items:
             break
         time.sleep(0.2)
     else:
         raise AssertionError("the Secret outlived its pod by 30 s")
+
+
+def test_a_pod_made_again_under_its_name_gets_a_secret_the_collector_leaves(
+        api_client: client.ApiClient, namespace: str) -> None:
+    """plan.py's reschedule deletes a slot's pod that found no node and makes it again under
+    the same name. The Secret of the pod before is still there until the garbage collector
+    deletes it (held here by a finalizer, as a slow collector would): the new pod's own Secret
+    must be another, owned by the new pod and left by the collector. Seen on real nodes: the
+    create answered AlreadyExists, the collector then deleted the Secret, and the new pod
+    waited for its host key's volume for good."""
+    core = client.CoreV1Api(api_client)
+    act, done, keys = keyed(api_client, namespace)
+    hold = {"metadata": {"finalizers": ["elastic-supervisor.test/hold"]}}
+    old_name = ""
+    try:
+        act.submit(CreatePod(pod_body("w1")))
+        assert done.get(timeout=30).error is None
+        old = core.read_namespaced_pod("w1", namespace)
+        [old_name] = [v.secret.secret_name for v in old.spec.volumes if v.name == hostkeys.VOLUME]
+        core.patch_namespaced_secret(old_name, namespace, hold)
+        core.delete_namespaced_pod("w1", namespace, grace_period_seconds=0)
+        deadline = time.monotonic() + 30
+        while any(p.metadata.name == "w1" for p in core.list_namespaced_pod(namespace).items):
+            assert time.monotonic() < deadline, "the pod was not gone in 30 s"
+            time.sleep(0.1)
+        act.submit(CreatePod(pod_body("w1")))
+        assert done.get(timeout=30).error is None
+    finally:
+        act.close()
+        if old_name:
+            core.patch_namespaced_secret(old_name, namespace, {"metadata": {"finalizers": None}})
+    new = core.read_namespaced_pod("w1", namespace)
+    assert new.metadata.uid != old.metadata.uid and len(keys) == 2
+    assert new.metadata.annotations[hostkeys.ANNOTATION] == keys[1].public
+    [new_name] = [v.secret.secret_name for v in new.spec.volumes if v.name == hostkeys.VOLUME]
+    assert new_name != old_name
+    deadline = time.monotonic() + 30  # the pod before's Secret goes (its owner is gone) ...
+    while core.list_namespaced_secret(
+            namespace, field_selector=f"metadata.name={old_name}").items:
+        assert time.monotonic() < deadline, "the Secret of the pod before outlived it by 30 s"
+        time.sleep(0.2)
+    time.sleep(2)  # ... and the new pod's stays, with the new key, owned by the new pod
+    secret = core.read_namespaced_secret(new_name, namespace)
+    assert base64.b64decode(secret.data["host-key"]).decode() == keys[1].private
+    assert [(o.kind, o.name, o.uid) for o in secret.metadata.owner_references] == [
+        ("Pod", "w1", new.metadata.uid)]

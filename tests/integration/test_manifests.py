@@ -1029,8 +1029,8 @@ def _append(*path: str, value: Any) -> Callable[[Pod], None]:
 C0 = ("spec", "containers", "0")
 OTHER_SECRET = "someone-elses"
 SECRETS = ("a worker reads no Secret but the job's (elastic-supervisor-ssh) through a volume, "
-           "a projected volume, env or envFrom, and its own host key's (elastic-train-w1-1-ssh) "
-           "through a volume")
+           "a projected volume, env or envFrom, and its own host key's "
+           "(elastic-train-w1-1-ssh- and 10 hex digits of the key) through a volume")
 ROOT_ONLY = ("a worker runs as root (runAsUser: 0) only when its template sets runAsUser: 0, "
              "which it does not")
 UNCONFINED = "a worker runs under a seccomp profile (RuntimeDefault or Localhost), not Unconfined"
@@ -1074,9 +1074,12 @@ CREATES_REFUSED: list[tuple[str, Callable[[Pod], None], str]] = [
      _append("spec", "volumes", value={"name": "s", "secret": {"secretName": OTHER_SECRET}}),
      SECRETS),
     ("another worker's host key", _append("spec", "volumes", value={
-        "name": "s", "secret": {"secretName": "elastic-train-w0-1-ssh"}}), SECRETS),
+        "name": "s", "secret": {"secretName": "elastic-train-w0-1-ssh-0123456789"}}), SECRETS),
+    ("its own name's host key, not a key's", _append("spec", "volumes", value={
+        "name": "s", "secret": {"secretName": "elastic-train-w1-1-ssh-0123456789x"}}), SECRETS),
     ("its own host key through env", _append(*C0, "env", value={"name": "K", "valueFrom": {
-        "secretKeyRef": {"name": "elastic-train-w1-1-ssh", "key": "host-key"}}}), SECRETS),
+        "secretKeyRef": {"name": "elastic-train-w1-1-ssh-0123456789", "key": "host-key"}}}),
+     SECRETS),
     ("another Secret in a projected volume",
      _append("spec", "volumes", value={"name": "s", "projected": {"sources": [
          {"configMap": {"name": TEMPLATE_CM}}, {"secret": {"name": OTHER_SECRET}}]}}),

@@ -62,7 +62,8 @@ def pinned_keys(job: Job, names: list[str]) -> list[tuple[str, str]]:
     pods, out = job.pods(), []
     for name in names:
         public = pods[name]["metadata"]["annotations"][hostkeys.ANNOTATION]
-        secret = job.core.read_namespaced_secret(f"{name}-ssh", job.namespace)
+        secret = job.core.read_namespaced_secret(hostkeys.secret_name(name, public),
+                                                 job.namespace)
         assert [(o.kind, o.name, o.uid) for o in secret.metadata.owner_references] == [
             ("Pod", name, pods[name]["metadata"]["uid"])]
         private = base64.b64decode(secret.data["host-key"]).decode()

@@ -61,7 +61,8 @@ def test_a_worker_pod_mounts_its_own_key_where_its_entrypoint_reads_it(path: str
     assert body == before, "the body it was given is left as it was"
     assert pod["metadata"]["annotations"][hostkeys.ANNOTATION] == "ssh-ed25519 AAAAkey"
     [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == hostkeys.VOLUME]
-    assert volume["secret"]["secretName"] == "elastic-train-w2-7-ssh"
+    # sha256("ssh-ed25519 AAAAkey") = 2676f65236...
+    assert volume["secret"]["secretName"] == "elastic-train-w2-7-ssh-2676f65236"
     for c in pod["spec"]["containers"]:
         mounts = {m["name"]: m for m in c["volumeMounts"]}
         assert mounts[hostkeys.VOLUME] == {
@@ -81,8 +82,8 @@ def test_the_secret_belongs_to_its_pod_and_holds_the_private_key() -> None:
     created = {"metadata": {"name": "elastic-train-w0-1", "uid": "u-pod",
                             "labels": {"elastic-supervisor/job": "elastic-train",
                                        "elastic-supervisor/slot": "0"}}}
-    secret = hostkeys.secret_body(created, key.private)
-    assert secret["metadata"]["name"] == "elastic-train-w0-1-ssh"
+    secret = hostkeys.secret_body(created, key)
+    assert secret["metadata"]["name"] == "elastic-train-w0-1-ssh-bc17cf3508"
     assert secret["metadata"]["ownerReferences"] == [{
         "apiVersion": "v1", "kind": "Pod", "name": "elastic-train-w0-1", "uid": "u-pod",
         "blockOwnerDeletion": False}]
@@ -90,6 +91,22 @@ def test_the_secret_belongs_to_its_pod_and_holds_the_private_key() -> None:
                                             hostkeys.LABEL_HOST_KEY_OF: "elastic-train-w0-1"}
     assert secret["immutable"] is True
     assert base64.b64decode(secret["data"]["host-key"]).decode() == key.private
+
+
+def test_a_pod_made_again_under_its_name_with_a_new_key_names_a_new_secret() -> None:
+    """plan.py's reschedule deletes a slot's unschedulable pod and makes it again under the same
+    name: its new key's Secret must not be the one of the pod before (owned by that pod, the
+    garbage collector deletes it once that pod is gone; seen on real nodes: the new pod then
+    waited for its volume for good)."""
+    first, again = (hostkeys.from_seed(bytes([n]) * 32, "elastic-train-w0-10", n) for n in (1, 2))
+    bodies = [hostkeys.with_host_key({"metadata": {"name": "elastic-train-w0-10"},
+                                      "spec": {"containers": [{"name": "worker"}]}}, k.public)
+              for k in (first, again)]
+    names = [b["spec"]["volumes"][0]["secret"]["secretName"] for b in bodies]
+    assert names[0] != names[1] and all(n.startswith("elastic-train-w0-10-ssh-") for n in names)
+    for body, key, name in zip(bodies, (first, again), names, strict=True):
+        created = {"metadata": {**body["metadata"], "uid": "u-" + name}}
+        assert hostkeys.secret_body(created, key)["metadata"]["name"] == name
 
 
 def pod(key: str | None) -> dict:
