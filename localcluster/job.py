@@ -546,7 +546,34 @@ class MainJob:
         return path
 
     def tail(self, lines: int = 40) -> str:
-        return "\n".join(self.text().splitlines()[-lines:])
+        """What a failure's message shows: the last `lines` lines of the launcher's log that
+        are not a rank's (the supervisor's decisions, horovodrun's own), the ranks' last ten,
+        and the worker pods as the API shows them now (a pod that never starts says why only
+        there: seen in CI, a replacement waiting for a Secret volume for 240 s, while the log's
+        tail held only rank 0's step lines)."""
+        text = self.text().splitlines()
+        ranks = [line for line in text if line.startswith("[")]
+        own = [line for line in text if not line.startswith("[")]
+        return "\n".join(["-- the launcher's log, its last lines that are not a rank's:",
+                          *own[-lines:], "-- the ranks' last lines:", *ranks[-10:],
+                          "-- the worker pods now:", *self.pod_lines()])
+
+    def pod_lines(self) -> list[str]:
+        """One line per worker pod: its node, phase, and why it waits (the scheduler's or the
+        kubelet's reason and message), or why the API did not answer."""
+        try:
+            pods = self.workers()
+            resp = self.core.list_namespaced_event(self.namespace, field_selector="type=Warning",
+                                                   _preload_content=False)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            return [f"(the API did not answer: {type(e).__name__}: {e})"]
+        last: dict[str, str] = {}  # a pod's last Warning Event (FailedMount says only there)
+        events = json.loads(resp.data)["items"]
+        for e in sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or ""):
+            last[(e.get("involvedObject") or {}).get("name", "")] = (
+                f"{e.get('reason')}: {(e.get('message') or '')[:200]}")
+        return [pod_line(name, pods[name]) + (f"; last Warning {last[name]}" if name in last
+                                              else "") for name in sorted(pods)]
 
     # -- faults -------------------------------------------------------------------------------
 
@@ -661,3 +688,23 @@ def supervisor_processes(procs: Mapping[int, tuple[Sequence[str], int]]) -> list
     return sorted(pid for pid, (argv, parent) in procs.items() if ours(argv) and (
         parent in keepers or (pid not in keepers
                               and any("elastic-supervisor" in a for a in argv[:2]))))
+
+
+def pod_line(name: str, pod: Mapping[str, Any]) -> str:
+    """`name` on its node, its phase, `deleting` while it is, and why it waits: the scheduler's
+    condition (PodScheduled False) and each container's waiting reason, messages cut at 200."""
+    status, meta = pod.get("status") or {}, pod.get("metadata") or {}
+    why = [f"{c.get('reason')}: {(c.get('message') or '')[:200]}"
+           for c in status.get("conditions") or ()
+           if c.get("type") == "PodScheduled" and c.get("status") == "False"]
+    for c in (*(status.get("initContainerStatuses") or ()),
+              *(status.get("containerStatuses") or ())):
+        waiting = (c.get("state") or {}).get("waiting")
+        if waiting:
+            why.append(f"{c.get('name')} {waiting.get('reason')}: "
+                       f"{(waiting.get('message') or '')[:200]}")
+    node = (pod.get("spec") or {}).get("nodeName") or "(no node)"
+    deleting = " deleting" if meta.get("deletionTimestamp") else ""
+    return f"{name} on {node}: {status.get('phase')}{deleting}" + "".join(
+        f"; {w}" for w in why)
+
