@@ -81,8 +81,10 @@ OUTAGE_S = 11
 # garbage-collector pass): its heartbeat thread cannot run, it is silent past the heartbeat
 # timeout, but its process watcher says it runs (given STUCK_S before it would be Hung). One
 # CPU-bound C call's wall time varies with what else runs on the two cores (5.1-6.2 s measured
-# alone, 8.6 s once on the nodes): STUCK_S leaves room above it.
-FIRST_BATCH_S, PYTHON_S, WRITE_S, GIL_S, STUCK_S = 4, 12, 12, 6, 10
+# alone for a 6 s hold, 8.6 s once on the nodes, and past STUCK_S once on 2026-11-30: that run
+# declared rank 0 Hung "though its process ran"): a 4 s hold is past the heartbeat timeout and
+# leaves STUCK_S room for the load to stretch it 2.5 times.
+FIRST_BATCH_S, PYTHON_S, WRITE_S, GIL_S, STUCK_S = 4, 12, 12, 4, 10
 SLOW = ("--slow-step", f"1:{FIRST_BATCH_S}:sleep", "--slow-step", f"15:{PYTHON_S}:python",
         "--slow-step", f"25:{WRITE_S}:write", "--slow-step", f"35:{GIL_S}:gil",
         "--hang-file", f"{CHECKPOINT_MOUNT}/{HANG_FILE}")
