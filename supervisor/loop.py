@@ -318,7 +318,8 @@ class Supervisor:
             started_at=self.horovodrun.started_or(now),
             beats=tuple(snap.beats.values()) if snap is not None else (),
             driver=snap.driver if snap is not None else None,
-            ssh_clients=clients, now=now, wall=self.wall(), api_back_at=c.api_back_at),
+            ssh_clients=clients, now=now, wall=self.wall(), api_back_at=c.api_back_at,
+            index=self.watches.index),
             settings)
         self.core = p.core
         self.outcomes.replacing(p.replace_from)

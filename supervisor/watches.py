@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from supervisor.config import Config
-from supervisor.decide import memory, on
+from supervisor.decide import memory, on, podindex
 from supervisor.decide.classify import NodeState, PodMemory
 from supervisor.decide.memory import Memory
 from supervisor.metrics import Metrics
@@ -34,6 +34,7 @@ class Watches:
         self.cfg, self.log, self.events, self.metrics = cfg, log, events, metrics
         self.reports, self.leases = reports, leases
         self.view = ClusterView()
+        self.index = podindex.PodIndex(cfg.job_name)  # the view's facts (podindex.py)
         self.pods: dict[str, PodMemory] = {}  # what each pod's events showed, by name
 
     def event(self, c: Memory, ev: WatchEvent) -> tuple[Memory, bool]:
@@ -43,6 +44,13 @@ class Watches:
             c, ev.obj["metadata"]["name"], None if ev.type is EventType.DELETED else ev.obj,
             ev.at)
         changed = self.view.apply(ev.kind, ev.type, ev.obj)
+        if changed:
+            name = ev.obj["metadata"]["name"]
+            if ev.kind is Kind.POD:
+                self.index.drop(name) if ev.type is EventType.DELETED else self.index.put(ev.obj)
+            else:
+                self.index.drop_node(name) if ev.type is EventType.DELETED else (
+                    self.index.put_node(ev.obj))
         self.view.health[ev.kind].last_event_at = ev.at
         return c, changed
 

@@ -44,8 +44,8 @@ nodes.py's, about workers that never start (4b) unstarted.py's, about announced 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from supervisor.decide import (
@@ -85,6 +85,7 @@ from supervisor.decide.memory import (
     suspect_nodes,
 )
 from supervisor.decide.plan import Note
+from supervisor.decide.podindex import PodFacts
 from supervisor.decide.script import DeletePod, SaveState
 from supervisor.model import EventSpec, ExitCode
 from supervisor.observe import EventType
@@ -97,6 +98,8 @@ def manage(c: Memory, s: Seen, st: Settings) -> Pass:
     """One pass of decisions: see the module's doc for the order."""
     p = Passing(c)
     now = s.now
+    if s.index is None:
+        s = replace(s, index=s.facts(st.plan.job))
     if p.c.synced_at is None:
         fl = p.c.fleet
         p.c = replace(p.c, synced_at=now, fleet=None if fl is None else fleet.adopt(
@@ -201,6 +204,30 @@ def _dropped_members(members: frozenset[str], s: Seen, c: Memory) -> dict[str, s
             and pod.get("spec", {}).get("nodeName") in c.node_down}
 
 
+@dataclass(frozen=True)
+class _NodeOf(Mapping[str, str]):
+    """host -> the node of the pod watched under it, looked up when asked: hang.assess asks
+    for the hosts of silent processes only (a map of every host cost a pass O(workers))."""
+
+    watched: Mapping[str, str]  # host -> pod
+    facts: Mapping[str, PodFacts]
+
+    def __getitem__(self, host: str) -> str:
+        f = self.facts.get(self.watched[host])
+        if f is None or not f.node:
+            raise KeyError(host)
+        return f.node
+
+    def __iter__(self) -> Iterator[str]:
+        return (h for h in self.watched if h in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __bool__(self) -> bool:  # (without walking every host)
+        return bool(self.watched)
+
+
 def _watch_hangs(p: Passing, s: Seen, st: Settings) -> tuple[Verdict, tuple[str, ...],
                                                             list[failures.Failed]]:
     """Steps 2: the verdict on the heartbeats, its failures and restart."""
@@ -209,9 +236,9 @@ def _watch_hangs(p: Passing, s: Seen, st: Settings) -> tuple[Verdict, tuple[str,
     world = ((driver.world, driver.world_at) if driver is not None and driver.world_seq
              else None)
     watched = {**s.listed_hosts, **(_dropped_members(world[0], s, c) if world else {})}
-    listed_since = {host: c.listed_since.get(host, now) for host in watched}
-    nodes = {host: node for host, name in watched.items()
-             if (node := s.pods.get(name, {}).get("spec", {}).get("nodeName"))}
+    listed_since = (c.listed_since if c.listed_since.keys() == watched.keys()
+                    else {host: c.listed_since.get(host, now) for host in watched})
+    nodes = _NodeOf(watched, s.facts(st.plan.job).pods)
     verdict = hang.assess(s.beats, listed_since, started_at=s.started_at, settings=st.hang,
                           now=now, failed_at=c.failed_at, world=world, nodes=nodes)
     exited = (driver.exited if driver is not None and not s.stopping and c.failing is None
@@ -254,7 +281,7 @@ def _plan_fleet(p: Passing, s: Seen, st: Settings, suspects: set[str]) -> None:
         reuse_checked=c.reuse_checked, reused=c.reused, scale_request=c.scale_request,
         expected=c.expected, waiting=frozenset(admission.waiting(c.blocked, s.now)),
         ssh_clients=s.ssh_clients, now=s.now, wall=s.wall, failed=c.failed,
-        lost_nodes=frozenset(kept_off), leaving=c.leaving), st.plan)
+        lost_nodes=frozenset(kept_off), leaving=c.leaving, index=s.index), st.plan)
     p.c = replace(c, fleet=out.fleet, reused=out.reused, reuse_checked=out.reuse_checked,
                   scale_request=out.scale_request, expected=out.expected,
                   failed=c.failed | out.ours, leaving=out.leaving)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -95,13 +95,37 @@ class Fleet:
     slots: Mapping[int, Slot] = field(default_factory=dict)
     ledger: Ledger = field(default_factory=Ledger)
 
+    # A fleet is never changed (a change is a new object), so what a pass asks of it several
+    # times (at 10,000 workers, each answer walks every slot) is worked out once per fleet.
+    def _once(self, key: str, work: Callable[[], Any]) -> Any:
+        known = self.__dict__.get(key)
+        if known is None:
+            known = work()
+            object.__setattr__(self, key, known)
+        return known
+
     def active(self) -> list[int]:
         """Slots that should have a pod (not dropped, not being scaled in)."""
-        return sorted(i for i, s in self.slots.items()
-                      if s.dropped is None and s.retiring_at is None)
+        return list(self._once("_active", lambda: tuple(sorted(
+            i for i, s in self.slots.items() if s.dropped is None and s.retiring_at is None))))
+
+    def current(self, job: str) -> Mapping[str, int]:
+        """The name of each active slot's current pod -> its slot, in slot order
+        (`pod_name`'s spelling)."""
+        named: dict[str, dict[str, int]] = self._once("_current", dict)
+        if job not in named:
+            named[job] = {f"{job}-w{i}-{self.slots[i].incarnation}": i for i in self.active()}
+        return named[job]
+
+    def changing(self) -> list[int]:
+        """Slots being scaled out (added, their pod not Running yet) or in (retiring)."""
+        return list(self._once("_changing", lambda: tuple(sorted(
+            i for i, s in self.slots.items()
+            if s.added_at is not None or s.retiring_at is not None))))
 
     def retiring(self) -> list[int]:
-        return sorted(i for i, s in self.slots.items() if s.retiring_at is not None)
+        return list(self._once("_retiring", lambda: tuple(sorted(
+            i for i, s in self.slots.items() if s.retiring_at is not None))))
 
 
 def initial(workers: int) -> Fleet:
@@ -254,11 +278,12 @@ def wanted(fleet: Fleet, job: str, existing: Mapping[str, Any] | set[str],
     previous pod hung waits until that pod is gone (its kubelet killed it), at most until
     `hold_until`; then its pod is created kept off that node."""
     out = []
-    for i in fleet.active():
+    current = fleet.current(job)
+    for i in sorted(current[name] for name in current.keys() - existing):
         slot = fleet.slots[i]
-        name = pod_name(job, i, slot.incarnation)
-        if name in existing or slot.due > now:
+        if slot.due > now:
             continue
+        name = pod_name(job, i, slot.incarnation)  # (checked here: a DNS label)
         held = (slot.hold_until is not None
                 and pod_name(job, i, slot.incarnation - 1) in existing)
         if held and now < (slot.hold_until or 0.0):

@@ -306,9 +306,9 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
     if world is not None and broken is None:
         unformed = _stuck(fresh, world, failed_at or {}, now)
     seen = {b.host for b in all_beats}
-    unmonitored = tuple(sorted(
-        h for h, since in watched.items()
-        if h not in seen and now - max(since, started_at) >= UNMONITORED_AFTER_S))
+    cut = now - UNMONITORED_AFTER_S  # (listed, and the run started, this long ago)
+    unmonitored = () if started_at > cut else tuple(sorted(
+        h for h, since in watched.items() if since <= cut and h not in seen))
     problems = {(b.host, p) for b in all_beats for p in b.problems}
     unfenced = {(b.host, b.unfenced) for b in all_beats if b.unfenced is not None}
     return Verdict(tuple(hung[h] for h in sorted(hung)), stall, broken, unformed,

@@ -16,6 +16,7 @@ from supervisor.decide import (
     fleet,
     incidents,
     plan,
+    podindex,
     progress,
     quarantine,
     regroup,
@@ -30,6 +31,7 @@ from supervisor.decide.fleet import Fleet
 from supervisor.decide.hang import HangSettings, Verdict
 from supervisor.decide.hostlist import Rendered
 from supervisor.decide.plan import Note
+from supervisor.decide.podindex import PodIndex
 from supervisor.decide.policy import Policy
 from supervisor.decide.script import (
     CreateWorker,
@@ -189,6 +191,13 @@ class Seen:
     wall: float  # epoch (the fleet's clock)
     # monotonic: when the supervisor's node watch came back from its last outage (None: none)
     api_back_at: float | None = None
+    # the facts of `pods` and `nodes`, kept up to date by the watches (None: built here)
+    index: PodIndex | None = None
+
+    def facts(self, job: str) -> PodIndex:
+        """The index of the view (podindex.py): the watches', or one built from `pods`."""
+        return self.index if self.index is not None else podindex.build(self.pods, self.nodes,
+                                                                        job)
 
 
 Todo = (Note | Fence | KillSsh | RestartHorovodrun | DeletePod | SaveState | CreateWorker

@@ -26,7 +26,7 @@ from supervisor.decide.hang import Verdict
 from supervisor.decide.hostlist import HostMode
 from supervisor.decide.plan import Note
 from supervisor.model import EventSpec
-from supervisor.observe import Obj, node_problem
+from supervisor.observe import Obj
 
 if TYPE_CHECKING:  # the settings are read from it by the caller (scripts/layers.py)
     pass
@@ -145,32 +145,27 @@ def quarantine_nodes(p: Passing, s: Seen, st: Settings, found: list[failures.Fai
     """Step 7c: a node where the job's workers keep failing for the node's own reasons gets no
     new worker of the job for a while, unless the nodes left cannot hold the job
     (quarantine.py); its end is said too."""
-    live = [pod for pod in s.pods.values()
-            if pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")]
-    placed: dict[str, int] = {}
-    for pod in live:
-        if node := pod.get("spec", {}).get("nodeName"):
-            placed[node] = placed.get(node, 0) + 1
+    ix = s.facts(st.plan.job)
+    placed = ix.placed
     # The nodes the job's workers run (or ran) on: where the scheduler can put them (the
     # template's selectors and affinities), which the supervisor cannot judge by itself.
-    usable = [name for name, n in s.nodes.items()
-              if (name in placed or name in p.c.quarantine.held) and node_problem(n) is None
-              and not n.get("spec", {}).get("unschedulable")]
+    usable = [name for name, n in ix.nodes.items()
+              if (name in placed or name in p.c.quarantine.held) and n.problem is None
+              and not n.cordoned]
     fl = p.c.fleet
-    need = max(len(fl.active()) if fl is not None else len(live), p.c.scale_request or 0)
+    need = max(len(fl.active()) if fl is not None else ix.live, p.c.scale_request or 0)
     stuck = frozenset(s.listed_hosts.get(k.host, "") for k in verdict.stuck) if verdict else (
         frozenset())
     signs = quarantine_signs(found, p.c.leaving, stuck, st.plan.job, after_outage=(
         s.api_back_at is not None and s.now - s.api_back_at <= OUTAGE_SETTLE_S))
-    alike = {name: tuple(sorted((n.get("status", {}).get("allocatable") or {}).items()))
-             for name, n in s.nodes.items()}
+    alike = {name: n.allocatable for name, n in ix.nodes.items()}
     # a current worker the scheduler has found no node for, for a while
-    starved = any((t := plan.unschedulable_since(pod)) is not None
-                  and s.wall - t >= quarantine.STARVED_S and current_slot(fl, pod, st.plan.job)
-                  for pod in live)
+    starved = any(s.wall - t >= quarantine.STARVED_S and not ix.pods[name].terminal
+                  and current_slot(fl, s.pods[name], st.plan.job)
+                  for name, t in ix.unschedulable.items())
     ch = quarantine.step(p.c.quarantine, signs, s.wall, st.quarantine, usable=usable,
                          placed=placed, need=need, down=suspects, alike=alike, starved=starved,
-                         present={pod["metadata"].get("uid") for pod in s.pods.values()})
+                         present=ix.uids)
     q = st.quarantine
 
     def short(left: int, needed: int) -> str:

@@ -41,16 +41,14 @@ needs the process tree (ssh clients per host) is counted by the adapter for the 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from supervisor.decide import fleet, hostlist
-from supervisor.decide.classify import TERMINAL_PHASES
+from supervisor.decide import fleet, hostlist, podindex
 from supervisor.decide.fleet import Create, Fleet
 from supervisor.decide.hostlist import HostMode, Rendered
+from supervisor.decide.podindex import PodIndex
 from supervisor.decide.script import DeletePod
 from supervisor.model import EventSpec
 from supervisor.observe import Obj, Unusable
@@ -101,6 +99,7 @@ class Picture:
     failed: frozenset[str] = frozenset()  # UIDs already classified failed or deleted by us
     lost_nodes: frozenset[str] = frozenset()  # nodes a new worker is kept off now (down)
     leaving: Mapping[str, Leaving] = field(default_factory=dict)  # pod -> announced to go
+    index: PodIndex | None = None  # the facts of `pods` (podindex.py); None: built from them
 
 
 @dataclass(frozen=True)
@@ -175,8 +174,7 @@ def retiring_hosts(f: Fleet, pods: Mapping[str, Obj], published: str, s: Setting
     """The hosts of scaled-in and leaving workers already out of the published file: the ones
     whose ssh clients `plan` needs counted (Picture.ssh_clients)."""
     out, listed = set(), published_hosts(published)
-    names = [pod_name(s.job, i, slot.incarnation) for i, slot in f.slots.items()
-             if slot.retiring_at is not None]
+    names = [pod_name(s.job, i, f.slots[i].incarnation) for i in f.retiring()]
     for name in [*names, *(leaving or {})]:
         pod = pods.get(name)
         host = hostlist.host_of(pod, s.host_mode) if pod is not None else None
@@ -209,7 +207,8 @@ def _scale_request(p: Picture, s: Settings, step: _Step) -> None:
 
 def _scaled_slots(p: Picture, s: Settings, step: _Step) -> None:
     listed: frozenset[str] | None = None  # the published hosts, parsed once if needed
-    for i, slot in sorted(step.fleet.slots.items()):
+    for i in step.fleet.changing():
+        slot = step.fleet.slots[i]
         name = pod_name(s.job, i, slot.incarnation)
         pod = p.pods.get(name)
         if slot.added_at is not None:
@@ -310,8 +309,9 @@ def plan(p: Picture, s: Settings) -> Plan:
                      waited_s=round(p.now - since, 1))
         else:
             expected[name] = since
-    _superseded(p, s, step)
-    _stale_exclusions(p, s, step)
+    ix = p.index if p.index is not None else podindex.build(p.pods, {}, s.job)
+    _superseded(p, s, step, ix)
+    _stale_exclusions(p, s, step, ix)
     existing = set(p.pods) | set(expected) | set(p.waiting)
     for c in fleet.wanted(step.fleet, s.job, existing, p.wall):
         step.creates.append(c)
@@ -363,50 +363,33 @@ def _leaves(p: Picture, s: Settings, step: _Step) -> dict[str, Leaving]:
     return still
 
 
-def _superseded(p: Picture, s: Settings, step: _Step) -> None:
+def _superseded(p: Picture, s: Settings, step: _Step, ix: PodIndex) -> None:
     """A live pod of an older incarnation than its slot's (a late create by a leader that lost
     its lease, a delete that never happened) is out of the file and serves nobody: delete it,
     once (its UID joins `ours`)."""
     deleting = {d.name for d in step.deletes}
-    for name, pod in sorted(p.pods.items()):
-        found = fleet.slot_of(pod, s.job)
-        meta, phase = pod["metadata"], pod.get("status", {}).get("phase")
-        if (found is None or name in deleting or meta.get("uid") in p.failed
-                or meta.get("deletionTimestamp") or phase in TERMINAL_PHASES):
+    slots = step.fleet.slots
+    older = []
+    # a slot's current pod is not older: only the others are looked at
+    for name in ix.pods.keys() - step.fleet.current(s.job).keys():
+        f = ix.pods[name]
+        if f.slot is None:
             continue
-        i, inc = found
-        slot = step.fleet.slots.get(i)
-        if slot is None or slot.dropped is not None or inc >= slot.incarnation:
+        slot = slots.get(f.slot)
+        if (slot is None or slot.dropped is not None or f.incarnation >= slot.incarnation
+                or f.name in deleting or f.uid in p.failed or f.deleting or f.terminal):
             continue
-        step.delete(pod)
-        current = pod_name(s.job, i, slot.incarnation)
+        older.append((f.name, f.slot, slot.incarnation))
+    for name, i, incarnation in sorted(older):
+        step.delete(p.pods[name])
+        current = pod_name(s.job, i, incarnation)
         step.say("warning", "worker.superseded", EventSpec(
             "Warning", "WorkerSuperseded", "Delete",
             f"worker {name} (slot {i}) runs although the slot is at {current}: deleted"),
             pod=name, slot=i, current=current)
 
 
-def unschedulable(pod: Obj) -> bool:
-    """PURE: the scheduler found no node for the pod (PodScheduled False, Unschedulable)."""
-    return unschedulable_since(pod) is not None
-
-
-def unschedulable_since(pod: Obj) -> float | None:
-    """PURE: since when (epoch seconds; +inf when its condition has no readable time) the
-    scheduler finds no node for the pod, or None when it is not unschedulable."""
-    if pod.get("spec", {}).get("nodeName"):
-        return None
-    for c in pod.get("status", {}).get("conditions") or ():
-        if (c.get("type") == "PodScheduled" and c.get("status") == "False"
-                and c.get("reason") == "Unschedulable"):
-            try:
-                return datetime.fromisoformat(c.get("lastTransitionTime") or "").timestamp()
-            except ValueError:
-                return math.inf
-    return None
-
-
-def _stale_exclusions(p: Picture, s: Settings, step: _Step) -> None:
+def _stale_exclusions(p: Picture, s: Settings, step: _Step, ix: PodIndex) -> None:
     """A worker created while a node was down (or still held its slot's hung pod) is kept off
     that node for good: the pod's affinity cannot change. When the scheduler then finds no node
     for it and that node is up again (and holds no pod of its slot), it would stay Pending for
@@ -414,21 +397,18 @@ def _stale_exclusions(p: Picture, s: Settings, step: _Step) -> None:
     node left with room for one). Delete it: its slot creates it again (the same name) kept off
     only what is down now. Its UID joins `ours`."""
     deleting = {d.name for d in step.deletes}
-    for name, pod in sorted(p.pods.items()):
-        found = fleet.slot_of(pod, s.job)
-        meta = pod["metadata"]
-        if (found is None or name in deleting or meta.get("deletionTimestamp")
-                or meta.get("uid") in p.failed or not unschedulable(pod)):
+    for name in sorted(ix.unschedulable):
+        f = ix.pods[name]
+        if (f.slot is None or name in deleting or f.deleting or f.uid in p.failed):
             continue  # (an unbound pod goes at once: the view shows it until the watch says so)
-        i, inc = found
+        i, inc = f.slot, f.incarnation
         slot = step.fleet.slots.get(i)
         if slot is None or slot.dropped is not None or inc != slot.incarnation:
             continue
         # an earlier pod of the slot still there (a hung one being deleted); a Failed one
         # kept for its logs holds nothing
-        holding = {q.get("spec", {}).get("nodeName") for q in p.pods.values()
-                   if (f := fleet.slot_of(q, s.job)) is not None and f[0] == i and f[1] < inc
-                   and q.get("status", {}).get("phase") not in TERMINAL_PHASES}
+        holding = {q.node for q in ix.of_slot(i) if q.incarnation < inc and not q.terminal}
+        pod = p.pods[name]
         stale = sorted(kept_off(pod) - p.lost_nodes - holding)
         if not stale:
             continue

@@ -4,7 +4,7 @@ A pod has not started while it is bound to a node (spec.nodeName), is not being 
 phase is Pending and none of its containers, init or app, runs: the kubelet has not got it
 going (ContainerCreating after a kube-apiserver restart with "no relationship found between
 node and this object", a volume that does not mount, an image that does not pull, a Secret
-that is not there). Unbound pods are the scheduler's (plan.unschedulable), a running init
+that is not there). Unbound pods are the scheduler's (podindex.unschedulable), a running init
 container is a start under way, and a container that ran and ended is an exit (classify.py).
 
 `stuck` names the kubelet's reason and judges whose fault it is, by the first rule of RULES

@@ -1,0 +1,115 @@
+"""The pod index (decide/podindex.py): its facts read off real shapes as the rules read them,
+and the index the watches keep up to date change by change equal to one built from scratch
+over random sequences of the changes a watch shows (a pod placed, unschedulable, failed,
+deleted gracefully, renamed to another job's, gone; a node cordoned, NotReady, gone)."""
+
+from __future__ import annotations
+
+import copy
+import random
+from typing import Any
+
+import pytest
+
+from supervisor.decide import podindex
+from supervisor.decide.podindex import PodIndex
+from supervisor.workers import LABEL_INCARNATION, LABEL_JOB, LABEL_ROLE, LABEL_SLOT, pod_name
+from tests.unit import shapes
+
+JOB = "job1"
+SCHEDULED_AT = "2026-11-30T09:00:00Z"
+
+
+def worker(slot: int, inc: int = 1, node: str | None = "node-a", job: str = JOB) -> dict[str, Any]:
+    p = shapes.pod(pod_name(job, slot, inc), node=node or "")
+    p["metadata"]["labels"] = {LABEL_JOB: job, LABEL_ROLE: "worker", LABEL_SLOT: str(slot),
+                               LABEL_INCARNATION: str(inc)}
+    if node is None:  # the scheduler's word on a pod it found no node for
+        p["spec"].pop("nodeName")
+        p["status"] = {"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "lastTransitionTime": SCHEDULED_AT,
+            "message": "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity"}]}
+    return p
+
+
+def test_facts_are_what_the_rules_read_off_the_object() -> None:
+    running = podindex.pod_facts(worker(3, 2, node="node-b"), JOB)
+    assert (running.slot, running.incarnation, running.node, running.terminal,
+            running.deleting, running.unschedulable_since) == (3, 2, "node-b", False, False, None)
+    pending = podindex.pod_facts(worker(1, node=None), JOB)
+    assert pending.node is None and pending.unschedulable_since == 1796029200.0
+    failed = worker(0)
+    failed["status"]["phase"] = "Failed"
+    assert podindex.pod_facts(failed, JOB).terminal
+    deleting = shapes.load("pod_deleting_graceful")
+    assert podindex.pod_facts(deleting, JOB).deleting
+    assert podindex.pod_facts(worker(0, job="job2"), JOB).slot is None  # another job's
+    unreachable = podindex.node_facts(shapes.node("n", "node_unreachable"))
+    assert unreachable.problem is not None and not unreachable.cordoned
+    ready = shapes.node("n")
+    ready["spec"]["unschedulable"] = True
+    assert podindex.node_facts(ready).problem is None and podindex.node_facts(ready).cordoned
+
+
+def variant(rng: random.Random, slot: int, inc: int) -> dict[str, Any]:
+    """One of the shapes a watch shows of the pod of (slot, inc)."""
+    kind = rng.choice(["running", "pending", "failed", "deleting", "other-job", "moved"])
+    if kind == "pending":
+        return worker(slot, inc, node=None)
+    p = worker(slot, inc, node=rng.choice(["node-a", "node-b", "node-c"]),
+               job="job2" if kind == "other-job" else JOB)
+    if kind == "other-job":
+        p["metadata"]["name"] = pod_name(JOB, slot, inc)  # the view's key, another job's labels
+    if kind == "failed":
+        p["status"]["phase"] = "Failed"
+    if kind == "deleting":
+        p["metadata"]["deletionTimestamp"] = SCHEDULED_AT
+    if kind == "moved":
+        p["metadata"]["uid"] = f"uid-again-{rng.randrange(1000)}"  # made again under its name
+    return p
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_index_kept_change_by_change_equals_one_built_from_scratch(seed: int) -> None:
+    rng = random.Random(seed)
+    pods: dict[str, Any] = {}
+    nodes: dict[str, Any] = {}
+    kept = PodIndex(JOB)
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.6:
+            p = variant(rng, rng.randrange(12), rng.randrange(1, 4))
+            pods[p["metadata"]["name"]] = copy.deepcopy(p)
+            kept.put(p)
+        elif op < 0.85 and pods:
+            name = rng.choice(sorted(pods))
+            del pods[name]
+            kept.drop(name)
+        elif op < 0.95:
+            name = rng.choice(["node-a", "node-b", "node-c"])
+            n = shapes.node(name, rng.choice(["node_ready", "node_unreachable"]))
+            n["spec"]["unschedulable"] = rng.random() < 0.3
+            nodes[name] = n
+            kept.put_node(n)
+        else:
+            name = rng.choice(["node-a", "node-b", "node-c", "node-gone"])
+            nodes.pop(name, None)
+            kept.drop_node(name)
+        kept.drop("never-there")  # a DELETED of a pod the view never held
+        assert kept == podindex.build(pods, nodes, JOB)
+    assert kept.live and kept.placed and kept.unschedulable  # the sequence reached them all
+
+
+def test_a_failed_pod_leaves_its_node_and_the_live_count() -> None:
+    ix = PodIndex(JOB)
+    ix.put(worker(0, node="node-a"))
+    ix.put(worker(1, node="node-a"))
+    assert ix.placed == {"node-a": 2} and ix.live == 2
+    failed = worker(0, node="node-a")
+    failed["status"]["phase"] = "Failed"
+    ix.put(failed)
+    assert ix.placed == {"node-a": 1} and ix.live == 1 and ix.by_slot == {0: {"job1-w0-1"},
+                                                                          1: {"job1-w1-1"}}
+    ix.drop("job1-w1-1")
+    assert ix.placed == {} and ix.live == 0 and set(ix.by_slot) == {0}
