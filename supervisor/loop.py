@@ -385,7 +385,7 @@ class Supervisor:
         channel, silence = self.channel, self.hang_settings.silence_s
         self.core, kept = on.heard(self.core, self.view, self.cfg.host_mode, frozenset if (
             channel is None or self.horovodrun.child is None) else lambda: beats.talking(
-            channel.snapshot().beats.values(), now, silence))
+            channel.snapshot().beats.values(), now, silence), self.watches.index)
         self.reports.say(() if kept is None else (kept,))
         self.core = on.listed(self.core, self.hostfile.sync(
             self.core, self.view, running=self.horovodrun.child is not None, now=now,

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
 
+from supervisor.decide import podindex
+from supervisor.decide.podindex import PodIndex
 from supervisor.observe import (
     ClusterView,
     Kind,
     Obj,
     Unusable,
-    marked_not_ready,
-    node_problem,
     pod_problem,
 )
 from supervisor.workers import LABEL_SLOT
@@ -154,17 +154,19 @@ def _judge(pod: Obj, nodes: Mapping[str, Obj], mode: HostMode,
 
 
 def kept_while_heartbeating(view: ClusterView, mode: HostMode,
-                          heartbeating: Callable[[], Iterable[str]]) -> frozenset[str]:
+                            heartbeating: Callable[[], Iterable[str]],
+                            index: PodIndex | None = None) -> frozenset[str]:
     """PURE: the hosts of worker pods on nodes that are down (not Ready, or a node-down taint),
     or marked not Ready from outside (`marked_not_ready`: the node controller marks every pod
     of a node it marks NotReady, and the kubelet marks them Ready again only at its next
     update, seconds after its node is Ready again), among `heartbeating()` (hosts whose
     training processes heartbeat now; asked only while there is such a pod): render keeps them
-    through a kubelet's blip and an API outage's aftermath."""
-    down = {n for n, node in view.nodes.items() if node_problem(node) in NODE_DOWN}
-    hosts = {h for p in view.pods.values()
-             if (p.get("spec", {}).get("nodeName") in down or marked_not_ready(p))
-             and (h := host_of(p, mode))}
+    through a kubelet's blip and an API outage's aftermath. `index`: the view's facts
+    (podindex.py; None: built here)."""
+    ix = index if index is not None else podindex.build(view.pods, view.nodes, "")
+    names = set(ix.marked).union(*(ix.on_node.get(n, ()) for n, f in ix.nodes.items()
+                                   if f.problem in NODE_DOWN))
+    hosts = {h for name in names if (h := host_of(view.pods[name], mode))}
     if not hosts:
         return frozenset()
     return frozenset(hosts.intersection(heartbeating()))

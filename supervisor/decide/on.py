@@ -36,6 +36,7 @@ from supervisor.decide.classify import (
 from supervisor.decide.hostlist import HostMode
 from supervisor.decide.memory import Memory, judge_exit
 from supervisor.decide.plan import Note
+from supervisor.decide.podindex import PodIndex
 from supervisor.model import EventSpec, ExitCode
 from supervisor.observe import ClusterView, EventType, Obj
 from supervisor.workers import pod_name
@@ -169,12 +170,14 @@ def horovodrun_started(c: Memory) -> Memory:
 
 
 def heard(c: Memory, view: ClusterView, mode: HostMode,
-          talking: Callable[[], Iterable[str]]) -> tuple[Memory, Note | None]:
+          talking: Callable[[], Iterable[str]],
+          index: PodIndex | None = None) -> tuple[Memory, Note | None]:
     """The hosts of workers on down nodes (or marked not Ready from outside) whose training
     processes heartbeat now (`talking`, asked only while there is such a worker): kept in the
     host list through a kubelet's blip and an API outage's aftermath
-    (hostlist.kept_while_heartbeating). Said when the set changes."""
-    kept = hostlist.kept_while_heartbeating(view, mode, talking)
+    (hostlist.kept_while_heartbeating; `index`: the view's facts). Said when the set
+    changes."""
+    kept = hostlist.kept_while_heartbeating(view, mode, talking, index)
     if kept == c.kept:
         return c, None
     note = Note("info", "workers.kept_on_down_nodes",

@@ -18,7 +18,7 @@ from datetime import datetime
 
 from supervisor.decide.classify import TERMINAL_PHASES
 from supervisor.decide.fleet import slot_of
-from supervisor.observe import Obj, node_problem
+from supervisor.observe import Obj, marked_not_ready, node_problem
 
 
 def unschedulable_since(pod: Obj) -> float | None:
@@ -51,6 +51,7 @@ class PodFacts:
     terminal: bool  # phase Succeeded or Failed
     deleting: bool  # a deletionTimestamp
     unschedulable_since: float | None
+    marked: bool  # observe.marked_not_ready: not Ready, marked from outside
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,8 @@ def pod_facts(pod: Obj, job: str) -> PodFacts:
     return PodFacts(meta["name"], meta.get("uid", ""), None if at is None else at[0],
                     0 if at is None else at[1], pod.get("spec", {}).get("nodeName") or None,
                     pod.get("status", {}).get("phase") in TERMINAL_PHASES,
-                    bool(meta.get("deletionTimestamp")), unschedulable_since(pod))
+                    bool(meta.get("deletionTimestamp")), unschedulable_since(pod),
+                    marked_not_ready(pod))
 
 
 def node_facts(node: Obj) -> NodeFacts:
@@ -85,6 +87,8 @@ class PodIndex:
     by_slot: dict[int, set[str]] = field(default_factory=dict)  # the job's pods of each slot
     unschedulable: dict[str, float] = field(default_factory=dict)  # pod -> since
     placed: dict[str, int] = field(default_factory=dict)  # node -> pods there not terminal
+    on_node: dict[str, set[str]] = field(default_factory=dict)  # node -> every pod there
+    marked: set[str] = field(default_factory=set)  # pods marked not Ready from outside
     live: int = 0  # pods not terminal
     uids: set[str] = field(default_factory=set)
 
@@ -98,6 +102,10 @@ class PodIndex:
             self.by_slot.setdefault(f.slot, set()).add(f.name)
         if f.unschedulable_since is not None:
             self.unschedulable[f.name] = f.unschedulable_since
+        if f.node:
+            self.on_node.setdefault(f.node, set()).add(f.name)
+        if f.marked:
+            self.marked.add(f.name)
         if not f.terminal:
             self.live += 1
             if f.node:
@@ -115,6 +123,12 @@ class PodIndex:
             if not names:
                 del self.by_slot[f.slot]
         self.unschedulable.pop(name, None)
+        if f.node:
+            there = self.on_node[f.node]
+            there.discard(name)
+            if not there:
+                del self.on_node[f.node]
+        self.marked.discard(name)
         if not f.terminal:
             self.live -= 1
             if f.node:

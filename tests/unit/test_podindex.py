@@ -1,7 +1,7 @@
 """The pod index (decide/podindex.py): its facts read off real shapes as the rules read them,
 and the index the watches keep up to date change by change equal to one built from scratch
 over random sequences of the changes a watch shows (a pod placed, unschedulable, failed,
-deleted gracefully, renamed to another job's, gone; a node cordoned, NotReady, gone)."""
+deleted gracefully, renamed to another job's, marked not Ready, gone; a node cordoned, NotReady, gone)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,8 @@ def test_facts_are_what_the_rules_read_off_the_object() -> None:
     deleting = shapes.load("pod_deleting_graceful")
     assert podindex.pod_facts(deleting, JOB).deleting
     assert podindex.pod_facts(worker(0, job="job2"), JOB).slot is None  # another job's
+    marked = shapes.with_condition(worker(0), "Ready", "False")
+    assert podindex.pod_facts(marked, JOB).marked and not running.marked
     unreachable = podindex.node_facts(shapes.node("n", "node_unreachable"))
     assert unreachable.problem is not None and not unreachable.cordoned
     ready = shapes.node("n")
@@ -54,7 +56,8 @@ def test_facts_are_what_the_rules_read_off_the_object() -> None:
 
 def variant(rng: random.Random, slot: int, inc: int) -> dict[str, Any]:
     """One of the shapes a watch shows of the pod of (slot, inc)."""
-    kind = rng.choice(["running", "pending", "failed", "deleting", "other-job", "moved"])
+    kind = rng.choice(["running", "pending", "failed", "deleting", "other-job", "moved",
+                       "marked"])
     if kind == "pending":
         return worker(slot, inc, node=None)
     p = worker(slot, inc, node=rng.choice(["node-a", "node-b", "node-c"]),
@@ -65,6 +68,8 @@ def variant(rng: random.Random, slot: int, inc: int) -> dict[str, Any]:
         p["status"]["phase"] = "Failed"
     if kind == "deleting":
         p["metadata"]["deletionTimestamp"] = SCHEDULED_AT
+    if kind == "marked":  # the node controller's MarkPodsNotReady
+        p = shapes.with_condition(p, "Ready", "False")
     if kind == "moved":
         p["metadata"]["uid"] = f"uid-again-{rng.randrange(1000)}"  # made again under its name
     return p
@@ -98,7 +103,8 @@ def test_the_index_kept_change_by_change_equals_one_built_from_scratch(seed: int
             kept.drop_node(name)
         kept.drop("never-there")  # a DELETED of a pod the view never held
         assert kept == podindex.build(pods, nodes, JOB)
-    assert kept.live and kept.placed and kept.unschedulable  # the sequence reached them all
+    # the sequence reached them all
+    assert kept.live and kept.placed and kept.unschedulable and kept.marked and kept.on_node
 
 
 def test_a_failed_pod_leaves_its_node_and_the_live_count() -> None:
