@@ -108,6 +108,7 @@ class Supervisor:
         # thread anywhere, even inside this queue's get; a queue.Queue's Lock would deadlock.
         self.queue: queue.SimpleQueue[Trigger] = queue.SimpleQueue()
         self.next_progress = self.next_reap = 0.0  # when to say the gate waits, to reap
+        self.bound = 0  # the index's `readdressed` the channel's addresses were bound at
         # The decisions' memory: kept here, written only by decide/.
         self.core = on.initial(workers, stored)
 
@@ -144,9 +145,11 @@ class Supervisor:
             if self.channel is not None:
                 self.channel.revive()  # its receiver thread, if it ended: said, started again
             earliest, exited = self._apply(batch, now)
-            if earliest is not None and self.channel is not None:
+            readdressed = self.watches.index.readdressed
+            if readdressed != self.bound and self.channel is not None:
                 self.channel.bind_hosts(hostlist.addresses(self.view.pods.values(),
                                                             cfg.host_mode))
+                self.bound = readdressed
             if batch:
                 self.log.debug("loop.batch", items=len(batch), pods=len(self.view.pods),
                                nodes=len(self.view.nodes))

@@ -52,6 +52,8 @@ class PodFacts:
     deleting: bool  # a deletionTimestamp
     unschedulable_since: float | None
     marked: bool  # observe.marked_not_ready: not Ready, marked from outside
+    # what the pod's host string and address are made of (hostlist.host_of, .addresses)
+    addressing: tuple[str | None, ...]
 
 
 @dataclass(frozen=True)
@@ -62,13 +64,15 @@ class NodeFacts:
 
 
 def pod_facts(pod: Obj, job: str) -> PodFacts:
-    meta = pod["metadata"]
+    meta, spec = pod["metadata"], pod.get("spec", {})
     at = slot_of(pod, job)
     return PodFacts(meta["name"], meta.get("uid", ""), None if at is None else at[0],
                     0 if at is None else at[1], pod.get("spec", {}).get("nodeName") or None,
                     pod.get("status", {}).get("phase") in TERMINAL_PHASES,
                     bool(meta.get("deletionTimestamp")), unschedulable_since(pod),
-                    marked_not_ready(pod))
+                    marked_not_ready(pod), (
+                        pod.get("status", {}).get("podIP"), spec.get("hostname"),
+                        spec.get("subdomain"), meta.get("namespace")))
 
 
 def node_facts(node: Obj) -> NodeFacts:
@@ -90,12 +94,16 @@ class PodIndex:
     on_node: dict[str, set[str]] = field(default_factory=dict)  # node -> every pod there
     marked: set[str] = field(default_factory=set)  # pods marked not Ready from outside
     live: int = 0  # pods not terminal
+    # Counts the changes of the pods' addressing (a pod added or gone with an IP, an IP
+    # changed): equal counts mean the workers' addresses are the same (channel.bind_hosts).
+    readdressed: int = field(default=0, compare=False)
     uids: set[str] = field(default_factory=set)
 
     def put(self, pod: Obj) -> None:
         """The view holds `pod` now (added or changed)."""
         f = pod_facts(pod, self.job)
-        self.drop(f.name)
+        if _addressed(self._drop(f.name)) != _addressed(f):
+            self.readdressed += 1
         self.pods[f.name] = f
         self.uids.add(f.uid)
         if f.slot is not None:
@@ -113,9 +121,13 @@ class PodIndex:
 
     def drop(self, name: str) -> None:
         """The view no longer holds the pod `name`."""
+        if _addressed(self._drop(name)) is not None:
+            self.readdressed += 1
+
+    def _drop(self, name: str) -> PodFacts | None:
         f = self.pods.pop(name, None)
         if f is None:
-            return
+            return None
         self.uids.discard(f.uid)
         if f.slot is not None:
             names = self.by_slot[f.slot]
@@ -137,6 +149,7 @@ class PodIndex:
                     self.placed[f.node] = left
                 else:
                     del self.placed[f.node]
+        return f
 
     def put_node(self, node: Obj) -> None:
         self.nodes[node["metadata"]["name"]] = node_facts(node)
@@ -150,6 +163,11 @@ class PodIndex:
 
     def of_slot(self, slot: int) -> Iterator[PodFacts]:
         return (self.pods[n] for n in self.by_slot.get(slot, ()))
+
+
+def _addressed(f: PodFacts | None) -> tuple[str | None, ...] | None:
+    """What a pod gives the workers' addresses: nothing without an IP."""
+    return f.addressing if f is not None and f.addressing[0] else None
 
 
 def build(pods: Mapping[str, Obj], nodes: Mapping[str, Obj], job: str) -> PodIndex:

@@ -1,7 +1,8 @@
 """The pod index (decide/podindex.py): its facts read off real shapes as the rules read them,
 and the index the watches keep up to date change by change equal to one built from scratch
 over random sequences of the changes a watch shows (a pod placed, unschedulable, failed,
-deleted gracefully, renamed to another job's, marked not Ready, gone; a node cordoned, NotReady, gone)."""
+deleted gracefully, renamed to another job's, marked not Ready, gone; a node cordoned,
+NotReady, gone)."""
 
 from __future__ import annotations
 
@@ -119,3 +120,23 @@ def test_a_failed_pod_leaves_its_node_and_the_live_count() -> None:
                                                                           1: {"job1-w1-1"}}
     ix.drop("job1-w1-1")
     assert ix.placed == {} and ix.live == 0 and set(ix.by_slot) == {0}
+
+
+def test_the_addresses_count_as_changed_only_when_a_pods_address_does() -> None:
+    ix = PodIndex(JOB)
+    pending = worker(0, node=None)
+    pending["status"].pop("podIP", None)
+    ix.put(pending)
+    assert ix.readdressed == 0  # no IP: no address
+    ix.put(worker(0))
+    assert ix.readdressed == 1
+    ready_again = shapes.with_condition(worker(0), "Ready", "False")
+    ix.put(ready_again)
+    assert ix.readdressed == 1  # its status changed, not its address
+    moved = worker(0)
+    moved["status"]["podIP"] = "10.1.0.99"
+    ix.put(moved)
+    assert ix.readdressed == 2
+    ix.drop("job1-w0-1")
+    ix.drop("job1-w0-1")
+    assert ix.readdressed == 3
