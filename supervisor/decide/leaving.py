@@ -54,7 +54,7 @@ def announced(p: Passing, s: Seen, st: Settings, suspects: set[str]) -> None:
     gone = {h for name in leaving if (q := s.pods.get(name)) is not None
             and (h := hostlist.host_of(q, mode))}
     waits = set()
-    for i in fl.active():
+    for i in _maybe_announced(fl, s, st):
         slot = fl.slots[i]
         name = pod_name(st.plan.job, i, slot.incarnation)
         pod = s.pods.get(name)
@@ -98,6 +98,20 @@ def announced(p: Passing, s: Seen, st: Settings, suspects: set[str]) -> None:
         p.c = replace(p.c, leave_waits=frozenset(waits))
     if moving != p.c.moving or staying != p.c.staying:
         p.c = replace(p.c, moving=moving, staying=frozenset(staying))
+
+
+def _maybe_announced(fl: fleet.Fleet, s: Seen, st: Settings) -> list[int]:
+    """The active slots, in order, whose pod may be announced to go or has a replacement
+    placed ahead (`announced` looks at these only; disruption.notice is None, and
+    cancel_move has nothing to do, for every other): a pod deleting or with a DisruptionTarget,
+    a pod on a node that is going, a pod of a slot that is not its current one."""
+    ix = s.facts(st.plan.job)
+    names = set(ix.noticed) | ix.others(fl.current(st.plan.job))
+    for node in ix.going(s.nodes, st.disruption):
+        names |= ix.on_node.get(node, set())
+    slots = {f.slot for name in names if (f := ix.pods[name]).slot is not None}
+    return [i for i in sorted(slots) if (x := fl.slots.get(i)) is not None
+            and x.dropped is None and x.retiring_at is None]
 
 
 @dataclass(frozen=True)

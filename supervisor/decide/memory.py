@@ -277,7 +277,7 @@ def nodes_kept_off(c: Memory, s: Seen, st: Settings, suspects: set[str]) -> set[
     (and one kept off them is not created again while they are)."""
     kept_off = suspects | set(c.quarantine.until)
     if st.classify.graceful_leave:
-        kept_off |= disruption.going_nodes(s.nodes.values(), st.disruption)
+        kept_off |= s.facts(st.plan.job).going(s.nodes, st.disruption)
     return kept_off
 
 

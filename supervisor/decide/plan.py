@@ -312,10 +312,12 @@ def plan(p: Picture, s: Settings) -> Plan:
     ix = p.index if p.index is not None else podindex.build(p.pods, {}, s.job)
     _superseded(p, s, step, ix)
     _stale_exclusions(p, s, step, ix)
-    existing = set(p.pods) | set(expected) | set(p.waiting)
-    for c in fleet.wanted(step.fleet, s.job, existing, p.wall):
-        step.creates.append(c)
-        expected[c.name] = p.now
+    current = step.fleet.current(s.job)
+    if len(ix.pods) - len(ix.others(current)) < len(current):  # a current pod is missing
+        existing = set(p.pods) | set(expected) | set(p.waiting)
+        for c in fleet.wanted(step.fleet, s.job, existing, p.wall):
+            step.creates.append(c)
+            expected[c.name] = p.now
     usable = len(step.fleet.active()) * s.slots_per_worker
     fail = None
     if usable < s.min_np:
@@ -371,7 +373,7 @@ def _superseded(p: Picture, s: Settings, step: _Step, ix: PodIndex) -> None:
     slots = step.fleet.slots
     older = []
     # a slot's current pod is not older: only the others are looked at
-    for name in ix.pods.keys() - step.fleet.current(s.job).keys():
+    for name in ix.others(step.fleet.current(s.job)):
         f = ix.pods[name]
         if f.slot is None:
             continue

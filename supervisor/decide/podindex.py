@@ -16,9 +16,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from supervisor.decide import disruption
 from supervisor.decide.classify import TERMINAL_PHASES
 from supervisor.decide.fleet import slot_of
-from supervisor.observe import Obj, marked_not_ready, node_problem
+from supervisor.observe import Obj, condition, marked_not_ready, node_problem
 
 
 def unschedulable_since(pod: Obj) -> float | None:
@@ -54,6 +55,10 @@ class PodFacts:
     marked: bool  # observe.marked_not_ready: not Ready, marked from outside
     # what the pod's host string and address are made of (hostlist.host_of, .addresses)
     addressing: tuple[str | None, ...]
+    running: bool  # phase Running
+    # deleting, or a DisruptionTarget condition: the pod itself may be announced to go
+    # (disruption.pod_notice is None for every other pod)
+    noticed: bool
 
 
 @dataclass(frozen=True)
@@ -61,23 +66,41 @@ class NodeFacts:
     problem: str | None  # observe.node_problem
     cordoned: bool  # spec.unschedulable
     allocatable: tuple[tuple[str, object], ...]  # sorted (resource, amount)
+    tainted: bool  # any taint
+    holds: frozenset[str]  # the types of its conditions that hold (status True)
+
+    def may_go(self, bad_conditions: frozenset[str]) -> bool:
+        """Whether disruption.node_notice can be anything but None for this node: it is up and
+        cordoned, tainted, or one of `bad_conditions` holds."""
+        return self.problem is None and (self.cordoned or self.tainted
+                                         or not self.holds.isdisjoint(bad_conditions))
 
 
 def pod_facts(pod: Obj, job: str) -> PodFacts:
     meta, spec = pod["metadata"], pod.get("spec", {})
     at = slot_of(pod, job)
+    phase, deleting = pod.get("status", {}).get("phase"), bool(meta.get("deletionTimestamp"))
     return PodFacts(meta["name"], meta.get("uid", ""), None if at is None else at[0],
-                    0 if at is None else at[1], pod.get("spec", {}).get("nodeName") or None,
-                    pod.get("status", {}).get("phase") in TERMINAL_PHASES,
-                    bool(meta.get("deletionTimestamp")), unschedulable_since(pod),
+                    0 if at is None else at[1], spec.get("nodeName") or None,
+                    phase in TERMINAL_PHASES, deleting, unschedulable_since(pod),
                     marked_not_ready(pod), (
                         pod.get("status", {}).get("podIP"), spec.get("hostname"),
-                        spec.get("subdomain"), meta.get("namespace")))
+                        spec.get("subdomain"), meta.get("namespace")),
+                    phase == "Running", deleting or _disrupted(pod))
+
+
+def _disrupted(pod: Obj) -> bool:
+    target = condition(pod, "DisruptionTarget")
+    return target is not None and target.get("status") == "True"
 
 
 def node_facts(node: Obj) -> NodeFacts:
-    return NodeFacts(node_problem(node), bool(node.get("spec", {}).get("unschedulable")),
-                     tuple(sorted((node.get("status", {}).get("allocatable") or {}).items())))
+    spec, status = node.get("spec", {}), node.get("status", {})
+    return NodeFacts(node_problem(node), bool(spec.get("unschedulable")),
+                     tuple(sorted((status.get("allocatable") or {}).items())),
+                     bool(spec.get("taints")), frozenset(
+                         c.get("type") for c in status.get("conditions") or ()
+                         if c.get("status") == "True"))
 
 
 @dataclass
@@ -93,17 +116,23 @@ class PodIndex:
     placed: dict[str, int] = field(default_factory=dict)  # node -> pods there not terminal
     on_node: dict[str, set[str]] = field(default_factory=dict)  # node -> every pod there
     marked: set[str] = field(default_factory=set)  # pods marked not Ready from outside
+    not_running: set[str] = field(default_factory=set)  # pods whose phase is not Running
+    noticed: set[str] = field(default_factory=set)  # pods deleting or with a DisruptionTarget
     live: int = 0  # pods not terminal
     # Counts the changes of the pods' addressing (a pod added or gone with an IP, an IP
     # changed): equal counts mean the workers' addresses are the same (channel.bind_hosts).
     readdressed: int = field(default=0, compare=False)
     uids: set[str] = field(default_factory=set)
+    version: int = field(default=0, compare=False)  # counts the pods' changes
+    _others: tuple[Mapping[str, int], int, frozenset[str]] | None = field(
+        default=None, compare=False, repr=False)
 
     def put(self, pod: Obj) -> None:
         """The view holds `pod` now (added or changed)."""
         f = pod_facts(pod, self.job)
         if _addressed(self._drop(f.name)) != _addressed(f):
             self.readdressed += 1
+        self.version += 1
         self.pods[f.name] = f
         self.uids.add(f.uid)
         if f.slot is not None:
@@ -114,6 +143,10 @@ class PodIndex:
             self.on_node.setdefault(f.node, set()).add(f.name)
         if f.marked:
             self.marked.add(f.name)
+        if not f.running:
+            self.not_running.add(f.name)
+        if f.noticed:
+            self.noticed.add(f.name)
         if not f.terminal:
             self.live += 1
             if f.node:
@@ -121,7 +154,10 @@ class PodIndex:
 
     def drop(self, name: str) -> None:
         """The view no longer holds the pod `name`."""
-        if _addressed(self._drop(name)) is not None:
+        f = self._drop(name)
+        if f is not None:
+            self.version += 1
+        if _addressed(f) is not None:
             self.readdressed += 1
 
     def _drop(self, name: str) -> PodFacts | None:
@@ -141,6 +177,8 @@ class PodIndex:
             if not there:
                 del self.on_node[f.node]
         self.marked.discard(name)
+        self.not_running.discard(name)
+        self.noticed.discard(name)
         if not f.terminal:
             self.live -= 1
             if f.node:
@@ -156,6 +194,22 @@ class PodIndex:
 
     def drop_node(self, name: str) -> None:
         self.nodes.pop(name, None)
+
+    def others(self, current: Mapping[str, int]) -> frozenset[str]:
+        """The pods that are not an active slot's current one (`current`: Fleet.current's):
+        worked out once per change of the pods and of the fleet (a pass asks in two steps;
+        `current` is held, so a new one is never taken for it)."""
+        known = self._others
+        if known is None or known[0] is not current or known[1] != self.version:
+            known = (current, self.version, frozenset(self.pods.keys() - current.keys()))
+            self._others = known
+        return known[2]
+
+    def going(self, nodes: Mapping[str, Obj], s: disruption.Settings) -> frozenset[str]:
+        """disruption.going_nodes of `nodes` (the view's, which this index holds), asked only of
+        the nodes that may be going (NodeFacts.may_go)."""
+        return frozenset(name for name, f in self.nodes.items() if f.may_go(s.bad_conditions)
+                         and disruption.node_notice(nodes[name], s) is not None)
 
     def ours(self) -> Iterator[PodFacts]:
         """The facts of the job's worker pods (those with a slot)."""

@@ -187,8 +187,9 @@ def step(q: Quarantine, signs: Iterable[Sign], now: float, s: Settings, *,
     until = {n: t for n, t in q.until.items() if t > now}
     ended = tuple(sorted(set(q.until) - set(until)))
     started, spared, lifted, others = [], [], [], set(usable)
-    left = room(held, alike or {}, others - set(until))
-    if left < need or starved:
+    # (what the nodes left hold is asked only while one is quarantined: it walks them all)
+    left = room(held, alike or {}, others - set(until)) if until else need
+    if until and (left < need or starved):
         # the usable quarantined node whose quarantine ends soonest; the next pass sees if
         # that was enough
         for node in sorted(set(until) & others, key=lambda n: (until[n], n))[:1]:

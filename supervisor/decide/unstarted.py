@@ -17,7 +17,7 @@ from supervisor.decide.classify import (
 )
 from supervisor.decide.plan import Note
 from supervisor.model import EventSpec
-from supervisor.workers import ANNOTATION_AHEAD_OF
+from supervisor.workers import ANNOTATION_AHEAD_OF, pod_name
 
 if TYPE_CHECKING:  # the settings are read from it by the caller (scripts/layers.py)
     pass
@@ -39,12 +39,17 @@ def fail_unstarted(p: Passing, s: Seen, st: Settings) -> list[failures.Failed]:
     failed = set(c.failed)
     found: list[failures.Failed] = []
     fl = c.fleet
-    unstarted = []  # one cheap look at every pod; the few not started are judged in order
-    for name, pod in s.pods.items():
-        if pod.get("status", {}).get("phase") == "Running":
-            if row and (at := current_slot(fl, pod, job)) is not None:
-                row.pop(at[0], None)  # the slot's pods do start: the row is over
+    ix = s.facts(job)
+    for i in list(row) if fl is not None else ():
+        slot = fl.slots.get(i)
+        if slot is None or slot.dropped is not None or slot.retiring_at is not None:
             continue
+        f = ix.pods.get(pod_name(job, i, slot.incarnation))
+        if f is not None and f.running and (f.slot, f.incarnation) == (i, slot.incarnation):
+            del row[i]  # the slot's current pod does start: the row is over
+    unstarted = []  # only the pods not Running are looked at; the few not started, in order
+    for name in ix.not_running:
+        pod = s.pods[name]
         if (x := starts.stuck(pod)) is not None and pod["metadata"].get("uid") not in failed:
             unstarted.append((name, pod, x))
     for name, pod, x in sorted(unstarted, key=lambda u: u[0]):

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.decide import podindex
+from supervisor.decide import disruption, podindex
 from supervisor.decide.podindex import PodIndex
 from supervisor.workers import LABEL_INCARNATION, LABEL_JOB, LABEL_ROLE, LABEL_SLOT, pod_name
 from tests.unit import shapes
@@ -76,12 +76,32 @@ def variant(rng: random.Random, slot: int, inc: int) -> dict[str, Any]:
     return p
 
 
+GOING = disruption.Settings()
+
+
+def node_variant(rng: random.Random, name: str) -> dict[str, Any]:
+    """A node as a watch shows it: Ready or unreachable, cordoned, tainted to drain or not,
+    a node-problem-detector condition that holds (one the settings count, or not)."""
+    n = shapes.node(name, rng.choice(["node_ready", "node_ready", "node_unreachable"]))
+    n["spec"]["unschedulable"] = rng.random() < 0.2
+    if rng.random() < 0.3:
+        n["spec"]["taints"] = [{"key": rng.choice(["karpenter.sh/disrupted", "team/gpu"]),
+                                "effect": "NoSchedule"}]
+    if rng.random() < 0.3:
+        n["status"]["conditions"].append({
+            "type": rng.choice(["KernelDeadlock", "GPUHot"]), "status": "True",
+            "reason": "Found"})
+    return n
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_the_index_kept_change_by_change_equals_one_built_from_scratch(seed: int) -> None:
     rng = random.Random(seed)
     pods: dict[str, Any] = {}
     nodes: dict[str, Any] = {}
     kept = PodIndex(JOB)
+    reached: set[str] = set()
+    current = {pod_name(JOB, i, 2): i for i in range(12)}  # every slot at incarnation 2
     for _ in range(400):
         op = rng.random()
         if op < 0.6:
@@ -93,10 +113,8 @@ def test_the_index_kept_change_by_change_equals_one_built_from_scratch(seed: int
             del pods[name]
             kept.drop(name)
         elif op < 0.95:
-            name = rng.choice(["node-a", "node-b", "node-c"])
-            n = shapes.node(name, rng.choice(["node_ready", "node_unreachable"]))
-            n["spec"]["unschedulable"] = rng.random() < 0.3
-            nodes[name] = n
+            n = node_variant(rng, rng.choice(["node-a", "node-b", "node-c"]))
+            nodes[n["metadata"]["name"]] = n
             kept.put_node(n)
         else:
             name = rng.choice(["node-a", "node-b", "node-c", "node-gone"])
@@ -104,8 +122,14 @@ def test_the_index_kept_change_by_change_equals_one_built_from_scratch(seed: int
             kept.drop_node(name)
         kept.drop("never-there")  # a DELETED of a pod the view never held
         assert kept == podindex.build(pods, nodes, JOB)
-    # the sequence reached them all
-    assert kept.live and kept.placed and kept.unschedulable and kept.marked and kept.on_node
+        assert kept.going(nodes, GOING) == disruption.going_nodes(nodes.values(), GOING)
+        assert kept.others(current) == pods.keys() - current.keys()
+        reached |= {k for k in ("live", "placed", "unschedulable", "marked", "on_node",
+                                "noticed", "not_running") if getattr(kept, k)}
+        reached |= {k for k, v in (("going", kept.going(nodes, GOING)),
+                                   ("others", kept.others(current))) if v}
+    assert reached == {"live", "placed", "unschedulable", "marked", "on_node", "noticed",
+                       "not_running", "going", "others"}  # the sequence reached them all
 
 
 def test_a_failed_pod_leaves_its_node_and_the_live_count() -> None:
