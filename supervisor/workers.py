@@ -102,13 +102,19 @@ def owner_reference(owner: Mapping[str, str]) -> dict[str, Any]:
             "uid": owner["uid"], "blockOwnerDeletion": True}
 
 
+def spell(job: str, slot: int, incarnation: int) -> str:
+    """The worker pod name, unchecked: `pod_name` without its DNS-label check, for the names
+    worked out for every slot (Fleet.current) of a job whose names the configuration checked."""
+    return f"{job}-w{slot}-{incarnation}"
+
+
 def pod_name(job: str, slot: int, incarnation: int) -> str:
     """Return the worker pod name: unique per incarnation, a DNS label (<= 63 characters).
 
     Never truncated (two jobs could then share names): the configuration refuses job names
     that leave no room (config.INCARNATION_DIGITS).
     """
-    name = f"{job}-w{slot}-{incarnation}"
+    name = spell(job, slot, incarnation)
     if len(name) > 63 or not DNS_LABEL.match(name):
         raise ValueError(f"cannot name a worker of job {job!r}: {name!r} is not a DNS label "
                          "(longer than 63 characters?)")

@@ -224,9 +224,6 @@ class _NodeOf(Mapping[str, str]):
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
-    def __bool__(self) -> bool:  # (without walking every host)
-        return bool(self.watched)
-
 
 def _watch_hangs(p: Passing, s: Seen, st: Settings) -> tuple[Verdict, tuple[str, ...],
                                                             list[failures.Failed]]:

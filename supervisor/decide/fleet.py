@@ -37,6 +37,7 @@ from supervisor.workers import (
     LABEL_JOB,
     LABEL_SLOT,
     pod_name,
+    spell,
 )
 
 FLEET_VERSION = 1
@@ -110,11 +111,10 @@ class Fleet:
             i for i, s in self.slots.items() if s.dropped is None and s.retiring_at is None))))
 
     def current(self, job: str) -> Mapping[str, int]:
-        """The name of each active slot's current pod -> its slot, in slot order
-        (`pod_name`'s spelling)."""
+        """The name of each active slot's current pod -> its slot, in slot order."""
         named: dict[str, dict[str, int]] = self._once("_current", dict)
         if job not in named:
-            named[job] = {f"{job}-w{i}-{self.slots[i].incarnation}": i for i in self.active()}
+            named[job] = {spell(job, i, self.slots[i].incarnation): i for i in self.active()}
         return named[job]
 
     def changing(self) -> list[int]:
@@ -259,7 +259,7 @@ def renew(fleet: Fleet, slot: int, incarnation: int, now: float) -> Fleet:
 
 def current_pods(fleet: Fleet, job: str) -> frozenset[str]:
     """Names of the pods the active slots should have now."""
-    return frozenset(pod_name(job, i, fleet.slots[i].incarnation) for i in fleet.active())
+    return frozenset(fleet.current(job))
 
 
 @dataclass(frozen=True)

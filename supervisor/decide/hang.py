@@ -282,8 +282,8 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
             f"{len(peers)} peer process(es) waited in {where} (longest {longest.wait_s:.1f}s at "
             f"its last heartbeat) and none completed one since"))
         lead[b.host] = b
-    hung.update(_together(lead.values(), monitored, watched, nodes=nodes or {}, hung=set(hung),
-                          now=now, s=s))
+    hung.update(_together(lead.values(), monitored, watched,
+                          nodes={} if nodes is None else nodes, hung=set(hung), now=now, s=s))
     last_progress = max((b.first_seen if b.progress_at is None else b.progress_at
                          for b in monitored), default=started_at)
     stall = None

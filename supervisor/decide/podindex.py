@@ -106,7 +106,8 @@ def node_facts(node: Obj) -> NodeFacts:
 @dataclass
 class PodIndex:
     """The facts of the view's pods and nodes and their aggregates. Mutable: written only by
-    `put`, `drop`, `put_node` and `drop_node` (the watches adapter's thread), read by a pass."""
+    `put`, `drop`, `put_node` and `drop_node` (the watches adapter, on the loop's thread), read
+    by a pass on the same thread (`others` keeps its last answer in `_others`)."""
 
     job: str
     pods: dict[str, PodFacts] = field(default_factory=dict)
@@ -208,12 +209,8 @@ class PodIndex:
     def going(self, nodes: Mapping[str, Obj], s: disruption.Settings) -> frozenset[str]:
         """disruption.going_nodes of `nodes` (the view's, which this index holds), asked only of
         the nodes that may be going (NodeFacts.may_go)."""
-        return frozenset(name for name, f in self.nodes.items() if f.may_go(s.bad_conditions)
-                         and disruption.node_notice(nodes[name], s) is not None)
-
-    def ours(self) -> Iterator[PodFacts]:
-        """The facts of the job's worker pods (those with a slot)."""
-        return (f for f in self.pods.values() if f.slot is not None)
+        return disruption.going_nodes((nodes[name] for name, f in self.nodes.items()
+                                       if f.may_go(s.bad_conditions)), s)
 
     def of_slot(self, slot: int) -> Iterator[PodFacts]:
         return (self.pods[n] for n in self.by_slot.get(slot, ()))

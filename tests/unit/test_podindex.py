@@ -164,3 +164,44 @@ def test_the_addresses_count_as_changed_only_when_a_pods_address_does() -> None:
     ix.drop("job1-w0-1")
     ix.drop("job1-w0-1")
     assert ix.readdressed == 3
+
+
+def test_the_loop_keeps_the_index_of_what_its_watches_show() -> None:
+    """The wiring: the real loop (loop.Supervisor, its watches adapter) handed the watch events
+    a reflector hands it (slimmed objects, a repeat of one resourceVersion, a change, a node
+    cordoned and gone, a pod deleted on the watch and one the relist found gone by name only):
+    after each batch its index equals one built from its view."""
+    from supervisor.model import WatchEvent
+    from supervisor.observe import EventType, Kind, slim
+    from tests.unit.test_never_starts_loop import Clock, labelled, loop
+
+    clock, ops, events = Clock(), [], []  # type: ignore[var-annotated]
+    sup = loop(clock, ops, events)
+    w0 = labelled(shapes.pod("job1-w0-1", ip="10.1.0.10", node="node-a"), 0)
+    w1 = labelled(shapes.pod("job1-w1-1", ip="10.1.0.11", node="node-b"), 1)
+    failed = copy.deepcopy(w1)
+    failed["status"]["phase"], failed["metadata"]["resourceVersion"] = "Failed", "999"
+    cordoned = shapes.node("node-b")
+    cordoned["spec"]["unschedulable"], cordoned["metadata"]["resourceVersion"] = True, "998"
+
+    def pod(t: EventType, p: dict[str, Any], relist: bool = False) -> WatchEvent:
+        return WatchEvent(Kind.POD, t, slim(Kind.POD, p), clock.now, relist)
+
+    batches = [
+        [WatchEvent(Kind.NODE, EventType.ADDED, slim(Kind.NODE, shapes.node(n)), clock.now)
+         for n in ("node-a", "node-b")] + [pod(EventType.ADDED, w0), pod(EventType.ADDED, w1)],
+        [pod(EventType.MODIFIED, w0)],  # the same resourceVersion: nothing changed
+        [pod(EventType.MODIFIED, failed),
+         WatchEvent(Kind.NODE, EventType.MODIFIED, slim(Kind.NODE, cordoned), clock.now)],
+        [pod(EventType.DELETED, failed)],
+        [WatchEvent(Kind.POD, EventType.DELETED, {"metadata": {"name": "job1-w0-1"}},
+                    clock.now, relist=True),
+         WatchEvent(Kind.NODE, EventType.DELETED, {"metadata": {"name": "node-a"}}, clock.now)],
+    ]
+    sizes = []
+    for batch in batches:
+        sup._apply(batch, clock.now)
+        assert sup.watches.index == podindex.build(sup.view.pods, sup.view.nodes, "job1")
+        sizes.append((len(sup.watches.index.pods), len(sup.watches.index.nodes)))
+    assert sizes == [(2, 2), (2, 2), (2, 2), (1, 2), (0, 1)]
+    assert sup.watches.index.nodes["node-b"].cordoned
