@@ -15,7 +15,7 @@ from typing import Any
 
 from supervisor.channel import HookChannel
 from supervisor.config import Config
-from supervisor.decide import fleet, incidents, memory, on, plan, progress, script
+from supervisor.decide import fleet, incidents, memory, on, plan, progress, script, stragglers
 from supervisor.decide.memory import Memory
 from supervisor.decide.script import CreatePod, KeepBudget, Op, SaveState
 from supervisor.horovodrun import Horovodrun
@@ -66,7 +66,8 @@ class Carrier:
                 return on.gate_opened(c, now)
         elif isinstance(todo, SaveState):
             self.act(SaveState({**todo.state, "progress": progress.to_dict(c.progress),
-                                "incidents": incidents.to_list(c.book)}))
+                                "incidents": incidents.to_list(c.book),
+                                "slow": stragglers.to_list(c.slow, now)}))
             self.metrics.restart_budget_left.set(self.budget_left(c))
         elif isinstance(todo, script.CreateWorker):
             x = todo.create

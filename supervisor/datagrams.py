@@ -92,7 +92,7 @@ SCHEMA: dict[str, dict[str, Rule]] = {
     "hb": {
         **COMMON, "host": HOST, "pid": ID, "lr": ID, "rank": ID_OR_NONE, "size": ID_OR_NONE,
         "inits": COUNT, "done": COUNT, "dc": COUNT, "st": COUNT, "cm": COUNT, "rd": COUNT,
-        "tr": SECONDS, "fv": COUNT,
+        "tr": SECONDS, "fv": COUNT, "so": SECONDS, "sw": SECONDS, "sn": COUNT,
         "wait": Rule(_or_none(_seconds), "null or a finite number of seconds >= 0"),
         "in": Rule(lambda v: v in (None, "c", "i"), 'null, "c" (a collective) or "i" (an init)'),
         "addrs": Rule(lambda v: _texts(v, MAX_ADDRS, 64),

@@ -85,6 +85,10 @@ def _int(v: Any, default: int = 0) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else default
 
 
+def _seconds(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 else None
+
+
 def _count(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
@@ -113,8 +117,8 @@ def updated(old: Beat | None, body: Mapping[str, Any], addr: tuple[str, int],
         since_init=body["dc"] if isinstance(body.get("dc"), int) else None,
         steps=_count(body.get("st")), commits=_count(body.get("cm")),
         redone=_count(body.get("rd")),
-        trained_s=float(body["tr"]) if isinstance(body.get("tr"), int | float)
-        and not isinstance(body.get("tr"), bool) and body["tr"] >= 0 else None,
+        trained_s=_seconds(body.get("tr")), step_out_s=_seconds(body.get("so")),
+        step_wait_s=_seconds(body.get("sw")), step_n=_int(body.get("sn")),
         pos=str(body.get("pos") or ""), io=body["io"] if isinstance(body.get("io"), int) else None,
         where=tuple(str(w) for w in body.get("where") or ())[:8])
     if old is None:

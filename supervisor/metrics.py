@@ -33,6 +33,8 @@ class Metrics:
     workers_created: Counter
     worker_leaves: Counter
     nodes_quarantined: Gauge
+    slow_workers: Gauge
+    straggler_factor_max: Gauge
     restart_budget_left: Gauge
     replacement_latency: Histogram
     heartbeating_processes: Gauge
@@ -89,6 +91,13 @@ def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
                               "gracefully (no failure), by why", ["why"], registry=r),
         nodes_quarantined=Gauge(f"{p}nodes_quarantined", "Nodes that get no new worker of "
                                 "the job now (bad-node quarantine)", registry=r),
+        slow_workers=Gauge(f"{p}slow_workers", "Workers said slow now (stragglers: their "
+                           "own work per step SUPERVISOR_SLOW_FACTOR times the others')",
+                           registry=r),
+        straggler_factor_max=Gauge(
+            f"{p}straggler_factor_max", "The highest factor of a worker's own work per step "
+            "over the other workers' median measured in a settled world so far (the margin "
+            "below SUPERVISOR_SLOW_FACTOR)", registry=r),
         restart_budget_left=Gauge(f"{p}restart_budget_left",
                                   "Replacements left under the job-wide restart limit",
                                   registry=r),

@@ -96,6 +96,7 @@ def status(job: str, namespace: str, *, pods: Iterable[Obj], state: Mapping[str,
                      "left": None if limit is None else max(0, limit - used)},
         "workers": workers,
         "quarantined": dict((state or {}).get("quarantined") or {}),
+        "slow": list((state or {}).get("slow") or []),
         "progress": {k: v for k, v in ((state or {}).get("progress") or {}).items()
                      if k != "history"} or None,
         "incidents": list((state or {}).get("incidents") or [])[-last:],
@@ -178,6 +179,11 @@ def render(s: Mapping[str, Any]) -> str:
             f"{n} (until {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t))})"
             for n, t in sorted(s["quarantined"].items()))
         lines += ["", f"QUARANTINED NODES (no new worker of the job): {until}"]
+    if s.get("slow"):
+        lines += ["", "SLOW WORKERS (their own work per step against the others' median): " + (
+            ", ".join(f"{w.get('host')} (rank {', '.join(map(str, w.get('ranks') or []))}: "
+                      f"{w.get('factor')}x, {w.get('outMs')} ms vs {w.get('medianMs')} ms, "
+                      f"for {duration(float(w.get('forS') or 0))})" for w in s["slow"]))]
     lines += ["", "LAST DECISIONS"]
     for d in s["decisions"]:
         times = f" (x{d['count']})" if d.get("count", 1) > 1 else ""

@@ -142,6 +142,8 @@ class Reports:
             if isinstance(todo, plan.Note) and todo.event == "worker.leaving":
                 m.worker_leaves.labels(todo.fields["why"]).inc()
         m.nodes_quarantined.set(len(p.core.quarantine.until))
+        m.slow_workers.set(len(p.core.slow.named))
+        m.straggler_factor_max.set(p.core.slow.worst)
         for reason in p.restarts:
             m.horovodrun_restarts.labels(reason).inc()
         if snap is not None and p.verdict is not None:

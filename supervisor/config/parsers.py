@@ -165,6 +165,21 @@ def _fraction_or_off(raw: str) -> float | None:
     return number
 
 
+def _factor_or_off(raw: str) -> float:
+    """A factor > 1, or off (0.0)."""
+    accepted = "a factor > 1 like 2.0, or off"
+    value = raw.strip().lower()
+    if value == "off":
+        return 0.0
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(accepted) from None
+    if not 1 < number < math.inf:  # also refuses nan
+        raise ValueError(accepted)
+    return number
+
+
 def _seconds_or(word: str, lo: float) -> Callable[[str], float | None]:
     """Seconds >= `lo`, or `word` (auto, off) for None."""
     number = _at_least(lo, "")

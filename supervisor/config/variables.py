@@ -17,6 +17,7 @@ from supervisor.config.parsers import (
     _dns_label,
     _enum,
     _events,
+    _factor_or_off,
     _fraction_or_off,
     _hook_key,
     _int_in,
@@ -239,6 +240,23 @@ VARIABLES: tuple[Var, ...] = (
         "The window of QUARANTINE_FAILURES."),
     Var("QUARANTINE_SECONDS", "3600", _seconds(0), "quarantine_s",
         "How long a quarantined node gets no new worker of the job; it ends by itself."),
+    Var("SLOW_FACTOR", "2.0", _factor_or_off, "slow_factor",
+        "Stragglers: a worker whose training processes spend this many times the other "
+        "workers' median time per step outside collectives (their own compute and input, "
+        "timed by the hook; the medians of their last 31 steps) for SLOW_SECONDS is slow "
+        "(Warning Event WorkerSlow, the metric slow_workers, shown by `status`). A job-wide "
+        "slowdown is not a straggler. off: not watched.",
+        show=lambda v: v or "off"),
+    Var("SLOW_SECONDS", "30", _seconds(0), "slow_s",
+        "How long a worker stays over SLOW_FACTOR before it is said slow."),
+    Var("SLOW_MOVES", "2", _int_in(0), "slow_moves",
+        "A slow worker is moved when the job trains faster without it (its ranks gone, the "
+        "others at their pace) than with it: its replacement is placed first, kept off its "
+        "node, and it leaves gracefully once that runs (nowhere to go: it trains on); its "
+        "node counts once toward QUARANTINE_FAILURES. At most this many moves within "
+        "SLOW_MOVES_WINDOW_SECONDS; 0: reported only. Needs SUPERVISOR_WORKER_TEMPLATE."),
+    Var("SLOW_MOVES_WINDOW_SECONDS", "3600", _seconds(0), "slow_moves_window_s",
+        "The window of SLOW_MOVES."),
     Var("SCALE_OUT_TIMEOUT_SECONDS", "600", _seconds(0), "scale_out_timeout_s",
         "A worker added by `scale` that is not Running within this long is deleted again "
         "(rollback, Warning Event)."),

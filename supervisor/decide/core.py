@@ -16,6 +16,9 @@ the job to fail. In order, as the steps depend on each other:
    turns the verdict into failures (a hung worker, a process the driver saw exit) and a
    restart of horovodrun (a broken or stuck rendezvous, a stall), at most
    `horovodrun_restart_limit` times; past it the job fails (STALLED);
+2b. a host whose ranks' own work (outside collectives) is slower than the others' is named
+   (stragglers.py, slowranks.py) and, when that pays, moved as in 7b (placed ahead, kept off
+   its node);
 3. nodes down together past the disruption threshold are held back (classify.held_nodes);
 4. the first pass, and every pass while a node is suspect, classifies every worker pod;
 4b. a worker bound to a node that has not started within the bound (starts.py) fails as
@@ -28,8 +31,9 @@ the job to fail. In order, as the steps depend on each other:
 7b. a worker announced to go (disruption.notice: evicted, deleted with a grace, its node
    cordoned, tainted or going bad) leaves gracefully: its slot moves to a new incarnation at
    once (no budget used), the old pod is out of the file and deleted once horovodrun let it go;
-   a cordon alone evicts nothing, so there the replacement is placed first (the slot's next
-   incarnation, ahead) and the worker leaves once it runs: with nowhere to go it trains on;
+   a cordon alone evicts nothing, so there (and for a straggler) the replacement is placed
+   first (the slot's next incarnation, ahead) and the worker leaves once it runs: with nowhere
+   to go it trains on;
 8. plan.plan reconciles the fleet (scale, scale-in, reused addresses, expectations, creates,
    MIN_NP); its state is saved before the creates, so a restart never forgets a budget used;
    the workers' PodDisruptionBudget is kept at the desired count less one (KeepMinAvailable).
@@ -58,6 +62,7 @@ from supervisor.decide import (
     nodes,
     plan,
     regroup,
+    slowranks,
     unstarted,
     verdicts,
 )
@@ -110,6 +115,8 @@ def manage(c: Memory, s: Seen, st: Settings) -> Pass:
         verdict, restarts, hung_found = _watch_hangs(p, s, st)
         found += hung_found
         running = running and not any(isinstance(t, RestartHorovodrun) for t in p.todo)
+        if running:
+            slowranks.step(p, s, st)
     suspects = set(p.c.node_down) | set(s.lease_stale)
     nodes.brake(p, s, st, suspects)
     nodes.settle(p, s, st, suspects)

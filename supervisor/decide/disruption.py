@@ -53,6 +53,7 @@ class Why(StrEnum):
     CORDONED = "NodeCordoned"  # spec.unschedulable: the first step of a drain
     TAINTED = "NodeTainted"  # a configured drain / termination taint
     BAD_NODE = "NodeCondition"  # a configured node-problem condition holds
+    SLOW = "Straggler"  # slow but alive: the world trains faster without it (stragglers.py)
 
 
 @dataclass(frozen=True)

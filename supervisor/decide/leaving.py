@@ -1,9 +1,11 @@
 """PURE: the step of a pass about announced disruptions (disruption.notice): a worker evicted,
 deleted with a grace, its node cordoned, tainted or going bad leaves gracefully; under a cordon
-alone its replacement is placed ahead first (Move), and with nowhere to go it trains on."""
+alone, and for a straggler to move (slowranks.py), its replacement is placed ahead first (Move),
+and with nowhere to go it trains on."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -54,7 +56,8 @@ def announced(p: Passing, s: Seen, st: Settings, suspects: set[str]) -> None:
     gone = {h for name in leaving if (q := s.pods.get(name)) is not None
             and (h := hostlist.host_of(q, mode))}
     waits = set()
-    for i in _maybe_announced(fl, s, st):
+    slow = p.c.slow.moving
+    for i in _maybe_announced(fl, s, st, slow):
         slot = fl.slots[i]
         name = pod_name(st.plan.job, i, slot.incarnation)
         pod = s.pods.get(name)
@@ -63,13 +66,17 @@ def announced(p: Passing, s: Seen, st: Settings, suspects: set[str]) -> None:
         node = pod.get("spec", {}).get("nodeName") or None
         n = disruption.notice(pod, s.nodes.get(node or ""), training_container(pod, st.classify),
                               st.disruption)
+        if n is None and name in slow:  # a straggler to move (slowranks.py)
+            n = disruption.Notice(disruption.Why.SLOW, slow[name])
         ahead = pod_name(st.plan.job, i, slot.incarnation + 1)
         if n is None:
             cancel_move(p, s, name, ahead)
             continue
-        move = Move(i, slot.incarnation + 1, name, node, ahead, n.detail)
-        if n.why is disruption.Why.CORDONED and not move_ahead(
-                p, s, move, kept_off=kept_off, moving=moving, staying=staying):
+        move = Move(i, slot.incarnation + 1, name, node, ahead, n.detail, n.why)
+        # kept off its node: a straggler's replacement would be slow there too
+        off = kept_off | {node} if n.why is disruption.Why.SLOW and node else kept_off
+        if n.why in AHEAD and not move_ahead(
+                p, s, move, kept_off=off, moving=moving, staying=staying):
             continue  # it trains on until its replacement runs
         host = hostlist.host_of(pod, mode)
         if host in world and not world - gone - {host}:
@@ -85,7 +92,7 @@ def announced(p: Passing, s: Seen, st: Settings, suspects: set[str]) -> None:
         failed.add(uid)
         leaving[name] = plan.Leaving(i, uid, node, s.wall, n.why.value)
         new = pod_name(st.plan.job, i, slot.incarnation + 1)
-        by = (f"its replacement {new} runs already" if n.why is disruption.Why.CORDONED
+        by = (f"its replacement {new} runs already" if n.why in AHEAD
               else f"replaced by {new} now")
         note = (f"worker {name} on {node} is announced to go ({n.why.value}: {n.detail}): out "
                 f"of the discovery file, Horovod lets it go at its next commit; {by}")
@@ -100,13 +107,15 @@ def announced(p: Passing, s: Seen, st: Settings, suspects: set[str]) -> None:
         p.c = replace(p.c, moving=moving, staying=frozenset(staying))
 
 
-def _maybe_announced(fl: fleet.Fleet, s: Seen, st: Settings) -> list[int]:
+def _maybe_announced(fl: fleet.Fleet, s: Seen, st: Settings,
+                     slow: Mapping[str, str]) -> list[int]:
     """The active slots, in order, whose pod may be announced to go or has a replacement
     placed ahead (`announced` looks at these only; disruption.notice is None, and
     cancel_move has nothing to do, for every other): a pod deleting or with a DisruptionTarget,
-    a pod on a node that is going, a pod of a slot that is not its current one."""
+    a pod on a node that is going, a pod of a slot that is not its current one, a straggler
+    to move (`slow`)."""
     ix = s.facts(st.plan.job)
-    names = set(ix.noticed) | ix.others(fl.current(st.plan.job))
+    names = set(ix.noticed) | ix.others(fl.current(st.plan.job)) | (set(slow) & set(ix.pods))
     for node in ix.going(s.nodes, st.disruption):
         names |= ix.on_node.get(node, set())
     slots = {f.slot for name in names if (f := ix.pods[name]).slot is not None}
@@ -114,10 +123,14 @@ def _maybe_announced(fl: fleet.Fleet, s: Seen, st: Settings) -> list[int]:
             and x.dropped is None and x.retiring_at is None]
 
 
+# Announced to go, but not evicted: the worker leaves once its replacement, placed ahead, runs.
+AHEAD = frozenset({disruption.Why.CORDONED, disruption.Why.SLOW})
+
+
 @dataclass(frozen=True)
 class Move:
-    """A worker on a cordoned node (slot, pod, node) and its replacement placed ahead (the
-    slot's next incarnation)."""
+    """A worker on a cordoned node, or a straggler (slot, pod, node), and its replacement
+    placed ahead (the slot's next incarnation)."""
 
     slot: int
     incarnation: int  # the replacement's
@@ -125,15 +138,22 @@ class Move:
     node: str | None
     ahead: str
     detail: str
+    why: disruption.Why = disruption.Why.CORDONED
+
+    def nothing_evicts(self) -> str:
+        """Why the worker stays until its replacement runs."""
+        return ("a cordon evicts nothing" if self.why is disruption.Why.CORDONED
+                else "a straggler still trains")
 
 
 def move_ahead(p: Passing, s: Seen, m: Move, *, kept_off: set[str], moving: dict[str, str],
                 staying: set[str]) -> bool:
-    """A cordon alone evicts nothing: the worker leaves once its replacement, the slot's next
-    incarnation placed ahead of the move (kept off the nodes that are going), runs; with
-    nowhere to go that replacement stays Pending, the job keeps its size, and it moves when
-    a node is there. A replacement that fails before it runs is deleted and the worker
-    stays while the cordon lasts (no loop). Return whether the worker leaves now."""
+    """A cordon alone evicts nothing, and a straggler still trains: the worker leaves once its
+    replacement, the slot's next incarnation placed ahead of the move (kept off the nodes that
+    are going, and a straggler's node), runs; with nowhere to go that replacement stays
+    Pending, the job keeps its size, and it moves when a node is there. A replacement that
+    fails before it runs is deleted and the worker stays while the cordon (or the slowness)
+    lasts (no loop). Return whether the worker leaves now."""
     c = p.c
     q = s.pods.get(m.ahead)
     uid = q["metadata"].get("uid", "") if q is not None else ""
@@ -150,16 +170,17 @@ def move_ahead(p: Passing, s: Seen, m: Move, *, kept_off: set[str], moving: dict
             p.todo.append(DeletePod(m.ahead, uid, None))
         note = (f"worker {m.pod} on {m.node} ({m.detail}): its replacement {m.ahead} "
                 "failed or never started: deleted; the worker trains on where it is while the "
-                "cordon lasts (a cordon evicts nothing)")
+                f"{'cordon' if m.why is disruption.Why.CORDONED else 'slowness'} lasts "
+                f"({m.nothing_evicts()})")
         p.todo.append(Note("warning", "worker.stays", {
             "pod": m.pod, "node": m.node, "replacement": m.ahead}, EventSpec(
             "Warning", "WorkerStays", "Keep", note)))
         return False
     moving[m.pod] = m.ahead
     if m.pod not in c.moving:
-        note = (f"worker {m.pod} on {m.node} is announced to go ({m.detail}): a cordon evicts "
-                f"nothing, so {m.ahead} is placed first and the worker leaves once it runs; "
-                "until then it trains on (with nowhere to go, the job keeps its size)")
+        note = (f"worker {m.pod} on {m.node} is announced to go ({m.detail}): "
+                f"{m.nothing_evicts()}, so {m.ahead} is placed first and the worker leaves once "
+                "it runs; until then it trains on (with nowhere to go, the job keeps its size)")
         p.todo.append(Note("info", "worker.moving", {
             "pod": m.pod, "node": m.node, "replacement": m.ahead}, EventSpec(
             "Normal", "WorkerMoving", "Move", note)))
@@ -180,7 +201,7 @@ def cancel_move(p: Passing, s: Seen, name: str, ahead: str) -> None:
         return
     p.c = replace(p.c, failed=p.c.failed | {uid})
     p.todo.append(DeletePod(ahead, uid, None))
-    note = (f"worker {name} is no longer announced to go (its node's cordon is over): "
-            f"{ahead}, placed ahead of its move, deleted")
+    note = (f"worker {name} is no longer announced to go (its node's cordon is over, or it "
+            f"is no longer slow): {ahead}, placed ahead of its move, deleted")
     p.todo.append(Note("info", "worker.move_cancelled", {"pod": name, "replacement": ahead},
                        EventSpec("Normal", "WorkerMoveCancelled", "Move", note)))

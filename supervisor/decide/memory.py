@@ -20,6 +20,7 @@ from supervisor.decide import (
     progress,
     quarantine,
     regroup,
+    stragglers,
 )
 from supervisor.decide.beats import Beat, Driver
 from supervisor.decide.classify import (
@@ -89,6 +90,7 @@ class Settings:
     quarantine: quarantine.Settings = field(default_factory=quarantine.Settings)
     # seconds a bound worker may stay not started (starts.py); None: never acted on
     start_timeout_s: float | None = None
+    slow: stragglers.Settings = field(default_factory=stragglers.Settings)
 
     @classmethod
     def of(cls, cfg: Config) -> Settings:
@@ -99,7 +101,9 @@ class Settings:
                    disruption.Settings(cfg.node_drain_taints, cfg.node_bad_conditions),
                    quarantine.Settings(cfg.quarantine_failures, cfg.quarantine_window_s,
                                        cfg.quarantine_s),
-                   cfg.worker_start_timeout_s)
+                   cfg.worker_start_timeout_s,
+                   stragglers.Settings(cfg.slow_factor, cfg.slow_s, cfg.slow_moves,
+                                       cfg.slow_moves_window_s))
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,7 @@ class Memory:
     progress: progress.Progress = field(default_factory=progress.Progress)
     book: incidents.Book = field(default_factory=incidents.Book)
     progress_saved_at: float = 0.0
+    slow: stragglers.Watch = field(default_factory=stragglers.Watch)  # slow ranks (stragglers)
 
 
 @dataclass(frozen=True)

@@ -115,10 +115,10 @@ def quarantine_signs(found: list[failures.Failed], leaving: Mapping[str, plan.Le
                      stuck: frozenset[str], job: str, *,
                      after_outage: bool = False) -> list[quarantine.Sign]:
     """What the quarantine reads of this pass's failures and of the workers leaving for a
-    node-problem condition (quarantine.py says what counts); `stuck`: pods failed because
-    their main thread stood still (Hung too, but the script's). `after_outage`: within
-    OUTAGE_SETTLE_S of the API server's return, a node lost is the node controller catching up
-    with Leases it could not see renewed (it marks such nodes NotReady for a moment: the
+    node-problem condition or for being slow (quarantine.py says what counts); `stuck`: pods
+    failed because their main thread stood still (Hung too, but the script's). `after_outage`:
+    within OUTAGE_SETTLE_S of the API server's return, a node lost is the node controller
+    catching up with Leases it could not see renewed (it marks such nodes NotReady for a moment: the
     soak's seed 12, es-node-1 NotReady 10 s after a 3-minute outage, both its workers failed):
     not the node's own evidence. Its workers are replaced all the same; a node really gone
     stays NotReady, where the scheduler puts nothing anyway."""
@@ -135,8 +135,10 @@ def quarantine_signs(found: list[failures.Failed], leaving: Mapping[str, plan.Le
         slot = fleet.slot_of(x.pod, job)
         out.append(quarantine.Sign(kind, f.node, f.uid, None if slot is None else slot[0],
                                    f.exit_code))
-    out += [quarantine.Sign(quarantine.Kind.CONDITION, w.node, w.uid, w.slot)
-            for w in leaving.values() if w.node and w.why == disruption.Why.BAD_NODE.value]
+    node_kinds = {disruption.Why.BAD_NODE.value: quarantine.Kind.CONDITION,
+                  disruption.Why.SLOW.value: quarantine.Kind.SLOW}
+    out += [quarantine.Sign(node_kinds[w.why], w.node, w.uid, w.slot)
+            for w in leaving.values() if w.node and w.why in node_kinds]
     return out
 
 

@@ -20,6 +20,8 @@ at 2 of 3 for the rest of the check):
   kubelet) never count by themselves;
 - a worker announced to go for a node-problem-detector condition (disruption.Why.BAD_NODE);
 - a pod that never started for a reason of its node's (NotStarted with `node_fault`: starts.py).
+- a worker moved off it for being slow (a straggler: stragglers.py), its own work slower than
+  the other workers' (a throttled or overcommitted CPU, a GPU clocked down, a noisy neighbour).
 Not a delete, an eviction or a preemption (someone else's decision), nor another graceful
 leave. Each worker (pod UID) counts once.
 
@@ -58,6 +60,7 @@ class Kind(StrEnum):
     EXIT = "ExitCode"  # counts with another slot's same exit there, and none elsewhere
     CONDITION = "NodeCondition"  # a worker leaving for a node-problem condition: counts
     NOT_STARTED = "NotStarted"  # a pod that never started for its node's reason (starts.py)
+    SLOW = "Straggler"  # a worker moved off the node for being slow (stragglers.py): counts
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,7 @@ def _read(q: Quarantine, signs: Iterable[Sign], now: float, s: Settings,
         if x.uid in seen:
             continue
         seen[x.uid] = now
-        if x.kind in (Kind.LOST, Kind.CONDITION, Kind.NOT_STARTED):
+        if x.kind in (Kind.LOST, Kind.CONDITION, Kind.NOT_STARTED, Kind.SLOW):
             failed.setdefault(x.node, []).append(now)
         elif x.kind is Kind.HUNG:
             hangs.setdefault(x.node, []).append((now, x.uid))

@@ -105,6 +105,8 @@ def test_every_variable_set_explicitly() -> None:
         "SUPERVISOR_NODE_DRAIN_TAINTS": "example.com/going, ToBeDeletedByClusterAutoscaler",
         "SUPERVISOR_NODE_BAD_CONDITIONS": "none", "SUPERVISOR_QUARANTINE_FAILURES": "3",
         "SUPERVISOR_QUARANTINE_WINDOW_SECONDS": "600", "SUPERVISOR_QUARANTINE_SECONDS": "120",
+        "SUPERVISOR_SLOW_FACTOR": "off", "SUPERVISOR_SLOW_SECONDS": "90",
+        "SUPERVISOR_SLOW_MOVES": "0", "SUPERVISOR_SLOW_MOVES_WINDOW_SECONDS": "60",
         "SUPERVISOR_MODE": "baked", "SUPERVISOR_SHARED_DIR": "/run/es",
         "SUPERVISOR_SSH_HOST_KEYS": "Worker",
     }, read_text=lambda _: TEMPLATE.replace("app: x", "app: bert\n    role: worker"))
@@ -138,6 +140,8 @@ def test_every_variable_set_explicitly() -> None:
     assert cfg.node_drain_taints == {"example.com/going", "ToBeDeletedByClusterAutoscaler"}
     assert cfg.node_bad_conditions == frozenset()
     assert (cfg.quarantine_failures, cfg.quarantine_window_s, cfg.quarantine_s) == (3, 600, 120)
+    assert (cfg.slow_factor, cfg.slow_s, cfg.slow_moves, cfg.slow_moves_window_s) == (
+        0.0, 90.0, 0, 60.0)
     assert (cfg.mode, cfg.shared_dir) == (Mode.BAKED, Path("/run/es"))
     assert all(src == "env" for src in cfg.sources.values())
 
@@ -279,6 +283,13 @@ BAD = [
      "expected a number of seconds > 0"),
     ("SUPERVISOR_QUARANTINE_SECONDS", "x", "SUPERVISOR_QUARANTINE_SECONDS='x': expected a "
      "number of seconds > 0"),
+    ("SUPERVISOR_SLOW_FACTOR", "1", "SUPERVISOR_SLOW_FACTOR='1': expected a factor > 1 like "
+     "2.0, or off"),
+    ("SUPERVISOR_SLOW_SECONDS", "-5", "SUPERVISOR_SLOW_SECONDS='-5': expected a number of "
+     "seconds > 0"),
+    ("SUPERVISOR_SLOW_MOVES", "two", "SUPERVISOR_SLOW_MOVES='two': expected an integer >= 0"),
+    ("SUPERVISOR_SLOW_MOVES_WINDOW_SECONDS", "nan", "SUPERVISOR_SLOW_MOVES_WINDOW_SECONDS='nan': "
+     "expected a number of seconds > 0"),
     ("SUPERVISOR_NODE_DRAIN_TAINTS", "a,,b", "SUPERVISOR_NODE_DRAIN_TAINTS='a,,b': expected "
      "comma-separated taint keys without spaces (e.g. ToBeDeletedByClusterAutoscaler), or none"),
     ("SUPERVISOR_NODE_BAD_CONDITIONS", "Kernel Deadlock", "SUPERVISOR_NODE_BAD_CONDITIONS="

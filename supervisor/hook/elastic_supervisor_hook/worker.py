@@ -4,21 +4,22 @@
 of horovod.torch ends in) and `mpi_ops.init`: it knows whether the process is inside a
 collective (or an init) and since when, and counts the completed ones (progress).
 
-`Beater`, a daemon thread started as the first `hvd.init()` begins (a process waiting in
-the first rendezvous of a run is seen waiting there), sends a heartbeat to the supervisor
-every BEAT_S over UDP (to HOROVOD_GLOO_RENDEZVOUS_ADDR, the launcher, on the channel's port):
-host, pid, rank, size, inits, completed collectives (in all, and since the last init), the
-current wait, the local endpoints of the process's TCP connections, any problem of the hook, and
-what the main thread does: its position (file, line and instruction offset of its innermost
-Python frame, sampled with sys._current_frames()), its innermost frames when the position did not
-change since the last heartbeat, and the I/O bytes of the process (storage) and of the main
-thread (reads and writes). The heartbeat thread runs while the main thread waits in a C call, a
-GPU kernel, a lock or a read that never returns: the supervisor sees it stand still while its
-peers wait for it in a collective (a stuck rank, supervisor/decide/hang.py). The supervisor
-answers a heartbeat that shows an old fence version, and pushes to every process when the set
-changes, the hosts it declared dead: for each, its addresses, with the TCP ports its processes
-reported when the address is a loopback one (shared by every process of the machine: loopback
-test hosts).
+`Beater`, a daemon thread started as the first `hvd.init()` begins (a process waiting in the
+first rendezvous of a run is seen waiting there), sends a heartbeat to the supervisor every
+BEAT_S over UDP (to HOROVOD_GLOO_RENDEZVOUS_ADDR, the launcher, on the channel's port): host,
+pid, rank, size, inits, completed collectives (in all, and since the last init), the current
+wait, a step's time outside collectives and inside them (the medians of its last steps: a
+straggler's own work is slow while its peers wait for it), the local endpoints of the process's
+TCP connections, any problem of the hook, and what the main thread does: its position (file,
+line and instruction offset of its innermost Python frame, sampled with sys._current_frames()),
+its innermost frames when the position did not change since the last heartbeat, and the I/O
+bytes of the process (storage) and of the main thread (reads and writes). The heartbeat thread
+runs while the main thread waits in a C call, a GPU kernel, a lock or a read that never returns:
+the supervisor sees it stand still while its peers wait for it in a collective (a stuck rank,
+supervisor/decide/hang.py). The supervisor answers a heartbeat that shows an old fence version,
+and pushes to every process when the set changes, the hosts it declared dead: for each, its
+addresses, with the TCP ports its processes reported when the address is a loopback one (shared
+by every process of the machine: loopback test hosts).
 
 The fence: when a new dead set arrives, and again once the process has been inside a collective
 for STALL_S while a dead host is known (once per stalled collective), it shuts down the
@@ -41,6 +42,7 @@ where it is installed, else from /proc (`TcpConnections`, said once on stderr).
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import functools
 import ipaddress
@@ -63,6 +65,11 @@ STALL_S = 1.0  # inside one collective this long: a dead host's connections are 
 MIN_PAUSE_S = 1.5
 PAUSE_STEPS = 3.0
 STEP_EWMA = 0.2
+# Per-step timing (the stragglers: supervisor/decide/stragglers.py): the last STEP_WINDOW steps
+# since the last init, their medians in every heartbeat; the new world's first STEP_SKIP steps
+# wait for its slowest member (the state's sync, a joiner still importing): not timed.
+STEP_WINDOW = 31
+STEP_SKIP = 3
 MAX_PORTS = 2000
 Endpoint = Tuple[str, int]
 # One fence entry: an address and the ports to match on it (None: every port).
@@ -142,6 +149,19 @@ class Progress:
         self.high = 0  # the highest position (steps - redone) reached
         self.new_at: float | None = None  # when it was reached (this process's clock)
         self.step_s: float | None = None  # the step time (EWMA of the training pauses)
+        # Per-step timing: the seconds spent inside collectives so far (the union of the
+        # collective waits: TensorFlow's executor runs several at once), how many are in
+        # flight and since when, the clock and that sum at the last step, and each step's
+        # (seconds outside collectives, seconds inside) since the last init. The collective
+        # waits begin and end in TensorFlow's executor threads too: under a lock.
+        self._timing = threading.Lock()
+        self.coll_s = 0.0
+        self.colls = 0
+        self.coll_from = 0.0
+        self.timed_from: tuple[float, float] | None = None
+        self.skip = STEP_SKIP
+        self.timed: collections.deque[tuple[float, float]] = collections.deque(
+            maxlen=STEP_WINDOW)
 
     def saved(self, commit: bool = False) -> None:
         """The state was saved (a commit, or the save before a host change)."""
@@ -175,7 +195,33 @@ class Progress:
     def step(self) -> None:
         """A training step completed (an optimizer's step, or a step's reduced gradients)."""
         self.steps += 1
-        self.stepped(self.clock())
+        now = self.clock()
+        self.stepped(now)
+        self.time_step(now)
+
+    def time_step(self, now: float) -> None:
+        """Time the step that ended at `now`: the seconds since the last step, split into those
+        inside collectives (waiting for the peers, and the transfer) and those outside (this
+        process's own work: compute, input)."""
+        with self._timing:
+            inside = self.coll_s + (now - self.coll_from if self.colls else 0.0)
+            last, self.timed_from = self.timed_from, (now, inside)
+            if last is None:
+                return
+            if self.skip:
+                self.skip -= 1
+                return
+            gap, waited = max(0.0, now - last[0]), max(0.0, inside - last[1])
+            self.timed.append((max(0.0, gap - waited), min(gap, waited)))
+
+    def step_times(self) -> tuple[float, float, int] | None:
+        """(median seconds outside collectives per step, median inside, steps timed) over the
+        last STEP_WINDOW steps since the last init; None before any."""
+        with self._timing:
+            timed = list(self.timed)
+        if not timed:
+            return None
+        return (_median([o for o, _ in timed]), _median([w for _, w in timed]), len(timed))
 
     def stepped(self, now: float) -> None:
         """A step returned at `now`: a new one adds the pause since the last new one to the
@@ -198,20 +244,38 @@ class Progress:
 
     def begin(self, token: object, kind: str) -> None:
         """A wait of `kind` ("c": a collective, "i": an init) begins, known as `token`."""
-        self.inflight[token] = (self.clock(), kind)
+        now = self.clock()
+        if kind == "c":
+            with self._timing:
+                if not self.colls:
+                    self.coll_from = now
+                self.colls += 1
+        self.inflight[token] = (now, kind)
 
     def end(self, token: object, kind: str, completed: bool = True) -> None:
         """The wait `token` is over; `completed`: it succeeded (counted as done)."""
-        self.inflight.pop(token, None)
+        was = self.inflight.pop(token, None)
+        if was is not None and was[1] == "c":
+            now = self.clock()
+            with self._timing:
+                self.colls = max(0, self.colls - 1)
+                if not self.colls:
+                    self.coll_s += max(0.0, now - self.coll_from)
         if completed:
             self.done += 1
             self.since_init = 0 if kind == "i" else self.since_init + 1
+            if kind == "i":  # a new world: its steps are timed afresh
+                with self._timing:
+                    self.timed.clear()
+                    self.timed_from, self.skip = None, STEP_SKIP
 
     def forget(self, kind_of: Callable[[object], bool]) -> None:
         """Drop the waits whose token `kind_of` picks: waits that will never end (the ops of a
         TensorFlow graph that failed: its end signal never runs)."""
         for token in [t for t in list(self.inflight) if kind_of(t)]:
             self.inflight.pop(token, None)
+        with self._timing:
+            self.colls = sum(1 for _, kind in list(self.inflight.values()) if kind == "c")
 
     def wrap(self, fn: Callable[..., Any], kind: str,
              after: Callable[[], None] | None = None) -> Callable[..., Any]:
@@ -231,6 +295,12 @@ class Progress:
                 after()
             return result
         return wrapper
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
 def local_endpoints(connections: Iterable[Any]) -> tuple[list[str], list[int]]:
@@ -590,6 +660,9 @@ class Beater:
                 "wait": None if start is None else round(now - start, 3),
                 "in": kind, "addrs": addrs, "ports": ports, "fv": self.fence_version,
                 "problems": self.problems, "pos": pos, "io": io_bytes(self.main_tid)}
+        timed = p.step_times()
+        if timed is not None:
+            body.update(so=round(timed[0], 5), sw=round(timed[1], 5), sn=timed[2])
         if pos and pos == self.last_pos:
             body["where"] = where  # standing still: say where (only then: datagrams stay small)
         self.last_pos = pos

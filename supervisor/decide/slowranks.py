@@ -1,0 +1,89 @@
+"""PURE: the step of a pass about slow but alive ranks (stragglers.py says what is slow and
+when a move pays): a host named slow is said (WorkerSlow) and, when the supervisor owns the
+workers, moving it pays and the move budget has room, moved: its pod is handed to the announced
+leaves (leaving.py), which place its replacement first, kept off its node."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from supervisor.decide import stragglers
+from supervisor.decide.memory import Passing, Seen, Settings, current_slot
+from supervisor.decide.plan import Note
+from supervisor.model import EventSpec
+
+
+def step(p: Passing, s: Seen, st: Settings) -> None:
+    """Step 2b: the straggler watch on this pass's heartbeats (while horovodrun runs)."""
+    c = p.c
+    ch = stragglers.watch(c.slow, s.beats, s.now, st.slow, st.hang.silence_s)
+    w = ch.watch
+    ix = s.facts(st.plan.job)
+
+    def where(host: str) -> tuple[str | None, str | None]:
+        pod = s.listed_hosts.get(host)
+        f = ix.pods.get(pod or "")
+        return pod, None if f is None else f.node
+
+    for x in ch.named:
+        pod, node = where(x.host)
+        ranks = ", ".join(map(str, x.ranks))
+        why = (f"rank {ranks} (pod {pod} on node {node}) has been slow for "
+               f"{s.now - x.since:.0f}s: {stragglers.describe(x)}")
+        p.todo.append(Note("warning", "worker.slow", {
+            "pod": pod, "node": node, "host": x.host, "ranks": list(x.ranks),
+            "factor": round(x.factor, 2), "out_ms": round(x.out_s * 1000, 1),
+            "median_ms": round(x.median_s * 1000, 1), "slow_s": round(s.now - x.since, 1)},
+            EventSpec("Warning", "WorkerSlow", "Observe", why)))
+    for x in ch.over:
+        pod, node = where(x.host)
+        p.todo.append(Note("info", "worker.slow_over", {
+            "pod": pod, "node": node, "host": x.host, "factor": round(x.factor, 2)},
+            EventSpec("Normal", "WorkerNoLongerSlow", "Observe",
+                      f"rank {', '.join(map(str, x.ranks))} (pod {pod} on node {node}) is no "
+                      f"longer slow: {stragglers.describe(x)}")))
+    for x in ch.gone:
+        p.todo.append(Note("info", "worker.slow_gone", {"host": x.host}))
+    over = {pod for x in ch.over if (pod := s.listed_hosts.get(x.host)) is not None}
+    # pods moved already (their slot is at its next incarnation), gone, or no longer slow
+    moving = {pod: why for pod, why in w.moving.items()
+              if pod not in over and _current(p, s, st, pod)}
+    if moving != w.moving:
+        w = replace(w, moving=moving)
+    moved_pods = set(w.moving)
+    for host, x in sorted(w.named.items()):
+        pod, node = where(host)
+        if pod is None or pod in moved_pods or host in w.kept:
+            continue
+        refused = _refused(p, s, st, x, w=w, pod=pod)
+        if refused is not None:
+            w = replace(w, kept=w.kept | {host})
+            p.todo.append(Note("info", "worker.slow_kept", {
+                "pod": pod, "node": node, "host": host, "reason": refused}))
+            continue
+        w = stragglers.moved(w, pod, f"slow: {stragglers.describe(x)}", st.slow, s.wall)
+    if w != c.slow:
+        p.c = replace(p.c, slow=w)
+
+
+def _refused(p: Passing, s: Seen, st: Settings, x: stragglers.Slow, *, w: stragglers.Watch,
+             pod: str) -> str | None:
+    """Why the slow host `x` (pod `pod`) is not moved now, or None: it is."""
+    if st.slow.moves <= 0:
+        return "SUPERVISOR_SLOW_MOVES is 0: reported only"
+    if p.c.fleet is None or not st.classify.graceful_leave:
+        return "the supervisor does not own the workers (SUPERVISOR_WORKER_TEMPLATE is not set)"
+    if not _current(p, s, st, pod):
+        return "its pod is not a current worker of the job"
+    if not x.pays():
+        with_it, without = x.rates()
+        return (f"the world trains faster with it ({with_it:.1f} rank-steps/s) than without it "
+                f"({without:.1f}) until a replacement joins")
+    if not stragglers.may_move(w, st.slow, s.wall):
+        return (f"the move budget is used ({st.slow.moves} within "
+                f"{st.slow.window_s:g}s)")
+    return None
+
+
+def _current(p: Passing, s: Seen, st: Settings, pod: str) -> bool:
+    return pod in s.pods and current_slot(p.c.fleet, s.pods[pod], st.plan.job) is not None

@@ -1,0 +1,328 @@
+"""Slow but alive ranks (issue 42): the hook times each step outside and inside collectives,
+the supervisor names a host whose own work is slower than the others' (stragglers.py), and
+moves it when the world trains faster without it (slowranks.py, leaving.py's move ahead)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from supervisor.decide import quarantine, stragglers
+from supervisor.decide.beats import Beat
+from supervisor.decide.core import manage
+from supervisor.decide.plan import Note
+from supervisor.decide.script import CreateWorker
+from supervisor.heartbeats import updated
+from supervisor.hook.elastic_supervisor_hook.worker import STEP_SKIP, Progress
+from supervisor.operate import render, status
+from supervisor.workers import pod_name
+from tests.unit import shapes
+from tests.unit.test_core import (
+    JOB,
+    KEPT,
+    LEAVING,
+    NODES,
+    NOW,
+    PODS,
+    WALL,
+    beat,
+    script,
+    seen,
+    worker,
+)
+
+SLOW = stragglers.Settings(factor=2.0, seconds=30.0, moves=2, window_s=3600.0)
+W0, W0B = pod_name(JOB, 0, 1), pod_name(JOB, 0, 2)
+THREE_NODES = {**NODES, "node-2": shapes.node("node-2")}
+
+
+def timed(slot: int, out_s: float, *, size: int = 2, wait_s: float = 0.004, n: int = 31,
+          **kw: Any) -> Beat:
+    """Worker `slot`'s process as its heartbeat shows it: rank `slot` of `size`, its step's
+    median time outside collectives `out_s` and inside `wait_s` over `n` steps."""
+    return beat(slot, rank=slot, size=size, step_out_s=out_s, step_wait_s=wait_s, step_n=n,
+                **kw)
+
+
+def at(beats: Any, now: float) -> tuple[Beat, ...]:
+    """`beats` as heard half a second before `now`."""
+    return tuple(replace(b, last_seen=now - 0.5) for b in beats)
+
+
+# -- the hook: each step's time outside and inside collectives ---------------------------------
+
+def test_the_hook_splits_each_step_into_its_own_work_and_its_wait_for_the_peers() -> None:
+    """Steps of 30 ms of compute, then 10 ms (then 70 ms) in the gradients' collective; two
+    overlapping collectives (TensorFlow's executor) count once; the first STEP_SKIP steps of a
+    new world are not timed; an init starts afresh."""
+    now = [100.0]
+    p = Progress(clock=lambda: now[0])
+
+    def step(compute: float, waits: float) -> None:
+        now[0] += compute
+        a, b = object(), object()
+        p.begin(a, "c")
+        p.begin(b, "c")  # a second collective in flight at once: one wait
+        now[0] += waits / 2
+        p.end(b, "c")
+        now[0] += waits / 2
+        p.end(a, "c")
+        p.step()
+
+    for _ in range(STEP_SKIP + 1):
+        step(0.030, 0.010)
+    assert p.step_times() is None, "the first step has no start, the next ones are skipped"
+    for _ in range(10):
+        step(0.030, 0.010)
+    out, wait, n = p.step_times()  # type: ignore[misc]
+    assert (out, wait, n) == (pytest.approx(0.030), pytest.approx(0.010), 10)
+    for _ in range(31):
+        step(0.030, 0.070)  # a peer got slow: this one waits longer, its own work the same
+    out, wait, n = p.step_times()  # type: ignore[misc]
+    assert (out, wait, n) == (pytest.approx(0.030), pytest.approx(0.070), 31)
+    token = object()
+    p.begin(token, "i")
+    now[0] += 5.0
+    p.end(token, "i")
+    assert p.step_times() is None, "a new world is timed afresh"
+
+
+def test_a_wait_forgotten_with_a_failed_graph_is_not_counted_as_a_wait() -> None:
+    now = [0.0]
+    p = Progress(clock=lambda: now[0])
+    lost = object()
+    p.begin(lost, "c")
+    p.forget(lambda t: t is lost)
+    assert p.colls == 0
+    for _ in range(STEP_SKIP + 3):
+        now[0] += 0.05
+        p.step()
+    out, wait, _ = p.step_times()  # type: ignore[misc]
+    assert (out, wait) == (pytest.approx(0.05), 0.0)
+
+
+def test_the_heartbeat_carries_the_step_times_and_the_supervisor_reads_them() -> None:
+    body = {"t": "hb", "s": "abc", "n": 1, "run": "1", "host": "10.0.0.1", "pid": 7, "lr": 0,
+            "rank": 1, "size": 3, "so": 0.125, "sw": 0.004, "sn": 31}
+    b = updated(None, body, ("10.0.0.1", 5000), 10.0)
+    assert b is not None and (b.step_out_s, b.step_wait_s, b.step_n) == (0.125, 0.004, 31)
+    older = updated(None, {k: v for k, v in body.items() if k not in ("so", "sw", "sn")},
+                    ("10.0.0.1", 5000), 10.0)
+    assert older is not None and (older.step_out_s, older.step_n) == (None, 0)
+
+
+# -- the measure --------------------------------------------------------------------------------
+
+def test_a_host_is_measured_against_the_median_of_the_others() -> None:
+    beats = [timed(0, 0.030, size=4), timed(1, 0.032, size=4), timed(2, 0.031, size=4),
+             timed(3, 0.095, size=4)]
+    m = stragglers.measure(beats, NOW, 3.0)
+    assert m is not None
+    slow = m["10.1.0.13"]
+    assert (slow.out_s, slow.median_s, slow.ranks, slow.size) == (0.095, 0.031, (3,), 4)
+    assert stragglers.is_slow(slow, SLOW)
+    assert not any(stragglers.is_slow(x, SLOW) for h, x in m.items() if h != "10.1.0.13")
+
+
+def test_a_job_wide_slowdown_is_no_straggler() -> None:
+    beats = [timed(i, 0.090 + i * 0.002, size=3) for i in range(3)]
+    m = stragglers.measure(beats, NOW, 3.0)
+    assert m is not None and not any(stragglers.is_slow(x, SLOW) for x in m.values())
+
+
+def test_tiny_steps_are_noise_below_the_least_excess() -> None:
+    beats = [timed(0, 0.001, size=2), timed(1, 0.004, size=2)]  # 4x, but 3 ms
+    m = stragglers.measure(beats, NOW, 3.0)
+    assert m is not None and not stragglers.is_slow(m["10.1.0.11"], SLOW)
+
+
+@pytest.mark.parametrize(("why", "beats"), [
+    ("a process has not timed enough steps since the last init (a new world)",
+     [timed(0, 0.03), timed(1, 0.09, n=stragglers.MIN_STEPS - 1)]),
+    ("a process of the world is silent", [timed(0, 0.03), timed(1, 0.09, last_seen=NOW - 5)]),
+    ("a rank is missing", [timed(0, 0.03, size=3), timed(1, 0.09, size=3)]),
+    ("the sizes differ (a reset under way)", [timed(0, 0.03, size=2), timed(1, 0.09, size=3)]),
+    ("an older hook times nothing", [timed(0, 0.03), beat(1, rank=1, size=2)]),
+    ("one host only", [timed(0, 0.03, size=1)]),
+])
+def test_an_unsettled_world_is_not_measured(why: str, beats: list[Beat]) -> None:
+    assert stragglers.measure(beats, NOW, 3.0) is None, why
+
+
+def test_a_host_of_two_processes_is_judged_by_its_slowest_against_the_other_hosts() -> None:
+    two = [beat(0, rank=0, size=4, step_out_s=0.03, step_wait_s=0.004, step_n=31),
+           replace(beat(0, rank=1, size=4, step_out_s=0.09, step_wait_s=0.004, step_n=31),
+                   sender="s0b", local_rank=1)]
+    others = [replace(timed(1, 0.030, size=4), rank=2),
+              replace(timed(1, 0.031, size=4), rank=3, sender="s1b", local_rank=1)]
+    m = stragglers.measure([*two, *others], NOW, 3.0)
+    assert m is not None
+    x = m["10.1.0.10"]
+    assert (x.out_s, x.median_s, x.ranks) == (0.09, pytest.approx(0.0305), (0, 1))
+
+
+@pytest.mark.parametrize(("size", "factor", "pays"), [
+    (2, 1.5, False),  # 2 ranks at 1/1.5 of the pace against 1 rank at full pace
+    (2, 3.0, True),
+    (3, 1.4, False),
+    (3, 1.6, True),
+    (8, 1.2, True),
+])
+def test_a_move_pays_when_the_world_without_it_trains_faster(size: int, factor: float,
+                                                           pays: bool) -> None:
+    x = stragglers.Slow("h", (0,), 0.100 * factor, 0.100, 0.0, size, NOW)
+    assert x.pays() is pays
+
+
+# -- the watch over time --------------------------------------------------------------------------
+
+def test_a_host_slow_for_the_seconds_is_named_once_and_over_once_back() -> None:
+    slow = (timed(0, 0.09), timed(1, 0.03))
+    w = stragglers.Watch()
+    ch = stragglers.watch(w, at(slow, NOW), NOW, SLOW, 3.0)
+    assert ch.named == () and ch.watch.since == {"10.1.0.10": NOW}
+    ch = stragglers.watch(ch.watch, at(slow, NOW + 29.9), NOW + 29.9, SLOW, 3.0)
+    assert ch.named == ()
+    ch = stragglers.watch(ch.watch, at(slow, NOW + 30), NOW + 30, SLOW, 3.0)
+    assert [x.host for x in ch.named] == ["10.1.0.10"] and ch.named[0].since == NOW
+    ch = stragglers.watch(ch.watch, at(slow, NOW + 31), NOW + 31, SLOW, 3.0)
+    assert ch.named == () and "10.1.0.10" in ch.watch.named, "said once"
+    assert ch.watch.worst == pytest.approx(3.0)
+    # A reset: the world unsettled changes nothing either way.
+    reset = at((timed(0, 0.09, n=2), timed(1, 0.03)), NOW + 32)
+    assert stragglers.watch(ch.watch, reset, NOW + 32, SLOW, 3.0).watch == ch.watch
+    pace = at((timed(0, 0.031), timed(1, 0.03)), NOW + 40)
+    back = stragglers.watch(ch.watch, pace, NOW + 40, SLOW, 3.0)
+    assert [x.host for x in back.over] == ["10.1.0.10"] and back.watch.named == {}
+
+
+def test_a_slowness_that_does_not_last_the_seconds_is_never_named() -> None:
+    w = stragglers.Watch()
+    for t, out in ((0, 0.09), (20, 0.09), (25, 0.03), (40, 0.09), (65, 0.09)):
+        beats = at((timed(0, out), timed(1, 0.03)), NOW + t)
+        ch = stragglers.watch(w, beats, NOW + t, SLOW, 3.0)
+        assert ch.named == (), t
+        w = ch.watch
+    assert w.since == {"10.1.0.10": NOW + 40}
+
+
+def test_a_named_host_gone_from_a_settled_world_is_gone_not_over() -> None:
+    w = stragglers.Watch(named={"10.1.0.10": stragglers.Slow(
+        "10.1.0.10", (0,), 0.09, 0.03, 0.0, 2, NOW - 40)})
+    three = (replace(timed(1, 0.03), rank=0), replace(timed(2, 0.03), rank=1))
+    ch = stragglers.watch(w, at(three, NOW), NOW, SLOW, 3.0)
+    assert [x.host for x in ch.gone] == ["10.1.0.10"] and ch.over == () and not ch.watch.named
+
+
+def test_the_watch_off_forgets_what_it_named() -> None:
+    w = stragglers.Watch(named={"h": stragglers.Slow("h", (0,), 0.09, 0.03, 0.0, 2, NOW)})
+    beats = at((timed(0, 0.09), timed(1, 0.03)), NOW)
+    ch = stragglers.watch(w, beats, NOW, replace(SLOW, factor=0.0), 3.0)
+    assert ch.watch.named == {} and [x.host for x in ch.over] == ["h"]
+
+
+def test_the_move_budget_holds_moves_within_the_window() -> None:
+    s = replace(SLOW, moves=2, window_s=100.0)
+    w = stragglers.moved(stragglers.Watch(), "a", "slow", s, WALL)
+    assert stragglers.may_move(w, s, WALL + 1)
+    w = stragglers.moved(w, "b", "slow", s, WALL + 1)
+    assert not stragglers.may_move(w, s, WALL + 99)
+    assert stragglers.may_move(w, s, WALL + 100.5), "the first move left the window"
+    assert not stragglers.may_move(stragglers.Watch(), replace(s, moves=0), WALL)
+
+
+# -- the pass: named, moved ahead, gone; reported only ------------------------------------------
+
+MOVING = replace(LEAVING, slow=SLOW)
+SLOW_BEATS = (timed(0, 0.090), timed(1, 0.030))
+
+
+def passes(c: Any, st: Any, beats: Any = SLOW_BEATS, pods: Any = None, **kw: Any) -> list[Any]:
+    """Passes at NOW and NOW + 30 (the host slow since NOW is named then); the last one."""
+    first = manage(c, seen(pods, beats=at(beats, NOW), nodes=THREE_NODES, **kw), st)
+    assert script(first) == []
+    return manage(first.core, seen(pods, beats=at(beats, NOW + 30), nodes=THREE_NODES,
+                                   now=NOW + 30, **kw), st)
+
+
+def test_a_slow_worker_is_said_and_its_replacement_placed_ahead_off_its_node() -> None:
+    p = passes(KEPT, MOVING)
+    assert script(p) == [("say", "worker.slow"), ("say", "worker.moving"), ("create", W0B)]
+    said = p.todo[0]
+    assert isinstance(said, Note) and said.k8s is not None and said.k8s.reason == "WorkerSlow"
+    assert said.k8s.type == "Warning" and "3.0x" in said.k8s.note and W0 in said.k8s.note
+    assert said.fields["node"] == "node-0" and said.fields["ranks"] == [0]
+    create = p.todo[2]
+    assert isinstance(create, CreateWorker) and create.ahead_of == W0
+    assert "node-0" in create.lost_nodes, "kept off its node: it would be slow there too"
+    assert p.core.slow.moving.keys() == {W0} and p.core.moving == {W0: W0B}
+    assert p.core.fleet == KEPT.fleet, "it trains on until its replacement runs"
+    # The replacement runs: the straggler leaves gracefully; its node counts once.
+    ahead = worker(0, 2, node="node-2")
+    ahead["status"]["podIP"] = "10.1.0.99"
+    pods = {**PODS, W0B: ahead}
+    out = manage(replace(p.core, expected={}), seen(pods, beats=at(SLOW_BEATS, NOW + 40),
+                                                    nodes=THREE_NODES, now=NOW + 40), MOVING)
+    assert script(out) == [("say", "worker.leaving"), ("save",), ("budget", 2)]
+    assert out.core.leaving[W0].why == "Straggler"
+    assert out.core.fleet is not None and out.core.fleet.slots[0].incarnation == 2
+    later = manage(out.core, seen(pods, beats=at(SLOW_BEATS, NOW + 41), nodes=THREE_NODES,
+                                  now=NOW + 41), MOVING)
+    assert later.core.quarantine.failed == {"node-0": (WALL,)}
+    assert later.core.slow.moving == {}, "moved: its slot is at the next incarnation"
+
+
+def test_a_straggler_back_to_pace_before_its_replacement_runs_keeps_its_place() -> None:
+    p = passes(KEPT, MOVING)
+    pending = worker(0, 2)
+    pending["spec"].pop("nodeName")
+    pending["status"] = {"phase": "Pending"}
+    back = (timed(0, 0.031), timed(1, 0.030))
+    out = manage(replace(p.core, expected={}), seen(
+        {**PODS, W0B: pending}, beats=at(back, NOW + 35), nodes=THREE_NODES, now=NOW + 35),
+        MOVING)
+    assert script(out) == [("say", "worker.slow_over"), ("delete", W0B, None),
+                           ("say", "worker.move_cancelled")]
+    assert out.core.slow.moving == {} and out.core.fleet == KEPT.fleet
+
+
+def test_report_only_says_it_once_and_moves_nothing() -> None:
+    p = passes(KEPT, replace(MOVING, slow=replace(SLOW, moves=0)))
+    assert script(p) == [("say", "worker.slow"), ("say", "worker.slow_kept")]
+    assert "SLOW_MOVES is 0" in p.todo[1].fields["reason"]  # type: ignore[union-attr]
+    again = manage(p.core, seen(beats=at(SLOW_BEATS, NOW + 31), nodes=THREE_NODES, now=NOW + 31),
+                   replace(MOVING, slow=replace(SLOW, moves=0)))
+    assert script(again) == []
+
+
+def test_a_straggler_the_world_is_faster_with_is_not_moved() -> None:
+    """Two ranks, one 1.6x slow: one rank alone at full pace is slower than two at 1/1.6."""
+    st = replace(MOVING, slow=replace(SLOW, factor=1.5))
+    p = passes(KEPT, st, beats=(timed(0, 0.048), timed(1, 0.030)))
+    assert script(p) == [("say", "worker.slow"), ("say", "worker.slow_kept")]
+    assert "faster with it" in p.todo[1].fields["reason"]  # type: ignore[union-attr]
+
+
+def test_without_the_workers_to_own_a_straggler_is_only_said() -> None:
+    p = passes(replace(KEPT, fleet=None, saved=None), MOVING)
+    assert script(p) == [("say", "worker.slow"), ("say", "worker.slow_kept")]
+
+
+def test_status_shows_the_slow_workers() -> None:
+    w = stragglers.Watch(named={"10.1.0.10": stragglers.Slow(
+        "10.1.0.10", (0,), 0.09, 0.03, 0.004, 2, NOW - 45)})
+    s = status(JOB, "default", pods=PODS.values(),
+               state={"slow": stragglers.to_list(w, NOW)}, scale=None, events=())
+    assert s["slow"] == [{"host": "10.1.0.10", "ranks": [0], "factor": 3.0, "outMs": 90.0,
+                          "medianMs": 30.0, "forS": 45.0}]
+    assert "SLOW WORKERS" in render(s) and "3.0x" in render(s)
+
+
+def test_quarantine_counts_a_straggler_moved_off_a_node() -> None:
+    ch = quarantine.step(quarantine.Quarantine(), [
+        quarantine.Sign(quarantine.Kind.SLOW, "node-0", "u1", 0),
+        quarantine.Sign(quarantine.Kind.SLOW, "node-0", "u2", 1)], WALL, quarantine.Settings(),
+        usable=["node-0", "node-1"], placed={"node-1": 2}, need=2)
+    assert ch.started == (("node-0", 2),)
