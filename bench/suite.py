@@ -97,6 +97,7 @@ def false_verdicts(verdicts: Path, run: dict[str, Any]) -> dict[str, Any]:
             given[event] = given.get(event, 0) + n
     return {"hung": sum(j["false_hung"] for j in jobs),
             "quarantine": sum(j["false_quarantine"] for j in jobs),
+            "slow": sum(j.get("false_slow", 0) for j in jobs),
             "verdicts": given, "jobs": len(jobs), "false": [f for j in jobs for f in j["false"]],
             "ran": "make test: every job on real nodes (tests/e2e; the demo: its own block)",
             **{k: run[k] for k in ("commit", "date", "exit_code") if k in run}}

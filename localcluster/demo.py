@@ -388,7 +388,8 @@ def summarize(result: Result, out: Path) -> None:
     if v := result.verdicts:
         given = ", ".join(f"{n} {e}" for e, n in v["verdicts"].items())
         print(f"\nverdicts: {given}; on a worker or node no fault silenced: "
-              f"{v['false_hung']} Hung or stuck, {v['false_quarantine']} quarantines")
+              f"{v['false_hung']} Hung or stuck, {v['false_quarantine']} quarantines, "
+              f"{v.get('false_slow', 0)} slow")
     if result.unread is not None:
         print(f"\ntimeline: not drawn, the job's state and Events could not be read: "
               f"{result.unread}")

@@ -210,13 +210,14 @@ def namespace_pid(pid: int) -> int | None:
 
 
 # The decisions that destroy capacity: a worker declared Hung or stuck, a node quarantined.
-VERDICTS = ("worker.hung", "worker.stuck", "node.quarantined")
+VERDICTS = ("worker.hung", "worker.stuck", "node.quarantined", "worker.slow")
 
 
 def false_verdicts(logs: list[Record], silenced: Mapping[str, float]) -> list[Record]:
-    """The Hung and stuck verdicts and the quarantines among the supervisor's `logs` that name
-    a pod or a node not made silent or stuck before (`silenced`: name -> wall time, by the test
-    or the demo): each one destroyed a healthy worker's or node's capacity."""
+    """The Hung, stuck and slow verdicts and the quarantines among the supervisor's `logs` that
+    name a pod or a node not made silent, stuck or slow before (`silenced`: name -> wall time,
+    by the test or the demo): each one destroyed (or, slow, would move) a healthy worker's or
+    node's capacity."""
     wrong = []
     for e in logs:
         if e.get("event") not in VERDICTS:
@@ -578,7 +579,7 @@ class MainJob:
     # -- faults -------------------------------------------------------------------------------
 
     def silence(self, *names: str) -> None:
-        """Record that the test is about to make these pods or nodes silent or stuck."""
+        """Record that the test is about to make these pods or nodes silent, stuck or slow."""
         now = time.time()
         for name in names:
             self.silenced.setdefault(name, now)
@@ -590,8 +591,10 @@ class MainJob:
         """What `false_verdicts` found, counted (bench.suite and the demo record it)."""
         wrong = self.false_verdicts()
         return {"verdicts": {v: len(self.logs(v)) for v in VERDICTS},
-                "false_hung": sum(1 for e in wrong if e["event"] != "node.quarantined"),
+                "false_hung": sum(1 for e in wrong if e["event"] in ("worker.hung",
+                                                                      "worker.stuck")),
                 "false_quarantine": sum(1 for e in wrong if e["event"] == "node.quarantined"),
+                "false_slow": sum(1 for e in wrong if e["event"] == "worker.slow"),
                 "false": [{k: e.get(k) for k in ("event", "pod", "node", "detail")}
                           for e in wrong]}
 

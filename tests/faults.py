@@ -38,6 +38,7 @@ class PodFaults:
     def __init__(self, job: Any, script: str) -> None:
         self.job, self.script = job, script  # a MainJob; the training script's file name
         self.frozen: list[Any] = []  # nodes frozen here, thawed by close()
+        self.throttled: list[Path] = []  # CPU cgroups given a quota here, lifted by close()
 
     def kill(self, *names: str, sig: int = signal.SIGKILL) -> None:
         """The pods' containers get `sig` at once (a crash, an OOM kill): they end 128+sig."""
@@ -83,9 +84,39 @@ class PodFaults:
         """While inside, no packet reaches or leaves the pod (its processes keep running)."""
         return self.job.partitioned(name)
 
+    def throttle(self, name: str, percent: int) -> list[Path]:
+        """Give the pod's training processes `percent` of one CPU (their cgroups' CFS quota,
+        as a CPU limit or an overcommitted node does): a worker slow but alive. Its cgroups are
+        given their quota back by close() (or go with the pod)."""
+        pids = self.training(name)
+        if not pids:
+            raise AssertionError(f"no training process in pod {name}")
+        self.job.silence(name)
+        groups = sorted(cpu_cgroups(pids))
+        for group in groups:
+            period = int((group / "cpu.cfs_period_us").read_text())
+            (group / "cpu.cfs_quota_us").write_text(str(period * percent // 100))
+            self.throttled.append(group)
+        return groups
+
     def close(self) -> None:
         while self.frozen:
             self.frozen.pop().thaw()
+        while self.throttled:
+            with contextlib.suppress(OSError):
+                (self.throttled.pop() / "cpu.cfs_quota_us").write_text("-1")
+
+
+def cpu_cgroups(pids: Iterable[int]) -> set[Path]:
+    """The cgroup v1 CPU controller's directories of `pids` (/proc/PID/cgroup)."""
+    out = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+                _, controllers, path = line.split(":", 2)
+                if "cpu" in controllers.split(","):
+                    out.add(Path("/sys/fs/cgroup") / controllers / path.lstrip("/"))
+    return out
 
 
 def freeze(pids: Iterable[int]) -> None:

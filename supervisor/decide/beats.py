@@ -64,7 +64,7 @@ class Beat:
     commits: int | None = None
     redone: int | None = None
     trained_s: float | None = None  # seconds training, judged by the hook at each step
-    # a step's time (None: an older hook, or no step timed since the last init): the medians
+    # a step's time (None: an older hook, or no step timed since the last init): the means
     # over its last steps of the seconds outside collectives (its own work) and inside them
     # (waiting for its peers, and the transfer), and how many steps were timed
     step_out_s: float | None = None

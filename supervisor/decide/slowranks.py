@@ -61,7 +61,8 @@ def step(p: Passing, s: Seen, st: Settings) -> None:
             p.todo.append(Note("info", "worker.slow_kept", {
                 "pod": pod, "node": node, "host": host, "reason": refused}))
             continue
-        w = stragglers.moved(w, pod, f"slow: {stragglers.describe(x)}", st.slow, s.wall)
+        w = stragglers.moved(w, x, pod, f"slow: {stragglers.describe(x)}", s=st.slow,
+                             wall=s.wall)
     if w != c.slow:
         p.c = replace(p.c, slow=w)
 
@@ -75,6 +76,9 @@ def _refused(p: Passing, s: Seen, st: Settings, x: stragglers.Slow, *, w: stragg
         return "the supervisor does not own the workers (SUPERVISOR_WORKER_TEMPLATE is not set)"
     if not _current(p, s, st, pod):
         return "its pod is not a current worker of the job"
+    if again := sorted(set(x.ranks) & w.moved_ranks):
+        return (f"rank {', '.join(map(str, again))} was slow on a host moved before: the "
+                "slowness follows the rank (its own work), not the host")
     if not x.pays():
         with_it, without = x.rates()
         return (f"the world trains faster with it ({with_it:.1f} rank-steps/s) than without it "

@@ -2,7 +2,7 @@
 
 In an allreduce world every step waits for the slowest rank. The hook times every step of every
 training process (worker.py's `Progress.time_step`): the seconds outside collectives (its own
-work: compute, input) and inside them (waiting for its peers, and the transfer), the medians of
+work: compute, input) and inside them (waiting for its peers, and the transfer), the means of
 its last steps since the last init (`Beat.step_out_s`, `step_wait_s`, `step_n`). A rank whose own
 work is slow makes every other one wait: their time inside grows, their time outside does not.
 
@@ -10,14 +10,18 @@ work is slow makes every other one wait: their time inside grows, their time out
 last init), a host whose slowest process spends at least `factor` times the median of the other
 hosts' processes outside collectives, and MIN_EXCESS_S more, continuously for `seconds`. A
 job-wide slowdown (every rank slower) moves the median with it: not a straggler. A pause of one
-step (a GC, a checkpoint, a slow first batch) moves no median of STEP_WINDOW steps. Said once
+step (a GC, a checkpoint, a slow first batch) weighs on a mean of STEP_WINDOW steps for those
+steps only, much shorter than `seconds` (a mean, not a median: a CPU quota makes a few steps
+in a row fast and the next one very slow, over and over). Said once
 (WorkerSlow) and once more when it is over (WorkerNoLongerSlow).
 
 **Moved only when that pays**: with it the world runs n ranks at its pace (its time outside
 plus its own time inside: the transfer, as the last to arrive it waits for no one), without it
 n - k ranks (k: its processes) at the median's pace (the median time outside, the same
 transfer): moved when (n - k) / without > n / with, at most `moves` times per `window_s`, and
-only when the supervisor owns the workers. The move is an announced disruption's (leaving.py):
+only when the supervisor owns the workers, and never for a rank that was slow on a host
+moved before (the slowness follows the rank: its own work, which no move leaves behind). The
+move is an announced disruption's (leaving.py):
 its replacement is placed first, kept off its node, and it leaves gracefully once that runs;
 with nowhere to go it trains on. Its node counts once toward quarantine (quarantine.Kind.SLOW).
 No I/O, no clock.
@@ -80,6 +84,9 @@ class Watch:
     moved: tuple[float, ...] = ()  # when each move was decided (wall), within the window
     moving: Mapping[str, str] = field(default_factory=dict)  # pod -> why, to leave (leaving.py)
     kept: frozenset[str] = frozenset()  # hosts said slow and not moved (said once)
+    # the ranks of the hosts moved: a rank slow again on another host is slow for its own work
+    # (rank 0's checkpoints, its logging), which a move cannot leave behind
+    moved_ranks: frozenset[int] = frozenset()
     worst: float = 0.0  # the highest factor measured in a settled world (the margin)
 
 
@@ -185,10 +192,10 @@ def may_move(w: Watch, s: Settings, wall: float) -> bool:
     return s.moves > 0 and sum(1 for t in w.moved if wall - t < s.window_s) < s.moves
 
 
-def moved(w: Watch, pod: str, why: str, s: Settings, wall: float) -> Watch:
-    """The watch after deciding to move `pod` (a move of the budget)."""
+def moved(w: Watch, x: Slow, pod: str, why: str, *, s: Settings, wall: float) -> Watch:
+    """The watch after deciding to move `pod`, the slow host `x` (a move of the budget)."""
     return replace(w, moved=(*(t for t in w.moved if wall - t < s.window_s), wall),
-                   moving={**w.moving, pod: why})
+                   moving={**w.moving, pod: why}, moved_ranks=w.moved_ranks | set(x.ranks))
 
 
 def describe(x: Slow) -> str:

@@ -41,7 +41,7 @@ THREE_NODES = {**NODES, "node-2": shapes.node("node-2")}
 def timed(slot: int, out_s: float, *, size: int = 2, wait_s: float = 0.004, n: int = 31,
           **kw: Any) -> Beat:
     """Worker `slot`'s process as its heartbeat shows it: rank `slot` of `size`, its step's
-    median time outside collectives `out_s` and inside `wait_s` over `n` steps."""
+    mean time outside collectives `out_s` and inside `wait_s` over `n` steps."""
     return beat(slot, rank=slot, size=size, step_out_s=out_s, step_wait_s=wait_s, step_n=n,
                 **kw)
 
@@ -87,6 +87,19 @@ def test_the_hook_splits_each_step_into_its_own_work_and_its_wait_for_the_peers(
     now[0] += 5.0
     p.end(token, "i")
     assert p.step_times() is None, "a new world is timed afresh"
+
+
+def test_a_cpu_quota_that_stalls_every_fourth_step_weighs_on_the_mean() -> None:
+    """Under a CFS quota a process runs a few steps at full speed, then waits out the rest of
+    the period: the mean per step shows the slowdown, a median would not."""
+    now = [0.0]
+    p = Progress(clock=lambda: now[0])
+    for i in range(STEP_SKIP + 1 + 40):
+        now[0] += 0.079 if i % 4 == 3 else 0.009
+        p.step()
+    out, _, n = p.step_times()  # type: ignore[misc]
+    assert n == 31 and out == pytest.approx((23 * 0.009 + 8 * 0.079) / 31, rel=0.05)
+    assert out > 2.5 * 0.009
 
 
 def test_a_wait_forgotten_with_a_failed_graph_is_not_counted_as_a_wait() -> None:
@@ -225,9 +238,10 @@ def test_the_watch_off_forgets_what_it_named() -> None:
 
 def test_the_move_budget_holds_moves_within_the_window() -> None:
     s = replace(SLOW, moves=2, window_s=100.0)
-    w = stragglers.moved(stragglers.Watch(), "a", "slow", s, WALL)
+    x = stragglers.Slow("h", (1,), 0.09, 0.03, 0.0, 3, NOW)
+    w = stragglers.moved(stragglers.Watch(), x, "a", "slow", s=s, wall=WALL)
     assert stragglers.may_move(w, s, WALL + 1)
-    w = stragglers.moved(w, "b", "slow", s, WALL + 1)
+    w = stragglers.moved(w, x, "b", "slow", s=s, wall=WALL + 1)
     assert not stragglers.may_move(w, s, WALL + 99)
     assert stragglers.may_move(w, s, WALL + 100.5), "the first move left the window"
     assert not stragglers.may_move(stragglers.Watch(), replace(s, moves=0), WALL)
@@ -303,6 +317,15 @@ def test_a_straggler_the_world_is_faster_with_is_not_moved() -> None:
     p = passes(KEPT, st, beats=(timed(0, 0.048), timed(1, 0.030)))
     assert script(p) == [("say", "worker.slow"), ("say", "worker.slow_kept")]
     assert "faster with it" in p.todo[1].fields["reason"]  # type: ignore[union-attr]
+
+
+def test_a_rank_slow_again_on_another_host_after_a_move_is_not_moved_again() -> None:
+    """Rank 0 slow on the host moved, then slow on the next one: its own work (its
+    checkpoints, its logging) follows it; moving again would only spend the budget."""
+    before = stragglers.Watch(moved_ranks=frozenset({0}), moved=(WALL - 600,))
+    p = passes(replace(KEPT, slow=before), MOVING)
+    assert script(p) == [("say", "worker.slow"), ("say", "worker.slow_kept")]
+    assert "follows the rank" in p.todo[1].fields["reason"]  # type: ignore[union-attr]
 
 
 def test_without_the_workers_to_own_a_straggler_is_only_said() -> None:

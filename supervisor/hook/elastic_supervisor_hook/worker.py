@@ -8,7 +8,7 @@ collective (or an init) and since when, and counts the completed ones (progress)
 first rendezvous of a run is seen waiting there), sends a heartbeat to the supervisor every
 BEAT_S over UDP (to HOROVOD_GLOO_RENDEZVOUS_ADDR, the launcher, on the channel's port): host,
 pid, rank, size, inits, completed collectives (in all, and since the last init), the current
-wait, a step's time outside collectives and inside them (the medians of its last steps: a
+wait, a step's time outside collectives and inside them (the means of its last steps: a
 straggler's own work is slow while its peers wait for it), the local endpoints of the process's
 TCP connections, any problem of the hook, and what the main thread does: its position (file,
 line and instruction offset of its innermost Python frame, sampled with sys._current_frames()),
@@ -66,7 +66,9 @@ MIN_PAUSE_S = 1.5
 PAUSE_STEPS = 3.0
 STEP_EWMA = 0.2
 # Per-step timing (the stragglers: supervisor/decide/stragglers.py): the last STEP_WINDOW steps
-# since the last init, their medians in every heartbeat; the new world's first STEP_SKIP steps
+# since the last init, their means in every heartbeat (a mean, not a median: a CPU quota lets a
+# process run a few steps at full speed, then holds it for the rest of the CFS period, so most
+# steps look fast and every few one is very slow); the new world's first STEP_SKIP steps
 # wait for its slowest member (the state's sync, a joiner still importing): not timed.
 STEP_WINDOW = 31
 STEP_SKIP = 3
@@ -215,13 +217,14 @@ class Progress:
             self.timed.append((max(0.0, gap - waited), min(gap, waited)))
 
     def step_times(self) -> tuple[float, float, int] | None:
-        """(median seconds outside collectives per step, median inside, steps timed) over the
-        last STEP_WINDOW steps since the last init; None before any."""
+        """(mean seconds outside collectives per step, mean inside, steps timed) over the last
+        STEP_WINDOW steps since the last init; None before any."""
         with self._timing:
             timed = list(self.timed)
         if not timed:
             return None
-        return (_median([o for o, _ in timed]), _median([w for _, w in timed]), len(timed))
+        n = len(timed)
+        return sum(o for o, _ in timed) / n, sum(w for _, w in timed) / n, n
 
     def stepped(self, now: float) -> None:
         """A step returned at `now`: a new one adds the pause since the last new one to the
@@ -295,12 +298,6 @@ class Progress:
                 after()
             return result
         return wrapper
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
 def local_endpoints(connections: Iterable[Any]) -> tuple[list[str], list[int]]:
