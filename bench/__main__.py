@@ -28,6 +28,7 @@ from bench import (
     soak,
     status,
     store,
+    stragglers,
     tf_hook,
     versus,
 )
@@ -76,6 +77,8 @@ def blank() -> dict[str, object]:
         "sidecar_details": None,
         "podstart": None,
         "podstart_details": None,
+        "stragglers": None,
+        "stragglers_details": None,
     }
 
 
@@ -97,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("discovery", "replacement", "baseline", "e2e",
                                            "e2e_stock", "e2e_sequences", "fence", "configmap",
                                            "disruptions", "status", "sidecar", "soak", "plot",
-                                           "tf_hook", "podstart", "e2e_stock_tf"),
+                                           "tf_hook", "podstart", "e2e_stock_tf",
+                                           "stragglers"),
                         help="run one benchmark; keys of the others keep their stored values "
                              "(soak and e2e_sequences run only when named: ~15 min per seed, "
                              "~25 min)")
@@ -150,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         results.update(sidecar.main())
     if args.only in (None, "podstart"):
         results.update(podstart.main())
+    if args.only in (None, "stragglers"):
+        results.update(stragglers.main())
     if args.only == "e2e_sequences":
         results.update(e2e_sequences.main())
     if args.only == "soak":

@@ -12,6 +12,10 @@ from supervisor.decide.memory import Passing, Seen, Settings, current_slot
 from supervisor.decide.plan import Note
 from supervisor.model import EventSpec
 
+# The widest factor measured so far is logged each time it grows by this much (the margin the
+# shipped SLOW_FACTOR leaves, read in every job's log).
+WIDEST_STEP = 0.25
+
 
 def step(p: Passing, s: Seen, st: Settings) -> None:
     """Step 2b: the straggler watch on this pass's heartbeats (while horovodrun runs)."""
@@ -25,6 +29,9 @@ def step(p: Passing, s: Seen, st: Settings) -> None:
         f = ix.pods.get(pod or "")
         return pod, None if f is None else f.node
 
+    if w.worst >= c.slow.worst + WIDEST_STEP:  # the margin below SLOW_FACTOR, in the log
+        p.todo.append(Note("info", "stragglers.widest", {
+            "factor": round(w.worst, 2), "slow_factor": st.slow.factor}))
     for x in ch.named:
         pod, node = where(x.host)
         ranks = ", ".join(map(str, x.ranks))

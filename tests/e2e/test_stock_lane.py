@@ -768,16 +768,17 @@ def rate_between(records: list[dict[str, Any]], start: float, end: float) -> flo
     return (steps[-1]["step"] - steps[0]["step"]) / (steps[-1]["time"] - steps[0]["time"])
 
 
-def test_a_throttled_worker_is_named_and_moved_and_the_rate_comes_back(
-        make_job: MakeJob) -> None:
-    """Issue 42: one of three workers given 30 % of a CPU makes every step wait for it. It is
-    named slow (WorkerSlow) within the bound, moved (its replacement placed first, off its
-    node, then it leaves gracefully: no step computed again, horovodrun never restarted), and
-    the job's step rate is back within 10 % of its rate before. The shipped defaults, with the
-    stock script keeping no checkpoint; no other worker is ever said slow (main_job's check)."""
-    job, faults = make_job(workers=3, command=[
-        "python", f"{STOCK_DIR}/{STOCK.name}", "--batches", str(BATCHES), *COMPUTE_BOUND],
-        **SHIPPED_QUARANTINE)
+def straggler_job() -> dict[str, Any]:
+    """stock_job's arguments for three workers of the compute-bound stock script (no
+    checkpoint), the shipped defaults."""
+    return {"workers": 3, "command": ["python", f"{STOCK_DIR}/{STOCK.name}", "--batches",
+                                      str(BATCHES), *COMPUTE_BOUND], **SHIPPED_QUARANTINE}
+
+
+def throttled_then_moved(job: Job, faults: PodFaults) -> dict[str, Any]:
+    """Throttle a worker (not rank 0's) of the settled job to THROTTLE_PERCENT of a CPU; wait
+    until it is said slow, leaves, its replacement runs and the step rate is back within 10 %
+    of the rate before. Return what was measured (seconds from the throttle)."""
     job.settled(3)
     time.sleep(RATE_WINDOW_S * 2)
     now = time.time()
@@ -789,16 +790,12 @@ def test_a_throttled_worker_is_named_and_moved_and_the_rate_comes_back(
     faults.throttle(victim, THROTTLE_PERCENT)
     named = job.wait("the throttled worker said slow", lambda: [
         e for e in job.logs_since("worker.slow", t0) if e.get("pod") == victim], 180)
-    detected = log_time(named[0]) - t0
-    slowed = rate_between(job.records(), t0 + 5, log_time(named[0]))
     left = job.wait("the slow worker leaving", lambda: [
         e for e in job.logs_since("worker.leaving", t0) if e.get("pod") == victim], 180)
-    assert left[0]["why"] == "Straggler", left
     successor = job.successor(victim)
     placed = job.wait(f"{successor} running", lambda: (
         p := job.live_workers().get(successor)) and p["status"].get("phase") == "Running"
         and p, 120)
-    assert placed["spec"]["nodeName"] != node, "the replacement was kept off the slow node"
 
     def back() -> float | None:
         records = job.records()
@@ -808,14 +805,37 @@ def test_a_throttled_worker_is_named_and_moved_and_the_rate_comes_back(
         rate = rate_between(records, last["time"] - RATE_WINDOW_S, last["time"])
         return last["time"] if rate >= 0.9 * before else None
 
-    recovered = job.wait("the step rate back within 10 %", back, 300) - t0
-    print(f"straggler {victim} on {node}: {before:.1f} steps/s before, {slowed:.1f} throttled; "
-          f"named after {detected:.1f}s, left after {log_time(left[0]) - t0:.1f}s, rate back "
-          f"after {recovered:.1f}s")
-    assert detected <= SLOW_NAMED_S, f"named {detected:.1f}s after the throttle"
-    assert recovered <= RATE_BACK_S, f"rate back {recovered:.1f}s after the throttle"
-    assert recomputed_since(job.records(), t0) == 0, "a graceful leave computes nothing again"
-    no_restart_since(job, t0)
+    recovered = job.wait("the step rate back within 10 %", back, 300)
+    return {"pod": victim, "node": node, "why": left[0].get("why"),
+            "factor": named[0].get("factor"), "replacement_node": placed["spec"]["nodeName"],
+            "rate_before": round(before, 2),
+            "rate_throttled": round(rate_between(job.records(), t0 + 5, log_time(named[0])), 2),
+            "detected_s": round(log_time(named[0]) - t0, 1),
+            "left_s": round(log_time(left[0]) - t0, 1),
+            "rate_recovered_s": round(recovered - t0, 1),
+            "steps_recomputed": recomputed_since(job.records(), t0),
+            "horovodrun_restarts": len(job.logs_since("horovodrun.restarting", t0)),
+            "slow_elsewhere": [e.get("pod") for e in job.logs("worker.slow")
+                               if e.get("pod") != victim]}
+
+
+def test_a_throttled_worker_is_named_and_moved_and_the_rate_comes_back(
+        make_job: MakeJob) -> None:
+    """Issue 42: one of three workers given 30 % of a CPU makes every step wait for it. It is
+    named slow (WorkerSlow) within the bound, moved (its replacement placed first, off its
+    node, then it leaves gracefully: no step computed again, horovodrun never restarted), and
+    the job's step rate is back within 10 % of its rate before. The shipped defaults, with the
+    stock script keeping no checkpoint; no other worker is ever said slow (main_job's check).
+    The times are measured by `python -m bench --only stragglers`, the bounds held here."""
+    job, faults = make_job(**straggler_job())
+    m = throttled_then_moved(job, faults)
+    print(f"straggler: {m}")
+    assert m["why"] == "Straggler", m
+    assert m["replacement_node"] != m["node"], "the replacement was kept off the slow node"
+    assert m["detected_s"] <= SLOW_NAMED_S, m
+    assert m["rate_recovered_s"] <= RATE_BACK_S, m
+    assert m["steps_recomputed"] == 0, "a graceful leave computes nothing again"
+    assert m["horovodrun_restarts"] == 0, m
+    no_restart_since(job, 0)
     check_steps(job.records())
-    slow = [e for e in job.logs("worker.slow") if e.get("pod") != victim]
-    assert slow == [], f"only the throttled worker is slow: {slow}"
+    assert m["slow_elsewhere"] == [], f"only the throttled worker is slow: {m}"

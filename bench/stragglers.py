@@ -1,0 +1,74 @@
+"""Stragglers on real nodes (issue 42): a worker slow but alive, named and moved.
+
+The stock-script lane's straggler job (tests/e2e/test_stock_lane.py `straggler_job`): three
+workers of the unmodified PyTorch script (no checkpoint), compute-bound (no extra sleep, batches
+of 2048), the supervisor with its shipped defaults (SUPERVISOR_SLOW_FACTOR, SLOW_SECONDS,
+SLOW_MOVES and the quarantine as shipped), on the local cluster of three real nodes with the real
+images. In each of RUNS jobs one worker (not rank 0's) gets 30 % of a CPU (its cgroup's CFS
+quota, tests.faults.PodFaults.throttle); from the supervisor's log and rank 0's step lines
+(`throttled_then_moved`):
+- detected_s: throttle -> the supervisor's `worker.slow` naming it (Event WorkerSlow);
+- rate_recovered_s: throttle -> the end of the first 10 s window, after it left, at world size 3
+  whose step rate is within 10 % of the rate over the 20 s before the throttle;
+- steps_recomputed: rank 0's steps computed again after the throttle (a graceful leave: none);
+- horovodrun_restarts: after the throttle;
+- false_positives: `worker.slow` naming a worker that was not throttled, in these jobs, plus
+  those of the last `make test` (`python -m bench.suite`'s false_verdicts block, when there).
+Times are wall-clock differences on one machine (the injector, the supervisor, the workers).
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from bench import store
+from bench.e2e_stock import on_real_nodes
+from localcluster.nodes import Cluster
+from tests.e2e.test_stock_lane import stock_job, straggler_job, throttled_then_moved
+
+RUNS = 2
+
+
+def summary(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"median": round(statistics.median(values), 1), "max": round(max(values), 1),
+            "n": len(values)}
+
+
+def one_job(cluster: Cluster, api: client.ApiClient, work: Path) -> dict[str, Any]:
+    """One straggler job (main_job's check of false verdicts holds at its end)."""
+    with stock_job(cluster, api, work, **straggler_job()) as (job, faults):
+        return throttled_then_moved(job, faults)
+
+
+def main(runs: int = RUNS) -> dict[str, Any]:
+    out = []
+    with on_real_nodes("stragglers") as (cluster, api, tmp):
+        for i in range(runs):
+            work = tmp / f"run{i}"
+            work.mkdir()
+            print(f"bench stragglers: job {i + 1} of {runs}", flush=True)
+            out.append(one_job(cluster, api, work))
+            print(f"bench stragglers: {out[-1]}", flush=True)
+    suite = store.load().get("false_verdicts") or {}
+    from_suite = suite.get("slow")
+    here = sum(len(r["slow_elsewhere"]) for r in out)
+    return {
+        "stragglers": {
+            "detected_s": summary([r["detected_s"] for r in out]),
+            "rate_recovered_s": summary([r["rate_recovered_s"] for r in out]),
+            "false_positives": here + (from_suite or 0),
+            "false_positives_of": "these jobs" + (
+                f" and make test at {suite.get('commit')}" if from_suite is not None
+                else " (no make test recorded since slow verdicts are counted)"),
+            "steps_recomputed": max(r["steps_recomputed"] for r in out),
+            "horovodrun_restarts": sum(r["horovodrun_restarts"] for r in out),
+            "throttle_percent": 30, "workers": 3, "runs": runs, **store.provenance(),
+        },
+        "stragglers_details": out,
+    }
