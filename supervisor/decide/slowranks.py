@@ -32,6 +32,14 @@ def step(p: Passing, s: Seen, st: Settings) -> None:
     if w.worst >= c.slow.worst + WIDEST_STEP:  # the margin below SLOW_FACTOR, in the log
         p.todo.append(Note("info", "stragglers.widest", {
             "factor": round(w.worst, 2), "slow_factor": st.slow.factor}))
+    for x in ch.suspected:  # the evidence before a verdict, in the log only
+        p.todo.append(Note("info", "worker.slow_suspected", {
+            "host": x.host, "ranks": list(x.ranks), "factor": round(x.factor, 2),
+            "out_ms": round(x.out_s * 1000, 1), "median_ms": round(x.median_s * 1000, 1),
+            "wait_ms": round(x.comm_s * 1000, 1)}))
+    for x in ch.cleared:
+        p.todo.append(Note("info", "worker.slow_cleared", {
+            "host": x.host, "factor": round(x.factor, 2), "after_s": round(s.now - x.since, 1)}))
     for x in ch.named:
         pod, node = where(x.host)
         ranks = ", ".join(map(str, x.ranks))

@@ -150,13 +150,15 @@ class Change:
     named: tuple[Slow, ...] = ()  # said slow now
     over: tuple[Slow, ...] = ()  # measured no longer slow now
     gone: tuple[Slow, ...] = ()  # said slow, and gone from a settled world (moved, failed)
+    suspected: tuple[Slow, ...] = ()  # slow from now on (named once it lasts `seconds`)
+    cleared: tuple[Slow, ...] = ()  # slow since `since`, not named, measured not slow now
 
 
 def watch(w: Watch, beats: Iterable[Beat], now: float, s: Settings,
           silence_s: float) -> Change:
     """The watch after this pass's heartbeats: hosts slow since when, named once slow for
-    `seconds`, over once measured not slow, gone once a settled world lacks them. An unsettled world
-    (a reset, a worker joining) changes nothing: no new evidence either way."""
+    `seconds`, over once measured not slow, gone once a settled world lacks them. An unsettled
+    world (a reset, a worker joining) changes nothing: no new evidence either way."""
     if s.factor <= 0:
         return Change(w) if not w.since and not w.named else Change(
             Watch(moved=w.moved), over=tuple(w.named.values()))
@@ -164,17 +166,21 @@ def watch(w: Watch, beats: Iterable[Beat], now: float, s: Settings,
     if m is None:
         return Change(w)
     since, named = dict(w.since), dict(w.named)
-    new, over, gone = [], [], []
+    new, over, gone, suspected, cleared = [], [], [], [], []
     for host in [h for h in named if h not in m]:
         gone.append(named.pop(host))
     for host in [h for h in since if h not in m]:
         del since[host]
     for host, now_x in sorted(m.items()):
         if not is_slow(now_x, s):
-            since.pop(host, None)
+            was = since.pop(host, None)
             if host in named:
                 over.append(replace(now_x, since=named.pop(host).since))
+            elif was is not None:
+                cleared.append(replace(now_x, since=was))
             continue
+        if host not in since:
+            suspected.append(now_x)
         x = replace(now_x, since=since.setdefault(host, now))
         if host in named:
             named[host] = x
@@ -184,7 +190,8 @@ def watch(w: Watch, beats: Iterable[Beat], now: float, s: Settings,
     worst = max([w.worst, *(x.factor for x in m.values() if x.median_s > 0)])
     kept = w.kept & set(named)
     out = replace(w, since=since, named=named, kept=frozenset(kept), worst=worst)
-    return Change(out if out != w else w, tuple(new), tuple(over), tuple(gone))
+    return Change(out if out != w else w, tuple(new), tuple(over), tuple(gone),
+                  tuple(suspected), tuple(cleared))
 
 
 def may_move(w: Watch, s: Settings, wall: float) -> bool:

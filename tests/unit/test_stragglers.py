@@ -213,12 +213,16 @@ def test_a_host_slow_for_the_seconds_is_named_once_and_over_once_back() -> None:
 
 def test_a_slowness_that_does_not_last_the_seconds_is_never_named() -> None:
     w = stragglers.Watch()
+    cleared = []
     for t, out in ((0, 0.09), (20, 0.09), (25, 0.03), (40, 0.09), (65, 0.09)):
         beats = at((timed(0, out), timed(1, 0.03)), NOW + t)
         ch = stragglers.watch(w, beats, NOW + t, SLOW, 3.0)
         assert ch.named == (), t
+        assert [x.host for x in ch.suspected] == (["10.1.0.10"] if t in (0, 40) else []), t
+        cleared += [(t, x.since) for x in ch.cleared]
         w = ch.watch
     assert w.since == {"10.1.0.10": NOW + 40}
+    assert cleared == [(25, NOW)], "the suspicion that did not last, said"
 
 
 def test_a_named_host_gone_from_a_settled_world_is_gone_not_over() -> None:
@@ -256,7 +260,8 @@ SLOW_BEATS = (timed(0, 0.090), timed(1, 0.030))
 def passes(c: Any, st: Any, beats: Any = SLOW_BEATS, pods: Any = None, **kw: Any) -> list[Any]:
     """Passes at NOW and NOW + 30 (the host slow since NOW is named then); the last one."""
     first = manage(c, seen(pods, beats=at(beats, NOW), nodes=THREE_NODES, **kw), st)
-    assert script(first) == [("say", "stragglers.widest")], "the margin, in the log"
+    assert script(first) == [("say", "stragglers.widest"), ("say", "worker.slow_suspected")], (
+        "the margin and the evidence, in the log")
     return manage(first.core, seen(pods, beats=at(beats, NOW + 30), nodes=THREE_NODES,
                                    now=NOW + 30, **kw), st)
 
