@@ -29,9 +29,12 @@ def step(p: Passing, s: Seen, st: Settings) -> None:
         f = ix.pods.get(pod or "")
         return pod, None if f is None else f.node
 
-    if w.worst >= c.slow.worst + WIDEST_STEP:  # the margin below SLOW_FACTOR, in the log
+    if w.widest is not None and w.worst >= c.slow.worst + WIDEST_STEP:
+        x = w.widest  # the margin below SLOW_FACTOR, in the log
         p.todo.append(Note("info", "stragglers.widest", {
-            "factor": round(w.worst, 2), "slow_factor": st.slow.factor}))
+            "factor": round(x.factor, 2), "slow_factor": st.slow.factor, "host": x.host,
+            "ranks": list(x.ranks), "out_ms": round(x.out_s * 1000, 1),
+            "median_ms": round(x.median_s * 1000, 1), "wait_ms": round(x.comm_s * 1000, 1)}))
     for x in ch.suspected:  # the evidence before a verdict, in the log only
         p.todo.append(Note("info", "worker.slow_suspected", {
             "host": x.host, "ranks": list(x.ranks), "factor": round(x.factor, 2),

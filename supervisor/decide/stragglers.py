@@ -8,7 +8,8 @@ work is slow makes every other one wait: their time inside grows, their time out
 
 **Slow**: in a settled world (every rank of it heartbeats, with MIN_STEPS steps timed since the
 last init), a host whose slowest process spends at least `factor` times the median of the other
-hosts' processes outside collectives, and MIN_EXCESS_S more, continuously for `seconds`. A
+hosts' processes outside collectives, and MIN_EXCESS_S more, and from then on over 1 + HOLD x
+(factor - 1) of it, continuously for `seconds`. A
 job-wide slowdown (every rank slower) moves the median with it: not a straggler. A pause of one
 step (a GC, a checkpoint, a slow first batch) weighs on a mean of STEP_WINDOW steps for those
 steps only, much shorter than `seconds` (a mean, not a median: a CPU quota makes a few steps
@@ -37,6 +38,7 @@ from supervisor.decide.beats import Beat, heartbeating, judged
 
 MIN_STEPS = 8  # steps a process has timed since the last init before it is compared
 MIN_EXCESS_S = 0.005  # and at least this much slower per step (tiny steps are noise)
+HOLD = 0.75  # once slow, slow while over 1 + HOLD x (factor - 1): 1.75 for a factor of 2
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,12 @@ class Watch:
     # the ranks of the hosts moved: a rank slow again on another host is slow for its own work
     # (rank 0's checkpoints, its logging), which a move cannot leave behind
     moved_ranks: frozenset[int] = frozenset()
-    worst: float = 0.0  # the highest factor measured in a settled world (the margin)
+
+    @property
+    def worst(self) -> float:
+        return 0.0 if self.widest is None else self.widest.factor
+    # the measure with the highest factor in a settled world so far (the margin below `factor`)
+    widest: Slow | None = None
 
 
 def measure(beats: Iterable[Beat], now: float, silence_s: float) -> dict[str, Slow] | None:
@@ -140,8 +147,12 @@ def _median_without(ordered: list[float], drop: list[float]) -> float:
     return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
 
 
-def is_slow(x: Slow, s: Settings) -> bool:
-    return x.out_s >= s.factor * x.median_s and x.out_s - x.median_s >= MIN_EXCESS_S
+def is_slow(x: Slow, s: Settings, *, held: bool = False) -> bool:
+    """Whether `x` is slow: `factor` times the others' median; once slow (`held`), HOLD of the
+    way from 1 to `factor` (a slowdown measured around the factor itself comes and goes with
+    every few steps: without a band it would never last `seconds`)."""
+    factor = 1 + (s.factor - 1) * HOLD if held else s.factor
+    return x.out_s >= factor * x.median_s and x.out_s - x.median_s >= MIN_EXCESS_S
 
 
 @dataclass(frozen=True)
@@ -172,7 +183,7 @@ def watch(w: Watch, beats: Iterable[Beat], now: float, s: Settings,
     for host in [h for h in since if h not in m]:
         del since[host]
     for host, now_x in sorted(m.items()):
-        if not is_slow(now_x, s):
+        if not is_slow(now_x, s, held=host in since or host in named):
             was = since.pop(host, None)
             if host in named:
                 over.append(replace(now_x, since=named.pop(host).since))
@@ -187,9 +198,12 @@ def watch(w: Watch, beats: Iterable[Beat], now: float, s: Settings,
         elif now - x.since >= s.seconds:
             named[host] = x
             new.append(x)
-    worst = max([w.worst, *(x.factor for x in m.values() if x.median_s > 0)])
+    widest = max((x for x in m.values() if x.median_s > 0), key=lambda x: x.factor,
+                 default=None)
+    if widest is None or widest.factor <= w.worst:
+        widest = w.widest
     kept = w.kept & set(named)
-    out = replace(w, since=since, named=named, kept=frozenset(kept), worst=worst)
+    out = replace(w, since=since, named=named, kept=frozenset(kept), widest=widest)
     return Change(out if out != w else w, tuple(new), tuple(over), tuple(gone),
                   tuple(suspected), tuple(cleared))
 

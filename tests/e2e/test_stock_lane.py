@@ -754,9 +754,13 @@ def test_a_frozen_node_with_rank_0_and_another_worker_is_one_incident(
 
 # A straggler (issue 42): the stock script with no extra sleep and a batch large enough that
 # its steps are mostly its own compute (~36 ms alone on a core), one worker given
-# THROTTLE_PERCENT of a CPU. Bounds: named within SLOW_NAMED_S of the throttle, and the step
-# rate back within 10 % of its rate before within RATE_BACK_S (the issue's targets).
-THROTTLE_PERCENT, SLOW_NAMED_S, RATE_BACK_S, RATE_WINDOW_S = 30, 60.0, 120.0, 10.0
+# THROTTLE_PERCENT of a CPU. The issue's 30 % makes a rank 3x slow where it had a core to
+# itself; here three workers, the control plane and the kubelets share two cores, a worker gets
+# about two thirds of one, and 30 % made the throttled one 2.0-2.1x the others (measured on
+# 2026-11-30): 20 % makes it the issue's 3x. Bounds: named within SLOW_NAMED_S of the throttle,
+# and the step rate back within 10 % of its rate before within RATE_BACK_S (the issue's
+# targets).
+THROTTLE_PERCENT, SLOW_NAMED_S, RATE_BACK_S, RATE_WINDOW_S = 20, 60.0, 120.0, 10.0
 COMPUTE_BOUND = ("--batches-per-commit", "5", "--batch-size", "8192")
 
 

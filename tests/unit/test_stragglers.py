@@ -225,6 +225,23 @@ def test_a_slowness_that_does_not_last_the_seconds_is_never_named() -> None:
     assert cleared == [(25, NOW)], "the suspicion that did not last, said"
 
 
+def test_once_slow_a_host_stays_slow_within_the_band_below_the_factor() -> None:
+    """A slowdown measured around the factor comes and goes with every few steps: once over
+    2.0 it stays slow down to 1.75 (HOLD), and only below that is it cleared."""
+    w = stragglers.Watch()
+    for t, out in ((0, 0.0605), (10, 0.057), (20, 0.053), (30, 0.0595)):
+        ch = stragglers.watch(w, at((timed(0, out), timed(1, 0.03)), NOW + t), NOW + t, SLOW,
+                              3.0)
+        w = ch.watch
+    assert [x.host for x in ch.named] == ["10.1.0.10"], "1.9x, 1.77x: within the band"
+    fresh = stragglers.watch(stragglers.Watch(), at((timed(0, 0.057), timed(1, 0.03)), NOW),
+                             NOW, SLOW, 3.0)
+    assert fresh.watch.since == {}, "1.9x is not slow to begin with"
+    below = stragglers.watch(w, at((timed(0, 0.052), timed(1, 0.03)), NOW + 40), NOW + 40,
+                             SLOW, 3.0)
+    assert [x.host for x in below.over] == ["10.1.0.10"], "1.73x: below the band"
+
+
 def test_a_named_host_gone_from_a_settled_world_is_gone_not_over() -> None:
     w = stragglers.Watch(named={"10.1.0.10": stragglers.Slow(
         "10.1.0.10", (0,), 0.09, 0.03, 0.0, 2, NOW - 40)})
