@@ -2,7 +2,7 @@
 
 The stock-script lane's straggler job (tests/e2e/test_stock_lane.py `straggler_job`): three
 workers of the unmodified PyTorch script (no checkpoint), compute-bound (no extra sleep, batches
-of 2048), the supervisor with its shipped defaults (SUPERVISOR_SLOW_FACTOR, SLOW_SECONDS,
+of 8192), the supervisor with its shipped defaults (SUPERVISOR_SLOW_FACTOR, SLOW_SECONDS,
 SLOW_MOVES and the quarantine as shipped), on the local cluster of three real nodes with the real
 images. In each of RUNS jobs one worker (not rank 0's) gets THROTTLE_PERCENT of a CPU (its CFS
 cgroup quota, tests.faults.PodFaults.throttle; why 20 % and not the issue's 30 %: the test's
