@@ -243,7 +243,8 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLOW_FACTOR", "2.0", _factor_or_off, "slow_factor",
         "Stragglers: a worker whose training processes spend this many times the other "
         "workers' median time per step outside collectives (their own compute and input, "
-        "timed by the hook; the means of their last 31 steps) for SLOW_SECONDS is slow "
+        "timed by the hook; the means of their last 31 steps without the slowest tenth) for "
+        "SLOW_SECONDS is slow "
         "(Warning Event WorkerSlow, the metric slow_workers, shown by `status`). A job-wide "
         "slowdown is not a straggler. off: not watched.",
         show=lambda v: v or "off"),

@@ -9,11 +9,10 @@ work is slow makes every other one wait: their time inside grows, their time out
 **Slow**: in a settled world (every rank of it heartbeats, with MIN_STEPS steps timed since the
 last init), a host whose slowest process spends at least `factor` times the median of the other
 hosts' processes outside collectives, and MIN_EXCESS_S more, and from then on over 1 + HOLD x
-(factor - 1) of it, continuously for `seconds`. A
-job-wide slowdown (every rank slower) moves the median with it: not a straggler. A pause of one
-step (a GC, a checkpoint, a slow first batch) weighs on a mean of STEP_WINDOW steps for those
-steps only, much shorter than `seconds` (a mean, not a median: a CPU quota makes a few steps
-in a row fast and the next one very slow, over and over). Said once
+(factor - 1) of it, continuously for `seconds`. A job-wide slowdown (every rank slower) moves the
+median with it: not a straggler. The hook leaves the slowest tenth of its steps out of its means
+(a GC, a checkpoint, a slow first batch: a pause of one step), and takes means, not medians (a
+CPU quota makes a few steps in a row fast and the next one very slow, over and over). Said once
 (WorkerSlow) and once more when it is over (WorkerNoLongerSlow).
 
 **Moved only when that pays**: with it the world runs n ranks at its pace (its time outside

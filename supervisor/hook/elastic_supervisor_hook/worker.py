@@ -66,10 +66,12 @@ MIN_PAUSE_S = 1.5
 PAUSE_STEPS = 3.0
 STEP_EWMA = 0.2
 # Per-step timing (the stragglers: supervisor/decide/stragglers.py): the last STEP_WINDOW steps
-# since the last init, their means in every heartbeat (a mean, not a median: a CPU quota lets a
-# process run a few steps at full speed, then holds it for the rest of the CFS period, so most
-# steps look fast and every few one is very slow); the new world's first STEP_SKIP steps
-# wait for its slowest member (the state's sync, a joiner still importing): not timed.
+# since the last init, their means without the slowest tenth in every heartbeat (a mean, not a
+# median: a CPU quota lets a process run a few steps at full speed, then holds it for the rest of
+# the CFS period, so most steps look fast and every few one is very slow; without the slowest
+# tenth: one long pause, a checkpoint or a GC, is not a slow worker); the new world's first
+# STEP_SKIP steps wait for its slowest member (the state's sync, a joiner still importing): not
+# timed.
 STEP_WINDOW = 31
 STEP_SKIP = 3
 MAX_PORTS = 2000
@@ -218,13 +220,13 @@ class Progress:
 
     def step_times(self) -> tuple[float, float, int] | None:
         """(mean seconds outside collectives per step, mean inside, steps timed) over the last
-        STEP_WINDOW steps since the last init; None before any."""
+        STEP_WINDOW steps since the last init, each mean without its slowest tenth (a garbage
+        collection, a checkpoint: a pause of one step); None before any."""
         with self._timing:
             timed = list(self.timed)
         if not timed:
             return None
-        n = len(timed)
-        return sum(o for o, _ in timed) / n, sum(w for _, w in timed) / n, n
+        return _trimmed([o for o, _ in timed]), _trimmed([w for _, w in timed]), len(timed)
 
     def stepped(self, now: float) -> None:
         """A step returned at `now`: a new one adds the pause since the last new one to the
@@ -298,6 +300,12 @@ class Progress:
                 after()
             return result
         return wrapper
+
+
+def _trimmed(values: list[float]) -> float:
+    """The mean of `values` without its highest tenth."""
+    kept = sorted(values)[:len(values) - len(values) // 10]
+    return sum(kept) / len(kept)
 
 
 def local_endpoints(connections: Iterable[Any]) -> tuple[list[str], list[int]]:
