@@ -285,10 +285,11 @@ def _plan_fleet(p: Passing, s: Seen, st: Settings, suspects: set[str]) -> None:
         reuse_checked=c.reuse_checked, reused=c.reused, scale_request=c.scale_request,
         expected=c.expected, waiting=frozenset(admission.waiting(c.blocked, s.now)),
         ssh_clients=s.ssh_clients, now=s.now, wall=s.wall, failed=c.failed,
-        lost_nodes=frozenset(kept_off), leaving=c.leaving, index=s.index), st.plan)
+        lost_nodes=frozenset(kept_off), leaving=c.leaving, index=s.index, unseen=c.unseen),
+        st.plan)
     p.c = replace(c, fleet=out.fleet, reused=out.reused, reuse_checked=out.reuse_checked,
                   scale_request=out.scale_request, expected=out.expected,
-                  failed=c.failed | out.ours, leaving=out.leaving)
+                  failed=c.failed | out.ours, leaving=out.leaving, unseen=out.unseen)
     p.todo += out.notes
     p.todo += out.deletes
     if p.c.fleet != p.c.saved or p.c.quarantine.until != p.c.saved_quarantine:

@@ -123,6 +123,7 @@ class Memory:
     reused: Mapping[int, int] = field(default_factory=dict)  # slot -> pods replaced (reused IP)
     reuse_checked: Rendered | None = None  # the render last looked at for reused addresses
     expected: Mapping[str, float] = field(default_factory=dict)  # being created -> since
+    unseen: Mapping[str, int] = field(default_factory=dict)  # pod -> creates it went unseen
     blocked: Mapping[str, admission.Refusal] = field(default_factory=dict)  # creates refused
     scale_request: int | None = None  # desired workers asked for, not applied yet
     leaving: Mapping[str, plan.Leaving] = field(default_factory=dict)  # announced to go

@@ -27,7 +27,9 @@ In order, as a person running the job would:
    already (an eviction: its entrypoint ends once horovodrun let it go);
 4. a worker whose address an earlier worker had (CNIs reuse IPs: Horovod blacklisted that host
    string for good) is replaced, no budget used, at most REUSED_LIMIT times per slot;
-5. an expectation older than EXPECTATION_TIMEOUT_S is given up (the pod is created again);
+5. an expectation older than EXPECTATION_TIMEOUT_S is given up (the pod is created again),
+   doubling for each time that pod's was given up in a row (up to UNSEEN_MAX_DOUBLINGS): a watch
+   that lags behind an overloaded API server is not answered with a create a minute per pod;
 6. a live pod of an older incarnation than its slot's (a late create by a leader that lost its
    lease, a delete that never happened) is deleted, once (ours);
 7. every active slot whose current pod neither exists nor is expected nor waits gets one,
@@ -59,6 +61,7 @@ if TYPE_CHECKING:  # the settings are read from it by the caller (scripts/layers
 
 REUSED_LIMIT = 5  # pods of one slot replaced because their IP was another worker's
 EXPECTATION_TIMEOUT_S = 60.0  # a created pod not seen on the watch by then is created again
+UNSEEN_MAX_DOUBLINGS = 4  # ... doubling per time in a row, to 16 minutes
 HUNG_GRACE_S = 1  # a hung worker's pod is deleted with this grace: SIGKILL by its kubelet
 
 
@@ -100,6 +103,7 @@ class Picture:
     lost_nodes: frozenset[str] = frozenset()  # nodes a new worker is kept off now (down)
     leaving: Mapping[str, Leaving] = field(default_factory=dict)  # pod -> announced to go
     index: PodIndex | None = None  # the facts of `pods` (podindex.py); None: built from them
+    unseen: Mapping[str, int] = field(default_factory=dict)  # pod -> expectations given up
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,7 @@ class Plan:
     notes: tuple[Note, ...] = ()
     fail: str | None = None  # the job cannot go on (WORKERS_LOST): why
     leaving: Mapping[str, Leaving] = field(default_factory=dict)
+    unseen: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -303,10 +308,14 @@ def plan(p: Picture, s: Settings) -> Plan:
         reuse_checked = p.view_render
         _replace_reused(p, s, step)
     expected = {}
+    # a pod the watch shows is no longer unseen
+    unseen = {n: k for n, k in p.unseen.items() if n not in p.pods}
     for name, since in p.expected.items():
-        if p.now - since > EXPECTATION_TIMEOUT_S:
+        if p.now - since > expectation_timeout(unseen.get(name, 0)):
+            unseen[name] = unseen.get(name, 0) + 1
             step.say("warning", "worker.create_unseen", pod=name,
-                     waited_s=round(p.now - since, 1))
+                     waited_s=round(p.now - since, 1),
+                     next_wait_s=expectation_timeout(unseen[name]))
         else:
             expected[name] = since
     ix = p.index if p.index is not None else podindex.build(p.pods, {}, s.job)
@@ -326,7 +335,13 @@ def plan(p: Picture, s: Settings) -> Plan:
                 f"slots: {dropped}")
     return Plan(step.fleet, step.reused, reuse_checked, None, expected,
                 tuple(step.creates), tuple(step.deletes), frozenset(step.ours),
-                tuple(step.notes), fail, leaving)
+                tuple(step.notes), fail, leaving, unseen)
+
+
+def expectation_timeout(unseen: int) -> float:
+    """How long a created pod may stay unseen on the watch after `unseen` such waits for it in
+    a row were given up."""
+    return EXPECTATION_TIMEOUT_S * 2 ** min(unseen, UNSEEN_MAX_DOUBLINGS)
 
 
 def _leaves(p: Picture, s: Settings, step: _Step) -> dict[str, Leaving]:

@@ -96,6 +96,27 @@ def test_expectations_and_refusals(expected: dict[str, float], waiting: frozense
     assert [n.fields["pod"] for n in p.notes if n.event == "worker.create_unseen"] == unseen
 
 
+def test_a_pod_the_watch_keeps_not_showing_is_asked_for_again_ever_less_often() -> None:
+    """Behind an overloaded API server the watch lags minutes: each create given up unseen
+    doubles the wait for the next (the 10,000-worker run asked for pods it had created 48,838
+    times in 10 minutes, each answered AlreadyExists); once the watch shows it, forgotten."""
+    w1 = pod_name(JOB, 1, 1)
+    unseen: dict[str, int] = {}
+    waits = []
+    for _ in range(6):
+        p = plan(picture(TWO, pods(worker(0)), expected={w1: NOW - 10_000}, unseen=unseen), S)
+        assert [c.name for c in p.creates] == [w1]
+        (note,) = [n for n in p.notes if n.event == "worker.create_unseen"]
+        waits.append(note.fields["next_wait_s"])
+        unseen = dict(p.unseen)
+        within = plan(picture(TWO, pods(worker(0)), expected={w1: NOW - waits[-1] + 1},
+                              unseen=unseen), S)
+        assert within.creates == () and within.unseen == unseen, "still expected"
+    assert waits == [120.0, 240.0, 480.0, 960.0, 960.0, 960.0]
+    seen = plan(picture(TWO, RUNNING_TWO, unseen=unseen), S)
+    assert seen.unseen == {}
+
+
 @pytest.mark.parametrize(("want", "event", "reason", "active"), [
     pytest.param(3, "scale.applied", "Scaled", [0, 1, 2], id="within the limits: applied"),
     pytest.param(5, "scale.refused", "ScaleRefused", [0, 1], id="above MAX_NP: refused"),
