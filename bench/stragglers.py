@@ -53,6 +53,7 @@ def one_job(cluster: Cluster, api: client.ApiClient, work: Path) -> dict[str, An
 
 
 def main(runs: int = RUNS) -> dict[str, Any]:
+    made = store.provenance()  # what the images are built from: the tree as the run starts
     out = []
     with on_real_nodes("stragglers") as (cluster, api, tmp):
         for i in range(runs):
@@ -74,8 +75,7 @@ def main(runs: int = RUNS) -> dict[str, Any]:
                 else " (no make test recorded since slow verdicts are counted)"),
             "steps_recomputed": max(r["steps_recomputed"] for r in out),
             "horovodrun_restarts": sum(r["horovodrun_restarts"] for r in out),
-            "throttle_percent": THROTTLE_PERCENT, "workers": 3, "runs": runs,
-            **store.provenance(),
+            "throttle_percent": THROTTLE_PERCENT, "workers": 3, "runs": runs, **made,
         },
         "stragglers_details": out,
     }

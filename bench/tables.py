@@ -126,6 +126,20 @@ def stock_restarts(r: Results) -> tuple[str, str]:
             str(r["e2e_stock"]["horovodrun_restarts"]))
 
 
+STRAGGLERS_WHAT = ("a worker slow but alive (one of 3 given 20 % of a CPU, the stock script "
+                   "without a checkpoint): named; the step rate back within 10 %")
+
+
+def stragglers(r: Results) -> tuple[str, str]:
+    d = r["stragglers"]
+    named, back = d["detected_s"], d["rate_recovered_s"]
+    return (STRAGGLERS_WHAT,
+            f"{_s(named['median'])} s / {_s(back['median'])} s median, {_s(named['max'])} s / "
+            f"{_s(back['max'])} s max over {named['n']} runs; {d['steps_recomputed']} steps "
+            f"computed again, {d['horovodrun_restarts']} horovodrun restarts, "
+            f"{d['false_positives']} false positives in {d['false_positives_of']}")
+
+
 def sidecar(r: Results) -> tuple[str, str]:
     d = r["sidecar"]
     side = (d["resumed_after_kill_s"], d["resumed_after_hang_s"])
@@ -269,6 +283,7 @@ ROWS: Sequence[tuple[tuple[str, ...], str, Callable[[Results], tuple[str, str]]]
     (("e2e_stock_tf", "resumed_after_kill_s"),
      "the stock TensorFlow script (the seeds' shape, sidecar mode): resumed after a SIGKILL / a "
      "frozen process or partition / a deadlocked main thread", tf_resumed),
+    (("stragglers",), STRAGGLERS_WHAT, stragglers),
     (("soak",), "fault soak, random faults per seed", soak),
     (("suite", "make_test"), SUITE_WHAT["make_test"], _suite("make_test")),
     (("suite", "ci_empty_cache"), SUITE_WHAT["ci_empty_cache"], _suite("ci_empty_cache")),
