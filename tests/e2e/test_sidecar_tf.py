@@ -60,6 +60,7 @@ from tests.e2e.test_stock_lane import (
     decisions,
     force_deleted_then_replaced,
     frozen_then_replaced,
+    moved_within_the_bounds,
     no_gloo_timeout,
     partitioned_then_replaced,
     replacement_killed_while_it_joins,
@@ -67,6 +68,7 @@ from tests.e2e.test_stock_lane import (
     sound,
     stock_job,
     stuck_then_replaced,
+    throttled_then_moved,
 )
 from tests.faults import PodFaults
 
@@ -74,6 +76,8 @@ from tests.faults import PodFaults
 KILL_S = 2.0  # a SIGKILL or a force delete
 HANG_S = 5.0  # a frozen process (silent past the 3 s heartbeat timeout, then fenced)
 STUCK_BOUND_S = 30.0  # a main thread deadlocked (stuck after STUCK_FLOOR_S=20 s, shipped)
+# The straggler job's batch: MNIST-shaped images through two convolutions, mostly compute.
+TF_BATCH = 64
 
 
 def tf_command(stock: Path, *extra: str) -> list[str]:
@@ -232,3 +236,21 @@ class TestSidecarTensorFlowTour:
 class TestSidecarKerasTour(TestSidecarTensorFlowTour):
     """The same faults for Keras's `model.fit` with the elastic callbacks."""
     STOCK = STOCK_KERAS
+
+
+def test_a_throttled_tensorflow_worker_is_named_and_moved(
+        cluster: Cluster, cluster_api: client.ApiClient, main_images: dict[str, Path],
+        tmp_path: Path) -> None:
+    """Issue 42 in TensorFlow: the seeds' shape (stock_tf_train.py: a `tf.function` step with
+    DistributedGradientTape, no checkpoint) in your image, sidecar mode, three workers,
+    compute-bound (no extra sleep, batches of TF_BATCH): one given THROTTLE_PERCENT of a CPU is
+    timed by the hook between two reductions of a step's gradients (the signals in the graph),
+    named, moved and the rate comes back, as the torch script's (test_stock_lane)."""
+    with stock_job(cluster, cluster_api, tmp_path, workers=3, stock=STOCK_TF,
+                   command=["python", f"{STOCK_DIR}/{STOCK_TF.name}", "--batches", str(BATCHES),
+                            "--batch-size", str(TF_BATCH)],
+                   overlay=SIDECAR_OVERLAY, transform=your_image(TRAINER_TF),
+                   **SHIPPED_QUARANTINE) as (job, faults):
+        m = throttled_then_moved(job, faults)
+        print(f"straggler (TensorFlow): {m}")
+        moved_within_the_bounds(job, m)

@@ -779,8 +779,23 @@ def straggler_job() -> dict[str, Any]:
                                       str(BATCHES), *COMPUTE_BOUND], **SHIPPED_QUARANTINE}
 
 
+def roomy_victim(job: Job) -> tuple[str, dict[str, Any]]:
+    """A worker, not rank 0's, whose replacement has somewhere to go: the workers request a CPU
+    and the nodes hold two each, the launcher's node none (workers_avoid_the_launcher), so three
+    workers fill one node and half of another; a replacement kept off the lone worker's node
+    would find no room and stay Pending (the worker then trains on, as designed: seen on
+    2026-11-30). So one that shares its node."""
+    rank0 = job.rank0_host()
+    live = sorted(job.live_workers().items())
+    nodes = [p["spec"]["nodeName"] for _, p in live]
+    for name, pod in live:
+        if pod["status"].get("podIP") != rank0 and nodes.count(pod["spec"]["nodeName"]) > 1:
+            return name, pod
+    raise AssertionError(f"no worker besides rank 0's shares a node: {nodes}")
+
+
 def throttled_then_moved(job: Job, faults: PodFaults) -> dict[str, Any]:
-    """Throttle a worker (not rank 0's) of the settled job to THROTTLE_PERCENT of a CPU; wait
+    """Throttle a worker (`roomy_victim`) of the settled job to THROTTLE_PERCENT of a CPU; wait
     until it is said slow, leaves, its replacement runs and the step rate is back within 10 %
     of the rate before. Return what was measured (seconds from the throttle)."""
     job.settled(3)
@@ -788,7 +803,7 @@ def throttled_then_moved(job: Job, faults: PodFaults) -> dict[str, Any]:
     now = time.time()
     before = rate_between(job.records(), now - RATE_WINDOW_S * 2, now)
     assert before > 0, "no steps before the throttle"
-    victim, pod = job.victim()
+    victim, pod = roomy_victim(job)
     node = pod["spec"]["nodeName"]
     t0 = time.time()
     faults.throttle(victim, THROTTLE_PERCENT)
@@ -836,6 +851,11 @@ def test_a_throttled_worker_is_named_and_moved_and_the_rate_comes_back(
     job, faults = make_job(**straggler_job())
     m = throttled_then_moved(job, faults)
     print(f"straggler: {m}")
+    moved_within_the_bounds(job, m)
+
+
+def moved_within_the_bounds(job: Job, m: dict[str, Any]) -> None:
+    """What `throttled_then_moved` measured meets issue 42's targets."""
     assert m["why"] == "Straggler", m
     assert m["replacement_node"] != m["node"], "the replacement was kept off the slow node"
     assert m["detected_s"] <= SLOW_NAMED_S, m
