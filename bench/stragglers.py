@@ -1,10 +1,12 @@
 """Stragglers on real nodes (issue 42): a worker slow but alive, named and moved.
 
-The stock-script lane's straggler job (tests/e2e/test_stock_lane.py `straggler_job`): three
-workers of the unmodified PyTorch script (no checkpoint), compute-bound (no extra sleep, batches
-of 8192), the supervisor with its shipped defaults (SUPERVISOR_SLOW_FACTOR, SLOW_SECONDS,
+The stock-script lane's straggler job (tests/e2e/test_stock_lane.py `straggler_job`: three
+workers of the unmodified PyTorch script, no checkpoint, compute-bound: no extra sleep, batches
+of 8192), twice, and the seeds' TensorFlow script's (tests/e2e/test_sidecar_tf.py
+`tf_straggler_job`: your image, sidecar mode, batches of 64), once, the supervisor with its
+shipped defaults (SUPERVISOR_SLOW_FACTOR, SLOW_SECONDS,
 SLOW_MOVES and the quarantine as shipped), on the local cluster of three real nodes with the real
-images. In each of RUNS jobs one worker (not rank 0's) gets THROTTLE_PERCENT of a CPU (its CFS
+images. In each job one worker (not rank 0's) gets THROTTLE_PERCENT of a CPU (its CFS
 cgroup quota, tests.faults.PodFaults.throttle; why 20 % and not the issue's 30 %: the test's
 comment); from the supervisor's log and rank 0's step lines
 (`throttled_then_moved`):
@@ -29,14 +31,13 @@ from kubernetes import client
 from bench import store
 from bench.e2e_stock import on_real_nodes
 from localcluster.nodes import Cluster
+from tests.e2e.test_sidecar_tf import tf_straggler_job
 from tests.e2e.test_stock_lane import (
     THROTTLE_PERCENT,
     stock_job,
     straggler_job,
     throttled_then_moved,
 )
-
-RUNS = 2
 
 
 def summary(values: list[float]) -> dict[str, float] | None:
@@ -46,21 +47,26 @@ def summary(values: list[float]) -> dict[str, float] | None:
             "n": len(values)}
 
 
-def one_job(cluster: Cluster, api: client.ApiClient, work: Path) -> dict[str, Any]:
+# (framework, stock_job's arguments) of each run
+PLAN = (("torch", straggler_job), ("torch", straggler_job), ("tensorflow", tf_straggler_job))
+
+
+def one_job(cluster: Cluster, api: client.ApiClient, work: Path,
+            kwargs: dict[str, Any]) -> dict[str, Any]:
     """One straggler job (main_job's check of false verdicts holds at its end)."""
-    with stock_job(cluster, api, work, **straggler_job()) as (job, faults):
+    with stock_job(cluster, api, work, **kwargs) as (job, faults):
         return throttled_then_moved(job, faults)
 
 
-def main(runs: int = RUNS) -> dict[str, Any]:
+def main() -> dict[str, Any]:
     made = store.provenance()  # what the images are built from: the tree as the run starts
     out = []
     with on_real_nodes("stragglers") as (cluster, api, tmp):
-        for i in range(runs):
+        for i, (framework, kwargs) in enumerate(PLAN):
             work = tmp / f"run{i}"
             work.mkdir()
-            print(f"bench stragglers: job {i + 1} of {runs}", flush=True)
-            out.append(one_job(cluster, api, work))
+            print(f"bench stragglers: job {i + 1} of {len(PLAN)} ({framework})", flush=True)
+            out.append({"framework": framework, **one_job(cluster, api, work, kwargs())})
             print(f"bench stragglers: {out[-1]}", flush=True)
     suite = store.load().get("false_verdicts") or {}
     from_suite = suite.get("slow")
@@ -75,7 +81,8 @@ def main(runs: int = RUNS) -> dict[str, Any]:
                 else " (no make test recorded since slow verdicts are counted)"),
             "steps_recomputed": max(r["steps_recomputed"] for r in out),
             "horovodrun_restarts": sum(r["horovodrun_restarts"] for r in out),
-            "throttle_percent": THROTTLE_PERCENT, "workers": 3, "runs": runs, **made,
+            "throttle_percent": THROTTLE_PERCENT, "workers": 3, "runs": len(PLAN),
+            "frameworks": sorted({r["framework"] for r in out}), **made,
         },
         "stragglers_details": out,
     }

@@ -126,8 +126,8 @@ def stock_restarts(r: Results) -> tuple[str, str]:
             str(r["e2e_stock"]["horovodrun_restarts"]))
 
 
-STRAGGLERS_WHAT = ("a worker slow but alive (one of 3 given 20 % of a CPU, the stock script "
-                   "without a checkpoint): named; the step rate back within 10 %")
+STRAGGLERS_WHAT = ("a worker slow but alive (one of 3 given 20 % of a CPU; the stock scripts, "
+                   "no checkpoint): named; the step rate back within 10 %")
 
 
 def stragglers(r: Results) -> tuple[str, str]:
@@ -135,7 +135,8 @@ def stragglers(r: Results) -> tuple[str, str]:
     named, back = d["detected_s"], d["rate_recovered_s"]
     return (STRAGGLERS_WHAT,
             f"{_s(named['median'])} s / {_s(back['median'])} s median, {_s(named['max'])} s / "
-            f"{_s(back['max'])} s max over {named['n']} runs; {d['steps_recomputed']} steps "
+            f"{_s(back['max'])} s max over {named['n']} runs "
+            f"({', '.join(d.get('frameworks') or ['torch'])}); {d['steps_recomputed']} steps "
             f"computed again, {d['horovodrun_restarts']} horovodrun restarts, "
             f"{d['false_positives']} false positives in {d['false_positives_of']}")
 

@@ -28,6 +28,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -238,6 +239,15 @@ class TestSidecarKerasTour(TestSidecarTensorFlowTour):
     STOCK = STOCK_KERAS
 
 
+def tf_straggler_job() -> dict[str, Any]:
+    """stock_job's arguments for three workers of the seeds' TensorFlow script in your image
+    (sidecar mode), compute-bound, no checkpoint, the shipped defaults."""
+    return {"workers": 3, "stock": STOCK_TF, "overlay": SIDECAR_OVERLAY,
+            "transform": your_image(TRAINER_TF), "command": [
+                "python", f"{STOCK_DIR}/{STOCK_TF.name}", "--batches", str(BATCHES),
+                "--batch-size", str(TF_BATCH)], **SHIPPED_QUARANTINE}
+
+
 def test_a_throttled_tensorflow_worker_is_named_and_moved(
         cluster: Cluster, cluster_api: client.ApiClient, main_images: dict[str, Path],
         tmp_path: Path) -> None:
@@ -246,11 +256,7 @@ def test_a_throttled_tensorflow_worker_is_named_and_moved(
     compute-bound (no extra sleep, batches of TF_BATCH): one given THROTTLE_PERCENT of a CPU is
     timed by the hook between two reductions of a step's gradients (the signals in the graph),
     named, moved and the rate comes back, as the torch script's (test_stock_lane)."""
-    with stock_job(cluster, cluster_api, tmp_path, workers=3, stock=STOCK_TF,
-                   command=["python", f"{STOCK_DIR}/{STOCK_TF.name}", "--batches", str(BATCHES),
-                            "--batch-size", str(TF_BATCH)],
-                   overlay=SIDECAR_OVERLAY, transform=your_image(TRAINER_TF),
-                   **SHIPPED_QUARANTINE) as (job, faults):
+    with stock_job(cluster, cluster_api, tmp_path, **tf_straggler_job()) as (job, faults):
         m = throttled_then_moved(job, faults)
         print(f"straggler (TensorFlow): {m}")
         moved_within_the_bounds(job, m)
