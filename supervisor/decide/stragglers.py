@@ -35,7 +35,10 @@ from dataclasses import dataclass, field, replace
 
 from supervisor.decide.beats import Beat, heartbeating, judged
 
-MIN_STEPS = 8  # steps a process has timed since the last init before it is compared
+# steps a process has timed since the last init before it is compared: a new world's first
+# windows are short, and a healthy worker measured 2.02x three seconds after the first step with
+# 8 (bench stragglers, 2026-11-30)
+MIN_STEPS = 12
 MIN_EXCESS_S = 0.005  # and at least this much slower per step (tiny steps are noise)
 HOLD = 0.75  # once slow, slow while over 1 + HOLD x (factor - 1): 1.75 for a factor of 2
 

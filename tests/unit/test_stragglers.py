@@ -114,6 +114,18 @@ def test_one_long_pause_in_the_window_is_left_out() -> None:
     assert out == pytest.approx(0.2)
 
 
+def test_a_new_worlds_one_slow_start_is_left_out_of_a_short_window() -> None:
+    """12 steps since the init, the first of them 10x (bench stragglers, 2026-11-30: a healthy
+    worker measured 2.02x three seconds after its first step, with 8 steps and none left out)."""
+    now = [0.0]
+    p = Progress(clock=lambda: now[0])
+    for i in range(STEP_SKIP + 1 + stragglers.MIN_STEPS):
+        now[0] += 0.5 if i == STEP_SKIP + 1 else 0.05
+        p.step()
+    out, _, n = p.step_times()  # type: ignore[misc]
+    assert (n, out) == (stragglers.MIN_STEPS, pytest.approx(0.05))
+
+
 def test_a_wait_forgotten_with_a_failed_graph_is_not_counted_as_a_wait() -> None:
     now = [0.0]
     p = Progress(clock=lambda: now[0])
