@@ -173,8 +173,10 @@ def watch(w: Watch, beats: Iterable[Beat], now: float, s: Settings,
     `seconds`, over once measured not slow, gone once a settled world lacks them. An unsettled
     world (a reset, a worker joining) changes nothing: no new evidence either way."""
     if s.factor <= 0:
+        # off: nothing is slow or moving; the moves made and the margin stay what they were
         return Change(w) if not w.since and not w.named else Change(
-            Watch(moved=w.moved), over=tuple(w.named.values()))
+            replace(w, since={}, named={}, moving={}, kept=frozenset()),
+            over=tuple(w.named.values()))
     m = measure(beats, now, silence_s)
     if m is None:
         return Change(w)

@@ -275,10 +275,13 @@ def test_a_named_host_gone_from_a_settled_world_is_gone_not_over() -> None:
 
 
 def test_the_watch_off_forgets_what_it_named() -> None:
-    w = stragglers.Watch(named={"h": stragglers.Slow("h", (0,), 0.09, 0.03, 0.0, 2, NOW)})
+    w = stragglers.Watch(named={"h": stragglers.Slow("h", (0,), 0.09, 0.03, 0.0, 2, NOW)},
+                         moved=(WALL,), moved_ranks=frozenset({1}), moving={"p": "slow"})
     beats = at((timed(0, 0.09), timed(1, 0.03)), NOW)
     ch = stragglers.watch(w, beats, NOW, replace(SLOW, factor=0.0), 3.0)
     assert ch.watch.named == {} and [x.host for x in ch.over] == ["h"]
+    assert ch.watch.moving == {}, "no move goes on while the watch is off"
+    assert (ch.watch.moved, ch.watch.moved_ranks) == ((WALL,), {1}), "the moves made stay"
 
 
 def test_the_move_budget_holds_moves_within_the_window() -> None:
