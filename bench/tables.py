@@ -128,15 +128,26 @@ def stock_restarts(r: Results) -> tuple[str, str]:
 
 STRAGGLERS_WHAT = ("a worker slow but alive (one of 3 given 20 % of a CPU; the stock scripts, "
                    "no checkpoint): named; the step rate back within 10 %")
+LINK_WHAT = ("a worker on a slow link (one of 3 narrowed to {rate}; the stock torch script, "
+             "no checkpoint): named; the step rate back within 10 %")
 
 
 def stragglers(r: Results) -> tuple[str, str]:
     d = r["stragglers"]
-    named, back = d["detected_s"], d["rate_recovered_s"]
-    return (STRAGGLERS_WHAT,
-            f"{_s(named['median'])} s / {_s(back['median'])} s median, {_s(named['max'])} s / "
+    case = (d.get("cases") or {}).get("cpu") or d
+    return STRAGGLERS_WHAT, _straggled(d, case)
+
+
+def stragglers_link(r: Results) -> tuple[str, str]:
+    d = r["stragglers"]
+    return LINK_WHAT.format(rate=d.get("link_rate")), _straggled(d, d["cases"]["link"])
+
+
+def _straggled(d: Mapping[str, Any], case: Mapping[str, Any]) -> str:
+    named, back = case["detected_s"], case["rate_recovered_s"]
+    return (f"{_s(named['median'])} s / {_s(back['median'])} s median, {_s(named['max'])} s / "
             f"{_s(back['max'])} s max over {named['n']} runs "
-            f"({', '.join(d.get('frameworks') or ['torch'])}); {d['steps_recomputed']} steps "
+            f"({', '.join(case.get('frameworks') or ['torch'])}); {d['steps_recomputed']} steps "
             f"computed again, {d['horovodrun_restarts']} horovodrun restarts, "
             f"{d['false_positives']} false positives in {d['false_positives_of']}")
 
@@ -285,6 +296,7 @@ ROWS: Sequence[tuple[tuple[str, ...], str, Callable[[Results], tuple[str, str]]]
      "the stock TensorFlow script (the seeds' shape, sidecar mode): resumed after a SIGKILL / a "
      "frozen process or partition / a deadlocked main thread", tf_resumed),
     (("stragglers",), STRAGGLERS_WHAT, stragglers),
+    (("stragglers", "cases", "link"), LINK_WHAT.format(rate="a token bucket"), stragglers_link),
     (("soak",), "fault soak, random faults per seed", soak),
     (("suite", "make_test"), SUITE_WHAT["make_test"], _suite("make_test")),
     (("suite", "ci_empty_cache"), SUITE_WHAT["ci_empty_cache"], _suite("ci_empty_cache")),

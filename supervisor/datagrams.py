@@ -29,6 +29,7 @@ MAX_PORTS = 4096  # the hook sends at most 2000
 MAX_ADDRS = 256
 MAX_PROBLEMS = 64
 MAX_FRAMES = 16  # the hook sends 3
+MAX_LINKS = 64  # the hook sends 8
 MAX_HOSTS = 100_000  # the driver's world and failures (a datagram holds ~1500 anyway)
 
 
@@ -103,6 +104,9 @@ SCHEMA: dict[str, dict[str, Rule]] = {
         "problems": PROBLEMS,
         "pos": Rule(lambda v: _text(v, POS_CHARS), f"a string of at most {POS_CHARS} characters"),
         "io": Rule(_or_none(COUNT.accepts), "null or an integer 0..2^63-1"),
+        "rt": Rule(lambda v: isinstance(v, dict) and len(v) <= MAX_LINKS and all(
+            _text(a, 64) and _seconds(ms) for a, ms in v.items()),
+            f"an object of at most {MAX_LINKS} IP addresses to milliseconds >= 0"),
         "where": Rule(lambda v: _texts(v, MAX_FRAMES, TEXT_CHARS),
                       f"a list of at most {MAX_FRAMES} strings of at most {TEXT_CHARS} "
                       "characters"),

@@ -93,6 +93,14 @@ def _count(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 
+def _rtts(v: Any) -> tuple[tuple[str, float], ...]:
+    """The hook's {address: milliseconds} as ((address, seconds), ...)."""
+    if not isinstance(v, dict):
+        return ()
+    return tuple(sorted((str(a), s / 1000) for a, raw in v.items()
+                        if (s := _seconds(raw)) is not None))
+
+
 def updated(old: Beat | None, body: Mapping[str, Any], addr: tuple[str, int],
             now: float) -> Beat | None:
     """PURE: the process's record after one authentic datagram of the current run."""
@@ -119,6 +127,7 @@ def updated(old: Beat | None, body: Mapping[str, Any], addr: tuple[str, int],
         redone=_count(body.get("rd")),
         trained_s=_seconds(body.get("tr")), step_out_s=_seconds(body.get("so")),
         step_wait_s=_seconds(body.get("sw")), step_n=_int(body.get("sn")),
+        link_rtt=_rtts(body.get("rt")),
         pos=str(body.get("pos") or ""), io=body["io"] if isinstance(body.get("io"), int) else None,
         where=tuple(str(w) for w in body.get("where") or ())[:8])
     if old is None:

@@ -180,8 +180,10 @@ def render(s: Mapping[str, Any]) -> str:
             for n, t in sorted(s["quarantined"].items()))
         lines += ["", f"QUARANTINED NODES (no new worker of the job): {until}"]
     if s.get("slow"):
-        lines += ["", "SLOW WORKERS (their own work per step against the others' median): " + (
-            ", ".join(f"{w.get('host')} (rank {', '.join(map(str, w.get('ranks') or []))}: "
+        lines += ["", "SLOW WORKERS (their own work per step, or their fastest link's round "
+                  "trip, against the others' median): " + (
+            ", ".join(f"{w.get('host')} (rank {', '.join(map(str, w.get('ranks') or []))}"
+                      f"{', its links' if w.get('kind') == 'link' else ''}: "
                       f"{w.get('factor')}x, {w.get('outMs')} ms vs {w.get('medianMs')} ms, "
                       f"for {duration(float(w.get('forS') or 0))})" for w in s["slow"]))]
     lines += ["", "LAST DECISIONS"]

@@ -32,6 +32,9 @@ from localcluster.kubelet import ready_condition
 CGROUP2 = Path("/sys/fs/cgroup/unified")
 
 
+LINK_QUEUE_MS = 100  # slow_link's queue: what waits longer is dropped (and sent again)
+
+
 class PodFaults:
     """Faults on the worker pods of one job on real nodes, as they happen in a cluster."""
 
@@ -39,6 +42,7 @@ class PodFaults:
         self.job, self.script = job, script  # a MainJob; the training script's file name
         self.frozen: list[Any] = []  # nodes frozen here, thawed by close()
         self.throttled: list[Path] = []  # CPU cgroups given a quota here, lifted by close()
+        self.narrowed: list[int] = []  # pids in pods whose link is slowed here (close())
 
     def kill(self, *names: str, sig: int = signal.SIGKILL) -> None:
         """The pods' containers get `sig` at once (a crash, an OOM kill): they end 128+sig."""
@@ -99,7 +103,27 @@ class PodFaults:
             self.throttled.append(group)
         return groups
 
+    def slow_link(self, name: str, rate: str, *, queue_ms: int = LINK_QUEUE_MS) -> None:
+        """Make the pod's network link slow: everything that leaves it (its data, and its
+        acknowledgements of what it receives) goes through a token bucket of `rate` (tc's tbf
+        on its eth0, in its network namespace), queued up to `queue_ms`: a degraded NIC, a
+        congested link, a link shaped by a noisy neighbour. Slow but alive: the pod's
+        processes run as before. (A fixed delay would be netem's; this machine's kernel has
+        no netem.) Lifted by close(), or gone with the pod."""
+        pids = self.training(name)
+        if not pids:
+            raise AssertionError(f"no training process in pod {name}")
+        self.job.silence(name)
+        subprocess.run(["nsenter", "-t", str(pids[0]), "-n", "tc", "qdisc", "replace", "dev",
+                        "eth0", "root", "tbf", "rate", rate, "burst", "16kb", "latency",
+                        f"{queue_ms}ms"], check=True, capture_output=True, timeout=30)
+        self.narrowed.append(pids[0])
+
     def close(self) -> None:
+        while self.narrowed:
+            subprocess.run(["nsenter", "-t", str(self.narrowed.pop()), "-n", "tc", "qdisc",
+                            "del", "dev", "eth0", "root"], check=False, capture_output=True,
+                           timeout=30)
         while self.frozen:
             self.frozen.pop().thaw()
         while self.throttled:

@@ -126,7 +126,7 @@ class Config:
     quarantine_failures: int = 2  # 0: no quarantine
     quarantine_window_s: float = 1800.0
     quarantine_s: float = 3600.0
-    slow_factor: float = 2.0  # 0.0: stragglers not watched
+    slow_factor: float = 2.5  # 0.0: stragglers not watched
     slow_s: float = 30.0
     slow_moves: int = 2  # 0: reported only
     slow_moves_window_s: float = 3600.0

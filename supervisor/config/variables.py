@@ -240,11 +240,12 @@ VARIABLES: tuple[Var, ...] = (
         "The window of QUARANTINE_FAILURES."),
     Var("QUARANTINE_SECONDS", "3600", _seconds(0), "quarantine_s",
         "How long a quarantined node gets no new worker of the job; it ends by itself."),
-    Var("SLOW_FACTOR", "2.0", _factor_or_off, "slow_factor",
+    Var("SLOW_FACTOR", "2.5", _factor_or_off, "slow_factor",
         "Stragglers: a worker whose training processes spend this many times the other "
         "workers' median time per step outside collectives (their own compute and input, "
-        "timed by the hook; the means of their last 31 steps without the slowest tenth) for "
-        "SLOW_SECONDS is slow "
+        "timed by the hook; the means of their last 31 steps without the slowest tenth), or "
+        "whose fastest link to another worker takes this many times the others' median round "
+        "trip (and 5 ms more), for SLOW_SECONDS is slow "
         "(Warning Event WorkerSlow, the metric slow_workers, shown by `status`). A job-wide "
         "slowdown is not a straggler. off: not watched.",
         show=lambda v: v or "off"),

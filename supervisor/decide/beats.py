@@ -70,6 +70,9 @@ class Beat:
     step_out_s: float | None = None
     step_wait_s: float | None = None
     step_n: int = 0
+    # the round-trip time of its fastest active link to each of up to 8 other machines'
+    # addresses (the hook's `peer_rtts`; the fastest first as sent, sorted here by address)
+    link_rtt: tuple[tuple[str, float], ...] = ()
 
 
 def judged(b: Beat) -> bool:

@@ -24,12 +24,30 @@ moved before (the slowness follows the rank: its own work, which no move leaves 
 move is an announced disruption's (leaving.py):
 its replacement is placed first, kept off its node, and it leaves gracefully once that runs;
 with nowhere to go it trains on. Its node counts once toward quarantine (quarantine.Kind.SLOW).
+
+**A slow link** (the second case: a degraded NIC, a congested or throttled link) makes every
+rank wait alike, and no one's own work is slower. The hook reads the kernel's smoothed
+round-trip time of each of its process's connections to another machine that carried data in
+the last seconds (`Beat.link_rtt`, the fastest per peer address). Every link has two ends, and
+a link's time counts for both: each host's **fastest link** is the fastest any process said of
+a link to or from it. A host whose every link is slow stands out; a host with one slow link (to
+the slow one) has a fast one too, once there are three hosts (with two, both see the one link:
+no verdict). A process can only lower a host's fastest link by what it says, never raise it: a
+process that lies cannot get another named. Slow, held and named as above (the same `factor`
+and `seconds`, over the other hosts' median and LINK_MIN_EXCESS_S more); moved when the world's
+step now (the median rank's, inside and outside collectives) is at least LINK_SLOWER over its
+fastest since the world formed (`Pace`: the link made the world slower) and n - k ranks at that
+fastest step beat n at the step now. A link slow since before the world formed has no faster
+step to compare: reported only. The moved-ranks rule does not apply: the slowness is the
+machine's link, not the rank's work.
 No I/O, no clock.
 """
 
 from __future__ import annotations
 
 import bisect
+import ipaddress
+import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -40,12 +58,15 @@ from supervisor.decide.beats import Beat, heartbeating, judged
 # 8 (bench stragglers, 2026-11-30)
 MIN_STEPS = 12
 MIN_EXCESS_S = 0.005  # and at least this much slower per step (tiny steps are noise)
-HOLD = 0.75  # once slow, slow while over 1 + HOLD x (factor - 1): 1.75 for a factor of 2
+HOLD = 0.75  # once slow, slow while over 1 + HOLD x (factor - 1): 2.125 for a factor of 2.5
+LINK_MIN_EXCESS_S = 0.005  # a slow link: at least this much slower a round trip
+LINK_SLOWER = 0.1  # moved: the world's step is at least this much over its fastest
+WORK, LINK = "work", "link"  # what is slow: the host's own work, or its links
 
 
 @dataclass(frozen=True)
 class Settings:
-    factor: float = 2.0  # 0: off
+    factor: float = 2.5  # 0: off
     seconds: float = 30.0
     moves: int = 2  # moves within window_s; 0: report only
     window_s: float = 3600.0
@@ -62,6 +83,16 @@ class Slow:
     comm_s: float  # that process's time inside collectives per step
     size: int  # ranks in the world
     since: float  # monotonic: slow since
+    # LINK: out_s and median_s are round-trip times (its fastest link, the other hosts'
+    # median), step_s the world's step now and best_s its fastest since the world formed
+    kind: str = WORK
+    step_s: float = 0.0
+    best_s: float = 0.0
+
+    @property
+    def key(self) -> str:
+        """Its key in the watch: the host (its work) or the host's links."""
+        return self.host if self.kind == WORK else f"{self.host}/{LINK}"
 
     @property
     def factor(self) -> float:
@@ -69,14 +100,27 @@ class Slow:
 
     def rates(self) -> tuple[float, float]:
         """(steps x ranks per second with it, without it until a replacement joins)."""
+        k = len(self.ranks)
+        if self.kind == LINK:
+            if self.best_s <= 0 or self.step_s < self.best_s * (1 + LINK_SLOWER):
+                return self.size / max(1e-9, self.step_s), 0.0  # not shown to cost a step
+            return self.size / self.step_s, (self.size - k) / self.best_s
         with_it = self.size / max(1e-9, self.out_s + self.comm_s)
-        without = (self.size - len(self.ranks)) / max(1e-9, self.median_s + self.comm_s)
+        without = (self.size - k) / max(1e-9, self.median_s + self.comm_s)
         return with_it, without
 
     def pays(self) -> bool:
         """Whether the world trains faster without it (the rates' comparison above)."""
         with_it, without = self.rates()
         return without > with_it
+
+
+@dataclass(frozen=True)
+class Pace:
+    """A world's fastest step so far: the yardstick of what a slow link costs."""
+
+    world: frozenset[tuple[str, int]]  # (sender, inits) of each of its processes
+    best_s: float  # the median rank's step (outside + inside collectives), its lowest
 
 
 @dataclass(frozen=True)
@@ -87,7 +131,7 @@ class Watch:
     named: Mapping[str, Slow] = field(default_factory=dict)  # host -> said slow
     moved: tuple[float, ...] = ()  # when each move was decided (wall), within the window
     moving: Mapping[str, str] = field(default_factory=dict)  # pod -> why, to leave (leaving.py)
-    kept: frozenset[str] = frozenset()  # hosts said slow and not moved (said once)
+    kept: frozenset[str] = frozenset()  # keys said slow and not moved (said once)
     # the ranks of the hosts moved: a rank slow again on another host is slow for its own work
     # (rank 0's checkpoints, its logging), which a move cannot leave behind
     moved_ranks: frozenset[int] = frozenset()
@@ -95,14 +139,21 @@ class Watch:
     @property
     def worst(self) -> float:
         return 0.0 if self.widest is None else self.widest.factor
+
+    @property
+    def link_excess(self) -> float:
+        """The most a host's fastest link was over the others' median so far (seconds)."""
+        x = self.widest_link
+        return 0.0 if x is None else x.out_s - x.median_s
     # the measure with the highest factor in a settled world so far (the margin below `factor`)
     widest: Slow | None = None
+    widest_link: Slow | None = None  # the links' measure with the most excess so far
+    pace: Pace | None = None  # the current world's fastest step
 
 
-def measure(beats: Iterable[Beat], now: float, silence_s: float) -> dict[str, Slow] | None:
-    """Each host's time outside collectives against the other hosts' median (`since`: now),
-    or None when the world is not settled: a process of it silent, of another size, or with
-    fewer than MIN_STEPS steps timed since the last init, or a single host."""
+def settled(beats: Iterable[Beat], now: float, silence_s: float) -> list[Beat] | None:
+    """The processes of a settled world (each of its ranks heartbeats, one size, each with at
+    least MIN_STEPS steps timed since the last init), or None."""
     live = [b for b in beats if b.rank is not None and judged(b)
             and heartbeating(b, now, silence_s)]
     if not live or live[0].size is None:
@@ -111,6 +162,26 @@ def measure(beats: Iterable[Beat], now: float, silence_s: float) -> dict[str, Sl
     if len(live) != size or any(b.size != size or b.step_out_s is None or b.step_n < MIN_STEPS
                                 for b in live):
         return None
+    return live
+
+
+def step_of(live: list[Beat]) -> float:
+    """The world's step: the median rank's seconds per step, outside and inside collectives."""
+    return statistics.median((b.step_out_s or 0.0) + (b.step_wait_s or 0.0) for b in live)
+
+
+def measure(beats: Iterable[Beat], now: float, silence_s: float,
+            best_s: float = 0.0) -> dict[str, Slow] | None:
+    """Each host's time outside collectives against the other hosts' median, and each host's
+    fastest link against theirs (`LINK`, where the hook reads links), by `Slow.key` (`since`:
+    now), or None when the world is not settled (`settled`) or has a single host. `best_s`: the
+    world's fastest step so far (`Pace`)."""
+    live = settled(beats, now, silence_s)
+    return None if live is None else _measure(live, now, best_s)
+
+
+def _measure(live: list[Beat], now: float, best_s: float) -> dict[str, Slow] | None:
+    size = len(live)
     hosts: dict[str, list[Beat]] = {}
     for b in live:
         hosts.setdefault(b.host, []).append(b)
@@ -118,14 +189,44 @@ def measure(beats: Iterable[Beat], now: float, silence_s: float) -> dict[str, Sl
         return None
     everyone = sorted(b.step_out_s for b in live)  # type: ignore[type-var]
     out = {}
+    ranks = {host: tuple(sorted(b.rank for b in own if b.rank is not None))
+             for host, own in hosts.items()}
     for host, own in hosts.items():
         slowest = max(own, key=lambda b: b.step_out_s)  # type: ignore[arg-type,return-value]
         mine = slowest.step_out_s
         assert mine is not None
         median = _median_without(everyone, [b.step_out_s for b in own])  # type: ignore[misc]
-        out[host] = Slow(host, tuple(sorted(b.rank for b in own if b.rank is not None)), mine,
-                         median, slowest.step_wait_s or 0.0, size, now)
+        out[host] = Slow(host, ranks[host], mine, median, slowest.step_wait_s or 0.0, size, now)
+    fastest = fastest_links(live)
+    if len(fastest) >= 3:
+        step, times = step_of(live), sorted(fastest.values())
+        for host, rtt in fastest.items():
+            x = Slow(host, ranks[host], rtt, _median_without(times, [rtt]), 0.0, size, now,
+                     LINK, step, min(best_s, step) if best_s > 0 else step)
+            out[x.key] = x
     return out
+
+
+def fastest_links(live: Iterable[Beat]) -> dict[str, float]:
+    """host -> the fastest round trip any process said of a link to or from it (a link counts
+    for both ends; an address is a host's when a process of it sent from it or had it as a
+    local address)."""
+    live = list(live)
+    host_of: dict[str, str] = {}
+    for b in live:
+        for a in (b.source[0], *b.addrs):
+            if a and not _loopback(a):
+                host_of.setdefault(a, b.host)
+    fastest: dict[str, float] = {}
+    for b in live:
+        for ip, rtt in b.link_rtt:
+            peer = host_of.get(ip)
+            if peer is None or peer == b.host:
+                continue
+            for h in (b.host, peer):
+                if rtt < fastest.get(h, float("inf")):
+                    fastest[h] = rtt
+    return fastest
 
 
 def _median_without(ordered: list[float], drop: list[float]) -> float:
@@ -149,12 +250,23 @@ def _median_without(ordered: list[float], drop: list[float]) -> float:
     return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
 
 
+def _loopback(ip: str) -> bool:
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return False
+
+
 def is_slow(x: Slow, s: Settings, *, held: bool = False) -> bool:
-    """Whether `x` is slow: `factor` times the others' median; once slow (`held`), HOLD of the
-    way from 1 to `factor` (a slowdown measured around the factor itself comes and goes with
-    every few steps: without a band it would never last `seconds`)."""
+    """Whether `x` is slow: `factor` times the others' median, and MIN_EXCESS_S (a link:
+    LINK_MIN_EXCESS_S) more; once slow (`held`), HOLD of the way from 1 to `factor` and HOLD of
+    the excess (a slowdown measured around the bar itself comes and goes with every few steps:
+    without a band it would never last `seconds`; a narrowed link's fastest round trip measured
+    4.5-6.3 ms, on and off, on real nodes)."""
     factor = 1 + (s.factor - 1) * HOLD if held else s.factor
-    return x.out_s >= factor * x.median_s and x.out_s - x.median_s >= MIN_EXCESS_S
+    excess = LINK_MIN_EXCESS_S if x.kind == LINK else MIN_EXCESS_S
+    return x.out_s >= factor * x.median_s and x.out_s - x.median_s >= excess * (
+        HOLD if held else 1.0)
 
 
 @dataclass(frozen=True)
@@ -177,37 +289,50 @@ def watch(w: Watch, beats: Iterable[Beat], now: float, s: Settings,
         return Change(w) if not w.since and not w.named else Change(
             replace(w, since={}, named={}, moving={}, kept=frozenset()),
             over=tuple(w.named.values()))
-    m = measure(beats, now, silence_s)
-    if m is None:
+    live = settled(beats, now, silence_s)
+    if live is None:
         return Change(w)
+    world = frozenset((b.sender, b.inits) for b in live)
+    step = step_of(live)
+    best = step if w.pace is None or w.pace.world != world else min(w.pace.best_s, step)
+    pace = Pace(world, best) if w.pace is None or (world, best) != (w.pace.world,
+                                                                    w.pace.best_s) else w.pace
+    m = _measure(live, now, best)
+    if m is None:
+        return Change(w if pace is w.pace else replace(w, pace=pace))
     since, named = dict(w.since), dict(w.named)
     new, over, gone, suspected, cleared = [], [], [], [], []
-    for host in [h for h in named if h not in m]:
-        gone.append(named.pop(host))
-    for host in [h for h in since if h not in m]:
-        del since[host]
-    for host, now_x in sorted(m.items()):
-        if not is_slow(now_x, s, held=host in since or host in named):
-            was = since.pop(host, None)
-            if host in named:
-                over.append(replace(now_x, since=named.pop(host).since))
+    for key in [k for k in named if k not in m]:
+        gone.append(named.pop(key))
+    for key in [k for k in since if k not in m]:
+        del since[key]
+    for key, now_x in sorted(m.items()):
+        if not is_slow(now_x, s, held=key in since or key in named):
+            was = since.pop(key, None)
+            if key in named:
+                over.append(replace(now_x, since=named.pop(key).since))
             elif was is not None:
                 cleared.append(replace(now_x, since=was))
             continue
-        if host not in since:
+        if key not in since:
             suspected.append(now_x)
-        x = replace(now_x, since=since.setdefault(host, now))
-        if host in named:
-            named[host] = x
+        x = replace(now_x, since=since.setdefault(key, now))
+        if key in named:
+            named[key] = x
         elif now - x.since >= s.seconds:
-            named[host] = x
+            named[key] = x
             new.append(x)
-    widest = max((x for x in m.values() if x.median_s > 0), key=lambda x: x.factor,
-                 default=None)
+    widest = max((x for x in m.values() if x.kind == WORK and x.median_s > 0),
+                 key=lambda x: x.factor, default=None)
     if widest is None or widest.factor <= w.worst:
         widest = w.widest
+    widest_link = max((x for x in m.values() if x.kind == LINK),
+                      key=lambda x: x.out_s - x.median_s, default=None)
+    if widest_link is None or widest_link.out_s - widest_link.median_s <= w.link_excess:
+        widest_link = w.widest_link
     kept = w.kept & set(named)
-    out = replace(w, since=since, named=named, kept=frozenset(kept), widest=widest)
+    out = replace(w, since=since, named=named, kept=frozenset(kept), widest=widest,
+                  widest_link=widest_link, pace=pace)
     return Change(out if out != w else w, tuple(new), tuple(over), tuple(gone),
                   tuple(suspected), tuple(cleared))
 
@@ -220,11 +345,17 @@ def may_move(w: Watch, s: Settings, wall: float) -> bool:
 def moved(w: Watch, x: Slow, pod: str, why: str, *, s: Settings, wall: float) -> Watch:
     """The watch after deciding to move `pod`, the slow host `x` (a move of the budget)."""
     return replace(w, moved=(*(t for t in w.moved if wall - t < s.window_s), wall),
-                   moving={**w.moving, pod: why}, moved_ranks=w.moved_ranks | set(x.ranks))
+                   moving={**w.moving, pod: why},
+                   moved_ranks=w.moved_ranks | set(x.ranks) if x.kind == WORK else w.moved_ranks)
 
 
 def describe(x: Slow) -> str:
     with_it, without = x.rates()
+    if x.kind == LINK:
+        return (f"its fastest link to another machine takes {x.out_s * 1000:.1f} ms a round "
+                f"trip, the other machines' median {x.median_s * 1000:.2f} ms (the world of "
+                f"{x.size} trains at {with_it:.1f} rank-steps/s, at {x.size / x.best_s:.1f} at "
+                f"its fastest since it formed)")
     return (f"its time outside collectives {x.out_s * 1000:.1f} ms per step is "
             f"{x.factor:.1f}x the other ranks' median {x.median_s * 1000:.1f} ms (the world of "
             f"{x.size} trains at {with_it:.1f} rank-steps/s with it, {without:.1f} without it)")
@@ -232,6 +363,7 @@ def describe(x: Slow) -> str:
 
 def to_list(w: Watch, now: float) -> list[dict[str, object]]:
     """The hosts said slow, as the state keeps them for `status`."""
-    return [{"host": x.host, "ranks": list(x.ranks), "factor": round(x.factor, 2),
+    return [{"host": x.host, "kind": x.kind, "ranks": list(x.ranks),
+             "factor": round(x.factor, 2),
              "outMs": round(x.out_s * 1000, 1), "medianMs": round(x.median_s * 1000, 1),
              "forS": round(max(0.0, now - x.since), 1)} for x in w.named.values()]

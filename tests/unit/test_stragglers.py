@@ -9,13 +9,25 @@ from typing import Any
 
 import pytest
 
-from supervisor.decide import quarantine, stragglers
+from supervisor.datagrams import defect
+from supervisor.decide import fleet, quarantine, stragglers
 from supervisor.decide.beats import Beat
 from supervisor.decide.core import manage
 from supervisor.decide.plan import Note
 from supervisor.decide.script import CreateWorker
 from supervisor.heartbeats import updated
-from supervisor.hook.elastic_supervisor_hook.worker import STEP_SKIP, Progress
+from supervisor.hook.elastic_supervisor_hook.worker import (
+    LINK_ACTIVE_MS,
+    LINK_READINGS,
+    MAX_LINKS,
+    STEP_SKIP,
+    Connection,
+    LinkTimes,
+    Progress,
+    peer_links,
+    peer_rtts,
+    tcp_rtt,
+)
 from supervisor.operate import render, status
 from supervisor.workers import pod_name
 from tests.unit import shapes
@@ -23,11 +35,14 @@ from tests.unit.test_core import (
     JOB,
     KEPT,
     LEAVING,
+    LISTED,
     NODES,
     NOW,
+    OWNERS,
     PODS,
     WALL,
     beat,
+    ip,
     script,
     seen,
     worker,
@@ -387,8 +402,8 @@ def test_status_shows_the_slow_workers() -> None:
         "10.1.0.10", (0,), 0.09, 0.03, 0.004, 2, NOW - 45)})
     s = status(JOB, "default", pods=PODS.values(),
                state={"slow": stragglers.to_list(w, NOW)}, scale=None, events=())
-    assert s["slow"] == [{"host": "10.1.0.10", "ranks": [0], "factor": 3.0, "outMs": 90.0,
-                          "medianMs": 30.0, "forS": 45.0}]
+    assert s["slow"] == [{"host": "10.1.0.10", "kind": "work", "ranks": [0], "factor": 3.0,
+                          "outMs": 90.0, "medianMs": 30.0, "forS": 45.0}]
     assert "SLOW WORKERS" in render(s) and "3.0x" in render(s)
 
 
@@ -398,3 +413,213 @@ def test_quarantine_counts_a_straggler_moved_off_a_node() -> None:
         quarantine.Sign(quarantine.Kind.SLOW, "node-0", "u2", 1)], WALL, quarantine.Settings(),
         usable=["node-0", "node-1"], placed={"node-1": 2}, need=2)
     assert ch.started == (("node-0", 2),)
+
+
+# -- a slow link (the second case) ---------------------------------------------------------------
+
+def test_the_hook_reads_only_links_to_other_machines() -> None:
+    """Gloo's pairs to other pods count; loopback, the pod's own address (its other
+    processes), the supervisor's and the rendezvous' endpoints, and what is not established do
+    not."""
+    conns = [Connection(5, ("10.1.0.10", 4000), ("10.1.0.11", 5000), "ESTABLISHED"),
+             Connection(6, ("10.1.0.10", 4001), ("10.1.0.10", 5001), "ESTABLISHED"),
+             Connection(7, ("127.0.0.1", 4002), ("127.0.0.1", 5002), "ESTABLISHED"),
+             Connection(8, ("10.1.0.10", 4003), ("10.1.0.2", 7000), "ESTABLISHED"),
+             Connection(9, ("10.1.0.10", 4004), ("10.1.0.12", 5000), "TIME_WAIT"),
+             Connection(10, ("::ffff:10.1.0.10", 4005), ("::ffff:10.1.0.12", 5003),
+                        "ESTABLISHED")]
+    assert peer_links(conns, [("10.1.0.2", 7000)]) == {5: "10.1.0.11", 10: "10.1.0.12"}
+
+
+def test_the_hook_sends_the_mean_of_the_fastest_active_link_per_peer() -> None:
+    """An idle link keeps the round trip of its last transfer: only those that sent data within
+    LINK_ACTIVE_MS count; per address the fastest; a heartbeat carries the means of the last
+    LINK_READINGS readings per address, the MAX_LINKS fastest."""
+    samples = [("10.1.0.11", 60_000, 10), ("10.1.0.11", 150, 20),
+               ("10.1.0.12", 90, LINK_ACTIVE_MS + 1), ("10.1.0.12", 52_000, 5),
+               ("10.1.0.13", 0, 5)]  # no sample yet
+    assert peer_rtts(samples) == {"10.1.0.11": 150, "10.1.0.12": 52_000}
+    times = LinkTimes()
+    times.add({"10.1.0.11": 13_000})
+    for _ in range(LINK_READINGS - 1):  # a narrowed link, short between two transfers
+        times.add({"10.1.0.11": 1_000, "10.1.0.12": 200})
+    assert times.means() == {"10.1.0.12": 0.2, "10.1.0.11": pytest.approx(2.5)}
+    times.add({"10.1.0.11": 1_000})
+    assert times.means()["10.1.0.11"] == 1.0, "the oldest reading is gone"
+    many = LinkTimes()
+    many.add({f"10.2.0.{i}": 1000 + i for i in range(MAX_LINKS + 5)})
+    assert list(many.means()) == [f"10.2.0.{i}" for i in range(MAX_LINKS)]
+
+
+def test_the_hook_reads_the_kernels_round_trip_of_a_real_connection() -> None:
+    """A TCP connection over loopback that just sent data: its smoothed round trip (the
+    kernel's tcp_info) and how long since it sent; not for another remote, nor once closed."""
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    try:
+        for _ in range(20):
+            client.sendall(b"x" * 1000)
+            peer.recv(4096)
+        read = tcp_rtt(client.fileno(), "127.0.0.1")
+        assert read is not None
+        rtt_us, idle_ms = read
+        assert 0 < rtt_us < 1_000_000 and idle_ms < 5_000
+        assert tcp_rtt(client.fileno(), "10.9.9.9") is None, "its fd reused by another link"
+        fd = client.fileno()
+        client.close()
+        assert tcp_rtt(fd, "127.0.0.1") is None
+    finally:
+        for s in (client, peer, server):
+            s.close()
+
+
+def test_the_heartbeat_carries_the_links_and_the_supervisor_reads_them() -> None:
+    body = {"t": "hb", "s": "abc", "n": 1, "run": "1", "host": "10.0.0.1", "pid": 7, "lr": 0,
+            "rt": {"10.0.0.3": 52.5, "10.0.0.2": 0.12}}
+    assert defect(body) is None
+    b = updated(None, body, ("10.0.0.1", 5000), 10.0)
+    assert b is not None and b.link_rtt == (("10.0.0.2", pytest.approx(0.00012)),
+                                            ("10.0.0.3", pytest.approx(0.0525)))
+    for bad in ([["10.0.0.2", 1.0]], {"10.0.0.2": -1}, {"10.0.0.2": "1"},
+                {f"10.0.{i // 250}.{i % 250}": 1.0 for i in range(65)}):
+        d = defect({**body, "rt": bad})
+        assert d is not None and d.field == "rt" and "milliseconds" in d.line, bad
+
+
+def ring(slow: int | None, *, hosts: int = 3, rtt: float = 0.0002, extra: float = 0.060,
+         step: float = 0.04, inits: int = 1) -> list[Beat]:
+    """`hosts` one-process hosts in a ring, each sending to the next (Gloo's ring: one link
+    each carries its data); host `slow`'s link adds `extra` to every round trip through it."""
+    out = []
+    for i in range(hosts):
+        nxt = (i + 1) % hosts
+        t = rtt + (extra if slow in (i, nxt) else 0.0)
+        out.append(timed(i, step / 2, size=hosts, wait_s=step / 2, inits=inits,
+                         source=(ip(i), 40000), link_rtt=((ip(nxt), t),)))
+    return out
+
+
+def test_a_host_whose_every_link_is_slow_is_told_from_its_neighbours() -> None:
+    """In a ring of three each host measures one link, to the next; the slow host's two links
+    (the one it sends on, the one its neighbour sends to it on) are slow, the third is fast:
+    only the slow host has no fast link."""
+    m = stragglers.measure(ring(1), NOW, 3.0)
+    assert m is not None
+    links = {x.host: x for x in m.values() if x.kind == stragglers.LINK}
+    assert {h: round(x.out_s, 4) for h, x in links.items()} == {
+        ip(0): 0.0002, ip(1): 0.0602, ip(2): 0.0002}
+    assert [x.host for x in links.values() if stragglers.is_slow(x, SLOW)] == [ip(1)]
+    assert links[ip(1)].key == f"{ip(1)}/link" and links[ip(1)].key in m
+    assert not any(stragglers.is_slow(x, SLOW) for x in m.values()
+                   if x.kind == stragglers.WORK), "nobody's own work is slower"
+
+
+@pytest.mark.parametrize(("why", "beats"), [
+    ("two hosts see the one link between them alike", ring(1, hosts=2)),
+    ("every link a little slower (a busy network) is not one host's",
+     ring(None, rtt=0.004)),
+    ("a slow link of a millisecond or two is noise", ring(1, extra=0.002)),
+])
+def test_no_link_verdict_without_a_host_to_tell_apart(why: str, beats: list[Beat]) -> None:
+    m = stragglers.measure(beats, NOW, 3.0)
+    assert m is not None and not any(
+        stragglers.is_slow(x, SLOW) for x in m.values() if x.kind == stragglers.LINK), why
+
+
+def test_a_process_that_lies_about_a_link_cannot_get_its_peer_named() -> None:
+    """A link counts for both ends, and a host's measure is its fastest: a forged slow round
+    trip to a healthy peer only adds a slow link to a host that has a fast one."""
+    beats = ring(None)
+    liar = beats[0]
+    beats[0] = replace(liar, link_rtt=(*liar.link_rtt, (ip(2), 5.0)))
+    m = stragglers.measure(beats, NOW, 3.0)
+    assert m is not None and not any(stragglers.is_slow(x, SLOW) for x in m.values())
+
+
+def test_an_address_is_a_hosts_by_its_heartbeats_source_or_its_local_addresses() -> None:
+    beats = ring(1)
+    # host 2 sends from another address, but has its pod IP as a local address
+    beats[2] = replace(beats[2], source=("10.9.0.1", 1), addrs=("127.0.0.1", ip(2)))
+    assert stragglers.fastest_links(beats) == {ip(0): 0.0002, ip(1): pytest.approx(0.0602),
+                                               ip(2): 0.0002}
+
+
+@pytest.mark.parametrize(("size", "step", "best", "pays"), [
+    (3, 0.090, 0.040, True),   # 3 ranks at 90 ms against 2 at 40 ms
+    (3, 0.055, 0.040, False),  # 2 at 40 ms are slower than 3 at 55 ms
+    (3, 0.090, 0.090, False),  # slow since the world formed: nothing to compare
+    (16, 0.043, 0.040, False),  # 7.5 % slower: under LINK_SLOWER
+    (16, 0.046, 0.040, True),
+])
+def test_a_link_move_pays_when_the_world_was_faster_before(size: int, step: float,
+                                                           best: float, pays: bool) -> None:
+    x = stragglers.Slow("h", (0,), 0.06, 0.0002, 0.0, size, NOW, stragglers.LINK, step, best)
+    assert x.pays() is pays
+
+
+def test_the_pace_is_the_worlds_fastest_step_and_a_new_world_starts_again() -> None:
+    w = stragglers.Watch()
+    for t, step in ((0, 0.045), (5, 0.040), (10, 0.120)):
+        w = stragglers.watch(w, at(ring(None, step=step), NOW + t), NOW + t, SLOW, 3.0).watch
+    assert w.pace is not None and w.pace.best_s == pytest.approx(0.040)
+    reset = ring(None, step=0.120, inits=2)
+    w = stragglers.watch(w, at(reset, NOW + 20), NOW + 20, SLOW, 3.0).watch
+    assert w.pace is not None and w.pace.best_s == pytest.approx(0.120)
+
+
+THREE = fleet.initial(3)
+W1, W2 = pod_name(JOB, 1, 1), pod_name(JOB, 2, 1)
+PODS3 = {**PODS, W2: worker(2)}
+LISTED3 = {**LISTED, ip(2): W2}
+KEPT3 = replace(KEPT, fleet=THREE, saved=THREE)
+
+
+def seen3(beats: Any, t: float) -> Any:
+    return seen(PODS3, beats=at(beats, NOW + t), nodes=THREE_NODES, now=NOW + t,
+                listed_hosts=LISTED3, first_owner={**OWNERS, ip(2): "uid-" + W2},
+                published="".join(f"{h}:1\n" for h in LISTED3))
+
+
+def test_a_slow_link_is_said_and_its_worker_moved_when_the_world_was_faster() -> None:
+    """Three workers at 40 ms a step; worker 1's link turns slow (60 ms more a round trip) and
+    the world's step goes to 120 ms: said after the seconds as a slow link, and moved ahead
+    off its node (no moved-ranks rule: the slowness is its machine's link)."""
+    c = replace(KEPT3, slow=stragglers.Watch(moved_ranks=frozenset({1}), moved=(WALL - 600,)))
+    p = manage(c, seen3(ring(None), -10), MOVING)
+    assert p.core.slow.pace is not None and p.core.slow.pace.best_s == pytest.approx(0.04)
+    p = manage(p.core, seen3(ring(1, step=0.12), 0), MOVING)
+    assert ("say", "worker.slow_suspected") in script(p)
+    assert ("say", "stragglers.widest_link") in script(p), "the margin, in the log"
+    p = manage(p.core, seen3(ring(1, step=0.12), 30), MOVING)
+    assert script(p)[:2] == [("say", "worker.slow"), ("say", "worker.moving")], script(p)
+    said = p.todo[0]
+    assert isinstance(said, Note) and said.k8s is not None and said.k8s.reason == "WorkerSlow"
+    assert said.fields["kind"] == "link" and W1 in said.k8s.note and "round trip" in said.k8s.note
+    create = p.todo[2]
+    assert isinstance(create, CreateWorker) and create.ahead_of == W1
+    assert "node-1" in create.lost_nodes
+    assert p.core.slow.moved_ranks == {1}, "a link's move does not mark the rank"
+
+
+def test_a_link_slow_since_the_world_formed_is_only_said() -> None:
+    p = manage(KEPT3, seen3(ring(1, step=0.12), 0), MOVING)
+    p = manage(p.core, seen3(ring(1, step=0.12), 30), MOVING)
+    assert script(p) == [("say", "worker.slow"), ("say", "worker.slow_kept")]
+    assert "fastest since it formed" in p.todo[1].fields["reason"]  # type: ignore[union-attr]
+
+
+def test_a_slow_link_is_held_within_the_band_below_the_least_excess() -> None:
+    """A narrowed link's fastest round trip comes and goes around the bar (4.5-6.3 ms measured
+    on real nodes at 8 Mbit/s): once over 5 ms more it stays slow down to 3.75 ms more."""
+    w = stragglers.Watch()
+    for t, extra in ((0, 0.0062), (10, 0.0042), (20, 0.0040), (30, 0.0045)):
+        ch = stragglers.watch(w, at(ring(1, extra=extra), NOW + t), NOW + t, SLOW, 3.0)
+        w = ch.watch
+    assert [x.key for x in ch.named] == [f"{ip(1)}/link"], "held within the band"
+    fresh = stragglers.watch(stragglers.Watch(), at(ring(1, extra=0.0042), NOW), NOW, SLOW, 3.0)
+    assert fresh.watch.since == {}, "4.2 ms more is not slow to begin with"
+    below = stragglers.watch(w, at(ring(1, extra=0.0035), NOW + 40), NOW + 40, SLOW, 3.0)
+    assert [x.key for x in below.over] == [f"{ip(1)}/link"], "3.5 ms more: below the band"

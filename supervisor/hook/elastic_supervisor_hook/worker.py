@@ -48,6 +48,7 @@ import functools
 import ipaddress
 import os
 import socket
+import struct
 import sys
 import threading
 import time
@@ -75,6 +76,22 @@ STEP_EWMA = 0.2
 STEP_WINDOW = 31
 STEP_SKIP = 3
 MAX_PORTS = 2000
+# The links to the world's other machines (the stragglers' second case: a slow link): at every
+# heartbeat the kernel's smoothed round-trip time of each connection to another machine that
+# sent data within the last LINK_ACTIVE_MS (an idle one keeps the time of its last transfer,
+# which says nothing of the link now), the fastest per peer address; each heartbeat carries the
+# mean of the last LINK_READINGS readings per peer (one reading is a moment: a narrowed link's
+# round trip is long while a transfer queues and short between two, 0.1-13 ms on real nodes), at
+# most MAX_LINKS peers (the fastest: a healthy process's fast links are what tells it apart from
+# a slow one's), read on at most MAX_LINK_FDS connections (a full mesh of Gloo pairs).
+LINK_READINGS = 8
+LINK_ACTIVE_MS = 3000
+MAX_LINKS = 8
+MAX_LINK_FDS = 512
+# struct tcp_info (linux/tcp.h, unchanged since 2.6): tcpi_last_data_sent and tcpi_rtt (u32,
+# milliseconds and microseconds), and the length to ask for
+TCPI_LAST_DATA_SENT, TCPI_RTT, TCPI_LEN = 44, 68, 104
+TCP_INFO = getattr(socket, "TCP_INFO", 11)
 Endpoint = Tuple[str, int]
 # One fence entry: an address and the ports to match on it (None: every port).
 DeadEntry = Tuple[str, Optional[Tuple[int, ...]]]
@@ -337,6 +354,80 @@ def links(connections: Iterable[Any]) -> dict[Link, int]:
     return out
 
 
+def peer_links(connections: Iterable[Any], keep: Iterable[Endpoint]) -> dict[int, str]:
+    """PURE: fd -> remote address of the established connections to another machine (neither
+    loopback nor one of its own local addresses: a pod's processes talk to each other over its
+    IP), except those to `keep` (the supervisor, the rendezvous), at most MAX_LINK_FDS."""
+    kept = _endpoints(keep)
+    out: dict[int, str] = {}
+    for (local, remote), fd in sorted(links(connections).items(), key=lambda x: x[1]):
+        if remote[0] != local[0] and not is_loopback(remote[0]) and remote not in kept:
+            out[fd] = remote[0]
+            if len(out) >= MAX_LINK_FDS:
+                break
+    return out
+
+
+def tcp_rtt(fd: int, remote: str) -> tuple[int, int] | None:
+    """(smoothed round-trip time in microseconds, milliseconds since it last sent data) of this
+    process's socket `fd`, from the kernel's tcp_info, or None: not a TCP socket to `remote`
+    any more (closed, its number reused), or unreadable. A dup is read: nothing of the
+    library's socket changes."""
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return None
+    try:
+        s = socket.socket(fileno=dup)
+    except OSError:
+        os.close(dup)
+        return None
+    try:
+        if _plain(str(s.getpeername()[0])) != remote:
+            return None
+        raw = s.getsockopt(socket.IPPROTO_TCP, TCP_INFO, TCPI_LEN)
+    except (OSError, IndexError, TypeError):
+        return None
+    finally:
+        s.close()
+    if len(raw) < TCPI_RTT + 4:
+        return None
+    return struct.unpack_from("I", raw, TCPI_RTT)[0], struct.unpack_from(
+        "I", raw, TCPI_LAST_DATA_SENT)[0]
+
+
+def peer_rtts(samples: Iterable[tuple[str, int, int]]) -> dict[str, int]:
+    """PURE: (remote address, round-trip time in microseconds, milliseconds since it last sent
+    data) of each link -> the fastest active link's time per address (microseconds)."""
+    best: dict[str, int] = {}
+    for ip, rtt_us, idle_ms in samples:
+        if idle_ms <= LINK_ACTIVE_MS and rtt_us > 0 and rtt_us < best.get(ip, 1 << 32):
+            best[ip] = rtt_us
+    return best
+
+
+class LinkTimes:
+    """The last LINK_READINGS readings of `peer_rtts`; `means()` is what a heartbeat carries:
+    per peer address the mean of its readings (a peer not active in a reading has none), in
+    milliseconds, the MAX_LINKS fastest."""
+
+    def __init__(self) -> None:
+        self.readings: collections.deque[dict[str, int]] = collections.deque(
+            maxlen=LINK_READINGS)
+
+    def add(self, reading: dict[str, int]) -> None:
+        self.readings.append(reading)
+
+    def means(self) -> dict[str, float]:
+        sums: dict[str, list[int]] = {}
+        for reading in self.readings:
+            for ip, us in reading.items():
+                sums.setdefault(ip, []).append(us)
+        mean = {ip: sum(v) / len(v) for ip, v in sums.items()}
+        fastest = sorted(mean.items(), key=lambda x: (x[1], x[0]))[:MAX_LINKS]
+        return {ip: round(us / 1000, 3) for ip, us in fastest}
+
+
 def _endpoints(keep: Iterable[Endpoint]) -> set[Endpoint]:
     return {(_plain(ip), int(port)) for ip, port in keep}
 
@@ -589,6 +680,8 @@ class Beater:
         self.severed_version = 0  # the last fence version whose connections were cut
         self.endpoints: tuple[list[str], list[int]] = ([], [])
         self.endpoints_read: tuple[int, float] | None = None  # (inits, when)
+        self.peers: dict[int, str] = {}  # fd -> address of the links to other machines
+        self.links = LinkTimes()  # the round trips of the links to other machines
         main = threading.main_thread()
         self.main_ident, self.main_tid = main.ident, getattr(main, "native_id", os.getpid())
         self.last_pos = ""
@@ -655,9 +748,14 @@ class Beater:
         if last is None or last[0] != p.inits or now - last[1] >= ENDPOINTS_S:
             self.endpoints_read = (p.inits, now)
             try:
-                self.endpoints = local_endpoints(self.connections())
+                conns = self.connections()
+                self.endpoints = local_endpoints(conns)
+                self.peers = peer_links(conns, self.keep)
             except Exception as e:  # never let the thread die of psutil
                 self._problem(f"cannot read this process's connections: {e!r}")
+        if self.peers:
+            self.links.add(peer_rtts((ip, *rtt) for fd, ip in self.peers.items()
+                                     if (rtt := tcp_rtt(fd, ip)) is not None))
         addrs, ports = self.endpoints
         pos, where = position(sys._current_frames().get(self.main_ident))
         body = {"t": "hb", "pid": os.getpid(), "host": self.host, "lr": self.local_rank,
@@ -670,6 +768,9 @@ class Beater:
         timed = p.step_times()
         if timed is not None:
             body.update(so=round(timed[0], 5), sw=round(timed[1], 5), sn=timed[2])
+        rtts = self.links.means()
+        if rtts:
+            body["rt"] = rtts
         if pos and pos == self.last_pos:
             body["where"] = where  # standing still: say where (only then: datagrams stay small)
         self.last_pos = pos
