@@ -836,14 +836,14 @@ def slowed_then_moved(job: Job, slow: Callable[[str], Any], kind: str) -> dict[s
 
     recovered = job.wait("the step rate back within 10 %", back, 300)
     ip = pod["status"].get("podIP")
-    before = [e for e in job.logs() if log_time(e) < t0]
+    earlier = [e for e in job.logs() if log_time(e) < t0]
     return {"pod": victim, "node": node, "kind": kind, "why": left[0].get("why"),
             # the healthy job's margins before the fault, as logged (in steps of 0.25 and
             # 1 ms: the widest is under the last logged plus a step), and the other hosts
             # ever suspected after it (evidence short of a verdict)
-            "widest_work_before": max((e.get("factor", 0.0) for e in before
+            "widest_work_before": max((e.get("factor", 0.0) for e in earlier
                                        if e.get("event") == "stragglers.widest"), default=0.0),
-            "widest_link_before_ms": max((e.get("excess_ms", 0.0) for e in before
+            "widest_link_before_ms": max((e.get("excess_ms", 0.0) for e in earlier
                                           if e.get("event") == "stragglers.widest_link"),
                                          default=0.0),
             "suspected_elsewhere": sorted({f"{e.get('host')} ({e.get('kind')}, "
