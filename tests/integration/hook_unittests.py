@@ -203,6 +203,26 @@ class Connections(unittest.TestCase):
             for s in (udp, srv, cli, peer):
                 s.close()
 
+    def test_the_round_trip_of_a_link_is_read_from_the_kernel(self):
+        """The stragglers' slow link: tcp_info's smoothed round trip of a connection that just
+        sent data, under this interpreter; a reading of it, and the means a heartbeat sends."""
+        srv, cli, peer = tcp_pair()
+        try:
+            for _ in range(20):
+                cli.sendall(b"x" * 1000)
+                peer.recv(4096)
+            read = worker.tcp_rtt(cli.fileno(), "127.0.0.1")
+            self.assertIsNotNone(read)
+            rtt_us, idle_ms = read
+            self.assertTrue(0 < rtt_us < 1000000 and idle_ms < 5000, read)
+            self.assertIsNone(worker.tcp_rtt(cli.fileno(), "10.9.9.9"))
+            times = worker.LinkTimes()
+            times.add(worker.peer_rtts([("10.1.0.2", rtt_us, idle_ms)]))
+            self.assertEqual(times.means(), {"10.1.0.2": round(rtt_us / 1000, 3)})
+        finally:
+            for s in (srv, cli, peer):
+                s.close()
+
     def test_without_psutil_the_connections_come_from_proc_said_once(self):
         srv, cli, peer = tcp_pair()
         saved = sys.modules.get("psutil")
