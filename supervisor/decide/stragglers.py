@@ -354,7 +354,8 @@ def describe(x: Slow) -> str:
     if x.kind == LINK:
         return (f"its fastest link to another machine takes {x.out_s * 1000:.1f} ms a round "
                 f"trip, the other machines' median {x.median_s * 1000:.2f} ms (the world of "
-                f"{x.size} trains at {with_it:.1f} rank-steps/s, at {x.size / x.best_s:.1f} at "
+                f"{x.size} trains at {with_it:.1f} rank-steps/s, at "
+                f"{x.size / max(1e-9, x.best_s):.1f} at "
                 f"its fastest since it formed)")
     return (f"its time outside collectives {x.out_s * 1000:.1f} ms per step is "
             f"{x.factor:.1f}x the other ranks' median {x.median_s * 1000:.1f} ms (the world of "

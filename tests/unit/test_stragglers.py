@@ -623,3 +623,14 @@ def test_a_slow_link_is_held_within_the_band_below_the_least_excess() -> None:
     assert fresh.watch.since == {}, "4.2 ms more is not slow to begin with"
     below = stragglers.watch(w, at(ring(1, extra=0.0035), NOW + 40), NOW + 40, SLOW, 3.0)
     assert [x.key for x in below.over] == [f"{ip(1)}/link"], "3.5 ms more: below the band"
+
+
+def test_steps_said_to_take_no_time_are_described_without_dividing_by_zero() -> None:
+    """A heartbeat may say 0 s outside and inside (an odd or forged one): the link is still
+    measured and said, never a crash of the pass."""
+    w = stragglers.Watch()
+    for t in (0, 30):
+        ch = stragglers.watch(w, at(ring(1, step=0.0), NOW + t), NOW + t, SLOW, 3.0)
+        w = ch.watch
+    assert [x.key for x in ch.named] == [f"{ip(1)}/link"]
+    assert "rank-steps/s" in stragglers.describe(ch.named[0]) and not ch.named[0].pays()
