@@ -9,22 +9,14 @@ refused before (supervisor.datagrams); what is left here is read defensively all
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from supervisor.decide.beats import WARMUP_GAPS, Beat, Driver
+from supervisor.decide.beats import WARMUP_GAPS, Beat, Driver, is_loopback
 from supervisor.hook.elastic_supervisor_hook import unfenced_framework
 
 GAPS = 64  # progress intervals kept per process (the step time, hang.stuck_threshold)
-
-
-def is_loopback(ip: str) -> bool:
-    try:
-        return ipaddress.ip_address(ip).is_loopback
-    except ValueError:
-        return False
 
 
 def bound(body: Mapping[str, Any], source: str, beats: Mapping[str, Beat],

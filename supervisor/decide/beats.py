@@ -7,6 +7,7 @@ said last; supervisor/channel.py (the adapter) receives the datagrams and keeps 
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -73,6 +74,14 @@ class Beat:
     # the round-trip time of its fastest active link to each of up to 8 other machines'
     # addresses (the hook's `peer_rtts`; the fastest first as sent, sorted here by address)
     link_rtt: tuple[tuple[str, float], ...] = ()
+
+
+def is_loopback(ip: str) -> bool:
+    """PURE: whether `ip` is a loopback address (False for what is not an address)."""
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return False
 
 
 def judged(b: Beat) -> bool:

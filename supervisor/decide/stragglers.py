@@ -46,12 +46,11 @@ No I/O, no clock.
 from __future__ import annotations
 
 import bisect
-import ipaddress
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from supervisor.decide.beats import Beat, heartbeating, judged
+from supervisor.decide.beats import Beat, heartbeating, is_loopback, judged
 
 # steps a process has timed since the last init before it is compared: a new world's first
 # windows are short, and a healthy worker measured 2.02x three seconds after the first step with
@@ -215,7 +214,7 @@ def fastest_links(live: Iterable[Beat]) -> dict[str, float]:
     host_of: dict[str, str] = {}
     for b in live:
         for a in (b.source[0], *b.addrs):
-            if a and not _loopback(a):
+            if a and not is_loopback(a):
                 host_of.setdefault(a, b.host)
     fastest: dict[str, float] = {}
     for b in live:
@@ -248,13 +247,6 @@ def _median_without(ordered: list[float], drop: list[float]) -> float:
 
     n = len(ordered) - len(gone)
     return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
-
-
-def _loopback(ip: str) -> bool:
-    try:
-        return ipaddress.ip_address(ip).is_loopback
-    except ValueError:
-        return False
 
 
 def is_slow(x: Slow, s: Settings, *, held: bool = False) -> bool:
