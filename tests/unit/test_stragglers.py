@@ -446,6 +446,9 @@ def test_the_hook_sends_the_mean_of_the_fastest_active_link_per_peer() -> None:
     assert times.means() == {"10.1.0.12": 0.2, "10.1.0.11": pytest.approx(2.5)}
     times.add({"10.1.0.11": 1_000})
     assert times.means()["10.1.0.11"] == 1.0, "the oldest reading is gone"
+    for _ in range(LINK_READINGS):  # no link any more (a world of one): nothing stale is sent
+        times.add({})
+    assert times.means() == {}
     many = LinkTimes()
     many.add({f"10.2.0.{i}": 1000 + i for i in range(MAX_LINKS + 5)})
     assert list(many.means()) == [f"10.2.0.{i}" for i in range(MAX_LINKS)]

@@ -753,9 +753,9 @@ class Beater:
                 self.peers = peer_links(conns, self.keep)
             except Exception as e:  # never let the thread die of psutil
                 self._problem(f"cannot read this process's connections: {e!r}")
-        if self.peers:
-            self.links.add(peer_rtts((ip, *rtt) for fd, ip in self.peers.items()
-                                     if (rtt := tcp_rtt(fd, ip)) is not None))
+        # a reading at every heartbeat, empty without links: what was read ages out with it
+        self.links.add(peer_rtts((ip, *rtt) for fd, ip in self.peers.items()
+                                 if (rtt := tcp_rtt(fd, ip)) is not None))
         addrs, ports = self.endpoints
         pos, where = position(sys._current_frames().get(self.main_ident))
         body = {"t": "hb", "pid": os.getpid(), "host": self.host, "lr": self.local_rank,
