@@ -94,17 +94,24 @@ def held(p: Pending | None, beats: Iterable[Beat], *, listed: frozenset[str],
 
 
 def missed(listed_since: Mapping[str, float], world: frozenset[str], world_at: float, *,
-           slots_per_worker: int, max_np: int, now: float,
+           listed: frozenset[str], slots_per_worker: int, max_np: int, now: float,
            after_s: float = MISSED_AFTER_S) -> frozenset[str]:
     """Listed hosts Horovod missed: in the discovery file for `after_s`, yet left out of the
-    world the driver last assigned `after_s` ago or more, while that world is below MAX_NP.
+    world the driver last assigned `after_s` ago or more, while that world is below MAX_NP and
+    every host of it is still `listed`.
 
     Horovod tells its workers about a new host once, when its discovery sees it appear; a host
     that appears while the workers reset (after a failure, two replacements ready a second
     apart) is told to processes that are in the rendezvous or not started, and is never
     taken in. Taking it out of the file for a moment and back makes Horovod see it appear
-    again, now that the workers listen."""
-    if not world or now - world_at < after_s or len(world) * slots_per_worker >= max_np:
+    again, now that the workers listen.
+
+    A world with a host no longer listed is one the driver still has to leave: its workers
+    reset at their next commit and the world after it takes the listed hosts in. A worker
+    leaving gracefully may take longer than `after_s` to go (a Keras batch, a checkpoint);
+    taking the new host out then only takes it out of the world being assigned."""
+    if not world or now - world_at < after_s or len(world) * slots_per_worker >= max_np or \
+            not world <= listed:
         return frozenset()
     return frozenset(h for h, since in listed_since.items()
                      if h not in world and now - since >= after_s)

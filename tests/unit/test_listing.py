@@ -99,6 +99,11 @@ def test_a_host_horovod_missed_is_taken_out_once_per_world_and_listed_again() ->
     pytest.param(Driver(ok=True, at=0.0), id="no world assigned yet"),
     pytest.param(Driver(ok=True, at=0.0, world=frozenset({SURVIVOR, NEW}), world_seq=4,
                         world_at=NOW - 30), id="the world took it in"),
+    pytest.param(Driver(ok=True, at=0.0, world=frozenset({SURVIVOR, "10.244.2.26"}),
+                        world_seq=4, world_at=NOW - 30),
+                 id="a member left the list (evicted, still leaving) and the driver has not "
+                    "assigned since: its next world takes the new host in (CI, 2026-11-30: "
+                    "taken out as the driver spawned it, it exited 255)"),
 ])
 def test_nothing_is_reannounced_without_a_world_that_missed_it(driver: Driver | None) -> None:
     out = listing(case(regroup=None, driver=driver, listed_since=MISSED), 1, 1, 3)

@@ -110,11 +110,14 @@ A, B, C = "10.244.3.11", "10.244.1.9", "10.244.3.12"
                  id="the world is at MAX_NP: nothing missed"),
     pytest.param({A: 0.0, B: 0.0}, frozenset({A, B}), 20.0, 3, set(), id="all taken in"),
     pytest.param({A: 0.0}, frozenset(), 20.0, 3, set(), id="no world assigned yet"),
+    pytest.param({A: 0.0, C: 0.0}, frozenset({A, B}), 20.0, 3, set(),
+                 id="B left the list (evicted, leaving gracefully) and the driver has not "
+                    "assigned since: the world it owes takes C in"),
 ])
 def test_a_host_that_arrived_during_a_reset_is_found_missed(
         listed_since: dict[str, float], world: frozenset[str], world_age: float, max_np: int,
         expected: set[str]) -> None:
     assert world_age >= MISSED_AFTER_S or not expected
-    got = missed(listed_since, world, NOW - world_age, slots_per_worker=1, max_np=max_np,
-                 now=NOW)
+    got = missed(listed_since, world, NOW - world_age, listed=frozenset(listed_since),
+                 slots_per_worker=1, max_np=max_np, now=NOW)
     assert got == expected
