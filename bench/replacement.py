@@ -12,8 +12,10 @@ taken just before that label write, t1 when the bench's own watch sees the repla
 each sample includes kwok's reaction and status write, both watch deliveries, the
 supervisor's decision, its state save and the create call. For context, the supervisor's own
 measure (failure event received -> create call returned, from its `worker.created` log) is
-reported as `supervisor_internal`, and kwok's part (label write -> the bench's watch sees the
-pod Failed) as `kwok_reaction`.
+reported as `supervisor_internal`, split as that log line splits it (`supervisor_split`: the pass,
+queued behind the state save, the pod's call, its host key's Secret), with the mean of each kind
+of write the actuator made meanwhile (`api_writes`, from its `api_write_seconds` histogram), and
+kwok's part (label write -> the bench's watch sees the pod Failed) as `kwok_reaction`.
 
 At each size (1,000: `replacement_latency_ms`; 10,000: `replacement_latency_ms_10000`), before
 the failures, the cost of a pass with nothing changed: the supervisor's own histogram of its
@@ -72,6 +74,26 @@ def idle_passes(before: dict[str, float], after: dict[str, float]) -> dict[str, 
             "source": "the supervisor's elastic_supervisor_loop_pass_seconds{batch=\"idle\"}"}
 
 
+SPLIT = ("pass_ms", "queued_ms", "pod_ms", "secret_ms")  # worker.created's parts of the time
+WRITE_FAMILY = "elastic_supervisor_api_write_seconds"
+
+
+def api_writes(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """The actuator's writes between two scrapes, by what it wrote: how many, and their mean
+    (ms) from the first try until done (the supervisor's `api_write_seconds` histogram)."""
+    out: dict[str, Any] = {}
+    for key, total in after.items():
+        if not key.startswith(f'{WRITE_FAMILY}_count{{what="'):
+            continue
+        what = key[len(f'{WRITE_FAMILY}_count{{what="'):-2]
+        n = total - before.get(key, 0.0)
+        sum_key = f'{WRITE_FAMILY}_sum{{what="{what}"}}'
+        if n:
+            out[what] = {"n": int(n), "mean_ms": round(
+                (after[sum_key] - before.get(sum_key, 0.0)) / n * 1000, 2)}
+    return out
+
+
 class Added:
     """Watches the namespace's pods: when each name was first ADDED, and first seen Failed."""
 
@@ -128,7 +150,8 @@ def measure(cp: ControlPlane, api: client.ApiClient, workers: int, samples: int,
         time.sleep(5)  # the last Running pods' events, the saves after them
         before = scrape(port)
         time.sleep(IDLE_S)
-        idle = idle_passes(before, scrape(port))
+        after_idle = scrape(port)
+        idle = idle_passes(before, after_idle)
         for slot in random.Random(5).sample(range(workers), samples):
             name, new = pod_name("job1", slot, 1), pod_name("job1", slot, 2)
             t0 = time.monotonic()
@@ -139,21 +162,24 @@ def measure(cp: ControlPlane, api: client.ApiClient, workers: int, samples: int,
             if name in added.failed:
                 reaction.append(added.failed[name] - t0)
 
-        def inside() -> list[float]:
-            return [e["replacement_latency_ms"] / 1000 for e in sup.logs()
-                    if e.get("event") == "worker.created"
+        def created() -> list[dict[str, Any]]:
+            return [e for e in sup.logs() if e.get("event") == "worker.created"
                     and e.get("replacement_latency_ms") is not None]
 
         # The last create's log line may come a moment after the bench's watch saw the pod.
         with contextlib.suppress(pytest.fail.Exception):
-            wait_for(lambda: len(inside()) >= samples, 5, what="every worker.created log")
-        internal = inside()
+            wait_for(lambda: len(created()) >= samples, 5, what="every worker.created log")
+        internal = [e["replacement_latency_ms"] / 1000 for e in created()]
+        split = {part: percentiles(got) for part in SPLIT
+                 if (got := [e[part] / 1000 for e in created() if part in e])}
+        writes = api_writes(after_idle, scrape(port))
     finally:
         sup.close()
         added.close()
         job.close()
         core.delete_namespace(ns)
     return {**percentiles(out), "workers": workers, "supervisor_internal": percentiles(internal),
+            "supervisor_split": split, "api_writes": writes,
             "kwok_reaction": percentiles(reaction) if reaction else None,
             "all_running_after_start_s": round(start_s, 1), "pass_ms_idle": idle}
 
@@ -172,7 +198,8 @@ def main(sizes: tuple[int, ...] = SIZES, samples: int = 100) -> dict[str, Any]:
         print(f"replacement latency at {workers} workers over {result['n']} failures: p50 "
               f"{result['p50']} ms, p99 {result['p99']} ms, max {result['max']} ms; inside the "
               f"supervisor (failure event received -> create returned): "
-              f"{result['supervisor_internal']}; kwok's reaction: {result['kwok_reaction']}; "
+              f"{result['supervisor_internal']}, split {result['supervisor_split']}, writes "
+              f"{result['api_writes']}; kwok's reaction: {result['kwok_reaction']}; "
               f"an idle pass: {result['pass_ms_idle']}", flush=True)
         suffix = "" if workers == 1000 else f"_{workers}"
         out[f"replacement_latency_ms{suffix}"] = result

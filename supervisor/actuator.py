@@ -82,6 +82,8 @@ class Pending:
     # A pod's own ssh host key (hostkeys.py), made at its first try: the same on every retry.
     host_key: hostkeys.HostKey | None = None
     created: Mapping[str, Any] | None = None  # the pod as created, while its Secret is not
+    began_at: float | None = None  # when its first try began (monotonic)
+    pod_at: float | None = None  # when the pod call returned (monotonic)
 
     @property
     def key(self) -> str:
@@ -221,10 +223,13 @@ class Actuator:
         """One try of `item`: its final outcome, or _RETRY with its backoff set."""
         op = item.op
         what, name = _describe(op)
+        if item.began_at is None:
+            item.began_at = self.clock()
         try:
             self._once(item)
             return ActionDone(what, name, at=self.clock(), started_at=item.submitted_at,
-                              note=item.note)
+                              note=item.note, began_at=item.began_at,
+                              pod_at=item.pod_at if isinstance(op, CreatePod) else None)
         except KubeError as e:
             if isinstance(op, SaveState) and isinstance(e, NotFound) and self.rv:
                 self.rv, item.note = None, "recreated: the ConfigMap was deleted"
@@ -253,6 +258,7 @@ class Actuator:
             self._create_with_host_key(item, op, self.secrets)
         elif isinstance(op, CreatePod):
             self.pods.create(op.body)
+            item.pod_at = self.clock()
         elif isinstance(op, KeepBudget):
             if self.budgets is None:
                 raise Forbidden("no PodDisruptionBudget API given to the actuator")
@@ -268,6 +274,7 @@ class Actuator:
             item.host_key = self.keygen(op.body["metadata"]["name"])
         if item.created is None:
             item.created = self.pods.create(hostkeys.with_host_key(op.body, item.host_key.public))
+            item.pod_at = self.clock()
         try:
             secrets.create(hostkeys.secret_body(item.created, item.host_key))
         except AlreadyExists:

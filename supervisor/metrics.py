@@ -53,6 +53,7 @@ class Metrics:
     incidents: Counter
     incident_phase: Histogram
     loop_pass: Histogram
+    api_write: Histogram
 
 
 def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
@@ -152,6 +153,11 @@ def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
             f"{p}incident_phase_seconds", "Detection -> each phase of an incident (fenced, "
             "resumed, created, scheduled, started, joined, full)", ["phase", "kind"],
             buckets=PHASE_BUCKETS, registry=r),
+        api_write=Histogram(
+            f"{p}api_write_seconds", "A write of the actuator that succeeded, from its first "
+            "try (retries included; not the wait before it) until done: the state ConfigMap "
+            "(save), a pod with its host key's Secret (create), a delete, the budget", ["what"],
+            buckets=PASS_BUCKETS, registry=r),
     )
 
 

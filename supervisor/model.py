@@ -79,6 +79,8 @@ class ActionDone:
     retrying: bool = False  # a retryable error; the actuator keeps trying
     refused: bool = False  # admission refused the pod (quota, PodSecurity): not retried here
     note: str = ""  # e.g. "already exists"
+    began_at: float | None = None  # monotonic: its first try began (set when done)
+    pod_at: float | None = None  # monotonic: a create's pod call returned (before its Secret)
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,8 @@ class Outcomes:
                                             f"{done.error}", self.cfg.job_name)
                 self.reports.say(notes)
             return c
+        if done.began_at is not None:
+            self.metrics.api_write.labels(done.what).observe(max(0.0, done.at - done.began_at))
         if done.what == "create":
             return self._created(c, done)
         if done.what == "delete":
@@ -85,8 +87,26 @@ class Outcomes:
         self.log.info("worker.created", pod=done.name, note=done.note or None,
                       replacement_latency_ms=None if latency is None
                       else round(latency * 1000, 2),
-                      refused_before=blocked.attempts if blocked else 0)
+                      refused_before=blocked.attempts if blocked else 0,
+                      **create_split(done, started))
         self.events(EventSpec("Normal", "WorkerCreated", "Create",
                               f"created worker pod {done.name}"
                               + (f" ({done.note})" if done.note else "")))
         return c
+
+
+def create_split(done: ActionDone, failure_seen: float | None) -> dict[str, float]:
+    """Where a create's time went, in ms: the pass (the failure seen -> the create handed to the
+    actuator; replacements only), queued (handed -> its first try: behind the state save handed
+    before it), the pod's call (its retries included), then its host key's Secret (the pod is
+    in the API before it). Parts not known are left out."""
+    out: dict[str, float] = {}
+    handed, began, pod = done.started_at, done.began_at, done.pod_at
+    if failure_seen is not None and handed is not None:
+        out["pass_ms"] = max(0.0, handed - failure_seen)
+    if handed is not None and began is not None:
+        out["queued_ms"] = max(0.0, began - handed)
+    if began is not None and pod is not None:
+        out["pod_ms"] = max(0.0, pod - began)
+        out["secret_ms"] = max(0.0, done.at - pod)
+    return {k: round(v * 1000, 2) for k, v in out.items()}

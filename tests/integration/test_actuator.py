@@ -276,10 +276,15 @@ def test_a_worker_gets_its_own_host_key_in_a_secret_that_goes_with_it(
         assert refused.retrying and "exceeded quota" in (refused.error or ""), refused
         pod = core.read_namespaced_pod("w1", namespace)
         core.delete_namespaced_resource_quota("no-secrets", namespace)
+        quota_gone = time.monotonic()
         result = done.get(timeout=30)
     finally:
         act.close()
     assert (result.what, result.error, result.note) == ("create", None, "")
+    # Where its time went: the pod's call in the first try, the Secret's after the quota went.
+    assert result.began_at is not None and result.pod_at is not None
+    assert result.started_at is not None
+    assert result.started_at <= result.began_at < result.pod_at < quota_gone < result.at
     assert len(keys) == 1, "one key for the pod, whatever the retries"
     again = core.read_namespaced_pod("w1", namespace)
     assert again.metadata.uid == pod.metadata.uid, "the pod was created once"
