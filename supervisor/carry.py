@@ -67,7 +67,8 @@ class Carrier:
         elif isinstance(todo, SaveState):
             self.act(SaveState({**todo.state, "progress": progress.to_dict(c.progress),
                                 "incidents": incidents.to_list(c.book),
-                                "slow": stragglers.to_list(c.slow, now)}))
+                                "slow": stragglers.to_list(c.slow, now),
+                                "slowMoves": stragglers.moves_to_dict(c.slow)}))
             self.metrics.restart_budget_left.set(self.budget_left(c))
         elif isinstance(todo, script.CreateWorker):
             x = todo.create

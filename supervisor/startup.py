@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from supervisor import hostkeys, kube
 from supervisor.config import Config, SshHostKeys
-from supervisor.decide import fleet, incidents, progress
+from supervisor.decide import fleet, incidents, progress, stragglers
 from supervisor.decide.fleet import slot_of
 from supervisor.kube import KubeError
 from supervisor.leader import LeaderElector
@@ -297,6 +297,7 @@ def load_fleet(cfg: Config, store: kube.StateStore
     try:
         progress.from_dict(stored.get("progress"))
         incidents.from_list(stored.get("incidents"))
+        stragglers.moves_from_dict(stored.get("slowMoves"))
         return fleet.fleet_from_dict(stored), rv, stored
     except ValueError as e:
         raise ValueError(f"configmap {cfg.namespace}/{store.name}: {store.KEY}: {e}; fix or "

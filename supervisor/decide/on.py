@@ -24,6 +24,7 @@ from supervisor.decide import (
     nodes,
     plan,
     progress,
+    stragglers,
 )
 from supervisor.decide.classify import (
     ClassifySettings,
@@ -59,9 +60,11 @@ class PodEvent:
 
 def initial(workers: fleet.Fleet | None, stored: Mapping[str, object] | None) -> Memory:
     """The memory a supervisor starts with: the fleet it found (None: it does not own the
-    workers), and the progress and incidents stored with the state by the one before it."""
+    workers), and the progress, incidents and straggler moves stored with the state by the one
+    before it."""
     return Memory(fleet=workers, progress=progress.from_dict((stored or {}).get("progress")),
-                  book=incidents.from_list((stored or {}).get("incidents")))
+                  book=incidents.from_list((stored or {}).get("incidents")),
+                  slow=stragglers.moves_from_dict((stored or {}).get("slowMoves")))
 
 
 def pod_seen(c: Memory, ev: PodEvent, before: PodMemory | None, *, synced: bool,

@@ -354,6 +354,30 @@ def describe(x: Slow) -> str:
             f"{x.size} trains at {with_it:.1f} rank-steps/s with it, {without:.1f} without it)")
 
 
+def moves_to_dict(w: Watch) -> dict[str, list[float] | list[int]]:
+    """The move budget as the state keeps it: when each move within the window was decided
+    (wall), and the ranks moved (a supervisor that adopts the job, or a standby that takes
+    over, keeps both: no more moves than the budget, no rank moved twice for its own work)."""
+    return {"at": [round(t, 3) for t in w.moved], "ranks": sorted(w.moved_ranks)}
+
+
+def moves_from_dict(raw: object) -> Watch:
+    """The watch a supervisor starts with: the stored moves (`moves_to_dict`), nothing slow yet
+    (what is measured now decides that); raise ValueError naming what is damaged."""
+    if raw is None:
+        return Watch()
+    at = raw.get("at") if isinstance(raw, dict) else None
+    ranks = raw.get("ranks") if isinstance(raw, dict) else None
+    if not isinstance(at, list) or not all(
+            isinstance(t, int | float) and not isinstance(t, bool) for t in at):
+        raise ValueError(f"slowMoves.at: expected a list of times (epoch seconds), got {at!r}")
+    if not isinstance(ranks, list) or not all(
+            isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
+        raise ValueError(f"slowMoves.ranks: expected a list of ranks (integers >= 0), got "
+                         f"{ranks!r}")
+    return Watch(moved=tuple(float(t) for t in at), moved_ranks=frozenset(ranks))
+
+
 def to_list(w: Watch, now: float) -> list[dict[str, object]]:
     """The hosts said slow, as the state keeps them for `status`."""
     return [{"host": x.host, "kind": x.kind, "ranks": list(x.ranks),

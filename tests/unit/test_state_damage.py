@@ -69,6 +69,12 @@ BUDGETS = FIX + " (deleting resets the restart budgets)"
     pytest.param(within(incidents='{"a": 1}'), f"{NAME}: state.json: incidents: TypeError("
                  f"\"string indices must be integers, not 'str'\"){BUDGETS}",
                  id="incidents a mapping"),
+    pytest.param(within(slowMoves='{"at": ["x"], "ranks": [0]}'), f"{NAME}: state.json: "
+                 f"slowMoves.at: expected a list of times (epoch seconds), got ['x']{BUDGETS}",
+                 id="a straggler move's time a string"),
+    pytest.param(within(slowMoves='{"at": [], "ranks": [-1]}'), f"{NAME}: state.json: "
+                 f"slowMoves.ranks: expected a list of ranks (integers >= 0), got [-1]{BUDGETS}",
+                 id="a negative rank moved"),
     pytest.param(within(slots='[{"incarnation": 1}]'), f"{NAME}: state.json: slots: expected "
                  f"a mapping of slot number to slot{BUDGETS}", id="slots a list (read as before)"),
 ])

@@ -4,13 +4,14 @@ moves it when the world trains faster without it (slowranks.py, leaving.py's mov
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from supervisor.datagrams import defect
-from supervisor.decide import fleet, quarantine, stragglers
+from supervisor.decide import fleet, on, quarantine, stragglers
 from supervisor.decide.beats import Beat
 from supervisor.decide.core import manage
 from supervisor.decide.plan import Note
@@ -308,6 +309,22 @@ def test_the_move_budget_holds_moves_within_the_window() -> None:
     assert not stragglers.may_move(w, s, WALL + 99)
     assert stragglers.may_move(w, s, WALL + 100.5), "the first move left the window"
     assert not stragglers.may_move(stragglers.Watch(), replace(s, moves=0), WALL)
+
+
+def test_the_move_budget_outlives_the_supervisor_through_the_state() -> None:
+    """A supervisor killed after two moves (or a standby that takes over) starts from the state
+    with both moves in the window and the rank moved: no third move, no rank moved again."""
+    s = replace(SLOW, moves=2, window_s=100.0)
+    x = stragglers.Slow("h", (1,), 0.09, 0.03, 0.0, 3, NOW)
+    w = stragglers.moved(stragglers.moved(stragglers.Watch(), x, "a", "slow", s=s, wall=WALL),
+                         x, "b", "slow", s=s, wall=WALL + 1)
+    stored = json.loads(json.dumps({"slowMoves": stragglers.moves_to_dict(w)}))
+    back = on.initial(None, stored).slow
+    assert (back.moved, back.moved_ranks) == (w.moved, w.moved_ranks)
+    assert not stragglers.may_move(back, s, WALL + 50)
+    assert stragglers.may_move(back, s, WALL + 101.5)
+    assert back.named == {} and back.moving == {}, "what is slow now is measured again"
+    assert on.initial(None, {}).slow == stragglers.Watch(), "a state from before: no moves"
 
 
 # -- the pass: named, moved ahead, gone; reported only ------------------------------------------
