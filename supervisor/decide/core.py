@@ -194,13 +194,21 @@ def _force_hung_on_lost_nodes(p: Passing, s: Seen, suspects: set[str]) -> None:
 
 
 def _dropped_members(members: frozenset[str], s: Seen, c: Memory) -> dict[str, str]:
-    """Hosts of the driver's last world that the listing dropped because their node is down,
-    host -> pod (the pod Horovod knew under that host). After an API outage the node
-    controller marks every node NotReady and the brake holds their loss; a worker there that
-    does not heartbeat leaves the listing, but while it is in the world its silence blocks
-    the others in their collective as any member's does: hang detection keeps judging it
-    (seen in the soak: 86 s without a step, until Gloo's timeout and then the node grace)."""
-    if not c.node_down:
+    """Hosts of the driver's last world that are not listed, host -> pod (the pod Horovod knew
+    under that host), where a member's silence still blocks the others in their collective as
+    any member's does, so hang detection keeps judging it:
+    - its node is down: after an API outage the node controller marks every node NotReady and
+      the brake holds their loss; a worker there that does not heartbeat leaves the listing
+      (seen in the soak: 86 s without a step, until Gloo's timeout and then the node grace);
+    - the discovery file is withdrawn while horovodrun runs (the view stale: the API out of
+      reach for STALENESS_SECONDS): the workers train on in the driver's world, and no host is
+      listed. Seen in the soak (seed 1, 2026-11-30): a node froze as the API came back, 50 s
+      before the launcher pod's path to it did (kube-proxy's); its worker blocked the other
+      for 49.6 s, declared 0.5 s after the watches came back. The fence and the ssh clients
+      need no API; Horovod's driver keeps its hosts while the discovery script fails and
+      leaves the failed host out; the replacement waits for the API."""
+    withdrawn = s.published is None and s.running
+    if not c.node_down and not withdrawn:
         return {}
     hosts = {uid: h for h in members
              if h not in s.listed_hosts and (uid := s.first_owner.get(h)) is not None}
@@ -208,7 +216,7 @@ def _dropped_members(members: frozenset[str], s: Seen, c: Memory) -> dict[str, s
         return {}
     return {hosts[uid]: name for name, pod in s.pods.items()
             if (uid := pod["metadata"].get("uid")) in hosts
-            and pod.get("spec", {}).get("nodeName") in c.node_down}
+            and (withdrawn or pod.get("spec", {}).get("nodeName") in c.node_down)}
 
 
 @dataclass(frozen=True)

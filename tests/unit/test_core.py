@@ -287,6 +287,33 @@ def test_a_silent_worker_on_a_held_node_that_the_listing_dropped_is_still_hung()
     assert ("say", "worker.hung") not in script(q) and "uid-" + w0 not in q.core.hung
 
 
+def test_a_silent_member_is_judged_while_the_discovery_file_is_withdrawn() -> None:
+    """Seen in the soak (seed 1, 2026-11-30): kube-apiserver came back from a 3-minute outage
+    and a node froze at once, while the launcher pod still could not reach the API (kube-proxy
+    put its route back 50 s later). The discovery file had been withdrawn (the view stale), so
+    no host was listed, and hang detection, which judged listed hosts, did not look at the
+    frozen worker: its peer waited for it for 49.6 s, until the watches came back. The workers
+    train on in the driver's world while the file is withdrawn: a silent member blocking them
+    is Hung, fenced and its ssh clients killed (none of which needs the API)."""
+    frozen = beat(0, last_seen=NOW - 4, progress_at=NOW - 4)
+    waits = beat(1, wait_s=3.5, waiting="c", progress_at=NOW - 4)
+    p = manage(STEADY, seen(beats=(frozen, waits), listed_hosts={}, published=None),
+               settings())
+    w0 = pod_name(JOB, 0, 1)
+    assert script(p)[:3] == [("say", "worker.hung"), ("fence", [ip(0)]),
+                             ("kill-ssh", {ip(0): w0})], script(p)
+    assert "uid-" + pod_name(JOB, 1, 1) not in p.core.failed, "the waiting peer is not judged"
+    # A published file that leaves the member out (scaled in, held back): not judged here.
+    listed = {ip(1): pod_name(JOB, 1, 1)}
+    q = manage(STEADY, seen(beats=(frozen, waits), listed_hosts=listed,
+                            published=f"{ip(1)}:1\n"), settings())
+    assert ("say", "worker.hung") not in script(q) and "uid-" + w0 not in q.core.hung
+    # No horovodrun: nothing trains, nothing to judge.
+    r = manage(STEADY, seen(beats=(frozen, waits), listed_hosts={}, published=None,
+                            running=False), settings())
+    assert ("say", "worker.hung") not in script(r)
+
+
 def stalled() -> tuple[Beat, ...]:
     return (beat(0, progress_at=NOW - STALL_S - 1), beat(1, progress_at=NOW - STALL_S - 1))
 
