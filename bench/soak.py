@@ -28,7 +28,9 @@ file (read on the node's disk, from the launcher pod's emptyDir):
   the node controller marks every node NotReady), until a node grace after the brake let go, or
   on a node down within a minute of the supervisor's view coming back from an API outage whose
   workers all heartbeat (the settling hold: supervisor.decide.nodes.settling_nodes; a worker
-  the plan froze or partitioned does not). The node grace and that minute count from when the
+  the plan froze or partitioned does not), or, on a Ready node, marked not Ready by the node
+  controller while its worker heartbeats (the supervisor keeps it until its kubelet marks it
+  again: hostlist.kept_while_heartbeating). The node grace and that minute count from when the
   supervisor's node watch came back (its log says when), which after a restart of the only API
   server trails it by up to a minute: pods reach the API through the `kubernetes` Service;
 - the budgets (the ledger in the state ConfigMap) never go backwards;
@@ -79,6 +81,7 @@ from localcluster.job import (
 )
 from supervisor.decide.classify import held_nodes
 from supervisor.decide.nodes import OUTAGE_MIN_S, OUTAGE_SETTLE_S
+from supervisor.observe import marked_not_ready
 from tests.e2e.jobs import (
     CHECKPOINT_MOUNT,
     COMMIT_EVERY,
@@ -140,6 +143,7 @@ class Sample:
     held: frozenset[str] = frozenset()  # nodes braked now or within NODE_KEPT_S (Watch)
     recent: frozenset[str] = frozenset()  # nodes NotReady now or within NODE_KEPT_S (Watch)
     settling: frozenset[str] = frozenset()  # nodes the settling hold keeps (settling)
+    marked: frozenset[str] = frozenset()  # pods marked not Ready from outside, not quiet
 
 
 def braked(pods: Sequence[Mapping[str, Any]],
@@ -225,9 +229,13 @@ def unusable_hosts(s: Sample) -> set[str]:
         # kubelet posts them again, and the supervisor keeps their heartbeating hosts meanwhile
         # (13 s after the node came back, in the soak of seed 1 on 2026-11-29).
         node = pod.get("spec", {}).get("nodeName", "")
+        # On a Ready node, a pod the node controller marked not Ready (observe.marked_not_ready)
+        # and whose worker heartbeats is kept until its kubelet marks it again
+        # (hostlist.kept_while_heartbeating): 49 s after its node was back, in the soak of seed
+        # 1 on 2026-11-30 (the kubelet's own watch coming back after the API outage).
         kept = (down_s is not None and (down_s < NODE_KEPT_S or node in s.held
                                         or node in s.settling)) or (
-            down_s is None and node in s.recent)
+            down_s is None and (node in s.recent or pod["metadata"]["name"] in s.marked))
         if _live(pod) and ((down_s is None and ready) or kept) and status.get("podIP"):
             usable.add(status["podIP"])
     return set(s.hosts) - usable
@@ -372,8 +380,10 @@ class Watch:
         recent = frozenset(n for n, t in self.down_at.items() if now - t < NODE_KEPT_S)
         self.back = max(filter(None, (self.back, view_back(self.new_records()))), default=None)
         seen = as_seen(nodes, now, self.back)
+        marked = frozenset(p["metadata"]["name"] for p in pods if marked_not_ready(p)) - \
+            self.quiet
         return Sample(pods, seen, hosts, ledger, held, recent,
-                      settling(pods, seen, now, self.back, self.quiet))
+                      settling(pods, seen, now, self.back, self.quiet), marked)
 
     def new_records(self) -> list[dict[str, Any]]:
         """The supervisor's log lines the launcher's log got since the last call (this thread's

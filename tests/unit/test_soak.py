@@ -23,6 +23,7 @@ from bench.soak import (
     view_back,
     violations,
 )
+from supervisor.observe import marked_not_ready
 from tests.unit.shapes import load, pod, with_condition
 
 
@@ -244,3 +245,24 @@ def test_a_run_adds_its_seeds_to_the_stored_runs_of_this_soak_and_replaces_its_o
               {"seed": 8, "false_verdicts": [], "when": "a"}]
     new = [{"seed": 8, "false_verdicts": [], "when": "b"}, {"seed": 2, "false_verdicts": []}]
     assert merged(stored, new) == [stored[0], new[1], new[0]]
+
+
+def test_a_pod_marked_not_ready_from_outside_whose_worker_heartbeats_stays_usable() -> None:
+    """Seen in the soak of seed 1 (2026-11-30): after the API outage the pod stayed Ready=False
+    (the node controller's mark) for 49 s after its node was Ready again, while its worker
+    trained and the supervisor kept it listed (hostlist.kept_while_heartbeating). A pod in
+    `marked` (marked_not_ready, and not one the plan froze or partitioned) is usable; one whose
+    own readiness probe fails is never marked."""
+    pods = [with_condition(GOOD[0], "Ready", "False"), GOOD[1]]
+    listed = {"10.244.1.5", "10.244.2.5"}
+    assert marked_not_ready(pods[0]), "all containers ready, the pod not: marked from outside"
+    assert unusable_hosts(Sample(pods, READY, frozenset(listed), {})) == {"10.244.1.5"}
+    assert unusable_hosts(Sample(pods, READY, frozenset(listed), {}, marked=frozenset(
+        {"elastic-train-w0-1"}))) == set()
+    probe_failed = with_condition(GOOD[0], "Ready", "False")
+    probe_failed["status"]["containerStatuses"] = [
+        {**cs, "ready": False} for cs in probe_failed["status"]["containerStatuses"]]
+    probe_failed["spec"]["containers"] = [
+        {**c, "readinessProbe": {"tcpSocket": {"port": 2222}}}
+        for c in probe_failed["spec"]["containers"]]
+    assert not marked_not_ready(probe_failed), "its own probe says so: not kept"
