@@ -30,6 +30,9 @@ MAX_HOLD_S = 15.0
 # A listed host the driver's world has left out this long after its last assignment, while
 # that world is below MAX_NP: Horovod missed it (see `missed`).
 MISSED_AFTER_S = 8.0
+# ... and this long while that world still holds a host no longer listed: its workers may still
+# be leaving it (a graceful leave waits for the next commit: CI saw a Keras worker take 11.5 s).
+MISSED_LEAVING_S = 24.0
 # How long a missed host is taken out of the file: more than Horovod's 1 s discovery period.
 REANNOUNCE_OUT_S = 2.5
 
@@ -97,8 +100,8 @@ def missed(listed_since: Mapping[str, float], world: frozenset[str], world_at: f
            listed: frozenset[str], slots_per_worker: int, max_np: int, now: float,
            after_s: float = MISSED_AFTER_S) -> frozenset[str]:
     """Listed hosts Horovod missed: in the discovery file for `after_s`, yet left out of the
-    world the driver last assigned `after_s` ago or more, while that world is below MAX_NP and
-    every host of it is still `listed`.
+    world the driver last assigned `after_s` ago or more, while that world is below MAX_NP;
+    MISSED_LEAVING_S instead of `after_s` while a host of that world is no longer `listed`.
 
     Horovod tells its workers about a new host once, when its discovery sees it appear; a host
     that appears while the workers reset (after a failure, two replacements ready a second
@@ -106,12 +109,18 @@ def missed(listed_since: Mapping[str, float], world: frozenset[str], world_at: f
     taken in. Taking it out of the file for a moment and back makes Horovod see it appear
     again, now that the workers listen.
 
-    A world with a host no longer listed is one the driver still has to leave: its workers
-    reset at their next commit and the world after it takes the listed hosts in. A worker
-    leaving gracefully may take longer than `after_s` to go (a Keras batch, a checkpoint);
-    taking the new host out then only takes it out of the world being assigned."""
-    if not world or now - world_at < after_s or len(world) * slots_per_worker >= max_np or \
-            not world <= listed:
+    A world with a host no longer listed is one the driver has yet to leave: its workers
+    reset at their next commit, and the world after that takes the listed hosts in. A worker
+    leaving gracefully may take longer than `after_s` to go (a Keras batch, a checkpoint; CI
+    on 2026-11-30: 11.5 s), and taking the new host out then takes it out of the world being
+    assigned (it exited 255 as the driver spawned it). That host's removal may also have
+    reached the workers in a reset and been lost, like an arrival; then nothing else brings
+    the world forward (make test the same evening: a tainted node's last worker trained on in
+    a world with the new host left out, until its leave timed out at 60 s). So such a world
+    gets MISSED_LEAVING_S, not never."""
+    if not world <= listed:
+        after_s = max(after_s, MISSED_LEAVING_S)
+    if not world or now - world_at < after_s or len(world) * slots_per_worker >= max_np:
         return frozenset()
     return frozenset(h for h, since in listed_since.items()
                      if h not in world and now - since >= after_s)

@@ -3,6 +3,7 @@ driver's last world (fake clock). Renders are what hostlist.render makes of Read
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -10,7 +11,13 @@ import pytest
 from supervisor.decide.beats import Beat, Driver
 from supervisor.decide.hostlist import Rendered
 from supervisor.decide.listing import Listing, listing
-from supervisor.decide.regroup import MAX_HOLD_S, MISSED_AFTER_S, REANNOUNCE_OUT_S, pending
+from supervisor.decide.regroup import (
+    MAX_HOLD_S,
+    MISSED_AFTER_S,
+    MISSED_LEAVING_S,
+    REANNOUNCE_OUT_S,
+    pending,
+)
 from supervisor.observe import Unusable
 
 NOW = 500.0
@@ -102,10 +109,28 @@ def test_a_host_horovod_missed_is_taken_out_once_per_world_and_listed_again() ->
     pytest.param(Driver(ok=True, at=0.0, world=frozenset({SURVIVOR, "10.244.2.26"}),
                         world_seq=4, world_at=NOW - 30),
                  id="a member left the list (evicted, still leaving) and the driver has not "
-                    "assigned since: its next world takes the new host in (CI, 2026-11-30: "
-                    "taken out as the driver spawned it, it exited 255)"),
+                    "assigned since: its next world may still take the new host in (CI, "
+                    "2026-11-30: taken out as the driver spawned it, it exited 255)"),
 ])
 def test_nothing_is_reannounced_without_a_world_that_missed_it(driver: Driver | None) -> None:
     out = listing(case(regroup=None, driver=driver, listed_since=MISSED), 1, 1, 3)
     assert sorted(out.host_list.hosts) == [SURVIVOR, NEW]
     assert (out.reannounced, out.notes) == ({}, ())
+
+
+def test_a_host_missed_while_a_member_left_is_reannounced_after_the_longer_wait() -> None:
+    """make test, 2026-11-30: a tainted node's last worker left the list in a reset; its
+    removal and the new host's arrival were both lost, and the world held the leaving host
+    until its leave timed out (60 s). MISSED_LEAVING_S after both, the new host is taken out
+    and listed again, which brings the world forward."""
+    gone = "10.244.2.33"
+    world = Driver(ok=True, at=0.0, world=frozenset({SURVIVOR, gone}), world_seq=4,
+                   world_at=NOW - MISSED_LEAVING_S)
+    early = listing(case(regroup=None, driver=replace(world, world_at=NOW - MISSED_AFTER_S - 1),
+                         listed_since={SURVIVOR: NOW - 100, NEW: NOW - MISSED_AFTER_S - 1}),
+                    1, 1, 3)
+    assert sorted(early.host_list.hosts) == [SURVIVOR, NEW] and early.notes == ()
+    late = listing(case(regroup=None, driver=world,
+                        listed_since={SURVIVOR: NOW - 100, NEW: NOW - MISSED_LEAVING_S}), 1, 1, 3)
+    assert sorted(late.host_list.hosts) == [SURVIVOR]
+    assert [n.event for n in late.notes] == ["discovery.reannounced"]

@@ -110,9 +110,12 @@ A, B, C = "10.244.3.11", "10.244.1.9", "10.244.3.12"
                  id="the world is at MAX_NP: nothing missed"),
     pytest.param({A: 0.0, B: 0.0}, frozenset({A, B}), 20.0, 3, set(), id="all taken in"),
     pytest.param({A: 0.0}, frozenset(), 20.0, 3, set(), id="no world assigned yet"),
-    pytest.param({A: 0.0, C: 0.0}, frozenset({A, B}), 20.0, 3, set(),
+    pytest.param({A: 0.0, C: NOW - 20.0}, frozenset({A, B}), 20.0, 3, set(),
                  id="B left the list (evicted, leaving gracefully) and the driver has not "
-                    "assigned since: the world it owes takes C in"),
+                    "assigned since: the world it owes may still take C in"),
+    pytest.param({A: 0.0, C: NOW - 30.0}, frozenset({A, B}), 30.0, 3, {C},
+                 id="B left the list MISSED_LEAVING_S ago and more, the world unchanged: its "
+                    "removal was lost in a reset too, C is missed"),
 ])
 def test_a_host_that_arrived_during_a_reset_is_found_missed(
         listed_since: dict[str, float], world: frozenset[str], world_age: float, max_np: int,
