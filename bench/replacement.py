@@ -53,14 +53,6 @@ IDLE_S = 20.0
 SIZES = (1000, 10000)
 START_TIMEOUT_S = 3600  # the supervisor's START_TIMEOUT_SECONDS: 10,000 creates take a while here
 
-
-def grace_s(workers: int) -> int:
-    """The node controller's grace (--node-monitor-grace-period) for a run of `workers`: 40 s
-    as before up to 1,000; 300 s beyond. At 10,000 workers kwok's status updates of 101 nodes
-    lagged past 40 s on two loaded cores (2026-11-30: 73 nodes marked down while the workers
-    were made, each worker after that kept off them): that measured kwok on this machine, not
-    the supervisor."""
-    return 40 if workers <= 1000 else 300
 PASS_FAMILY = 'elastic_supervisor_loop_pass_seconds_bucket{batch="idle",le="'
 
 
@@ -200,8 +192,7 @@ def measure(cp: ControlPlane, api: client.ApiClient, workers: int, samples: int,
 def main(sizes: tuple[int, ...] = SIZES, samples: int = 100) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for workers in sizes:
-        with (ControlPlane(Settings(node_monitor_grace_period_s=grace_s(workers))) as cp,
-              kwok.Kwok(cp),
+        with (ControlPlane(Settings(node_monitor_grace_period_s=40)) as cp, kwok.Kwok(cp),
               tempfile.TemporaryDirectory(prefix="es-bench-repl-") as tmp):
             api = kube.make_api_client(str(cp.kubeconfig))
             api.user_agent = "es-bench-driver"
