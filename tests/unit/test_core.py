@@ -308,6 +308,9 @@ def test_a_silent_member_is_judged_while_the_discovery_file_is_withdrawn() -> No
     q = manage(STEADY, seen(beats=(frozen, waits), listed_hosts=listed,
                             published=f"{ip(1)}:1\n"), settings())
     assert ("say", "worker.hung") not in script(q) and "uid-" + w0 not in q.core.hung
+    # Both heartbeating while the file is withdrawn (an API outage, training goes on): nothing.
+    healthy = manage(STEADY, seen(listed_hosts={}, published=None), settings())
+    assert not healthy.core.hung and ("say", "worker.hung") not in script(healthy)
     # No horovodrun: nothing trains, nothing to judge.
     r = manage(STEADY, seen(beats=(frozen, waits), listed_hosts={}, published=None,
                             running=False), settings())
