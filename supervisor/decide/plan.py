@@ -33,7 +33,9 @@ In order, as a person running the job would:
 6. a live pod of an older incarnation than its slot's (a late create by a leader that lost its
    lease, a delete that never happened) is deleted, once (ours);
 7. every active slot whose current pod neither exists nor is expected nor waits gets one,
-   once its backoff has passed;
+   once its backoff has passed, at most CREATE_BURST asked for and not seen at a time
+   (replacements first), like a ReplicaSet's burstReplicas: a create decided now is made with
+   what is kept off now, and its expectation's clock starts now;
 8. fewer usable slots than MIN_NP: the job fails (WORKERS_LOST).
 
 No I/O, no clock: `now` (monotonic) and `wall` (epoch, the fleet's clock) are passed in; what
@@ -63,6 +65,12 @@ REUSED_LIMIT = 5  # pods of one slot replaced because their IP was another worke
 EXPECTATION_TIMEOUT_S = 60.0  # a created pod not seen on the watch by then is created again
 UNSEEN_MAX_DOUBLINGS = 4  # ... doubling per time in a row, to 16 minutes
 HUNG_GRACE_S = 1  # a hung worker's pod is deleted with this grace: SIGKILL by its kubelet
+# Creates asked for and not yet seen on the watch, at most (the ReplicaSet controller's
+# burstReplicas). Without it a start at 10,000 workers asked for every pod in its first pass:
+# the actuator's queue held minutes of creates made with the nodes kept off at that pass (81
+# nodes the node controller had not yet untainted) and timed from it (expectations given up
+# while still queued, asked for again): workers were kept off 81 of 101 nodes for good.
+CREATE_BURST = 500
 
 
 @dataclass(frozen=True)
@@ -324,7 +332,9 @@ def plan(p: Picture, s: Settings) -> Plan:
     current = step.fleet.current(s.job)
     if len(ix.pods) - len(ix.others(current)) < len(current):  # a current pod is missing
         existing = set(p.pods) | set(expected) | set(p.waiting)
-        for c in fleet.wanted(step.fleet, s.job, existing, p.wall):
+        wanted = fleet.wanted(step.fleet, s.job, existing, p.wall)
+        room = max(0, CREATE_BURST - len(expected))
+        for c in sorted(wanted, key=lambda c: c.incarnation == 1)[:room]:
             step.creates.append(c)
             expected[c.name] = p.now
     usable = len(step.fleet.active()) * s.slots_per_worker

@@ -17,6 +17,7 @@ from supervisor.decide.failures import Failed, on_failures
 from supervisor.decide.fleet import HUNG_HOLD_S, Create, Fleet, Slot
 from supervisor.decide.hostlist import HostMode, Rendered
 from supervisor.decide.plan import (
+    CREATE_BURST,
     EXPECTATION_TIMEOUT_S,
     HUNG_GRACE_S,
     REUSED_LIMIT,
@@ -115,6 +116,23 @@ def test_a_pod_the_watch_keeps_not_showing_is_asked_for_again_ever_less_often() 
     assert waits == [120.0, 240.0, 480.0, 960.0, 960.0, 960.0]
     seen = plan(picture(TWO, RUNNING_TWO, unseen=unseen), S)
     assert seen.unseen == {}
+
+
+def test_at_most_a_burst_of_creates_is_asked_for_and_not_seen_at_a_time() -> None:
+    """A start at 10,000 workers: the first pass asks for CREATE_BURST pods, the next ones only
+    as many as the watch has shown meanwhile; a slot's replacement comes before first pods."""
+    big = fleet.initial(CREATE_BURST * 2 + 7)
+    first = plan(picture(big, {}), S)
+    assert [c.slot for c in first.creates] == list(range(CREATE_BURST))
+    assert plan(picture(first.fleet, {}, expected=first.expected), S).creates == ()
+    seen = pods(*(worker(i) for i in range(3)))
+    rest = {n: t for n, t in first.expected.items() if n not in seen}
+    again = plan(picture(first.fleet, seen, expected=rest), S)
+    assert [c.slot for c in again.creates] == [CREATE_BURST, CREATE_BURST + 1, CREATE_BURST + 2]
+    later = replace(big, slots={**big.slots, 900: replace(big.slots[900], incarnation=2)})
+    third = plan(picture(later, seen, expected=rest), S)
+    assert [c.name for c in third.creates] == [
+        pod_name(JOB, 900, 2), pod_name(JOB, CREATE_BURST, 1), pod_name(JOB, CREATE_BURST + 1, 1)]
 
 
 @pytest.mark.parametrize(("want", "event", "reason", "active"), [
