@@ -95,17 +95,22 @@ class Memo:
     Per pod: the judgement (problem, host, live) with the pod and node objects it was made of
     (identity: the view replaces an object when it changes). And the last result, which the
     next render updates for the pods the view's change log names (plus the pods on a changed
-    node), as long as nothing else it depends on changed (slots, host mode, retiring, the
-    first-owner map, which may only grow) and no host is claimed twice; else a full pass over
-    the pods, still reusing the judgements of unchanged ones. Same result either way.
+    node, and the pods a change of the other inputs reaches: `_touched`), as long as the view,
+    slots, host mode and first-owner map (which may only grow) are the same objects and no host
+    is claimed twice; else a full pass over the pods, still reusing the judgements of unchanged
+    ones. Same result either way.
     """
 
     def __init__(self) -> None:
         # pod name -> (pod object, node object, problem, host, live)
         self.judged: dict[str, tuple[Obj, Obj | None, Unusable | None, str | None, bool]] = {}
         self.on_node: dict[str, set[str]] = {}  # node name -> pods judged on it
+        self.by_host: dict[str, set[str]] = {}  # host -> pods judged with it
+        self.by_uid: dict[str, str] = {}  # UID -> the pod judged with it
         self.version: int | None = None  # the view's version the result below is of
         self.inputs: tuple[object, ...] = ()
+        self.args: _Args | None = None  # what the result below was rendered with
+        self.owners: set[str] = set()  # the hosts of the first-owner map at that render
         self.hosts: dict[str, str] = {}
         self.left_out: dict[str, Unusable] = {}
         self.lines: list[str] = []  # sorted
@@ -122,23 +127,31 @@ class Memo:
             return seen[2], seen[3], seen[4]
         problem, host, live = _judge(pod, nodes, mode)
         if seen is not None:
-            self._unindex(name, seen[0])
+            self._unindex(name, seen[0], seen[3])
         self.judged[name] = (pod, node, problem, host, live)
         self.on_node.setdefault(node_name, set()).add(name)
+        if host is not None:
+            self.by_host.setdefault(host, set()).add(name)
+        if uid := pod["metadata"].get("uid"):
+            self.by_uid[uid] = name
         return problem, host, live
 
     def forget(self, name: str) -> None:
         seen = self.judged.pop(name, None)
         if seen is not None:
-            self._unindex(name, seen[0])
+            self._unindex(name, seen[0], seen[3])
 
-    def _unindex(self, name: str, pod: Obj) -> None:
-        node_name = pod.get("spec", {}).get("nodeName") or ""
-        names = self.on_node.get(node_name)
-        if names is not None:
-            names.discard(name)
-            if not names:
-                del self.on_node[node_name]
+    def _unindex(self, name: str, pod: Obj, host: str | None) -> None:
+        for index, key in ((self.on_node, pod.get("spec", {}).get("nodeName") or ""),
+                           (self.by_host, host)):
+            names = index.get(key) if key is not None else None
+            if names is not None:
+                names.discard(name)
+                if not names:
+                    del index[key]  # type: ignore[arg-type]
+        uid = pod["metadata"].get("uid")
+        if uid and self.by_uid.get(uid) == name:
+            del self.by_uid[uid]
 
 
 def _judge(pod: Obj, nodes: Mapping[str, Obj], mode: HostMode,
@@ -189,7 +202,7 @@ class _Args:
     def placed(self, name: str, pod: Obj, problem: Unusable | None,
                host: str | None) -> Unusable | None:
         """The problem after the checks that depend on more than the pod and its node."""
-        if problem is Unusable.DELETING and name in self.staying:
+        if problem is Unusable.DELETING and name in self.staying and host is not None:
             problem = None  # evicted, held, and the last of its world: it leaves later
         if problem in KEPT_WHILE_HEARTBEATING and host in self.heartbeating:
             problem = None  # its node blipped, its training processes still talk to us
@@ -239,13 +252,18 @@ def render(
         memo = Memo()
     args = _Args(slots, mode, first_owner, retiring, hung, declared, active, heartbeating,
                  staying)
-    inputs = (id(view), slots, mode, retiring, hung, declared, active, heartbeating, staying,
-              id(first_owner), len(first_owner))
+    inputs = (id(view), slots, mode, id(first_owner), active is None)
     changes = (view.changes_since(memo.version)
-               if memo.version is not None and memo.inputs == inputs else None)
+               if memo.version is not None and memo.inputs == inputs and memo.args else None)
+    if changes is not None and memo.args is not None:
+        touched = _touched(memo, memo.args, args)
+        # (a pod updated costs about three judged in a full pass: many touched, a full one)
+        changes = (None if len(touched) > max(64, len(view.pods) // 8)
+                   else [*changes, *((Kind.POD, n) for n in touched)])
     if changes is None or not _update(memo, view, changes, args):
         _full(memo, view, args)
-    memo.version, memo.inputs = view.version, inputs
+        memo.owners = set(first_owner)
+    memo.version, memo.inputs, memo.args = view.version, inputs, args
     return Rendered(lines=tuple(memo.lines), hosts=dict(memo.hosts),
                     left_out=dict(memo.left_out), live=memo.live)
 
@@ -268,6 +286,30 @@ def _full(memo: Memo, view: ClusterView, args: _Args) -> None:
         memo.forget(name)
     memo.hosts, memo.left_out, memo.live = hosts, left_out, live_count
     memo.lines = sorted(f"{h}:{args.slots}" for h in hosts)
+
+
+def _touched(memo: Memo, old: _Args, new: _Args) -> set[str]:
+    """The pods whose result a change of the inputs besides the view may change (each set
+    compared only when it is another object: the loop hands the same one while unchanged), and
+    the hosts that got a first owner since (`memo.owners` takes them in)."""
+    names: set[str] = set()
+    for a, b in ((old.retiring, new.retiring), (old.staying, new.staying),
+                 (old.active, new.active)):
+        if a is not b and a is not None and b is not None:
+            names |= a ^ b
+    for a, b in ((old.hung, new.hung), (old.declared, new.declared)):
+        if a is not b:
+            names.update(n for uid in a ^ b if (n := memo.by_uid.get(uid)) is not None)
+    hosts: set[str] = set()
+    if old.heartbeating is not new.heartbeating:
+        hosts |= old.heartbeating ^ new.heartbeating
+    if len(new.first_owner) != len(memo.owners):
+        owned = new.first_owner.keys() - memo.owners
+        memo.owners |= owned
+        hosts |= owned
+    for h in hosts:
+        names |= memo.by_host.get(h, set())
+    return names
 
 
 def _update(memo: Memo, view: ClusterView, changes: list[tuple[Kind, str]],

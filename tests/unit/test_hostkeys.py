@@ -127,3 +127,19 @@ def test_known_hosts_pins_each_listed_address_to_its_pods_key_only() -> None:
     assert hostkeys.known_hosts({"10.0.0.5": pod(a.public)}, 2222) == (
         f"[10.0.0.5]:2222 {a.public}\n", ())
     assert hostkeys.known_hosts({"10.0.0.5": pod(a.public)}, 22)[0] == f"10.0.0.5 {a.public}\n"
+
+
+def test_known_hosts_with_a_memo_is_the_same_text_as_without() -> None:
+    """The supervisor keeps a memo across publishes: a host gone leaves it, a pod object
+    replaced (its key added) gives its line again, an unchanged object is not parsed again."""
+    a, b = hostkeys.from_seed(b"a" * 32, "a", 1), hostkeys.from_seed(b"b" * 32, "b", 1)
+    memo: dict = {}
+    first = {"10.0.0.5": pod(a.public), "10.0.2.9": pod(None)}
+    assert hostkeys.known_hosts(first, 2222, memo) == hostkeys.known_hosts(first, 2222)
+    later = {"10.0.2.9": pod(b.public), "10.0.1.1": first["10.0.0.5"]}
+    assert hostkeys.known_hosts(later, 2222, memo) == (
+        f"[10.0.1.1]:2222 {a.public}\n[10.0.2.9]:2222 {b.public}\n", ())
+    assert set(memo) == {"10.0.1.1", "10.0.2.9"}
+    kept = memo["10.0.1.1"]
+    hostkeys.known_hosts(later, 2222, memo)
+    assert memo["10.0.1.1"] is kept, "an unchanged pod object's line is reused"
