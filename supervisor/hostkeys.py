@@ -122,9 +122,9 @@ def known_hosts(hosts: Mapping[str, Mapping[str, Any]], port: int | None = None,
             key = public_key_of(pod)
             name = host if port in (None, 22) else f"[{host}]:{port}"
             memo[host] = (pod, None if key is None else f"{name} {key}\n")
-    lines = sorted(memo.items())
-    return ("".join(line for _, (_, line) in lines if line is not None),
-            tuple(host for host, (_, line) in lines if line is None))
+    lines = [(host, memo[host][1]) for host in sorted(memo)]
+    return ("".join(line for _, line in lines if line is not None),
+            tuple(host for host, line in lines if line is None))
 
 
 # Ed25519 (RFC 8032, section 5.1): only what deriving a public key takes. No signing here.

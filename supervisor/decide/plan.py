@@ -186,8 +186,10 @@ def retiring_hosts(f: Fleet, pods: Mapping[str, Obj], published: str, s: Setting
                    leaving: Mapping[str, Leaving] | None = None) -> set[str]:
     """The hosts of scaled-in and leaving workers already out of the published file: the ones
     whose ssh clients `plan` needs counted (Picture.ssh_clients)."""
-    out, listed = set(), published_hosts(published)
     names = [pod_name(s.job, i, f.slots[i].incarnation) for i in f.retiring()]
+    if not names and not leaving:
+        return set()  # (every pass asks: the file's 10,000 lines are not parsed for nothing)
+    out, listed = set(), published_hosts(published)
     for name in [*names, *(leaving or {})]:
         pod = pods.get(name)
         host = hostlist.host_of(pod, s.host_mode) if pod is not None else None

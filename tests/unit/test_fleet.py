@@ -139,6 +139,19 @@ def test_state_round_trips_through_json() -> None:
     assert fleet.fleet_from_dict(data) == f
 
 
+def test_a_stored_slot_is_made_once_per_slot_object() -> None:
+    """At 10,000 slots each save made every slot's entry again; a slot that changed is a new
+    object, so its entry is made again and the others' are the ones stored before."""
+    f = fleet.initial(3)
+    before = fleet.fleet_to_dict(f)["slots"]
+    g, _ = fleet.on_failure(f, KILLED, (1, 1), Policy(), 50.0, unmanaged_reason="-")
+    after = fleet.fleet_to_dict(g)["slots"]
+    assert after["0"] is before["0"] and after["2"] is before["2"]
+    assert after["1"] is not before["1"] and after["1"]["incarnation"] == 2
+    assert before["1"] == {"incarnation": 1}, "the earlier state is unchanged"
+    assert fleet.fleet_from_dict(json.loads(json.dumps(fleet.fleet_to_dict(g)))) == g
+
+
 @pytest.mark.parametrize(("data", "message"), [
     (None, "expected a mapping with version 1"),
     ({"version": 2, "slots": {}}, "expected a mapping with version 1"),
