@@ -22,7 +22,7 @@ from supervisor.decide.memory import Memory
 from supervisor.metrics import Metrics
 from supervisor.model import EventSpec, SourceState, WatchEvent
 from supervisor.nodeleases import NodeLeases
-from supervisor.observe import ClusterView, EventType, Kind, Obj, SourceHealth
+from supervisor.observe import ClusterView, EventType, Kind, Obj, SourceHealth, node_problem
 from supervisor.reports import Reports
 
 
@@ -40,9 +40,7 @@ class Watches:
     def event(self, c: Memory, ev: WatchEvent) -> tuple[Memory, bool]:
         """A pod's or a node's watch event: decided on (on.pod_seen, on.node_seen), then
         applied to the view. Returns the memory and whether the view changed."""
-        c = self._pod(c, ev) if ev.kind is Kind.POD else on.node_seen(
-            c, ev.obj["metadata"]["name"], None if ev.type is EventType.DELETED else ev.obj,
-            ev.at)
+        c = self._pod(c, ev) if ev.kind is Kind.POD else self._node(c, ev)
         changed = self.view.apply(ev.kind, ev.type, ev.obj)
         if changed:
             name = ev.obj["metadata"]["name"]
@@ -53,6 +51,22 @@ class Watches:
                     self.index.put_node(ev.obj))
         self.view.health[ev.kind].last_event_at = ev.at
         return c, changed
+
+    def _node(self, c: Memory, ev: WatchEvent) -> Memory:
+        """A node down or up again (on.node_seen), said when that changes: new workers are kept
+        off a node while it is down, and its workers' loss is timed from then."""
+        name = ev.obj["metadata"]["name"]
+        node = None if ev.type is EventType.DELETED else ev.obj
+        was = c.node_down.get(name)
+        c = on.node_seen(c, name, node, ev.at)
+        since = c.node_down.get(name)
+        if was is None and since is not None:
+            problem = node_problem(node)
+            self.log.info("node.down", node=name,
+                          why="deleted" if node is None else problem.value if problem else "")
+        elif was is not None and since is None:
+            self.log.info("node.up", node=name, down_s=round(ev.at - was, 1))
+        return c
 
     def node_state(self, c: Memory, pod: Obj, now: float) -> NodeState:
         name = pod.get("spec", {}).get("nodeName") or ""
