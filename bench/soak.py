@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import random
 import signal
@@ -79,6 +78,7 @@ from localcluster.job import (
     log_time,
     supervisor_records,
 )
+from supervisor import kube
 from supervisor.decide.classify import held_nodes
 from supervisor.decide.nodes import OUTAGE_MIN_S, OUTAGE_SETTLE_S
 from supervisor.observe import marked_not_ready
@@ -345,14 +345,18 @@ class Watch:
     # thread reads it)
     quiet: frozenset[str] = frozenset()
 
+    def state(self) -> dict[str, Any]:
+        """The supervisor's stored state, read as it reads it (plain or compressed)."""
+        state, _ = kube.StateStore(self.job.core.api_client, self.job.namespace,
+                                   f"{JOB}-supervisor-state", None).load()
+        return state or {}
+
     def ledger_total(self) -> int:
         """The restart budget charged so far (retried through an API outage)."""
         for _ in range(60):
-            with contextlib.suppress(client.ApiException, KeyError, ValueError, *API_ERRORS):
-                cm = self.job.core.read_namespaced_config_map(f"{JOB}-supervisor-state",
-                                                              self.job.namespace)
-                return int((json.loads(cm.data["state.json"]).get("ledger") or {})
-                           .get("total", 0))
+            with contextlib.suppress(client.ApiException, kube.KubeError, KeyError, ValueError,
+                                     *API_ERRORS):
+                return int((self.state().get("ledger") or {}).get("total", 0))
             time.sleep(1)
         raise SystemExit("soak: the state ConfigMap could not be read for 60 s")
 
@@ -370,10 +374,8 @@ class Watch:
                 hosts = frozenset(line.split(":")[0] for line in path.read_text().split()
                                   if line)
         ledger: dict[str, Any] = {}
-        with contextlib.suppress(client.ApiException, KeyError, ValueError):
-            cm = self.job.core.read_namespaced_config_map(f"{JOB}-supervisor-state",
-                                                          self.job.namespace)
-            ledger = json.loads(cm.data["state.json"]).get("ledger") or {}
+        with contextlib.suppress(kube.KubeError, KeyError, ValueError):
+            ledger = self.state().get("ledger") or {}
         self.braked_at.update(dict.fromkeys(braked(pods, nodes), now))
         held = frozenset(n for n, t in self.braked_at.items() if now - t < NODE_KEPT_S)
         self.down_at.update({n: now for n, down in nodes.items() if down is not None})

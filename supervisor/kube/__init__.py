@@ -46,6 +46,8 @@ from supervisor.kube.events import (
     series_patch,
 )
 from supervisor.kube.objects import (
+    INFLATED_MAX_BYTES,
+    PLAIN_MAX_BYTES,
     Budgets,
     Leases,
     Pods,
@@ -54,12 +56,14 @@ from supervisor.kube.objects import (
     create_config_map,
     decode_state,
     drop_connections,
+    encode_state,
     list_events,
     list_pods,
     pod_reference,
     read_job,
     read_pod,
     refs_of,
+    stored_text,
 )
 from supervisor.kube.reflector import (
     Backoff,
@@ -68,7 +72,9 @@ from supervisor.kube.reflector import (
 )
 
 __all__ = [
+    "INFLATED_MAX_BYTES",
     "MIN_WINDOW_S",
+    "PLAIN_MAX_BYTES",
     "REPORTING_CONTROLLER",
     "AlreadyExists",
     "Backoff",
@@ -91,6 +97,7 @@ __all__ = [
     "create_config_map",
     "decode_state",
     "drop_connections",
+    "encode_state",
     "event_body",
     "in_cluster_namespace",
     "kubeconfig_namespace",
@@ -105,5 +112,6 @@ __all__ = [
     "read_pod",
     "refs_of",
     "series_patch",
+    "stored_text",
     "write_timeout",
 ]

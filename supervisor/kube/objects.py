@@ -3,9 +3,13 @@ the state ConfigMap, worker pods, their Secrets, the PodDisruptionBudget and the
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
+import gzip
 import json
 import math
+import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -92,6 +96,50 @@ def create_config_map(api: client.ApiClient, namespace: str, body: Mapping[str, 
 
 # ---- state --------------------------------------------------------------------------------------
 
+# A state larger than this is stored gzip-compressed, under binaryData `<key>.gz`; a smaller one
+# stays readable with kubectl under data `<key>`. 10,000 slots that each failed once come to
+# ~0.7-0.9 MB of JSON, near a ConfigMap's 1 MiB; compressed, ~0.1 MB, and each save before a
+# create costs the API server a quarter as much (docs/benchmarks.md).
+PLAIN_MAX_BYTES = 64 * 1024
+# What a compressed state may grow to once decompressed: a hand-made bomb is refused, not read.
+INFLATED_MAX_BYTES = 64 * 1024 * 1024
+
+
+def encode_state(state: Mapping[str, Any], key: str) -> dict[str, dict[str, str]]:
+    """The ConfigMap fields that hold `state` under `key`: {"data": ...} while it is small,
+    else {"binaryData": {key + ".gz": base64 of gzip}} (mtime 0: the same state, the same
+    bytes)."""
+    text = json.dumps(state, sort_keys=True, separators=(",", ":"))
+    if len(text) <= PLAIN_MAX_BYTES:
+        return {"data": {key: text}}
+    packed = gzip.compress(text.encode(), compresslevel=1, mtime=0)
+    return {"binaryData": {key + ".gz": base64.b64encode(packed).decode()}}
+
+
+def stored_text(cm: Mapping[str, Any], key: str, where: str) -> str | None:
+    """The state's JSON text in ConfigMap `cm` (as the API server returns it), plain or
+    compressed (encode_state), or None if it holds neither; raise Damaged with one line when
+    it holds both or the compressed one cannot be read."""
+    plain = (cm.get("data") or {}).get(key)
+    packed = (cm.get("binaryData") or {}).get(key + ".gz")
+    if packed is None:
+        return None if plain is None else str(plain)
+    if plain is not None:
+        raise Damaged(f"{where} holds both data {key} and binaryData {key}.gz; keep the one "
+                      "the supervisor wrote last, or delete the ConfigMap deliberately")
+    try:
+        inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip
+        raw = inflate.decompress(base64.b64decode(str(packed), validate=True),
+                                 INFLATED_MAX_BYTES)
+        if inflate.unconsumed_tail:
+            raise ValueError(f"it inflates to more than {INFLATED_MAX_BYTES} bytes")
+        if not inflate.eof:
+            raise ValueError("the gzip stream is cut short")
+        return raw.decode()
+    except (ValueError, binascii.Error, zlib.error) as e:
+        raise Damaged(f"{where}.gz is not gzip-compressed JSON ({e}); fix or delete it "
+                      "deliberately") from e
+
 def decode_state(raw: str, where: str) -> dict[str, Any]:
     """The JSON object `raw` (a ConfigMap value we keep, named by `where`); raise Damaged with
     one line when it is not JSON, holds a number JSON has not (NaN, Infinity, 1e400), or is not
@@ -119,8 +167,9 @@ def decode_state(raw: str, where: str) -> dict[str, Any]:
 
 
 class StateStore:
-    """The supervisor's persisted state: ConfigMap `name` (key state.json), owned by the
-    launcher Job so it goes with the job, written with optimistic concurrency.
+    """The supervisor's persisted state: ConfigMap `name` (key state.json, or state.json.gz
+    when large: encode_state), owned by the launcher Job so it goes with the job, written with
+    optimistic concurrency.
 
     `save` with the resourceVersion `load` returned; a Conflict means someone (an earlier or a
     second supervisor) wrote meanwhile: load again and re-apply, never overwrite blindly. A
@@ -152,9 +201,9 @@ class StateStore:
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise map_error(e, f"get configmap {self.namespace}/{self.name}") from e
         self.owners = list(cm["metadata"].get("ownerReferences") or ())
-        raw = (cm.get("data") or {}).get(self.KEY)
-        state = None if raw is None else decode_state(
-            raw, f"configmap {self.namespace}/{self.name}: {self.KEY}")
+        where = f"configmap {self.namespace}/{self.name}: {self.KEY}"
+        raw = stored_text(cm, self.KEY, where)
+        state = None if raw is None else decode_state(raw, where)
         return state, cm["metadata"]["resourceVersion"]
 
     def owned(self) -> bool:
@@ -170,7 +219,7 @@ class StateStore:
         if owners:
             meta["ownerReferences"] = owners
         body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
-                "data": {self.KEY: json.dumps(state, sort_keys=True)}}
+                **encode_state(state, self.KEY)}
         what = f"{'create' if resource_version is None else 'update'} configmap " \
                f"{self.namespace}/{self.name}"
         timeout = write_timeout(self.timeout, self.window, what)

@@ -11,6 +11,7 @@ from localcluster.controlplane import ControlPlane
 from supervisor import kube
 from supervisor.decide.policy import Ledger, ledger_from_dict, ledger_to_dict
 from tests.integration.harness import service_account_kubeconfig
+from tests.unit.test_state_codec import big_state
 
 
 @pytest.fixture
@@ -45,6 +46,23 @@ def test_save_load_and_conflicts(api: client.ApiClient, core: client.CoreV1Api,
         store.save(ledger_to_dict(Ledger()), rv1)  # a stale writer loses, nothing overwritten
     state, rv = store.load()
     assert rv == rv2 and ledger_from_dict(state).total == 3
+
+
+def test_a_large_state_is_stored_compressed_and_a_small_one_plain_again(
+        api: client.ApiClient, core: client.CoreV1Api, namespace: str) -> None:
+    """10,000 slots (tests/unit/test_state_codec.py's shape) go in one ConfigMap the API server
+    takes; a later small state replaces the compressed key, never sits beside it."""
+    store = kube.StateStore(api, namespace, "job1-supervisor-state", None)
+    big = big_state()
+    rv = store.save(big, None)
+    cm = core.read_namespaced_config_map("job1-supervisor-state", namespace)
+    assert cm.data is None and list(cm.binary_data) == ["state.json.gz"]
+    assert store.load() == (big, rv)
+    small = {"version": 1, "slots": {}}
+    rv = store.save(small, rv)
+    cm = core.read_namespaced_config_map("job1-supervisor-state", namespace)
+    assert cm.binary_data is None and list(cm.data) == ["state.json"]
+    assert store.load() == (small, rv)
 
 
 @pytest.mark.parametrize(("text", "said"), [
