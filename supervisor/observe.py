@@ -125,7 +125,8 @@ class ClusterView:
 # workers have the template's). Timestamps, other messages and image names are dropped.
 _POD_KEEP = {
     "metadata": ("name", "namespace", "uid", "resourceVersion", "labels", "annotations",
-                 "deletionTimestamp", "deletionGracePeriodSeconds", "ownerReferences"),
+                 "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
+                 "ownerReferences"),
     "spec": ("nodeName", "hostname", "subdomain", "restartPolicy"),
     "status": ("phase", "reason", "message", "podIP", "conditions", "containerStatuses",
                "initContainerStatuses"),

@@ -260,8 +260,8 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLOW_MOVES_WINDOW_SECONDS", "3600", _seconds(0), "slow_moves_window_s",
         "The window of SLOW_MOVES."),
     Var("SCALE_OUT_TIMEOUT_SECONDS", "600", _seconds(0), "scale_out_timeout_s",
-        "A worker added by `scale` that is not Running within this long is deleted again "
-        "(rollback, Warning Event)."),
+        "A worker added by `scale` that is not Running this long after its pod was asked for "
+        "is deleted again (rollback, Warning Event)."),
     Var("WORKER_START_TIMEOUT_SECONDS", "600", _seconds_or("off", 30), "worker_start_timeout_s",
         "A worker pod bound to a node that has not started after this long (Pending, no container "
         "running: ContainerCreating, a volume that does not mount, an image that does not pull, a "

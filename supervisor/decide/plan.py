@@ -19,8 +19,9 @@ refused by admission waits in `waiting` until its backoff ends.
 
 In order, as a person running the job would:
 1. a scale request within the limits is applied (out of them, refused and dropped);
-2. a scaled-out slot whose pod runs is confirmed; one not Running after the scale-out timeout
-   is rolled back (its pod deleted, the slot dropped with why);
+2. a scaled-out slot whose pod runs is confirmed; one not Running the scale-out timeout after
+   the later of its adding and its pod's creation is rolled back (its pod deleted, the slot
+   dropped with why); never while its create waits its turn (CREATE_BURST);
 3. a scaled-in slot's pod is deleted once its host is out of the published file and horovodrun
    let it go (no ssh client left), or after the scale-in timeout; that delete is ours, never a
    failure; so is a leaving worker's (announced to go, `Leaving`), unless it is being deleted
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from supervisor.decide import fleet, hostlist, podindex
@@ -227,9 +229,10 @@ def _scaled_slots(p: Picture, s: Settings, step: _Step) -> None:
         name = pod_name(s.job, i, slot.incarnation)
         pod = p.pods.get(name)
         if slot.added_at is not None:
+            since = _scale_out_since(p, slot.added_at, name, pod)
             if pod is not None and pod.get("status", {}).get("phase") == "Running":
                 step.set_slot(i, replace(slot, added_at=None))
-            elif p.wall - slot.added_at > s.scale_out_timeout_s:
+            elif since is not None and p.wall - since > s.scale_out_timeout_s:
                 why = (f"scale-out rolled back: {name} not Running after "
                        f"{s.scale_out_timeout_s:g}s")
                 if pod is not None:
@@ -241,6 +244,27 @@ def _scaled_slots(p: Picture, s: Settings, step: _Step) -> None:
             if listed is None:
                 listed = published_hosts(p.published)
             _retire(p, s, step, i, listed)
+
+
+def _scale_out_since(p: Picture, added_at: float, name: str, pod: Obj | None) -> float | None:
+    """Since when (wall) a slot added by a scale-out has had its chance to run: the later of
+    its adding and its pod's creation (or the ask for it, not seen yet); None while its create
+    has not been asked for (held back by CREATE_BURST): a scale-out to thousands of workers
+    asks for them over minutes, and the last ones are not rolled back for that wait. A create
+    admission refused (`waiting`) counts from the adding."""
+    if pod is not None:
+        made = _created(pod)
+        return added_at if made is None else max(added_at, made)
+    if name in p.expected:
+        return max(added_at, p.wall - (p.now - p.expected[name]))
+    return added_at if name in p.waiting else None
+
+
+def _created(pod: Obj) -> float | None:
+    try:
+        return datetime.fromisoformat(pod["metadata"]["creationTimestamp"]).timestamp()
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _retire(p: Picture, s: Settings, step: _Step, i: int, listed: frozenset[str]) -> None:

@@ -6,7 +6,9 @@ puts on its workers; each row is one picture and the parts of the Plan it must p
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -154,25 +156,66 @@ def test_a_scale_request_for_the_current_size_changes_nothing() -> None:
 
 
 ADDED = Fleet(slots={0: Slot(), 1: Slot(), 2: Slot(due=WALL - 10, added_at=WALL - 10)})
+ROLLED_BACK = replace(ADDED.slots[2], added_at=None,
+                      dropped=f"scale-out rolled back: {pod_name(JOB, 2, 1)} not Running "
+                      "after 300s")
 
 
-@pytest.mark.parametrize(("third", "wall", "slot", "deleted", "event"), [
-    pytest.param(worker(2), WALL, Slot(due=WALL - 10), [], None,
+def made(pod: dict[str, Any], at: float) -> dict[str, Any]:
+    """`pod` created at wall time `at` (the API server's creationTimestamp, in seconds; NaN:
+    not given)."""
+    meta = {k: v for k, v in pod["metadata"].items() if k != "creationTimestamp"}
+    if not math.isnan(at):
+        meta["creationTimestamp"] = datetime.fromtimestamp(at, UTC).strftime(
+            "%Y-%m-%dT%H:%M:%SZ")
+    return {**pod, "metadata": meta}
+
+
+@pytest.mark.parametrize(("third", "wall", "kw", "slot", "deleted", "event"), [
+    pytest.param(made(worker(2), WALL - 9), WALL, {}, Slot(due=WALL - 10), [], None,
                  id="its pod runs: the scale-out is confirmed"),
-    pytest.param(worker(2, phase="Pending"), WALL, ADDED.slots[2], [], None,
-                 id="pending within the scale-out timeout: keep waiting"),
-    pytest.param(worker(2, phase="Pending"), WALL + 300, replace(
-        ADDED.slots[2], added_at=None,
-        dropped=f"scale-out rolled back: {pod_name(JOB, 2, 1)} not Running after 300s"),
-        [pod_name(JOB, 2, 1)], "scale.rolled_back",
-        id="not Running after the timeout: rolled back, its pod deleted"),
+    pytest.param(made(worker(2, phase="Pending"), WALL - 9), WALL, {}, ADDED.slots[2], [],
+                 None, id="pending within the scale-out timeout: keep waiting"),
+    pytest.param(made(worker(2, phase="Pending"), WALL - 9), WALL + 300, {}, ROLLED_BACK,
+                 [pod_name(JOB, 2, 1)], "scale.rolled_back",
+                 id="not Running after the timeout: rolled back, its pod deleted"),
+    pytest.param(made(worker(2, phase="Pending"), math.nan), WALL + 300, {}, ROLLED_BACK,
+                 [pod_name(JOB, 2, 1)], "scale.rolled_back",
+                 id="the pod's creation time unknown: timed from the adding"),
+    pytest.param(made(worker(2, phase="Pending"), WALL + 200), WALL + 300, {}, ADDED.slots[2],
+                 [], None, id="its pod made 100 s ago, 310 s after the adding: keep waiting"),
+    pytest.param(None, WALL + 300, {"expected": {pod_name(JOB, 2, 1): NOW - 30}},
+                 ADDED.slots[2], [], None,
+                 id="asked for 30 s ago, 280 s after the adding, not seen yet: keep waiting"),
+    pytest.param(None, WALL + 300, {"waiting": frozenset({pod_name(JOB, 2, 1)})},
+                 ROLLED_BACK, [], "scale.rolled_back",
+                 id="refused by admission since: timed from the adding, rolled back"),
 ])
-def test_scale_out(third: dict[str, Any], wall: float, slot: Slot, deleted: list[str],
-                   event: str | None) -> None:
-    p = plan(picture(ADDED, pods(worker(0), worker(1), third), wall=wall), S)
+def test_scale_out(*, third: dict[str, Any] | None, wall: float, kw: dict[str, Any], slot: Slot,
+                   deleted: list[str], event: str | None) -> None:
+    p = plan(picture(ADDED, pods(worker(0), worker(1), *([third] if third else [])),
+                     wall=wall, **kw), S)
     assert p.fleet.slots[2] == slot
     assert [d.name for d in p.deletes] == deleted
     assert [n.event for n in p.notes] == ([event] if event else [])
+
+
+def test_a_scale_out_to_thousands_rolls_back_no_slot_for_its_turn_in_the_burst() -> None:
+    """3 -> 1,503 workers: the creates go out CREATE_BURST at a time over minutes, and each
+    slot's timeout starts when its create is asked for, not when the 1,500 were added (with
+    the adding's clock the last thousand were rolled back unasked)."""
+    s = replace(S, max_np=2_000)
+    f = fleet.scale_to(fleet.initial(3), 1_503, WALL)
+    running = pods(worker(0), worker(1), worker(2))
+    first = plan(picture(f, running, wall=WALL), s)
+    assert len(first.creates) == CREATE_BURST
+    later = plan(picture(first.fleet, running, expected=first.expected, wall=WALL + 400,
+                         now=NOW + 400), s)
+    rolled = [n.fields["slot"] for n in later.notes if n.event == "scale.rolled_back"]
+    assert rolled == [c.slot for c in first.creates], "only the asked-for, never seen"
+    assert len(later.fleet.active()) == 1_503 - CREATE_BURST
+    assert not any(n.event == "scale.rolled_back" and n.fields["slot"] >= 3 + CREATE_BURST
+                   for n in later.notes)
 
 
 RETIRING = Fleet(slots={0: Slot(), 1: Slot(retiring_at=WALL - 5)})
