@@ -29,6 +29,7 @@ from typing import Any
 from supervisor import model, reload
 from supervisor.carry import Carrier
 from supervisor.channel import HookChannel
+from supervisor.collector import Collector
 from supervisor.config import Config
 from supervisor.decide import (
     accounting,
@@ -73,6 +74,7 @@ class Supervisor:
         kill_ssh_clients: Callable[[int, Collection[str]], dict[str, list[int]]],
         count_ssh_clients: Callable[[int, str], int],
         channel: HookChannel | None = None,
+        collector: Collector | None = None,
         workers: Fleet | None = None,
         owner: Mapping[str, str] | None = None,
         leases: NodeLeases | None = None,
@@ -84,6 +86,7 @@ class Supervisor:
             raise ValueError("a fleet needs the worker template")
         self.cfg, self.log, self.metrics, self.events = cfg, log, metrics, events
         self.clock, self.wall, self.channel = clock, wall, channel
+        self.collector = collector
         self.count_ssh_clients = count_ssh_clients
         self.hang_settings = memory.hang_settings(cfg)
         self.leases = leases if cfg.node_lease_s is not None else None
@@ -175,6 +178,10 @@ class Supervisor:
                 return outcome
             self.metrics.loop_pass.labels("events" if batch else "idle").observe(
                 time.perf_counter() - began)
+            if self.collector is not None and (
+                    frozen := self.collector.tick(now, idle=not batch)) is not None:
+                self.log.debug("gc.frozen", took_ms=round(frozen.took_s * 1e3, 1),
+                               objects=frozen.frozen)
 
     def _ended(self, exited: int | None) -> Outcome | None:
         """horovodrun's exit, judged (on.exit_seen, start.ended) or held while the leader

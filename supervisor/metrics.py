@@ -11,6 +11,8 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 # One pass of the loop, seconds: the target is <= 0.02 s idle at 10,000 workers (issue 41).
 PASS_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05,
                 0.075, 0.1, 0.2, 0.5, 1.0)
+# One collection of Python's cyclic garbage collector, seconds (collector.py).
+GC_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0)
 # Detection -> each phase of an incident (incidents.py), seconds.
 PHASE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
@@ -54,6 +56,7 @@ class Metrics:
     incident_phase: Histogram
     loop_pass: Histogram
     api_write: Histogram
+    gc_pause: Histogram
 
 
 def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
@@ -158,6 +161,10 @@ def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
             "try (retries included; not the wait before it) until done: the state ConfigMap "
             "(save), a pod with its host key's Secret (create), a delete, the budget", ["what"],
             buckets=PASS_BUCKETS, registry=r),
+        gc_pause=Histogram(
+            f"{p}gc_pause_seconds", "One collection of Python's cyclic garbage collector, by "
+            "generation: the whole process waits for it (collector.py)", ["generation"],
+            buckets=GC_BUCKETS, registry=r),
     )
 
 

@@ -37,6 +37,7 @@ from supervisor import (
 )
 from supervisor.actuator import Actuator
 from supervisor.channel import HookChannel
+from supervisor.collector import Collector
 from supervisor.config import Config, ConfigError, Mode, SshHostKeys
 from supervisor.decide import fleet
 from supervisor.hook.elastic_supervisor_hook import KEY_ENV, PORT_ENV, RUN_ENV
@@ -381,6 +382,7 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
                                               elector.window)
                                  if cfg.ssh_host_keys == SshHostKeys.WORKER else None))
     proc.become_subreaper()
+    collector = Collector(lambda gen, s: metrics.gc_pause.labels(str(gen)).observe(s))
     leases = NodeLeases() if cfg.node_lease_s is not None else None
     sup = Supervisor(cfg, log=log, metrics=metrics, events=recorder.record,
                      start_child=(proc.Child.start if link is None else functools.partial(
@@ -392,7 +394,7 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
                      act=actuator.submit,
                      kill_ssh_clients=proc.kill_ssh_clients,
                      count_ssh_clients=lambda pid, host: len(proc.ssh_clients_for(pid, host)),
-                     channel=channel,
+                     channel=channel, collector=collector,
                      workers=workers, owner=owner, leases=leases, stored=stored)
     actuator.sink = sup.submit
     actuator.start()
@@ -452,6 +454,7 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
                 f"{type(e).__name__}: {e}",)).start()
     for r in reflectors:
         r.start()
+    collector.install()
     try:
         outcome = sup.run(command, adopted)
     except Exception as e:  # a bug: report it once, clean up, exit distinctly
@@ -463,6 +466,7 @@ def _supervise(cfg: Config, command: Sequence[str], env: Mapping[str, str], *, a
         log.info("supervisor.exited", code=outcome.code, reason=outcome.reason)
         outcome_code = outcome.code
     finally:
+        collector.uninstall()
         if watcher is not None:
             watcher.stop()
         for r in reflectors:

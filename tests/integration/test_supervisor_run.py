@@ -111,6 +111,9 @@ def test_start_gate_then_the_file_follows_pods_and_nodes(
     assert metrics["elastic_supervisor_discovery_latency_seconds_count"] >= 7
     assert 0 <= metrics['elastic_supervisor_watch_last_event_age_seconds{kind="pod"}'] < 30
     assert 'elastic_supervisor_watch_last_event_age_seconds{kind="node"}' in metrics
+    # The collector (collector.py) froze what lived at a pass and times every collection.
+    assert metrics['elastic_supervisor_gc_pause_seconds_count{generation="2"}'] >= 1
+    assert metrics['elastic_supervisor_gc_pause_seconds_count{generation="0"}'] >= 1
 
     sup.signal(signal.SIGTERM)
     assert sup.wait_exit() == 143
