@@ -14,8 +14,10 @@ supervisor's decision, its state save and the create call. For context, the supe
 measure (failure event received -> create call returned, from its `worker.created` log) is
 reported as `supervisor_internal`, split as that log line splits it (`supervisor_split`: the pass,
 queued behind the state save, the pod's call, its host key's Secret), with the mean of each kind
-of write the actuator made meanwhile (`api_writes`, from its `api_write_seconds` histogram), and
-kwok's part (label write -> the bench's watch sees the pod Failed) as `kwok_reaction`.
+of write the actuator made meanwhile (`api_writes`, from its `api_write_seconds` histogram), the
+garbage collector's pauses meanwhile by generation (`gc_pauses`, from its `gc_pause_seconds`
+histogram: the whole process waits for each), and kwok's part (label write -> the bench's watch
+sees the pod Failed) as `kwok_reaction`.
 
 At each size (1,000: `replacement_latency_ms`; 10,000: `replacement_latency_ms_10000`), before
 the failures, the cost of a pass with nothing changed: the supervisor's own histogram of its
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import shutil
 import tempfile
 import threading
 import time
@@ -93,6 +96,28 @@ def api_writes(before: dict[str, float], after: dict[str, float]) -> dict[str, A
         if n:
             out[what] = {"n": int(n), "mean_ms": round(
                 (after[sum_key] - before.get(sum_key, 0.0)) / n * 1000, 2)}
+    return out
+
+
+GC_FAMILY = "elastic_supervisor_gc_pause_seconds"
+
+
+def gc_pauses(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """The garbage collector's pauses between two scrapes, by generation: how many, their
+    total (ms), and the bucket bound (ms) under which the longest fell (the supervisor's
+    `gc_pause_seconds` histogram, supervisor/collector.py)."""
+    out: dict[str, Any] = {}
+    for gen in ("0", "1", "2"):
+        head = f'{GC_FAMILY}_bucket{{generation="{gen}",le="'
+        counts = sorted((float(k[len(head):-2]), v - before.get(k, 0.0))
+                        for k, v in after.items() if k.startswith(head))
+        n = counts[-1][1] if counts else 0.0
+        if not n:
+            continue
+        total = (after[f'{GC_FAMILY}_sum{{generation="{gen}"}}']
+                 - before.get(f'{GC_FAMILY}_sum{{generation="{gen}"}}', 0.0))
+        out[f"gen{gen}"] = {"n": int(n), "total_ms": round(total * 1000, 1),
+                            "max_le_ms": next(le for le, c in counts if c >= n) * 1000}
     return out
 
 
@@ -177,14 +202,23 @@ def measure(cp: ControlPlane, api: client.ApiClient, workers: int, samples: int,
         internal = [e["replacement_latency_ms"] / 1000 for e in created()]
         split = {part: percentiles(got) for part in SPLIT
                  if (got := [e[part] / 1000 for e in created() if part in e])}
-        writes = api_writes(after_idle, scrape(port))
+        end = scrape(port)
+        writes, pauses = api_writes(after_idle, end), gc_pauses(after_idle, end)
+    except BaseException:
+        # The work dir goes with the run: keep what says why it failed (as localcluster keeps
+        # its clusters' logs).
+        kept = Path(tempfile.gettempdir()) / f"es-bench-repl-{ns}-{sup.log_path.name}"
+        with contextlib.suppress(OSError):
+            shutil.copyfile(sup.log_path, kept)
+            print(f"bench: kept the supervisor's log: {kept}", flush=True)
+        raise
     finally:
         sup.close()
         added.close()
         job.close()
         core.delete_namespace(ns)
     return {**percentiles(out), "workers": workers, "supervisor_internal": percentiles(internal),
-            "supervisor_split": split, "api_writes": writes,
+            "supervisor_split": split, "api_writes": writes, "gc_pauses": pauses,
             "kwok_reaction": percentiles(reaction) if reaction else None,
             "all_running_after_start_s": round(start_s, 1), "pass_ms_idle": idle}
 
@@ -204,7 +238,8 @@ def main(sizes: tuple[int, ...] = SIZES, samples: int = 100) -> dict[str, Any]:
               f"{result['p50']} ms, p99 {result['p99']} ms, max {result['max']} ms; inside the "
               f"supervisor (failure event received -> create returned): "
               f"{result['supervisor_internal']}, split {result['supervisor_split']}, writes "
-              f"{result['api_writes']}; kwok's reaction: {result['kwok_reaction']}; "
+              f"{result['api_writes']}, the collector's pauses {result['gc_pauses']}; "
+              f"kwok's reaction: {result['kwok_reaction']}; "
               f"an idle pass: {result['pass_ms_idle']}", flush=True)
         suffix = "" if workers == 1000 else f"_{workers}"
         out[f"replacement_latency_ms{suffix}"] = result
