@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import random
 import threading
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,27 @@ def test_a_host_string_is_never_reused_by_a_later_pod() -> None:
     assert r.left_out == {"w-3": Unusable.HOST_REUSED}
     same = hostlist.render(v, 1, HostMode.POD_IP, {"10.1.0.10": "new-uid"})
     assert same.lines == ("10.1.0.10:1",)
+
+
+@pytest.mark.parametrize("mode", [HostMode.POD_IP, HostMode.POD_DNS])
+def test_the_workers_addresses_with_a_memo_equal_those_made_anew(mode: HostMode) -> None:
+    """hostlist.addresses with the loop's memo: a pod object seen before is not looked at
+    again, a changed one (a new object: a new IP, none yet, another hostname) or a gone one is;
+    after every change the same as without the memo."""
+    rng = random.Random(7)
+    pods: dict[str, dict] = {}
+    memo: dict[str, Any] = {}
+    for step in range(300):
+        name = f"w-{rng.randrange(12)}"
+        if rng.random() < 0.25:
+            pods.pop(name, None)
+        else:
+            p = pod(name, ip=rng.choice([None, f"10.1.0.{rng.randrange(5)}", "fd00::1"]))
+            p["spec"]["subdomain"] = rng.choice([None, "workers"])
+            p["spec"]["hostname"] = rng.choice([None, name, "other"])
+            pods = {**pods, name: slim(Kind.POD, p)}
+        assert hostlist.addresses(pods, mode, memo) == hostlist.addresses(pods, mode), step
+        assert memo.keys() == pods.keys()
 
 
 def test_dns_mode_names_pods_by_hostname_and_subdomain() -> None:
