@@ -30,6 +30,7 @@ fell (a histogram gives bounds, not values: the worst case is the `max` bound).
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import shutil
 import tempfile
@@ -122,31 +123,52 @@ def gc_pauses(before: dict[str, float], after: dict[str, float]) -> dict[str, An
 
 
 class Added:
-    """Watches the namespace's pods: when each name was first ADDED, and first seen Failed."""
+    """Watches the namespace's pods: when each name was first ADDED, and first seen Failed.
+
+    The API server closes a watch that does not keep up ("Forcing pods watcher close due to
+    unresponsiveness"; at 10,000 workers this one was, during the start, twice on 2026-12-01,
+    and the first sample then waited 30 s for a pod the supervisor had created in 131 ms). So
+    when the watch ends it lists again and watches from there, until closed: a pod first seen
+    by that list counts as seen then (`relists` says how often; a late sight, never an early
+    one)."""
 
     def __init__(self, core: client.CoreV1Api, namespace: str) -> None:
         self.seen: dict[str, float] = {}
         self.failed: dict[str, float] = {}
+        self.relists = 0
+        self._closed = threading.Event()
         self._w = watch.Watch()
         self._thread = threading.Thread(target=self._run, args=(core, namespace), daemon=True)
         self._thread.start()
 
+    def _saw(self, kind: str, obj: dict[str, Any], now: float) -> None:
+        name = obj["metadata"]["name"]
+        if kind == "ADDED":
+            self.seen.setdefault(name, now)
+        if (obj.get("status") or {}).get("phase") == "Failed":
+            self.failed.setdefault(name, now)
+
     def _run(self, core: client.CoreV1Api, namespace: str) -> None:
-        # Ends when close() stops the watch (or the namespace goes away with the control plane:
-        # a line cut off as the API server stops is a ValueError, JSONDecodeError, here).
-        with contextlib.suppress(ApiException, OSError, urllib3.exceptions.HTTPError,
-                                 ValueError):
-            # Raw dicts: building client models for 1,000 pods would delay t1 itself.
-            for ev in self._w.stream(core.list_namespaced_pod, namespace, timeout_seconds=3600,
-                                     deserialize=False):
-                obj, now = ev["object"], time.monotonic()
-                name = obj["metadata"]["name"]
-                if ev["type"] == "ADDED":
-                    self.seen.setdefault(name, now)
-                if (obj.get("status") or {}).get("phase") == "Failed":
-                    self.failed.setdefault(name, now)
+        # Ends when close() stops it (or the namespace goes away with the control plane: a
+        # line cut off as the API server stops is a ValueError, JSONDecodeError, here).
+        while not self._closed.is_set():
+            with contextlib.suppress(ApiException, OSError, urllib3.exceptions.HTTPError,
+                                     ValueError):
+                # Raw dicts: building client models for 10,000 pods would delay t1 itself.
+                listed = json.loads(core.list_namespaced_pod(
+                    namespace, _preload_content=False).data)
+                now = time.monotonic()
+                for obj in listed.get("items") or ():
+                    self._saw("ADDED", obj, now)
+                for ev in self._w.stream(core.list_namespaced_pod, namespace,
+                                         resource_version=listed["metadata"]["resourceVersion"],
+                                         timeout_seconds=3600, deserialize=False):
+                    self._saw(ev["type"], ev["object"], time.monotonic())
+            if not self._closed.wait(0.2):
+                self.relists += 1
 
     def close(self) -> None:
+        self._closed.set()
         self._w.stop()
 
 
@@ -220,6 +242,7 @@ def measure(cp: ControlPlane, api: client.ApiClient, workers: int, samples: int,
     return {**percentiles(out), "workers": workers, "supervisor_internal": percentiles(internal),
             "supervisor_split": split, "api_writes": writes, "gc_pauses": pauses,
             "kwok_reaction": percentiles(reaction) if reaction else None,
+            "bench_watch_relists": added.relists,
             "all_running_after_start_s": round(start_s, 1), "pass_ms_idle": idle}
 
 
