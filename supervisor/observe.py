@@ -122,7 +122,8 @@ class ClusterView:
 # status its name, restart count and states (a terminated state: exit code, reason, signal; a
 # waiting one: reason and message, for a pod that never starts); of the spec's
 # affinity only the required node affinity (the nodes a replacement was kept off, shared: most
-# workers have the template's). Timestamps, other messages and image names are dropped.
+# workers have the template's). Of the timestamps only the pod's creation and deletion are
+# kept (creation: a scale-out's timeout, plan.py); other messages and image names are dropped.
 _POD_KEEP = {
     "metadata": ("name", "namespace", "uid", "resourceVersion", "labels", "annotations",
                  "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",

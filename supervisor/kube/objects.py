@@ -106,10 +106,10 @@ INFLATED_MAX_BYTES = 64 * 1024 * 1024
 
 
 def encode_state(state: Mapping[str, Any], key: str) -> dict[str, dict[str, str]]:
-    """The ConfigMap fields that hold `state` under `key`: {"data": ...} while it is small,
-    else {"binaryData": {key + ".gz": base64 of gzip}} (mtime 0: the same state, the same
-    bytes)."""
-    text = json.dumps(state, sort_keys=True, separators=(",", ":"))
+    """The ConfigMap fields that hold `state` under `key`: {"data": ...} while it is small
+    (JSON as json.dumps writes it by default, as it always was), else {"binaryData": {key +
+    ".gz": base64 of gzip}} (mtime 0: the same state, the same bytes)."""
+    text = json.dumps(state, sort_keys=True)
     if len(text) <= PLAIN_MAX_BYTES:
         return {"data": {key: text}}
     packed = gzip.compress(text.encode(), compresslevel=1, mtime=0)
@@ -139,6 +139,7 @@ def stored_text(cm: Mapping[str, Any], key: str, where: str) -> str | None:
     except (ValueError, binascii.Error, zlib.error) as e:
         raise Damaged(f"{where}.gz is not gzip-compressed JSON ({e}); fix or delete it "
                       "deliberately") from e
+
 
 def decode_state(raw: str, where: str) -> dict[str, Any]:
     """The JSON object `raw` (a ConfigMap value we keep, named by `where`); raise Damaged with

@@ -31,6 +31,7 @@ from kubernetes import client
 
 from localcluster.job import JOB, OVERLAY, MainJob, Record, edit_worker_template, log_time
 from localcluster.nodes import Cluster
+from supervisor import kube
 from supervisor.config import Config
 from supervisor.hook.elastic_supervisor_hook import worker
 
@@ -302,8 +303,11 @@ class Job(MainJob):
         return s
 
     def state(self) -> dict[str, Any]:
-        cm = self.core.read_namespaced_config_map(f"{JOB}-supervisor-state", self.namespace)
-        return dict(json.loads(cm.data["state.json"]))
+        """The supervisor's stored state, read as it reads it (plain or compressed)."""
+        state, _ = kube.StateStore(self.core.api_client, self.namespace,
+                                   f"{JOB}-supervisor-state", None).load()
+        assert state is not None, "no state saved yet"
+        return state
 
 
 def shared_checkpoint(docs: list[dict[str, Any]], host_dir: Path) -> None:
