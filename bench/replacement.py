@@ -57,26 +57,36 @@ IDLE_S = 20.0
 SIZES = (1000, 10000)
 START_TIMEOUT_S = 3600  # the supervisor's START_TIMEOUT_SECONDS: 10,000 creates take a while here
 
-PASS_FAMILY = 'elastic_supervisor_loop_pass_seconds_bucket{batch="idle",le="'
+def window(before: dict[str, float], after: dict[str, float], family: str,
+           labels: str) -> tuple[list[tuple[float, float]], float, float]:
+    """A histogram's observations between two scrapes of /metrics, for one label set
+    (`labels`: 'batch="idle"'): (bucket bound, count up to it) in order, how many, and their
+    sum (seconds)."""
+    head = f"{family}_bucket{{{labels},le=\""
+    counts = sorted((float(k[len(head):-2]), v - before.get(k, 0.0))
+                    for k, v in after.items() if k.startswith(head))
+    n = counts[-1][1] if counts else 0.0
+    key = f"{family}_sum{{{labels}}}"
+    return counts, n, after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def bound(counts: list[tuple[float, float]], share: float, n: float) -> float:
+    """The bucket bound under which `share` of the `n` observations fell."""
+    return next(le for le, c in counts if c >= share * n)
+
+
+PASS_FAMILY = "elastic_supervisor_loop_pass_seconds"
 
 
 def idle_passes(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
     """The idle passes between two scrapes of the supervisor's /metrics: how many, their mean
     (ms), and the bucket bound (ms) under which half, 99 % and all of them fell."""
-    def buckets(m: dict[str, float]) -> list[tuple[float, float]]:
-        return sorted((float(k[len(PASS_FAMILY):-2]), v) for k, v in m.items()
-                      if k.startswith(PASS_FAMILY))
-    count = [(le, b - a) for (le, a), (_, b) in zip(buckets(before), buckets(after), strict=True)]
-    n = count[-1][1] if count else 0.0
+    count, n, total = window(before, after, PASS_FAMILY, 'batch="idle"')
     if not n:
         raise RuntimeError("no idle pass between the two scrapes of the loop's histogram")
-    key = 'elastic_supervisor_loop_pass_seconds_sum{batch="idle"}'
-
-    def bound(share: float) -> float:
-        return next(le for le, c in count if c >= share * n)
-
-    return {"n": int(n), "mean": round((after[key] - before[key]) / n * 1000, 3),
-            "p50_le": bound(0.5) * 1000, "p99_le": bound(0.99) * 1000, "max_le": bound(1.0) * 1000,
+    return {"n": int(n), "mean": round(total / n * 1000, 3),
+            "p50_le": bound(count, 0.5, n) * 1000, "p99_le": bound(count, 0.99, n) * 1000,
+            "max_le": bound(count, 1.0, n) * 1000,
             "source": "the supervisor's elastic_supervisor_loop_pass_seconds{batch=\"idle\"}"}
 
 
@@ -109,16 +119,10 @@ def gc_pauses(before: dict[str, float], after: dict[str, float]) -> dict[str, An
     `gc_pause_seconds` histogram, supervisor/collector.py)."""
     out: dict[str, Any] = {}
     for gen in ("0", "1", "2"):
-        head = f'{GC_FAMILY}_bucket{{generation="{gen}",le="'
-        counts = sorted((float(k[len(head):-2]), v - before.get(k, 0.0))
-                        for k, v in after.items() if k.startswith(head))
-        n = counts[-1][1] if counts else 0.0
-        if not n:
-            continue
-        total = (after[f'{GC_FAMILY}_sum{{generation="{gen}"}}']
-                 - before.get(f'{GC_FAMILY}_sum{{generation="{gen}"}}', 0.0))
-        out[f"gen{gen}"] = {"n": int(n), "total_ms": round(total * 1000, 1),
-                            "max_le_ms": next(le for le, c in counts if c >= n) * 1000}
+        counts, n, total = window(before, after, GC_FAMILY, f'generation="{gen}"')
+        if n:
+            out[f"gen{gen}"] = {"n": int(n), "total_ms": round(total * 1000, 1),
+                                "max_le_ms": bound(counts, 1.0, n) * 1000}
     return out
 
 
