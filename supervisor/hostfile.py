@@ -37,7 +37,7 @@ class HostFile:
         self.first_owner: dict[str, str] = {}
         self.published: str | None = None  # the file's content; None while withdrawn
         self.known_hosts: str | None = None  # the host keys last written
-        self.key_lines: dict[str, tuple[Any, str | None]] = {}  # hostkeys.known_hosts' memo
+        self.key_lines = hostkeys.KnownHosts()  # the host keys' lines (a render cache)
         # the view's last render, and what it was made of (view version, ...)
         self.view_render: Rendered | None = None
         self.view_render_from: tuple[object, ...] = ()
@@ -119,9 +119,7 @@ class HostFile:
         path = known_hosts_path(self.cfg)
         if self.cfg.ssh_host_keys != SshHostKeys.WORKER or path is None:
             return
-        text, missing = hostkeys.known_hosts(
-            {host: view.pods[key] for host, key in host_list.hosts.items()},
-            self.cfg.ssh_port, self.key_lines)
+        text, missing = self.key_lines.update(host_list.hosts, view.pods, self.cfg.ssh_port)
         if text == self.known_hosts:
             return
         discovery.write_atomic(path, text)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import random
 import subprocess
 from pathlib import Path
 
@@ -129,17 +130,33 @@ def test_known_hosts_pins_each_listed_address_to_its_pods_key_only() -> None:
     assert hostkeys.known_hosts({"10.0.0.5": pod(a.public)}, 22)[0] == f"10.0.0.5 {a.public}\n"
 
 
-def test_known_hosts_with_a_memo_is_the_same_text_as_without() -> None:
-    """The supervisor keeps a memo across publishes: a host gone leaves it, a pod object
-    replaced (its key added) gives its line again, an unchanged object is not parsed again."""
+def test_known_hosts_kept_up_to_date_is_the_same_text_as_made_anew() -> None:
+    """The supervisor keeps a KnownHosts across publishes: a host gone leaves it, a pod object
+    replaced (its key added) gives its line again, an unchanged object is not parsed again;
+    after every change of random sequences (few changes, then many at once: the other path)
+    the same text as known_hosts made anew."""
     a, b = hostkeys.from_seed(b"a" * 32, "a", 1), hostkeys.from_seed(b"b" * 32, "b", 1)
-    memo: dict = {}
+    kept = hostkeys.KnownHosts()
     first = {"10.0.0.5": pod(a.public), "10.0.2.9": pod(None)}
-    assert hostkeys.known_hosts(first, 2222, memo) == hostkeys.known_hosts(first, 2222)
+    assert kept.update({h: h for h in first}, first, 2222) == hostkeys.known_hosts(first, 2222)
     later = {"10.0.2.9": pod(b.public), "10.0.1.1": first["10.0.0.5"]}
-    assert hostkeys.known_hosts(later, 2222, memo) == (
+    assert kept.update({h: h for h in later}, later, 2222) == (
         f"[10.0.1.1]:2222 {a.public}\n[10.0.2.9]:2222 {b.public}\n", ())
-    assert set(memo) == {"10.0.1.1", "10.0.2.9"}
-    kept = memo["10.0.1.1"]
-    hostkeys.known_hosts(later, 2222, memo)
-    assert memo["10.0.1.1"] is kept, "an unchanged pod object's line is reused"
+    assert kept.order == ["10.0.1.1", "10.0.2.9"]
+    line = kept.seen["10.0.1.1"]
+    kept.update({h: h for h in later}, later, 2222)
+    assert kept.seen["10.0.1.1"] is line, "an unchanged pod object's line is reused"
+    assert kept.update({h: h for h in later}, later, 22)[0].startswith("10.0.1.1 "), "a new port"
+    rng = random.Random(11)
+    pods: dict[str, dict] = {}
+    for step in range(400):
+        for _ in range(rng.choice([1, 1, 1, 3, 90])):
+            name = f"w-{rng.randrange(120)}"
+            if rng.random() < 0.3:
+                pods.pop(name, None)
+            else:
+                pods[name] = pod(rng.choice([a.public, b.public, None]))
+        hosts = {f"10.0.{int(n[2:]) % 7}.{n[2:]}": n for n in pods}
+        got = kept.update(hosts, pods, 2222)
+        assert got == hostkeys.known_hosts({h: pods[n] for h, n in hosts.items()}, 2222), step
+        assert kept.order == sorted(hosts), step
