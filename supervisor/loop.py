@@ -112,7 +112,7 @@ class Supervisor:
         self.queue: queue.SimpleQueue[Trigger] = queue.SimpleQueue()
         self.next_progress = self.next_reap = 0.0  # when to say the gate waits, to reap
         self.bound = 0  # the index's `readdressed` the channel's addresses were bound at
-        self.addressed: dict[str, Any] = {}  # hostlist.addresses' memo (a render cache)
+        self.addressed = hostlist.Addresses(cfg.host_mode)  # the workers' (a render cache)
         # The decisions' memory: kept here, written only by decide/.
         self.core = on.initial(workers, stored)
 
@@ -151,8 +151,7 @@ class Supervisor:
             earliest, exited = self._apply(batch, now)
             readdressed = self.watches.index.readdressed
             if readdressed != self.bound and self.channel is not None:
-                self.channel.bind_hosts(hostlist.addresses(self.view.pods, cfg.host_mode,
-                                                            self.addressed))
+                self.channel.bind_hosts(self.addressed.update(self.view))
                 self.bound = readdressed
             if batch:
                 self.log.debug("loop.batch", items=len(batch), pods=len(self.view.pods),

@@ -8,6 +8,7 @@ The view is mutated only by the loop thread that owns it.
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections import deque
 from collections.abc import Mapping
@@ -103,7 +104,10 @@ class ClusterView:
             return []
         if version > self.version or not self.log or self.log[0][0] > version + 1:
             return None
-        return [(k, n) for v, k, n in self.log if v > version]
+        # The log's versions run without a gap up to self.version: its last entries, read from
+        # its end, not a walk of the whole log on every render.
+        last = list(itertools.islice(reversed(self.log), self.version - version))
+        return [(k, n) for _, k, n in reversed(last)]
 
     @property
     def synced(self) -> bool:

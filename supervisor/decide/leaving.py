@@ -115,7 +115,8 @@ def _maybe_announced(fl: fleet.Fleet, s: Seen, st: Settings,
     a pod on a node that is going, a pod of a slot that is not its current one, a straggler
     to move (`slow`)."""
     ix = s.facts(st.plan.job)
-    names = set(ix.noticed) | ix.others(fl.current(st.plan.job)) | (set(slow) & set(ix.pods))
+    names = set(ix.noticed) | ix.others(fl.current(st.plan.job)) | {
+        n for n in slow if n in ix.pods}
     for node in ix.going(s.nodes, st.disruption):
         names |= ix.on_node.get(node, set())
     slots = {f.slot for name in names if (f := ix.pods[name]).slot is not None}

@@ -127,6 +127,8 @@ class PodIndex:
     version: int = field(default=0, compare=False)  # counts the pods' changes
     _others: tuple[Mapping[str, int], int, frozenset[str]] | None = field(
         default=None, compare=False, repr=False)
+    # the pods put or dropped since `_others` was worked out (kept only while there is one)
+    _touched: set[str] = field(default_factory=set, compare=False, repr=False)
 
     def put(self, pod: Obj) -> None:
         """The view holds `pod` now (added or changed)."""
@@ -162,6 +164,11 @@ class PodIndex:
             self.readdressed += 1
 
     def _drop(self, name: str) -> PodFacts | None:
+        if self._others is not None:
+            self._touched.add(name)
+            if len(self._touched) > max(64, len(self.pods) // 8):
+                self._others = None  # (many changed: the next answer is worked out anew)
+                self._touched.clear()
         f = self.pods.pop(name, None)
         if f is None:
             return None
@@ -201,10 +208,21 @@ class PodIndex:
         worked out once per change of the pods and of the fleet (a pass asks in two steps;
         `current` is held, so a new one is never taken for it)."""
         known = self._others
-        if known is None or known[0] is not current or known[1] != self.version:
-            known = (current, self.version, frozenset(self.pods.keys() - current.keys()))
-            self._others = known
-        return known[2]
+        if known is not None and known[0] is current and known[1] == self.version:
+            return known[2]
+        if known is not None and known[0] is current:  # only the pods touched since
+            out = set(known[2])
+            for name in self._touched:
+                if name in self.pods and name not in current:
+                    out.add(name)
+                else:
+                    out.discard(name)
+            others = frozenset(out)
+        else:
+            others = frozenset(self.pods.keys() - current.keys())
+        self._others = (current, self.version, others)
+        self._touched.clear()
+        return others
 
     def going(self, nodes: Mapping[str, Obj], s: disruption.Settings) -> frozenset[str]:
         """disruption.going_nodes of `nodes` (the view's, which this index holds), asked only of

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from supervisor import discovery
+from supervisor import discovery, observe
 from supervisor.decide import hostlist
 from supervisor.decide.hostlist import HostMode, Publish, Withdraw
 from supervisor.observe import ClusterView, EventType, Kind, Unusable, pod_problem, slim
@@ -180,24 +180,37 @@ def test_a_host_string_is_never_reused_by_a_later_pod() -> None:
 
 
 @pytest.mark.parametrize("mode", [HostMode.POD_IP, HostMode.POD_DNS])
-def test_the_workers_addresses_with_a_memo_equal_those_made_anew(mode: HostMode) -> None:
-    """hostlist.addresses with the loop's memo: a pod object seen before is not looked at
-    again, a changed one (a new object: a new IP, none yet, another hostname) or a gone one is;
-    after every change the same as without the memo."""
+def test_the_workers_addresses_kept_up_to_date_equal_those_made_anew(mode: HostMode) -> None:
+    """hostlist.Addresses, which the loop keeps: only the pods the view's change log names are
+    looked at again (a new IP, none yet, another hostname, gone); after every change the same
+    as addresses made anew, a host two pods claim (hostname "other") among them; a log that no
+    longer reaches back starts it over."""
     rng = random.Random(7)
-    pods: dict[str, dict] = {}
-    memo: dict[str, Any] = {}
-    for step in range(300):
-        name = f"w-{rng.randrange(12)}"
-        if rng.random() < 0.25:
-            pods.pop(name, None)
-        else:
+    v = ClusterView()
+    kept = hostlist.Addresses(mode)
+    claimed = 0
+    for step in range(600):
+        for _ in range(rng.choice([1, 1, 2, 5])):
+            name = f"w-{rng.randrange(12)}"
+            if rng.random() < 0.25:
+                v.apply(Kind.POD, EventType.DELETED, {"metadata": {"name": name}})
+                continue
             p = pod(name, ip=rng.choice([None, f"10.1.0.{rng.randrange(5)}", "fd00::1"]))
             p["spec"]["subdomain"] = rng.choice([None, "workers"])
             p["spec"]["hostname"] = rng.choice([None, name, "other"])
-            pods = {**pods, name: slim(Kind.POD, p)}
-        assert hostlist.addresses(pods, mode, memo) == hostlist.addresses(pods, mode), step
-        assert memo.keys() == pods.keys()
+            p["metadata"]["resourceVersion"] = str(step)
+            v.apply(Kind.POD, EventType.MODIFIED, slim(Kind.POD, p))
+        if step == 300:  # more changes than the log holds: Addresses starts over
+            v.log.clear()
+            v.version += 1
+        assert kept.update(v) == hostlist.addresses(v.pods, mode), step
+        assert kept.of.keys() <= v.pods.keys()
+        claimed += any(len(c) > 1 for c in kept.claims.values())
+    assert mode is HostMode.POD_IP or claimed, "a host claimed twice was tried"
+    two = {n: slim(Kind.POD, pod(n, ip=ip)) for n, ip in (("w-1", "10.1.0.1"), ("w-2", "10.1.0.2"))}
+    for p in two.values():
+        p["spec"].update(subdomain="workers", hostname="other")
+    assert hostlist.addresses(two, HostMode.POD_DNS) == {"other.workers.default.svc": "10.1.0.2"}
 
 
 def test_dns_mode_names_pods_by_hostname_and_subdomain() -> None:
@@ -540,3 +553,28 @@ def test_an_evicted_worker_that_must_stay_for_a_while_stays_listed() -> None:
     assert stays.lines == ("10.1.0.10:1",)
     other = hostlist.render(v, 1, HostMode.POD_IP, {}, staying=frozenset({"w-1"}))
     assert other.lines == ()
+
+
+def test_the_views_change_log_names_every_change_after_a_version_in_order() -> None:
+    """ClusterView.changes_since: what each incremental render (and the known_hosts kept beside
+    it) reads; an unchanged object is no change, a version the log no longer reaches is None
+    (a full pass), a version ahead of the view too."""
+    v = ClusterView()
+    applied: list[tuple[Kind, str]] = []
+    rng = random.Random(3)
+    for i in range(observe.CHANGE_LOG + 500):
+        name = f"w-{rng.randrange(50)}"
+        if rng.random() < 0.2:
+            if v.apply(Kind.POD, EventType.DELETED, {"metadata": {"name": name}}):
+                applied.append((Kind.POD, name))
+            continue
+        obj = slim(Kind.POD, pod(name, ip=f"10.1.0.{i % 200}"))
+        obj["metadata"]["resourceVersion"] = str(i)
+        assert v.apply(Kind.POD, EventType.MODIFIED, obj)
+        applied.append((Kind.POD, name))
+        assert not v.apply(Kind.POD, EventType.MODIFIED, obj), "the same resourceVersion"
+    assert v.version == len(applied)
+    for back in (0, 1, 7, observe.CHANGE_LOG - 1, observe.CHANGE_LOG):
+        assert v.changes_since(v.version - back) == applied[len(applied) - back:], back
+    assert v.changes_since(v.version - observe.CHANGE_LOG - 1) is None
+    assert v.changes_since(v.version + 1) is None
