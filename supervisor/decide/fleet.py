@@ -109,10 +109,37 @@ class Fleet:
     def active(self) -> list[int]:
         """Slots that should have a pod (not dropped, not being scaled in)."""
         return list(self._once("_active", lambda: tuple(sorted(
-            i for i, s in self.slots.items() if s.dropped is None and s.retiring_at is None))))
+            i for i, s in self.slots.items() if _is_active(s)))))
+
+    def with_slot(self, i: int, slot: Slot | None, ledger: Ledger | None = None) -> Fleet:
+        """This fleet with slot `i` as `slot` (None: removed), and `ledger` if given. What was
+        worked out of this fleet (`_once`) comes along, changed for the one slot: a failure
+        changes one slot of 10,000, and working each answer out again walked them all, for
+        every fleet of a failure's passes."""
+        slots = dict(self.slots)
+        old = slots.pop(i, None)
+        if slot is not None:
+            slots[i] = slot
+        new = Fleet(slots=slots, ledger=self.ledger if ledger is None else ledger)
+        known = self.__dict__
+        for key, holds in (("_active", _is_active), ("_changing", _is_changing),
+                           ("_retiring", _is_retiring)):
+            if (ordered := known.get(key)) is not None:
+                object.__setattr__(new, key, _with(ordered, i, holds(old), holds(slot)))
+        if (named := known.get("_current")) is not None:
+            carried = {}
+            for job, was in named.items():
+                names = dict(was)
+                if old is not None and _is_active(old):
+                    del names[spell(job, i, old.incarnation)]
+                if slot is not None and _is_active(slot):
+                    names[spell(job, i, slot.incarnation)] = i
+                carried[job] = names
+            object.__setattr__(new, "_current", carried)
+        return new
 
     def current(self, job: str) -> Mapping[str, int]:
-        """The name of each active slot's current pod -> its slot, in slot order."""
+        """The name of each active slot's current pod -> its slot."""
         named: dict[str, dict[str, int]] = self._once("_current", dict)
         if job not in named:
             named[job] = {spell(job, i, self.slots[i].incarnation): i for i in self.active()}
@@ -121,12 +148,31 @@ class Fleet:
     def changing(self) -> list[int]:
         """Slots being scaled out (added, their pod not Running yet) or in (retiring)."""
         return list(self._once("_changing", lambda: tuple(sorted(
-            i for i, s in self.slots.items()
-            if s.added_at is not None or s.retiring_at is not None))))
+            i for i, s in self.slots.items() if _is_changing(s)))))
 
     def retiring(self) -> list[int]:
         return list(self._once("_retiring", lambda: tuple(sorted(
-            i for i, s in self.slots.items() if s.retiring_at is not None))))
+            i for i, s in self.slots.items() if _is_retiring(s)))))
+
+
+def _is_active(s: Slot | None) -> bool:
+    return s is not None and s.dropped is None and s.retiring_at is None
+
+
+def _is_changing(s: Slot | None) -> bool:
+    return s is not None and (s.added_at is not None or s.retiring_at is not None)
+
+
+def _is_retiring(s: Slot | None) -> bool:
+    return s is not None and s.retiring_at is not None
+
+
+def _with(ordered: tuple[int, ...], i: int, was: bool, now: bool) -> tuple[int, ...]:
+    """The sorted slots `ordered` with `i` in (`now`) or out, `was` saying where it was."""
+    if was == now:
+        return ordered
+    at = bisect.bisect_left(ordered, i)
+    return (*ordered[:at], i, *ordered[at:]) if now else (*ordered[:at], *ordered[at + 1:])
 
 
 def initial(workers: int) -> Fleet:
@@ -206,13 +252,12 @@ def leave(fleet: Fleet, slot: int, now: float, node: str | None) -> Fleet:
     """Return the fleet with `slot` at its next incarnation, due at once and away from `node`
     (preferred), no budget used: its pod was announced to go and leaves gracefully."""
     s = fleet.slots[slot]
-    return replace(fleet, slots={**fleet.slots, slot: Slot(
-        incarnation=s.incarnation + 1, due=now, avoid_node=node)})
+    return fleet.with_slot(slot, Slot(incarnation=s.incarnation + 1, due=now, avoid_node=node))
 
 
 def retire_done(fleet: Fleet, slot: int) -> Fleet:
     """Return the fleet without `slot` (its pod is deleted: the scale-in is complete)."""
-    return replace(fleet, slots={i: s for i, s in fleet.slots.items() if i != slot})
+    return fleet.with_slot(slot, None)
 
 
 def on_failure(fleet: Fleet, failure: Failure, found: tuple[int, int] | None, policy: Policy,
@@ -243,7 +288,7 @@ def on_failure(fleet: Fleet, failure: Failure, found: tuple[int, int] | None, po
     else:
         why = d.refused or (f"{d.action.value} by {d.rule}")
         new = replace(slot, dropped=why)
-    return Fleet(slots={**fleet.slots, i: new}, ledger=d.ledger), d
+    return fleet.with_slot(i, new, d.ledger), d
 
 
 def renew(fleet: Fleet, slot: int, incarnation: int, now: float) -> Fleet:
@@ -254,8 +299,7 @@ def renew(fleet: Fleet, slot: int, incarnation: int, now: float) -> Fleet:
     if s is None or s.incarnation != incarnation or s.dropped is not None \
             or s.retiring_at is not None:
         return fleet
-    return replace(fleet, slots={**fleet.slots, slot: replace(s, incarnation=incarnation + 1,
-                                                              due=now)})
+    return fleet.with_slot(slot, replace(s, incarnation=incarnation + 1, due=now))
 
 
 def current_pods(fleet: Fleet, job: str) -> frozenset[str]:

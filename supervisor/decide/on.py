@@ -148,7 +148,7 @@ def create_failed(c: Memory, name: str, why: str, job: str) -> tuple[Memory, tup
         return c, ()
     for i, s in fl.slots.items():
         if s.dropped is None and name == pod_name(job, i, s.incarnation):
-            c = replace(c, fleet=replace(fl, slots={**fl.slots, i: replace(s, dropped=why)}))
+            c = replace(c, fleet=fl.with_slot(i, replace(s, dropped=why)))
             return c, (Note("warning", "worker.slot_dropped", {"pod": name, "slot": i},
                             EventSpec("Warning", "WorkerCreateFailed", "Create", why)),)
     for worker, ahead in c.moving.items():

@@ -170,7 +170,7 @@ class _Step:
         self.notes.append(Note(level, event, fields, k8s))
 
     def set_slot(self, i: int, slot: fleet.Slot) -> None:
-        self.fleet = replace(self.fleet, slots={**self.fleet.slots, i: slot})
+        self.fleet = self.fleet.with_slot(i, slot)
 
     def delete(self, pod: Obj) -> None:
         """Delete `pod` (graceful); its UID joins `ours`: never classified, never again."""
