@@ -47,18 +47,24 @@ def footprint(r: Results) -> tuple[str, str]:
             f"{r[f'startup_s_{n}']} s")
 
 
+def without_kwok(d: Mapping[str, Any]) -> str:
+    """The latency from the API's Failed, when the run measured it (bench/replacement.py)."""
+    seen = d.get("from_failed_seen")
+    return "" if not seen else f" (from the Failed status in the API: p99 {seen['p99']} ms)"
+
+
 def replacement(r: Results) -> tuple[str, str]:
     d = r["replacement_latency_ms"]
     return (f"failure -> replacement pod created, {d['workers']:,} workers",
-            f"p50 {d['p50']} ms, p99 {d['p99']} ms")
+            f"p50 {d['p50']} ms, p99 {d['p99']} ms{without_kwok(d)}")
 
 
 def scale_10000(r: Results) -> tuple[str, str]:
     d, idle = r["replacement_latency_ms_10000"], r["pass_ms_idle_10000"]
     return ("at 10,000 workers (kwok): failure -> replacement created; a pass with nothing "
             "changed; Event writes a minute",
-            f"p99 {d['p99']} ms; mean {idle['mean']} ms, all <= {idle['max_le']:g} ms; "
-            f"{r['events_per_min_10000']}")
+            f"p99 {d['p99']} ms{without_kwok(d)}; mean {idle['mean']} ms, all <= "
+            f"{idle['max_le']:g} ms; {r['events_per_min_10000']}")
 
 
 def poller(r: Results) -> tuple[str, str]:
