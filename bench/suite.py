@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import store
-from tests.cpu import busy_core_s
+from tests.cpu import TIMES_ENV, busy_core_s
 
 KEY = "suite"
 VERDICTS_KEY = "false_verdicts"
@@ -83,8 +83,27 @@ def timed(command: list[str], cwd: Path, log: Path, env: dict[str, str] | None =
 
 
 def make_test(out: Path, verdicts: Path) -> dict[str, Any]:
-    env = {**os.environ, "ES_VERDICTS_FILE": str(verdicts)}
-    return timed(["make", "test"], store.REPO, out / "make-test.log", env)
+    times = out / "test-times.jsonl"
+    env = {**os.environ, "ES_VERDICTS_FILE": str(verdicts), TIMES_ENV: str(times)}
+    run = timed(["make", "test"], store.REPO, out / "make-test.log", env)
+    return {**run, "slowest_files": by_file(times)}
+
+
+def by_file(times: Path, top: int = 12) -> list[dict[str, Any]]:
+    """The test files that took longest (their tests' wall seconds summed, setup and teardown
+    in), with the machine's busy core-seconds meanwhile, from tests/cpu.py's lines; the lanes
+    that run side by side both count the seconds they shared."""
+    files: dict[str, dict[str, Any]] = {}
+    lines = times.read_text().splitlines() if times.exists() else []
+    for line in lines:
+        t = json.loads(line)
+        f = files.setdefault(t["test"].split("::")[0], {"tests": 0, "wall_s": 0.0, "core_s": 0.0})
+        f["tests"] += 1
+        f["wall_s"] += t["wall_s"]
+        f["core_s"] += t["core_s"]
+    slow = sorted(files.items(), key=lambda kv: -kv[1]["wall_s"])[:top]
+    return [{"file": name, "tests": f["tests"], "wall_s": round(f["wall_s"], 1),
+             "core_s": round(f["core_s"], 1)} for name, f in slow]
 
 
 def false_verdicts(verdicts: Path, run: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ CPU_REPORTED are listed at the end, with the run's total and its share of the co
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Generator
@@ -20,6 +21,10 @@ import pytest
 
 CPU_REPORTED = 15
 STAT = Path("/proc/stat")
+# A file to append one JSON line per test to (its node id, wall seconds and the machine's busy
+# core-seconds over its setup, call and teardown): `python -m bench.suite` sets it and sums the
+# lines by file into its record.
+TIMES_ENV = "ES_TEST_TIMES"
 _USED = pytest.StashKey[dict[str, float]]()
 _START = pytest.StashKey[tuple[float, float]]()
 
@@ -44,13 +49,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
-    before = busy_core_s()
+    before, began = busy_core_s(), time.monotonic()
     try:
         return (yield)
     finally:
         after = busy_core_s()
         if before is not None and after is not None:
             item.config.stash[_USED][item.nodeid] = after - before
+            if times := os.environ.get(TIMES_ENV):
+                with open(times, "a", encoding="utf-8") as f:
+                    f.write(json.dumps({"test": item.nodeid,
+                                        "wall_s": round(time.monotonic() - began, 2),
+                                        "core_s": round(after - before, 1)}) + "\n")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,

@@ -110,6 +110,20 @@ def test_the_suite_timer_sums_pytests_summary_lines_of_every_phase() -> None:
                                                   "skipped": 2}
 
 
+def test_the_suite_sums_each_files_tests_and_lists_the_slowest_first(tmp_path: Path) -> None:
+    """bench.suite's `slowest_files`, from the lines tests/cpu.py appends per test."""
+    times = tmp_path / "test-times.jsonl"
+    times.write_text("".join(json.dumps(t) + "\n" for t in [
+        {"test": "tests/e2e/test_a.py::TestTour::test_one", "wall_s": 40.25, "core_s": 30.0},
+        {"test": "tests/unit/test_b.py::test_two", "wall_s": 0.5, "core_s": 0.4},
+        {"test": "tests/e2e/test_a.py::test_three", "wall_s": 19.75, "core_s": 12.5},
+        {"test": "tests/e2e/test_c.py::test_four[x]", "wall_s": 55.0, "core_s": 70.1}]))
+    assert suite.by_file(times, top=2) == [
+        {"file": "tests/e2e/test_a.py", "tests": 2, "wall_s": 60.0, "core_s": 42.5},
+        {"file": "tests/e2e/test_c.py", "tests": 1, "wall_s": 55.0, "core_s": 70.1}]
+    assert suite.by_file(tmp_path / "none.jsonl") == []
+
+
 def test_a_recorded_block_replaces_only_itself(tmp_path: Path) -> None:
     path = tmp_path / "results.json"
     store.write({"soak": {"ok": False}, "suite": {"old": 1}}, path)
