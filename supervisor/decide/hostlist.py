@@ -166,6 +166,10 @@ class Memo:
         self.lines: list[str] = []  # sorted
         self.live = 0
         self.shadowed = False  # a usable pod lost its host to another: full passes only
+        # the last result handed out, while the four above have not changed since: a change of
+        # a pod that changes none of them (scheduled, a condition) gets the same object, which
+        # the host list, the publish and the membership report then know at a glance
+        self.rendered: Rendered | None = None
 
     def judge(self, name: str, pod: Obj, nodes: Mapping[str, Obj], mode: HostMode,
               ) -> tuple[Unusable | None, str | None, bool]:
@@ -313,9 +317,12 @@ def render(
     if changes is None or not _update(memo, view, changes, args):
         _full(memo, view, args)
         memo.owners = set(first_owner)
+        memo.rendered = None
     memo.version, memo.inputs, memo.args = view.version, inputs, args
-    return Rendered(lines=tuple(memo.lines), hosts=dict(memo.hosts),
-                    left_out=dict(memo.left_out), live=memo.live)
+    if memo.rendered is None:
+        memo.rendered = Rendered(lines=tuple(memo.lines), hosts=dict(memo.hosts),
+                                 left_out=dict(memo.left_out), live=memo.live)
+    return memo.rendered
 
 
 def _full(memo: Memo, view: ClusterView, args: _Args) -> None:
@@ -376,6 +383,7 @@ def _update(memo: Memo, view: ClusterView, changes: list[tuple[Kind, str]],
             names |= memo.on_node.get(name, set())
     for name in names:
         seen = memo.judged.get(name)
+        was = _counted(memo, name, seen)
         if seen is not None:  # take out what it counted for
             memo.live -= seen[4]
             if memo.left_out.pop(name, None) is None and seen[3] is not None and \
@@ -388,6 +396,8 @@ def _update(memo: Memo, view: ClusterView, changes: list[tuple[Kind, str]],
         pod = view.pods.get(name)
         if pod is None:
             memo.forget(name)
+            if was is not None:
+                memo.rendered = None
             continue
         problem, host, live = memo.judge(name, pod, view.nodes, args.mode)
         memo.live += live
@@ -399,7 +409,19 @@ def _update(memo: Memo, view: ClusterView, changes: list[tuple[Kind, str]],
         else:
             memo.hosts[host] = name  # type: ignore[index]
             bisect.insort(memo.lines, f"{host}:{args.slots}")
+        if _counted(memo, name, memo.judged.get(name)) != was:
+            memo.rendered = None
     return True
+
+
+def _counted(memo: Memo, name: str, seen: tuple[Obj, Obj | None, Unusable | None, str | None,
+                                                bool] | None) -> tuple[object, ...] | None:
+    """What pod `name` (judged as `seen`) counts for in the memo's result: why it is left out,
+    the host it is listed under, whether it is live; None when it is in none of it."""
+    if seen is None:
+        return None
+    listed = seen[3] if seen[3] is not None and memo.hosts.get(seen[3]) == name else None
+    return memo.left_out.get(name), listed, seen[4]
 
 
 def hold_back(rendered: Rendered, hosts: frozenset[str], slots: int) -> Rendered:

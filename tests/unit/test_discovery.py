@@ -425,6 +425,7 @@ def test_incremental_renders_equal_full_ones_over_random_changes(seed: int) -> N
     rv = iter(range(10, 10**6))
     for name in ("node-0", "node-1", "node-2"):
         v.apply(Kind.NODE, EventType.ADDED, node(name))
+    last, reused = None, 0
     for step in range(150):
         op = rng.random()
         name = f"w-{rng.randrange(12)}"
@@ -470,6 +471,9 @@ def test_incremental_renders_equal_full_ones_over_random_changes(seed: int) -> N
                                memo=memo, **sets)
         want = hostlist.render(v, 1, HostMode.POD_IP, first_owner, retiring=retiring, **sets)
         assert got == want, f"step {step}"
+        reused += got is last  # an unchanged result is the last object (hostlist.Memo.rendered)
+        last = got
+    assert reused, "some steps changed nothing the render gives"
 
 
 def test_a_change_of_the_supervisors_own_sets_costs_what_it_touches(

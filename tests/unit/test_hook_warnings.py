@@ -1,14 +1,17 @@
-"""The loop's one-time warnings about the hook (reports.Reports.warnings): a problem
-the hook reports is one HookProblem Event, and a framework it does not fence yet is one
-HookFrameworkUnfenced Event per framework and run, whatever the number of hosts and ticks."""
+"""What the loop says (reports.Reports). Its one-time warnings about the hook (warnings): a
+problem the hook reports is one HookProblem Event, and a framework it does not fence yet is one
+HookFrameworkUnfenced Event per framework and run, whatever the number of hosts and ticks. And
+the workers that joined or left the host list (membership)."""
 
 from __future__ import annotations
 
 from supervisor.config import parse_config
 from supervisor.decide.hang import Verdict
+from supervisor.decide.hostlist import Rendered
 from supervisor.decide.memory import hang_settings
 from supervisor.metrics import make_metrics
 from supervisor.model import EventSpec
+from supervisor.observe import Unusable
 from supervisor.reports import Reports
 from tests.helpers import Log
 
@@ -56,3 +59,37 @@ def test_a_silent_process_not_yet_hung_is_said_once_per_silence_with_why() -> No
     loop.warnings(Verdict(), driver=object(), running_s=5.0)  # they spoke again
     loop.warnings(early, driver=object(), running_s=5.0)
     assert len([x for x in log.lines if x[1].startswith("worker.silent")]) == 4
+
+
+def test_the_membership_report_says_the_hosts_added_and_removed_and_nothing_when_the_same(
+        ) -> None:
+    """reports.Reports.membership: one workers.changed line (and a WorkersChanged Event while
+    horovodrun runs) naming the hosts added and removed; a new host list with the same hosts
+    says only the pods whose reason to be left out changed."""
+    cfg = parse_config({"SUPERVISOR_JOB_NAME": "j", "SUPERVISOR_NAMESPACE": "n",
+                        "SUPERVISOR_NP": "2"})
+    events: list[EventSpec] = []
+    log = Log()
+    loop = Reports(cfg, log=log, metrics=make_metrics(), events=events.append, channel=None,
+                   hang_settings=hang_settings(cfg))
+    first = Rendered(lines=("10.0.0.1:1", "10.0.0.2:1"),
+                     hosts={"10.0.0.1": "w-0", "10.0.0.2": "w-1"}, left_out={})
+    loop.membership(None, first, running=False)
+    assert [x[1:] for x in log.lines] == [("workers.changed", {
+        "added": ["10.0.0.1", "10.0.0.2"], "removed": [], "usable": 2, "left_out": {}})]
+    assert events == [], "no Event before horovodrun runs"
+    later = Rendered(lines=("10.0.0.2:1", "10.0.0.3:1"),
+                     hosts={"10.0.0.3": "w-2", "10.0.0.2": "w-1"},
+                     left_out={"w-0": Unusable.FOUND_FAILED})
+    loop.membership(first, later, running=True)
+    assert log.lines[-2:] == [
+        ("info", "workers.unusable", {"changed": {"w-0": "FoundFailed"}, "more": 0,
+                                      "unusable": 1}),
+        ("info", "workers.changed", {"added": ["10.0.0.3"], "removed": ["10.0.0.1"],
+                                     "usable": 2, "left_out": {"w-0": "FoundFailed"}})]
+    assert [e.note for e in events] == [
+        "usable workers 2; added ['10.0.0.3']; removed ['10.0.0.1']"]
+    said = len(log.lines)
+    loop.membership(later, Rendered(lines=later.lines, hosts=dict(later.hosts),
+                                    left_out=dict(later.left_out)), running=True)
+    assert len(log.lines) == said and len(events) == 1, "the same hosts: nothing to say"
