@@ -247,9 +247,14 @@ def _watch_hangs(p: Passing, s: Seen, st: Settings) -> tuple[Verdict, tuple[str,
     driver = s.driver
     world = ((driver.world, driver.world_at) if driver is not None and driver.world_seq
              else None)
-    watched = {**s.listed_hosts, **(_dropped_members(world[0], s, c) if world else {})}
-    listed_since = (c.listed_since if c.listed_since.keys() == watched.keys()
-                    else {host: c.listed_since.get(host, now) for host in watched})
+    dropped = _dropped_members(world[0], s, c) if world else {}
+    watched = {**s.listed_hosts, **dropped} if dropped else s.listed_hosts
+    listed_since = c.listed_since
+    if listed_since.keys() != watched.keys():  # (set operations: at 10,000 hosts a few differ)
+        listed_since = dict(listed_since)
+        for host in listed_since.keys() - watched.keys():
+            del listed_since[host]
+        listed_since.update(dict.fromkeys(watched.keys() - listed_since.keys(), now))
     nodes = _NodeOf(watched, s.facts(st.plan.job).pods)
     verdict = hang.assess(s.beats, listed_since, started_at=s.started_at, settings=st.hang,
                           now=now, failed_at=c.failed_at, world=world, nodes=nodes)

@@ -126,6 +126,15 @@ class Fleet:
                            ("_retiring", _is_retiring)):
             if (ordered := known.get(key)) is not None:
                 object.__setattr__(new, key, _with(ordered, i, holds(old), holds(slot)))
+        if (deadlines := known.get("_deadlines")) is not None:
+            object.__setattr__(new, "_deadlines", _with_deadlines(deadlines, old, slot))
+        if (stored := known.get("_stored")) is not None:
+            stored = dict(stored)  # (a changed slot's entry keeps its place, a new one: last)
+            if slot is None:
+                stored.pop(str(i), None)
+            else:
+                stored[str(i)] = _slot_entry(slot)
+            object.__setattr__(new, "_stored", stored)
         if (named := known.get("_current")) is not None:
             carried = {}
             for job, was in named.items():
@@ -339,13 +348,46 @@ def wanted(fleet: Fleet, job: str, existing: Mapping[str, Any] | set[str],
 
 def next_due(fleet: Fleet, now: float) -> float | None:
     """Return the earliest future backoff or hold deadline of an active slot, or None. The
-    loop asks on every pass: the deadlines are sorted once per fleet, each ask is a bisect
-    (at 10,000 slots a walk of them all was 4 % of the loop)."""
-    times: tuple[float, ...] = fleet._once("_deadlines", lambda: tuple(sorted({
-        t for s in fleet.slots.values() if s.dropped is None
-        for t in (s.due, s.hold_until or 0.0) if t > 0})))
+    loop asks on every pass: the deadlines are sorted once per fleet (or carried over by
+    Fleet.with_slot), each ask is a bisect (at 10,000 slots a walk of them all was 4 % of the
+    loop)."""
+    times = fleet._once("_deadlines", lambda: _deadlines(fleet.slots.values()))[0]
     i = bisect.bisect_right(times, now)
     return times[i] if i < len(times) else None
+
+
+def _deadlines(slots: Iterable[Slot]) -> tuple[tuple[float, ...], dict[float, int]]:
+    """The deadlines of `slots` sorted, each once, and how many slots have each."""
+    counts: dict[float, int] = {}
+    for s in slots:
+        for t in _deadlines_of(s):
+            counts[t] = counts.get(t, 0) + 1
+    return tuple(sorted(counts)), counts
+
+
+def _deadlines_of(s: Slot | None) -> tuple[float, ...]:
+    if s is None or s.dropped is not None:
+        return ()
+    return tuple(t for t in (s.due, s.hold_until or 0.0) if t > 0)
+
+
+def _with_deadlines(known: tuple[tuple[float, ...], dict[float, int]], old: Slot | None,
+                    new: Slot | None) -> tuple[tuple[float, ...], dict[float, int]]:
+    """`_deadlines` with one slot changed from `old` to `new`."""
+    gone, added = _deadlines_of(old), _deadlines_of(new)
+    if gone == added:
+        return known
+    times, counts = list(known[0]), dict(known[1])
+    for t in gone:
+        counts[t] -= 1
+        if not counts[t]:
+            del counts[t]
+            del times[bisect.bisect_left(times, t)]
+    for t in added:
+        counts[t] = counts.get(t, 0) + 1
+        if counts[t] == 1:
+            bisect.insort(times, t)
+    return tuple(times), counts
 
 
 # ---- persistence --------------------------------------------------------------------------------
@@ -363,10 +405,13 @@ def released(fleet: Fleet) -> Fleet:
 
 def fleet_to_dict(fleet: Fleet) -> dict[str, Any]:
     """The fleet as stored. A slot's entry is made once per Slot object (a slot that changed
-    is a new one) and shared by every state that holds it: read it, never change it (at
-    10,000 slots the state was made anew for each save before a create, 12 % of the loop)."""
+    is a new one) and shared by every state that holds it, and so is the slots' mapping, made
+    once per fleet or carried over by Fleet.with_slot (its order is no part of the state:
+    stored JSON sorts its keys): read them, never change them (at 10,000 slots the state was
+    made anew for each save before a create, 12 % of the loop)."""
     return {"version": FLEET_VERSION,
-            "slots": {str(i): _slot_entry(s) for i, s in sorted(fleet.slots.items())},
+            "slots": fleet._once("_stored", lambda: {
+                str(i): _slot_entry(s) for i, s in sorted(fleet.slots.items())}),
             "ledger": ledger_to_dict(fleet.ledger)}
 
 

@@ -117,18 +117,22 @@ def test_the_next_deadline_is_the_earliest_future_one_of_an_active_slot() -> Non
 
 def test_a_fleet_changed_one_slot_at_a_time_answers_as_one_made_anew() -> None:
     """Fleet.with_slot carries what was worked out of the fleet before (its active, changing
-    and retiring slots, each job's current pods) changed for the one slot: over random changes
+    and retiring slots, each job's current pods, its deadlines, its stored slots) changed for
+    the one slot: over random changes
     (a restart, a drop, a scale-out or -in, a slot removed or added; asked or not in between)
     the same answers as a fleet made from the same slots."""
     rng = random.Random(6)
     f = fleet.initial(12)
     for step in range(600):
         i = rng.randrange(16)
-        slot = rng.choice([None, Slot(incarnation=rng.randint(1, 4)),
-                           Slot(incarnation=rng.randint(1, 4), dropped="gone"),
+        due = rng.choice([0.0, 0.0, 100.0, 101.0, 102.5])
+        slot = rng.choice([None, Slot(incarnation=rng.randint(1, 4), due=due),
+                           Slot(incarnation=rng.randint(1, 4), dropped="gone", due=due),
                            Slot(incarnation=2, added_at=5.0),
                            Slot(incarnation=2, retiring_at=6.0),
-                           Slot(incarnation=3, added_at=5.0, retiring_at=6.0)])
+                           Slot(incarnation=3, added_at=5.0, retiring_at=6.0),
+                           Slot(incarnation=4, due=due, hold_until=rng.choice([101.0, 103.0]),
+                                avoid_node="node-a")])
         f = f.with_slot(i, slot, f.ledger if rng.random() < 0.5 else None)
         anew = Fleet(slots=dict(f.slots), ledger=f.ledger)
         assert f == anew, step
@@ -138,6 +142,11 @@ def test_a_fleet_changed_one_slot_at_a_time_answers_as_one_made_anew() -> None:
             assert f.retiring() == anew.retiring(), step
             for job in rng.sample([JOB, "other"], rng.randint(1, 2)):
                 assert f.current(job) == anew.current(job), step
+            for now in (0.0, 100.0, 101.5, 102.5):
+                assert fleet.next_due(f, now) == fleet.next_due(anew, now), (step, now)
+            assert fleet.fleet_to_dict(f) == fleet.fleet_to_dict(anew), step
+            assert json.dumps(fleet.fleet_to_dict(f), sort_keys=True) == json.dumps(
+                fleet.fleet_to_dict(anew), sort_keys=True), "the same stored text"
     assert f.slots.keys() != set(range(12)), "slots were added and removed"
 
 
