@@ -31,6 +31,7 @@ from supervisor.decide.policy import (
     ledger_from_dict,
     ledger_to_dict,
 )
+from supervisor.model import JsonText
 from supervisor.observe import Obj
 from supervisor.workers import (
     ANNOTATION_AHEAD_OF,
@@ -413,6 +414,26 @@ def fleet_to_dict(fleet: Fleet) -> dict[str, Any]:
             "slots": fleet._once("_stored", lambda: {
                 str(i): _slot_entry(s) for i, s in sorted(fleet.slots.items())}),
             "ledger": ledger_to_dict(fleet.ledger)}
+
+
+def stored_slots(fleet: Fleet) -> JsonText:
+    """The slots of `fleet_to_dict` as JSON text (model.JsonText: as json.dumps writes them
+    with sorted keys), joined from a text kept per Slot object, once per fleet."""
+    def made() -> JsonText:
+        slots = fleet.slots
+        keys = sorted(map(str, slots))  # (JSON's sorted keys: as strings)
+        return JsonText("{" + ", ".join(
+            f'"{k}": {_slot_text(slots[int(k)])}' for k in keys) + "}")
+    text: JsonText = fleet._once("_stored_text", made)
+    return text
+
+
+def _slot_text(s: Slot) -> str:
+    known: str | None = s.__dict__.get("_text")
+    if known is None:
+        known = json.dumps(_slot_entry(s), sort_keys=True)
+        object.__setattr__(s, "_text", known)
+    return known
 
 
 def _slot_entry(s: Slot) -> dict[str, Any]:

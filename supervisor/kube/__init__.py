@@ -63,6 +63,7 @@ from supervisor.kube.objects import (
     read_job,
     read_pod,
     refs_of,
+    state_text,
     stored_text,
 )
 from supervisor.kube.reflector import (
@@ -112,6 +113,7 @@ __all__ = [
     "read_pod",
     "refs_of",
     "series_patch",
+    "state_text",
     "stored_text",
     "write_timeout",
 ]

@@ -18,6 +18,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from supervisor.kube.errors import AlreadyExists, Damaged, map_error, request_timeout, write_timeout
+from supervisor.model import JsonText
 from supervisor.workers import owner_reference
 
 # ---- ownership ----------------------------------------------------------------------------------
@@ -109,11 +110,28 @@ def encode_state(state: Mapping[str, Any], key: str) -> dict[str, dict[str, str]
     """The ConfigMap fields that hold `state` under `key`: {"data": ...} while it is small
     (JSON as json.dumps writes it by default, as it always was), else {"binaryData": {key +
     ".gz": base64 of gzip}} (mtime 0: the same state, the same bytes)."""
-    text = json.dumps(state, sort_keys=True)
+    text = state_text(state)
     if len(text) <= PLAIN_MAX_BYTES:
         return {"data": {key: text}}
     packed = gzip.compress(text.encode(), compresslevel=1, mtime=0)
     return {"binaryData": {key + ".gz": base64.b64encode(packed).decode()}}
+
+
+def state_text(state: Mapping[str, Any]) -> str:
+    """`json.dumps(state, sort_keys=True)`, with each top-level value that is a model.JsonText
+    put in as the text it is (the same result, not encoded again)."""
+    raw = {k: v for k, v in state.items() if isinstance(v, JsonText)}
+    if not raw:
+        return json.dumps(state, sort_keys=True)
+    marks = {k: f"\x00JsonText {k}\x00" for k in raw}
+    text = json.dumps({**state, **marks}, sort_keys=True)
+    for k, mark in marks.items():
+        spelled = json.dumps(mark)
+        if text.count(spelled) != 1:  # (some other value holds the mark: encode it all)
+            return json.dumps({**state, **{k: json.loads(v) for k, v in raw.items()}},
+                              sort_keys=True)
+        text = text.replace(spelled, raw[k])
+    return text
 
 
 def stored_text(cm: Mapping[str, Any], key: str, where: str) -> str | None:

@@ -147,6 +147,8 @@ def test_a_fleet_changed_one_slot_at_a_time_answers_as_one_made_anew() -> None:
             assert fleet.fleet_to_dict(f) == fleet.fleet_to_dict(anew), step
             assert json.dumps(fleet.fleet_to_dict(f), sort_keys=True) == json.dumps(
                 fleet.fleet_to_dict(anew), sort_keys=True), "the same stored text"
+            assert fleet.stored_slots(f) == json.dumps(fleet.fleet_to_dict(anew)["slots"],
+                                                       sort_keys=True), step
     assert f.slots.keys() != set(range(12)), "slots were added and removed"
 
 
