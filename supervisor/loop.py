@@ -112,7 +112,7 @@ class Supervisor:
         self.queue: queue.SimpleQueue[Trigger] = queue.SimpleQueue()
         self.next_progress = self.next_reap = 0.0  # when to say the gate waits, to reap
         self.bound = 0  # the index's `readdressed` the channel's addresses were bound at
-        self.addressed = hostlist.Addresses(cfg.host_mode)  # the workers' (a render cache)
+        self.addressed = hostlist.Addresses(cfg.host_mode)  # a render cache
         # The decisions' memory: kept here, written only by decide/.
         self.core = on.initial(workers, stored)
 

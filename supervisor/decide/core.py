@@ -330,8 +330,7 @@ def state_of(f: Fleet, st: Settings,
     s = st.plan
     lo, hi = fleet.limits(s.min_np, s.max_np, s.slots_per_worker)
     out: dict[str, object] = {
-        **fleet.fleet_to_dict(f), "slots": fleet.stored_slots(f),
-        "limits": {"minWorkers": lo, "maxWorkers": hi},
+        **fleet.stored(f), "limits": {"minWorkers": lo, "maxWorkers": hi},
         "desiredWorkers": len(f.active()), "restartLimit": st.policy.budgets.restart_limit}
     if quarantined:
         out["quarantined"] = {n: round(t, 1) for n, t in sorted(quarantined.items())}

@@ -117,7 +117,7 @@ def test_the_next_deadline_is_the_earliest_future_one_of_an_active_slot() -> Non
 
 def test_a_fleet_changed_one_slot_at_a_time_answers_as_one_made_anew() -> None:
     """Fleet.with_slot carries what was worked out of the fleet before (its active, changing
-    and retiring slots, each job's current pods, its deadlines, its stored slots) changed for
+    and retiring slots, each job's current pods, its deadlines) changed for
     the one slot: over random changes
     (a restart, a drop, a scale-out or -in, a slot removed or added; asked or not in between)
     the same answers as a fleet made from the same slots."""

@@ -16,13 +16,19 @@ from supervisor.reports import Reports
 from tests.helpers import Log
 
 
-def test_an_unfenced_framework_is_said_once_per_run_and_apart_from_other_problems() -> None:
+def reports(events: list[EventSpec] | None = None) -> tuple[Reports, Log]:
+    """A Reports of a two-process job, with the log it writes (and `events` its Events)."""
     cfg = parse_config({"SUPERVISOR_JOB_NAME": "j", "SUPERVISOR_NAMESPACE": "n",
                         "SUPERVISOR_NP": "2"})
-    events: list[EventSpec] = []
     log = Log()
-    loop = Reports(cfg, log=log, metrics=make_metrics(), events=events.append, channel=None,
-                   hang_settings=hang_settings(cfg))
+    return Reports(cfg, log=log, metrics=make_metrics(),
+                   events=print if events is None else events.append, channel=None,
+                   hang_settings=hang_settings(cfg)), log
+
+
+def test_an_unfenced_framework_is_said_once_per_run_and_apart_from_other_problems() -> None:
+    events: list[EventSpec] = []
+    loop, log = reports(events)
     verdict = Verdict(problems=(("10.0.0.1", "Horovod 0.27.0 is not 0.28.x: not patched"),),
                       unfenced=(("10.0.0.1", "horovod.mxnet"),
                                 ("10.0.0.2", "horovod.mxnet")))
@@ -42,11 +48,7 @@ def test_an_unfenced_framework_is_said_once_per_run_and_apart_from_other_problem
 
 
 def test_a_silent_process_not_yet_hung_is_said_once_per_silence_with_why() -> None:
-    cfg = parse_config({"SUPERVISOR_JOB_NAME": "j", "SUPERVISOR_NAMESPACE": "n",
-                        "SUPERVISOR_NP": "2"})
-    log = Log()
-    loop = Reports(cfg, log=log, metrics=make_metrics(), events=print, channel=None,
-                   hang_settings=hang_settings(cfg))
+    loop, log = reports()
     early = Verdict(busy=(("10.0.0.1", 7, 3.44, "R"),),
                     unconfirmed=(("10.0.0.2", 8, 3.01, 0.04),))
     for _ in range(3):  # three ticks of the same silences
@@ -66,12 +68,8 @@ def test_the_membership_report_says_the_hosts_added_and_removed_and_nothing_when
     """reports.Reports.membership: one workers.changed line (and a WorkersChanged Event while
     horovodrun runs) naming the hosts added and removed; a new host list with the same hosts
     says only the pods whose reason to be left out changed."""
-    cfg = parse_config({"SUPERVISOR_JOB_NAME": "j", "SUPERVISOR_NAMESPACE": "n",
-                        "SUPERVISOR_NP": "2"})
     events: list[EventSpec] = []
-    log = Log()
-    loop = Reports(cfg, log=log, metrics=make_metrics(), events=events.append, channel=None,
-                   hang_settings=hang_settings(cfg))
+    loop, log = reports(events)
     first = Rendered(lines=("10.0.0.1:1", "10.0.0.2:1"),
                      hosts={"10.0.0.1": "w-0", "10.0.0.2": "w-1"}, left_out={})
     loop.membership(None, first, running=False)

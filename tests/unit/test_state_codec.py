@@ -103,14 +103,14 @@ def test_compressed_text_that_is_not_a_state_is_damaged_as_plain_text_is() -> No
 
 
 def test_slots_kept_as_json_text_are_stored_as_the_same_bytes() -> None:
-    """The state as core.state_of hands it over: its slots a model.JsonText joined from a text
-    per slot (fleet.stored_slots). Stored, it is byte for byte what json.dumps of the slots as
-    a mapping gives, small and large; a mark that collides with another value of the state
-    still gives the same bytes."""
+    """The state as core.state_of hands it over (fleet.stored): its slots a model.JsonText
+    joined from a text per slot (fleet.stored_slots). Stored, it is byte for byte what
+    json.dumps of the slots as a mapping gives, small and large; a mark that collides with
+    another value of the state still gives the same bytes."""
     for state in (fleet.fleet_to_dict(fleet.initial(3)), big_state()):
         f = fleet.fleet_from_dict(state)
         assert fleet.stored_slots(f) == json.dumps(state["slots"], sort_keys=True)
-        as_text = {**state, "slots": fleet.stored_slots(f), "restartLimit": 5}
+        as_text = {**fleet.stored(f), "restartLimit": 5}  # as core.state_of makes it
         assert kube.state_text(as_text) == json.dumps({**state, "restartLimit": 5},
                                                       sort_keys=True)
         assert kube.encode_state(as_text, "state.json") == kube.encode_state(
