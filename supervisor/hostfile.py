@@ -90,7 +90,8 @@ class HostFile:
         if isinstance(decision, Publish):
             if decision.content == self.published:
                 return out
-            self._write_known_hosts(view, host_list)  # before the list that names the hosts
+            # Before the list that names the hosts; every usable host, held back or not.
+            self._write_known_hosts(view, self.view_render)
             discovery.write_atomic(cfg.discovery_file, decision.content)
             written = self.clock()
             # Only hosts never published before (a set difference, not 10,000 lookups).
@@ -114,12 +115,15 @@ class HostFile:
             self.published = None
         return out
 
-    def _write_known_hosts(self, view: ClusterView, host_list: Rendered) -> None:
-        """SSH_HOST_KEYS=worker: pin each listed host to its pod's own key (hostkeys.py)."""
+    def _write_known_hosts(self, view: ClusterView, usable: Rendered) -> None:
+        """SSH_HOST_KEYS=worker: pin each usable host to its pod's own key (hostkeys.py). The
+        hosts held back from the list (a regroup, a reannounce) keep theirs: the driver may
+        have assigned one of them to the world it is making, and its ssh must not then fail
+        for the key (exit 255, counted as the worker's failure: make test, 2026-12-02)."""
         path = known_hosts_path(self.cfg)
         if self.cfg.ssh_host_keys != SshHostKeys.WORKER or path is None:
             return
-        text, missing = self.key_lines.update(host_list.hosts, view.pods, self.cfg.ssh_port)
+        text, missing = self.key_lines.update(usable.hosts, view.pods, self.cfg.ssh_port)
         if text == self.known_hosts:
             return
         discovery.write_atomic(path, text)
@@ -134,8 +138,10 @@ class HostFile:
         cfg = self.cfg
         running = self.channel is not None and running
         pending = c.regroup if running else None
+        # The beats: whom a regroup waits for, and whether the world's workers reset (a host
+        # not in the world then was not missed).
         beats = (tuple(self.channel.snapshot().beats.values())
-                 if running and pending is not None and self.channel is not None else ())
+                 if running and self.channel is not None else ())
         driver = self.channel.driver() if running and self.channel is not None else None
         out = listing.listing(listing.Listing(
             view_render=view_render, published=self.published or "", regroup=pending, beats=beats,

@@ -75,7 +75,8 @@ def listing(x: Listing, slots_per_worker: int, min_np: int, max_np: int) -> List
            if x.now < until and host in host_list.hosts}
     for host in regroup.missed(x.listed_since, driver.world, driver.world_at,
                                listed=frozenset(host_list.hosts),
-                               slots_per_worker=slots_per_worker, max_np=max_np, now=x.now):
+                               slots_per_worker=slots_per_worker, max_np=max_np, now=x.now,
+                               resetting=regroup.in_an_init(x.beats, driver.world)):
         if host in out or host not in host_list.hosts or \
                 reannounced.get(host, (-1, 0.0))[0] == driver.world_seq:
             continue

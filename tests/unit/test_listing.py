@@ -134,3 +134,21 @@ def test_a_host_missed_while_a_member_left_is_reannounced_after_the_longer_wait(
                         listed_since={SURVIVOR: NOW - 100, NEW: NOW - MISSED_LEAVING_S}), 1, 1, 3)
     assert sorted(late.host_list.hosts) == [SURVIVOR]
     assert [n.event for n in late.notes] == ["discovery.reannounced"]
+
+
+def test_a_host_listed_while_the_world_resets_is_not_taken_out() -> None:
+    """make test, 2026-12-02 (the Keras tour's scale-out to 3 on a loaded machine): the world's
+    worker reset at its next commit and waited in hvd.init for the driver's next world, which
+    had not come 8 s after the new host was listed; taken out then, the host left the world
+    being assigned and its worker exited 255. No regroup is pending (a scale-out), and the
+    beats still say the world resets: the host stays, and is taken out only after
+    MISSED_LEAVING_S."""
+    resetting = replace(beat(inits=2, progress=NOW - 7.0), waiting="i", wait_s=6.8)
+    out = listing(case(regroup=None, driver=WORLD, listed_since=MISSED, beats=(resetting,)),
+                  1, 1, 3)
+    assert sorted(out.host_list.hosts) == [SURVIVOR, NEW]
+    assert (out.reannounced, out.notes) == ({}, ())
+    late = listing(case(regroup=None, driver=replace(WORLD, world_at=NOW - MISSED_LEAVING_S),
+                        listed_since={SURVIVOR: NOW - 100, NEW: NOW - MISSED_LEAVING_S},
+                        beats=(resetting,)), 1, 1, 3)
+    assert [n.event for n in late.notes] == ["discovery.reannounced"]
