@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make demo         set up what is missing, then run the main job locally with faults"
 	@echo "make setup        install everything (idempotent; first run ~15 min, warm ~40 s)"
-	@echo "make test         the whole suite: lint, unit, integration, end-to-end (36-45 min on 2 cores)"
+	@echo "make test         the whole suite: lint, unit, integration, end-to-end (36-52 min on 2 cores)"
 	@echo "make test-fast    lint, unit and integration only (the inner loop, ~10 min)"
 	@echo "make test-unit    only the fast pure tests"
 	@echo "make test-e2e     only the end-to-end tests (loopback horovodrun, then real nodes)"
