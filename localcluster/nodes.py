@@ -474,6 +474,20 @@ def _kubelet_config(d: Path, socket: Path, s: NodeSpec, ca: Path,
     }
 
 
+# The kubelet's device-plugin registration socket: the same path for every kubelet on the host.
+DEVICE_PLUGIN_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
+
+
+def _device_plugin_socket() -> tuple[int, int] | None:
+    """The socket file's inode and creation time (None: there is none): a kubelet that binds
+    it makes a new one."""
+    try:
+        st = DEVICE_PLUGIN_SOCKET.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_ctime_ns
+
+
 def _wait(predicate: Callable[[], bool], timeout: float, what: str,
           proc: _Proc | None = None) -> None:
     deadline = time.monotonic() + timeout
@@ -562,8 +576,16 @@ class Cluster:
                 nodestore.populate(store, node.dir / "containerd" / "root")
                 node.start_containerd()
             self.timings["images_s"] = time.monotonic() - t1
+            # Every kubelet binds the same device-plugin registration socket (its path is
+            # fixed, DEVICE_PLUGIN_SOCKET, whatever --root-dir says) after cleaning its
+            # directory: two kubelets started at once can both clean, then both bind, and one
+            # exits ("bind: address already in use": a cluster start on 2026-12-02, right
+            # after `make images`). So one at a time, each once the one before has bound it.
             for node in self.nodes:
+                before = _device_plugin_socket()
                 node.start_kubelet()
+                _wait(lambda was=before: _device_plugin_socket() not in (None, was), 60,
+                      f"{node.name}: the kubelet's device-plugin socket", node.kubelet)
             self._start_proxy(bin_dir)
             self._wait_ready()
             self.timings["total_s"] = time.monotonic() - t0
