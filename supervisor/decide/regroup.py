@@ -137,5 +137,7 @@ def missed(listed_since: Mapping[str, float], world: frozenset[str], world_at: f
 
 def in_an_init(beats: Iterable[Beat], world: frozenset[str]) -> bool:
     """PURE: a training process on a host of `world` waits in an init (its last heartbeat):
-    that world's workers are resetting (`missed`)."""
-    return any(b.host in world and b.waiting == "i" for b in beats)
+    that world's workers are resetting (`missed`). Only beats the regroup reads (`judged`) of
+    processes that did not say goodbye: one that ended in an init resets nothing."""
+    return any(judged(b) and b.bye_at is None and b.host in world and b.waiting == "i"
+               for b in beats)

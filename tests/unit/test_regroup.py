@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from supervisor.decide.beats import Beat
@@ -149,6 +151,10 @@ def waiting(host: str, kind: str | None, wait_s: float = 6.8) -> Beat:
     pytest.param((waiting(C, "i"),), False,
                  id="only a process outside the world waits in an init (the new one joining)"),
     pytest.param((), False, id="no heartbeats"),
+    pytest.param((replace(waiting(A, "i"), bye_at=NOW - 1.0),), False,
+                 id="a process that said goodbye in an init: it resets nothing"),
+    pytest.param((replace(waiting(A, "i"), problems=("no hook in the framework",)),), False,
+                 id="a process whose hook reported a problem: not read, as in the regroup"),
 ])
 def test_a_world_whose_workers_wait_in_an_init_is_resetting(
         beats: tuple[Beat, ...], expected: bool) -> None:
