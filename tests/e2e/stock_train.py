@@ -8,7 +8,7 @@ Output (rank 0 only): one JSON line per batch {"step", "size", "loss", "lr", "co
 "host", "time"} and events {"event": "reset" | "resumed" | "done", ...}; that is all the tests
 read. --slow-step N:S:KIND (repeatable) makes rank 0 spend S seconds after batch N, once per
 run, sleeping (KIND sleep), writing and fsyncing a file (KIND write) or computing in Python only
-(KIND python: an evaluation) or in one C call that holds the GIL (KIND gil: what a long
+(KIND python: an evaluation) or in C calls that hold the GIL throughout (KIND gil: what a long
 garbage-collector pass does; a real 5 s one needs a heap of ~90 million objects, ~10 GB here),
 while the other ranks wait in the next allreduce: a slow step, a long checkpoint, an evaluation,
 a pause; KIND sleepall: every rank sleeps. --hang-file PATH: a file on a
@@ -23,7 +23,7 @@ import argparse
 import itertools
 import json
 import os
-import statistics
+import sys
 import threading
 import time
 
@@ -62,20 +62,19 @@ def log(**fields):
 
 
 def hold_the_gil(seconds):
-    """One C call that takes about `seconds` and never lets the GIL go (sum over an iterator
-    made in C runs no bytecode, so no other thread runs): linear in n, sized from the median
-    of three runs of at least 0.5 s. (A backtracking regular expression, used before, grows
-    as n**2 to n**3.5 with the cache and undershot 5 s by half on another machine.)"""
-    def timed(k):
-        start = time.monotonic()
-        sum(itertools.repeat(1, k))
-        return time.monotonic() - start
-
-    n = 1 << 16
-    while timed(n) < 0.5:
-        n *= 2
-    took = statistics.median(timed(n) for _ in range(3))
-    sum(itertools.repeat(1, int(n * seconds / took)))
+    """Hold the GIL for `seconds` of wall time while computing, as a long garbage-collector
+    pass does: the other threads (the hook's heartbeat) cannot run. Short C calls in a loop
+    until the deadline, with the interpreter's switch interval set past it, so no waiting
+    thread asks for the GIL in between. (One C call sized from a calibration, used before,
+    held it for as long as the load on the two cores made it: 8.6 s once for 6 s.)"""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(seconds + 60)
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            sum(itertools.repeat(1, 1 << 16))
+    finally:
+        sys.setswitchinterval(interval)
 
 
 def slow_down(seconds, kind):
