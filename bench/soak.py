@@ -428,6 +428,23 @@ def started_over(run: demo.Run, job: Job, n: int, since: float) -> Callable[[], 
     return check
 
 
+def post_mortem(job: Job) -> Path:
+    """Leave what the diagnosis of a hang needs in the run's log directory, before the cluster
+    goes: the supervisor's `status` (its view of each training process's progress), the pods,
+    and the Python processes' stacks (py-spy); return where. (Seed 12 at 57025c3 hung for
+    good after a partition and left only the launcher's log.)"""
+    out = job.out / f"hang-{int(time.time())}"
+    out.mkdir(exist_ok=True)
+    for name, get in (("status.json", lambda: job.cli("status", "--output", "json")),
+                      ("pods.txt", lambda: "\n".join(job.pod_lines()) + "\n"),
+                      ("stacks.txt", lambda: f"{job.stacks()}\n")):
+        try:
+            (out / name).write_text(get())
+        except Exception as e:  # the post-mortem must not hide the hang it reports
+            (out / name).write_text(f"none: {type(e).__name__}: {e}\n")
+    return out
+
+
 def drive(job: Job, steps: list[Step], watch: Watch, stop_file: Path) -> dict[str, Any]:
     core = job.core
     run = demo.Run(job.log)
@@ -441,7 +458,8 @@ def drive(job: Job, steps: list[Step], watch: Watch, stop_file: Path) -> dict[st
         if run.step != last_progress[1]:
             last_progress[:] = [time.monotonic(), run.step]
         elif time.monotonic() - last_progress[0] > HANG_S and not run.done:
-            raise SystemExit(f"soak: no step for {HANG_S:.0f}s (hang) at step {run.step}")
+            raise SystemExit(f"soak: no step for {HANG_S:.0f}s (hang) at step {run.step}; "
+                             f"post-mortem in {post_mortem(job)}")
         print(f"\rsoak: step {run.step:>5}/{STEPS} size {run.size} faults {len(done)}/"
               f"{len(steps)} violations {len(watch.violations)}", end="", flush=True)
 
