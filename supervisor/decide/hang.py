@@ -7,7 +7,8 @@ and whether it is inside one. From the last heartbeat of each process and `now`:
   (no bye: it did not exit cleanly), its host is one the discovery file lists and that is not
   being scaled in, and training is blocked on it: another process, heartbeating, is waiting in a
   collective (or an init), and none completed a collective since the silent one's last
-  heartbeat (one heartbeat period of slack each way for what was already in flight), and a
+  heartbeat (give or take `progress_slack_s`: cover_s, for what was already in flight and
+  for late heartbeats; its peers that go on completing collectives show it later), and a
   peer has itself waited, by its own last heartbeat, at least `cover_s` (silence_s less two
   heartbeat periods: 2 s by default). The evidence must match the cost (the worker is fenced,
   deleted and replaced): seen in a demo, a rank whose heartbeats were late on a loaded node
@@ -225,15 +226,27 @@ def _together(lead: Iterable[Beat], monitored: list[Beat], watched: Mapping[str,
     return out
 
 
-def _blocks(b: Beat, fresh: list[Beat], waiting: list[Beat], beat_s: float) -> bool:
+def _blocks(b: Beat, fresh: list[Beat], waiting: list[Beat], s: HangSettings) -> bool:
     """Whether training is blocked on the silent `b`: another process heartbeats while waiting
-    in a collective or an init, and none completed one since b's last heartbeat (one
-    heartbeat period of slack each way for what was in flight)."""
+    in a collective or an init, and none completed one since b's last heartbeat, give or take
+    `progress_slack_s` (what was in flight, and late heartbeats)."""
     if not any(p.sender != b.sender for p in waiting):
         return False
     progressed = max((p.progress_at for p in fresh
                       if p.sender != b.sender and p.progress_at is not None), default=None)
-    return progressed is None or progressed <= b.last_seen + 2 * beat_s
+    return progressed is None or progressed <= b.last_seen + progress_slack_s(s)
+
+
+def progress_slack_s(s: HangSettings) -> float:
+    """How long after a silent process's last heartbeat its peers may still be seen completing
+    collectives with it (see the module's doc): cover_s, at least two heartbeat periods. A
+    process trains on for up to one period after its last heartbeat, and its peers' heartbeat
+    that shows their last collective (its time is when it came) comes up to one period after
+    that; what a loaded machine adds to both (late sends, a busy receiver) needs the rest. Two
+    periods alone (1 s) were too tight: in a soak (2026-12-02, seed 12) a worker partitioned
+    from three was never declared, its peers' last progress most likely seen just over 1 s
+    after its last heartbeat, and the job waited out Gloo's 60 s timeout and then hung."""
+    return max(2 * s.beat_s, cover_s(s))
 
 
 def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: float,
@@ -263,7 +276,7 @@ def assess(beats: Iterable[Beat], watched: Mapping[str, float], *, started_at: f
                 or heartbeating(b, now, s.silence_s) or b.host in hung):
             continue
         runs = running(b, now, s)
-        blocked = _blocks(b, fresh, waiting, s.beat_s)
+        blocked = _blocks(b, fresh, waiting, s)
         if blocked and runs and silent < busy_bound:
             busy.append((b.host, b.pid, silent, b.proc_state or ""))
             continue  # its GIL is held (a garbage-collector pass): it will speak again

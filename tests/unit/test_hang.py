@@ -82,6 +82,17 @@ def hung(host: str = "10.0.0.3", peers: int = 2, longest: float = 3.0,
     pytest.param([waiting("10.0.0.1", 1.0, progress=NOW - 1.0), waiting("10.0.0.2", 0.5),
                   frozen()], Verdict(),
                  id="silent but the others completed collectives since: a lost heartbeat route"),
+    # The soak of 2026-12-02 (seed 12): one of three workers partitioned; the last heartbeat
+    # of a peer that showed a collective completed came 1.05 s after the silent one's last
+    # (it trained on until the cut, and its peers said so up to a period later, on a loaded
+    # machine). With two periods of slack (1 s) nothing was ever said, and the job hung.
+    pytest.param([waiting("10.0.0.1", 2.6, progress=FROZEN_AT + 1.05),
+                  waiting("10.0.0.2", 2.6, progress=FROZEN_AT + 0.9), frozen()],
+                 Verdict(hung=(hung(longest=2.6),)),
+                 id="its peers' last collective seen 1.05s after its last heartbeat: Hung"),
+    pytest.param([waiting("10.0.0.1", 1.2, progress=FROZEN_AT + 2.1),
+                  waiting("10.0.0.2", 1.2, progress=FROZEN_AT + 2.1), frozen()], Verdict(),
+                 id="its peers completed one 2.1s after its last heartbeat: not blocked by it"),
     pytest.param([waiting("10.0.0.1", 3.0), waiting("10.0.0.2", 2.9),
                   frozen(progress=None)], Verdict(hung=(hung(),)),
                  id="never progressed itself (frozen after its first init): Hung"),
