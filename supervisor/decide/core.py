@@ -93,7 +93,7 @@ from supervisor.decide.plan import Note
 from supervisor.decide.podindex import PodFacts
 from supervisor.decide.script import DeletePod, SaveState
 from supervisor.model import EventSpec, ExitCode
-from supervisor.observe import EventType
+from supervisor.observe import EventType, Unusable
 
 if TYPE_CHECKING:  # the settings are read from it by the caller (scripts/layers.py)
     pass
@@ -206,9 +206,17 @@ def _dropped_members(members: frozenset[str], s: Seen, c: Memory) -> dict[str, s
       before the launcher pod's path to it did (kube-proxy's); its worker blocked the other
       for 49.6 s, declared 0.5 s after the watches came back. The fence and the ssh clients
       need no API; Horovod's driver keeps its hosts while the discovery script fails and
-      leaves the failed host out; the replacement waits for the API."""
+      leaves the failed host out; the replacement waits for the API;
+    - its pod is left out as not Ready (its readiness probe failed: a partitioned or frozen
+      worker's does within seconds): Horovod's driver keeps it in the world and waits for it in
+      the next rendezvous too. Seen in the soak (seed 12, 2026-12-02): a partitioned worker was
+      left out 6.5 s after the cut, never declared, and its peers waited out Gloo's 60 s timeout
+      and then the rendezvous for good. A member scaled in, being deleted, declared, or not
+      active any more is left out for another reason and not judged here."""
     withdrawn = s.published is None and s.running
-    if not c.node_down and not withdrawn:
+    not_ready = frozenset() if s.view_render is None else frozenset(
+        name for name, why in s.view_render.left_out.items() if why == Unusable.NOT_READY)
+    if not c.node_down and not withdrawn and not not_ready:
         return {}
     hosts = {uid: h for h in members
              if h not in s.listed_hosts and (uid := s.first_owner.get(h)) is not None}
@@ -216,7 +224,8 @@ def _dropped_members(members: frozenset[str], s: Seen, c: Memory) -> dict[str, s
         return {}
     return {hosts[uid]: name for name, pod in s.pods.items()
             if (uid := pod["metadata"].get("uid")) in hosts
-            and (withdrawn or pod.get("spec", {}).get("nodeName") in c.node_down)}
+            and (withdrawn or name in not_ready
+                 or pod.get("spec", {}).get("nodeName") in c.node_down)}
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from supervisor.decide.classify import Cause, ClassifySettings, Failure
 from supervisor.decide.core import manage
 from supervisor.decide.failures import Failed
 from supervisor.decide.hang import HangSettings
-from supervisor.decide.hostlist import HostMode
+from supervisor.decide.hostlist import HostMode, Rendered
 from supervisor.decide.memory import (
     HUNG_NODE_AVOID_S,
     CreateWorker,
@@ -40,6 +40,7 @@ from supervisor.decide.quarantine import Quarantine
 from supervisor.decide.regroup import Pending
 from supervisor.decide.script import DeletePod, KeepMinAvailable, SaveState
 from supervisor.model import ExitCode
+from supervisor.observe import Unusable
 from supervisor.workers import LABEL_INCARNATION, LABEL_JOB, LABEL_ROLE, LABEL_SLOT, pod_name
 from tests.unit import shapes
 
@@ -308,6 +309,40 @@ def test_a_silent_member_is_judged_while_the_discovery_file_is_withdrawn() -> No
     q = manage(STEADY, seen(beats=(frozen, waits), listed_hosts=listed,
                             published=f"{ip(1)}:1\n"), settings())
     assert ("say", "worker.hung") not in script(q) and "uid-" + w0 not in q.core.hung
+    for why in (Unusable.SCALING_IN, Unusable.DELETING, Unusable.SLOT_NOT_ACTIVE):
+        out = Rendered((f"{ip(1)}:1",), listed, {w0: why})
+        r = manage(STEADY, seen(beats=(frozen, waits), listed_hosts=listed, view_render=out,
+                                published=f"{ip(1)}:1\n"), settings())
+        assert ("say", "worker.hung") not in script(r), why
+
+
+def test_a_silent_member_left_out_as_not_ready_is_judged() -> None:
+    """Seen in the soak (seed 12, 2026-12-02): a worker of three partitioned (iptables) was
+    left out of the file 6.5 s after the cut, its pod NotReady (its readiness probe failed),
+    never declared; its peers waited out Gloo's 60 s timeout, then Horovod's rendezvous waited
+    for it for good (it was in the driver's world still). A member left out as not Ready whose
+    silence blocks the others is Hung like a listed one; a not-Ready one that heartbeats is
+    not, nor one that is no longer a member."""
+    frozen = beat(0, last_seen=NOW - 4, progress_at=NOW - 4)
+    waits = beat(1, wait_s=3.5, waiting="i", progress_at=NOW - 4)
+    w0 = pod_name(JOB, 0, 1)
+    listed = {ip(1): pod_name(JOB, 1, 1)}
+    out = Rendered((f"{ip(1)}:1",), listed, {w0: Unusable.NOT_READY})
+
+    def judged(*beats: Beat, driver: Driver = WORLD) -> memory.Pass:
+        return manage(STEADY, seen(beats=beats, listed_hosts=listed, view_render=out,
+                                   published=f"{ip(1)}:1\n", driver=driver), settings())
+
+    p = judged(frozen, waits)
+    assert script(p)[:3] == [("say", "worker.hung"), ("fence", [ip(0)]),
+                             ("kill-ssh", {ip(0): w0})], script(p)
+    assert "uid-" + w0 in p.core.hung
+    assert "uid-" + pod_name(JOB, 1, 1) not in p.core.failed, "the waiting peer is not judged"
+    alive = judged(beat(0, progress_at=NOW - 4), waits)  # not Ready, but it heartbeats
+    assert ("say", "worker.hung") not in script(alive) and not alive.core.hung
+    alone = replace(WORLD, world=frozenset({ip(1)}), world_seq=2)  # the world went on without it
+    gone = judged(frozen, waits, driver=alone)
+    assert ("say", "worker.hung") not in script(gone) and not gone.core.hung
     # Both heartbeating while the file is withdrawn (an API outage, training goes on): nothing.
     healthy = manage(STEADY, seen(listed_hosts={}, published=None), settings())
     assert not healthy.core.hung and ("say", "worker.hung") not in script(healthy)
