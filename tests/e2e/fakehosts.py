@@ -86,6 +86,15 @@ class HostSet:
                         with contextlib.suppress(psutil.NoSuchProcess):
                             p.kill()
             h.stop()
+        # A training process whose ssh session was killed (a fenced, stuck or frozen rank) is
+        # no sshd's child any more: found by this test's directory on its command line. One
+        # left behind (a TensorFlow rank deadlocked on purpose) ran through the whole
+        # real-node phase of make test (2026-12-02), 0.5 GB and a share of the two cores.
+        for p in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                line = " ".join(p.info["cmdline"] or ())
+                if f"{self.workdir}/" in line and any(n in line for n in STOCK_SCRIPTS):
+                    p.kill()
 
 
 class Channel:
