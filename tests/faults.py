@@ -14,6 +14,7 @@ the cgroup are removed in a finally, and `partitioned` checks that they are gone
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import socket
@@ -195,6 +196,24 @@ def _rules(pids: Iterable[int], address: str, cgroup: str) -> list[list[str]]:
     return rules
 
 
+def _release(cgroup: Path, tries: int = 100) -> None:
+    """Move every process out of `cgroup` and remove it. A process a member forks between the
+    read and the rmdir, or one still exiting, makes the rmdir fail with EBUSY (make test,
+    2026-12-02): moved out, or gone, at the next try (10 ms apart)."""
+    for _ in range(tries):
+        for pid in (cgroup / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (CGROUP2 / "cgroup.procs").write_text(pid)
+        try:
+            cgroup.rmdir()
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY:
+                raise
+        time.sleep(0.01)
+    cgroup.rmdir()
+
+
 @contextlib.contextmanager
 def partitioned(pids: Iterable[int], address: str) -> Iterator[int]:
     """Drop every packet of the processes `pids` and of `address` while inside; yields the
@@ -223,10 +242,7 @@ def partitioned(pids: Iterable[int], address: str) -> Iterator[int]:
             _iptables("-F", chain)
             _iptables("-X", chain)
     finally:
-        for pid in (cgroup / "cgroup.procs").read_text().split():
-            with contextlib.suppress(OSError):
-                (CGROUP2 / "cgroup.procs").write_text(pid)
-        cgroup.rmdir()
+        _release(cgroup)
     left = subprocess.run(["iptables", "-w", "-S"], capture_output=True, text=True,
                           check=True).stdout
     assert chain not in left and not cgroup.exists(), f"partition {tag} left rules behind"
